@@ -1,0 +1,179 @@
+"""Compile a gateway plan (brokers, the ports that front them) into Envoy resources.
+
+Per broker: a listener `[network ext_proc -> tcp_proxy]` and a cluster for the
+broker; once: the HTTP/2 cluster of the ext_proc service. Rule changes never
+touch these resources (a listener change drains live Kafka connections), so
+everything per-connection the processor needs rides in `initial_metadata`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, grpc_service_pb2, protocol_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.network.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf.message import Message
+
+from control_plane.snapshot import CLUSTER, LISTENER, Snapshot
+from ext_proc.connection import (
+    BROKER_ID,
+    BROKER_ROUTES,
+    CLIENT_ADDRESS,
+    CONNECTION_ID,
+    GATEWAY_ADDRESS,
+    format_routes,
+)
+
+EXT_PROC_CLUSTER = "keg_ext_proc"
+# Kafka clients keep many long-lived connections; Envoy's default circuit breaker
+# (1024 requests, i.e. ext_proc streams) would cap the gateway at 1024 connections.
+_UNLIMITED = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class BrokerRoute:
+    node_id: int
+    broker_host: str
+    broker_port: int
+    listen_port: int
+
+    @property
+    def listener_name(self) -> str:
+        return f"kafka_broker_{self.node_id}"
+
+    @property
+    def cluster_name(self) -> str:
+        return f"kafka_broker_{self.node_id}"
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    routes: tuple[BrokerRoute, ...]
+    listen_host: str
+    advertised_host: str
+    ext_proc_host: str
+    ext_proc_port: int
+    message_timeout_s: float = 1.0
+    failure_mode_allow: bool = False
+
+    def advertised_routes(self) -> dict[int, tuple[str, int]]:
+        return {r.node_id: (self.advertised_host, r.listen_port) for r in self.routes}
+
+
+def _any(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def _socket_address(host: str, port: int) -> address_pb2.Address:
+    return address_pb2.Address(
+        socket_address=address_pb2.SocketAddress(address=host, port_value=port)
+    )
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
+    limit = wrappers_pb2.UInt32Value(value=_UNLIMITED)
+    return circuit_breaker_pb2.CircuitBreakers(
+        thresholds=[circuit_breaker_pb2.CircuitBreakers.Thresholds(
+            max_connections=limit, max_pending_requests=limit, max_requests=limit,
+        )]
+    )
+
+
+def _cluster(name: str, host: str, port: int, http2: bool = False) -> cluster_pb2.Cluster:
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        connect_timeout=_duration(5),
+        type=cluster_pb2.Cluster.STATIC if _is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
+        circuit_breakers=_unlimited_breakers(),
+        load_assignment=endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=[
+                endpoint_components_pb2.LbEndpoint(
+                    endpoint=endpoint_components_pb2.Endpoint(address=_socket_address(host, port))
+                )
+            ])],
+        ),
+    )
+    if http2:
+        options = http_protocol_options_pb2.HttpProtocolOptions(
+            explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+                http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
+            )
+        )
+        cluster.typed_extension_protocol_options[
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+        ].CopyFrom(_any(options))
+    return cluster
+
+
+def _listener(plan: GatewayPlan, route: BrokerRoute) -> listener_pb2.Listener:
+    metadata = [
+        (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
+        (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
+        (CONNECTION_ID, "%CONNECTION_ID%"),
+        (BROKER_ID, str(route.node_id)),
+        (BROKER_ROUTES, format_routes(plan.advertised_routes())),
+    ]
+    ext_proc = ext_proc_pb2.NetworkExternalProcessor(
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
+            initial_metadata=[base_pb2.HeaderValue(key=k, value=v) for k, v in metadata],
+        ),
+        failure_mode_allow=plan.failure_mode_allow,
+        message_timeout=_duration(plan.message_timeout_s),
+        stat_prefix=route.listener_name,
+    )
+    tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
+    return listener_pb2.Listener(
+        name=route.listener_name,
+        address=_socket_address(plan.listen_host, route.listen_port),
+        filter_chains=[listener_components_pb2.FilterChain(filters=[
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.ext_proc", typed_config=_any(ext_proc)
+            ),
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.tcp_proxy", typed_config=_any(tcp_proxy)
+            ),
+        ])],
+    )
+
+
+def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] = ()) -> Snapshot:
+    """The snapshot for `plan`; `keep_clusters` are routes of earlier plans whose
+    clusters must stay (a node may still run listeners that reference them)."""
+    clusters: dict[str, Message] = {
+        EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
+                                   http2=True),
+    }
+    for route in (*keep_clusters, *plan.routes):
+        clusters[route.cluster_name] = _cluster(
+            route.cluster_name, route.broker_host, route.broker_port
+        )
+    listeners: dict[str, Message] = {r.listener_name: _listener(plan, r) for r in plan.routes}
+    references = {
+        r.listener_name: frozenset({EXT_PROC_CLUSTER, r.cluster_name}) for r in plan.routes
+    }
+    return Snapshot({CLUSTER: clusters, LISTENER: listeners}, references)

@@ -1,0 +1,140 @@
+"""The control plane as a running service: topology refresh -> snapshots -> ADS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc
+
+from control_plane.ads import AggregatedDiscovery
+from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
+from control_plane.fleet import Fleet
+from control_plane.snapshot import ANY_NODE, SnapshotCache
+from control_plane.topology import DiscoveryError, Topology, fetch_topology
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControlPlaneSettings:
+    bootstrap_servers: str
+    ext_proc_host: str
+    ext_proc_port: int
+    xds_host: str = "127.0.0.1"
+    xds_port: int = 0
+    listen_host: str = "127.0.0.1"
+    advertised_host: str | None = None
+    # Broker listeners get consecutive ports from here, in order of first sight;
+    # 0 asks the OS for free ports (tests, several gateways on one machine).
+    listen_port_base: int = 19092
+    message_timeout_s: float = 1.0
+    failure_mode_allow: bool = False
+    refresh_interval_s: float = 30.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ControlPlane:
+    def __init__(self, settings: ControlPlaneSettings) -> None:
+        self.settings = settings
+        self.cache = SnapshotCache()
+        self.fleet = Fleet()
+        self.topology: Topology | None = None
+        self.plan: GatewayPlan | None = None
+        self._ports: dict[int, int] = {}
+        self._routes_seen: dict[int, BrokerRoute] = {}
+        self._server: grpc.aio.Server | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self.xds_port = 0
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
+            AggregatedDiscovery(self.cache, self.fleet), server
+        )
+        self.xds_port = server.add_insecure_port(f"{self.settings.xds_host}:{self.settings.xds_port}")
+        await server.start()
+        self._server = server
+        log.info("xDS (ADS) listening on %s:%d", self.settings.xds_host, self.xds_port)
+        await self._first_refresh()
+        self._refresher = asyncio.create_task(self._refresh_forever())
+
+    async def _first_refresh(self, timeout: float = 60.0) -> None:
+        """The brokers may still be starting: retry until one answers."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                await self.refresh()
+                return
+            except (DiscoveryError, OSError) as err:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise DiscoveryError(f"no broker answered within {timeout}s: {err}") from err
+                log.info("waiting for brokers: %s", err)
+                await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        if self._server is not None:
+            await self._server.stop(1.0)
+
+    async def refresh(self) -> bool:
+        """Re-read the topology; publish a new snapshot when it changed."""
+        topology = await fetch_topology(self.settings.bootstrap_servers)
+        if topology == self.topology:
+            return False
+        self.topology = topology
+        plan = self._plan(topology)
+        previous = tuple(r for n, r in self._routes_seen.items()
+                         if n not in {x.node_id for x in plan.routes})
+        self.cache.set(ANY_NODE, compile_snapshot(plan, keep_clusters=previous))
+        self.plan = plan
+        self._routes_seen.update({r.node_id: r for r in plan.routes})
+        log.info("topology: cluster %s, brokers %s", topology.cluster_id,
+                 ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
+        return True
+
+    def _plan(self, topology: Topology) -> GatewayPlan:
+        s = self.settings
+        routes = []
+        for broker in topology.brokers:
+            if broker.node_id not in self._ports:
+                self._ports[broker.node_id] = (
+                    s.listen_port_base + len(self._ports) if s.listen_port_base
+                    else free_port(s.listen_host)
+                )
+            routes.append(BrokerRoute(broker.node_id, broker.host, broker.port,
+                                      self._ports[broker.node_id]))
+        return GatewayPlan(
+            routes=tuple(routes),
+            listen_host=s.listen_host,
+            advertised_host=s.advertised_host or s.listen_host,
+            ext_proc_host=s.ext_proc_host,
+            ext_proc_port=s.ext_proc_port,
+            message_timeout_s=s.message_timeout_s,
+            failure_mode_allow=s.failure_mode_allow,
+        )
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_interval_s)
+            try:
+                await self.refresh()
+            except (DiscoveryError, OSError) as err:
+                # Keep serving the last good snapshot; brokers may be restarting.
+                log.warning("topology refresh failed, keeping the last snapshot: %s", err)
+
+    def bootstrap_address(self) -> str:
+        assert self.plan is not None
+        return ",".join(f"{self.plan.advertised_host}:{r.listen_port}" for r in self.plan.routes)

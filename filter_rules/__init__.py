@@ -1,0 +1,1 @@
+"""The rule language: model, loader, JSON Schema, compiled matchers and actions (issue 4)."""

@@ -1,0 +1,247 @@
+"""Kafka stream framing without I/O: cut a byte stream into frames, decide per frame.
+
+A Kafka connection carries size-prefixed frames:
+
+    request  := int32 size | int16 api_key | int16 api_version | int32 correlation_id | rest
+    response := int32 size | int32 correlation_id | rest
+
+Chunks from the network do not follow frame boundaries. `FrameSplitter` is fed
+chunks and, as soon as it has seen the first bytes of a frame (the "head"), asks its
+`decide` callback what to do with that frame:
+
+- PASS: the frame's bytes are forwarded as they arrive, never copied or buffered
+  beyond the head. Most frames (Produce, Fetch) take this path, so the cost per
+  byte of a pass-through frame is zero Python work.
+- HOLD: the frame is buffered until complete and emitted as a `Frame`, for a
+  filter to decode and perhaps replace.
+
+`feed` returns the output in stream order: `bytes`/`memoryview` pieces to forward
+verbatim and `Frame` objects to be processed. When a whole chunk passes through,
+the chunk object itself is returned (no copy).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kafka_wire.errors import FrameError
+
+_INT32 = struct.Struct(">i")
+_REQUEST_HEAD = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_RESPONSE_HEAD = struct.Struct(">ii")  # size, correlation_id
+
+REQUEST_HEAD_SIZE = _REQUEST_HEAD.size
+RESPONSE_HEAD_SIZE = _RESPONSE_HEAD.size
+# Kafka's socket.request.max.bytes default; responses are bounded by fetch.max.bytes (50 MiB).
+DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
+
+
+class Decision(enum.Enum):
+    PASS = "pass"
+    HOLD = "hold"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    size: int
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    size: int
+    correlation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A complete held frame: `data` is the frame without its 4-byte size prefix."""
+
+    head: RequestHead | ResponseHead
+    data: bytes
+
+
+Piece = bytes | memoryview | Frame
+Head = RequestHead | ResponseHead
+
+
+def parse_request_head(buf: bytes | memoryview) -> RequestHead:
+    size, api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(buf)
+    return RequestHead(size, api_key, api_version, correlation_id)
+
+
+def parse_response_head(buf: bytes | memoryview) -> ResponseHead:
+    size, correlation_id = _RESPONSE_HEAD.unpack_from(buf)
+    return ResponseHead(size, correlation_id)
+
+
+class FrameSplitter:
+    """Cuts one direction of a Kafka connection into frames (see module docstring).
+
+    `decide` is called exactly once per frame, in stream order, with the parsed head;
+    it may raise `FrameError` to reject the frame (the connection is then unusable).
+    """
+
+    def __init__(
+        self,
+        *,
+        requests: bool,
+        decide: Callable[[Head], Decision],
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self._head_size = REQUEST_HEAD_SIZE if requests else RESPONSE_HEAD_SIZE
+        self._parse_head = parse_request_head if requests else parse_response_head
+        # The smallest legal body: a request header has a client_id length after
+        # correlation id; a response is at least its correlation id.
+        self._min_size = 10 if requests else 4
+        self._decide = decide
+        self._max_frame_size = max_frame_size
+        self._head_buf = bytearray()  # a head split across chunks
+        self._pass_remaining = 0  # bytes of the current PASS frame not yet seen
+        self._hold_head: Head | None = None
+        self._hold_buf = bytearray()
+        self._hold_remaining = 0
+        self.frames_seen = 0
+
+    @property
+    def at_frame_boundary(self) -> bool:
+        return not (self._head_buf or self._pass_remaining or self._hold_remaining)
+
+    def feed(self, chunk: bytes) -> list[Piece]:
+        out: list[Piece] = []
+        view = memoryview(chunk)
+        n = len(chunk)
+        pos = 0
+        pass_start = -1  # start of the current run of verbatim bytes in `chunk`
+
+        while pos < n:
+            if self._pass_remaining:
+                if pass_start < 0:
+                    pass_start = pos
+                take = min(self._pass_remaining, n - pos)
+                pos += take
+                self._pass_remaining -= take
+                continue
+            if self._hold_remaining:
+                take = min(self._hold_remaining, n - pos)
+                self._hold_buf += view[pos : pos + take]
+                pos += take
+                self._hold_remaining -= take
+                if not self._hold_remaining:
+                    self._emit_held(out)
+                continue
+
+            # At a frame boundary: gather the head. A head split across chunks can
+            # only be completed at the start of a chunk, so no verbatim run is open then.
+            if self._head_buf or n - pos < self._head_size:
+                if pass_start >= 0:
+                    out.append(view[pass_start:pos])
+                    pass_start = -1
+                take = min(self._head_size - len(self._head_buf), n - pos)
+                self._head_buf += view[pos : pos + take]
+                pos += take
+                if len(self._head_buf) < self._head_size:
+                    break
+                head_bytes: bytes | memoryview = bytes(self._head_buf)
+                self._head_buf.clear()
+                carried = True
+            else:
+                head_bytes = view[pos : pos + self._head_size]
+                pos += self._head_size
+                carried = False
+
+            head = self._parse_head(head_bytes)
+            self._check_size(head.size)
+            self.frames_seen += 1
+            body_left = head.size + 4 - self._head_size
+            if self._decide(head) is Decision.PASS:
+                if carried:
+                    out.append(head_bytes)
+                    pass_start = pos
+                elif pass_start < 0:
+                    pass_start = pos - self._head_size
+                self._pass_remaining = body_left
+            else:
+                if pass_start >= 0:
+                    end = pos - self._head_size
+                    if end > pass_start:
+                        out.append(view[pass_start:end])
+                    pass_start = -1
+                self._hold_head = head
+                self._hold_buf = bytearray(head_bytes[4:])
+                self._hold_remaining = body_left
+                if not body_left:
+                    self._emit_held(out)
+
+        if pass_start >= 0:
+            if pass_start == 0 and not out and pos == n:
+                out.append(chunk)
+            else:
+                out.append(view[pass_start:pos])
+        return out
+
+    def _check_size(self, size: int) -> None:
+        if size < self._min_size:
+            raise FrameError(f"frame size {size} is below the minimum of {self._min_size}")
+        if size > self._max_frame_size:
+            raise FrameError(
+                f"frame size {size} exceeds the maximum of {self._max_frame_size} bytes"
+            )
+
+    def _emit_held(self, out: list[Piece]) -> None:
+        assert self._hold_head is not None
+        out.append(Frame(self._hold_head, bytes(self._hold_buf)))
+        self._hold_head = None
+        self._hold_buf = bytearray()
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What a response needs to be read: the request it answers."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    hold_response: bool
+
+
+class CorrelationTracker:
+    """Remembers in-flight requests so responses (which carry no api key) can be decoded.
+
+    Kafka answers requests on a connection in order. Some requests get no answer
+    (Produce with acks=0), so a response may skip entries; a response whose
+    correlation id was never sent means the stream is out of sync.
+    """
+
+    def __init__(self, max_in_flight: int = 100_000) -> None:
+        self._pending: deque[InFlight] = deque()
+        self._max_in_flight = max_in_flight
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def sent(self, head: RequestHead, hold_response: bool) -> None:
+        if len(self._pending) >= self._max_in_flight:
+            raise FrameError(f"more than {self._max_in_flight} requests in flight")
+        self._pending.append(
+            InFlight(head.correlation_id, head.api_key, head.api_version, hold_response)
+        )
+
+    def answered(self, correlation_id: int) -> InFlight:
+        pending = self._pending
+        while pending:
+            entry = pending.popleft()
+            if entry.correlation_id == correlation_id:
+                return entry
+        raise FrameError(f"response with correlation id {correlation_id} matches no request")
+
+
+def frame_bytes(body: bytes) -> bytes:
+    """Prefix a frame body with its size."""
+    return _INT32.pack(len(body)) + body

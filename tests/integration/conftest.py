@@ -1,0 +1,40 @@
+"""Real parts for integration tests: one Kafka broker and one gateway per test session."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+from keg.gateway import Gateway, GatewaySettings
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[EmbeddedKafka]:
+    ensure_kafka()
+    with EmbeddedKafka() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.bootstrap,
+        listen_port_base=0,
+        work_dir=tmp_path_factory.mktemp("envoy"),
+        ext_proc_log_level="WARNING",
+    )
+    with Gateway(settings) as gw:
+        yield gw
+
+
+def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -> str:
+    """Create a topic (through whatever `bootstrap` is) and wait until it exists."""
+    topic = name or f"t-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
+    futures[topic].result(30)
+    return topic

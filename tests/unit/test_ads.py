@@ -1,0 +1,117 @@
+"""ADS state of the world over a real gRPC channel, with a scripted Envoy as the client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.rpc import status_pb2
+
+from control_plane.ads import AggregatedDiscovery
+from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
+from control_plane.fleet import Fleet
+from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, SnapshotCache
+
+
+def plan(port: int) -> GatewayPlan:
+    return GatewayPlan((BrokerRoute(1, "127.0.0.1", 9092, port),), "127.0.0.1", "127.0.0.1",
+                       "127.0.0.1", 50051)
+
+
+class ScriptedEnvoy:
+    """Sends DiscoveryRequests when told; collects responses."""
+
+    def __init__(self, stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub) -> None:
+        self._out: asyncio.Queue[discovery_pb2.DiscoveryRequest] = asyncio.Queue()
+        self._call = stub.StreamAggregatedResources(self._requests())
+        self.node = base_pb2.Node(id="envoy-a", cluster="keg")
+        self.node.extensions.add(name="envoy.filters.network.ext_proc")
+        # Cancelling a grpc.aio read cancels the call, so one task reads for good.
+        self._in: asyncio.Queue[discovery_pb2.DiscoveryResponse] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for response in self._call:
+            await self._in.put(response)
+
+    async def _requests(self) -> AsyncIterator[discovery_pb2.DiscoveryRequest]:
+        while True:
+            yield await self._out.get()
+
+    async def send(self, type_url: str, version: str = "", nonce: str = "",
+                   error: str | None = None) -> None:
+        request = discovery_pb2.DiscoveryRequest(type_url=type_url, version_info=version,
+                                                 response_nonce=nonce, node=self.node)
+        if error is not None:
+            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
+        await self._out.put(request)
+
+    async def receive(self, timeout: float = 5.0) -> discovery_pb2.DiscoveryResponse:
+        return await asyncio.wait_for(self._in.get(), timeout)
+
+    async def nothing_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self._in.get(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+    def close(self) -> None:
+        self._reader.cancel()
+        self._call.cancel()
+
+
+async def scenario() -> None:
+    cache, fleet = SnapshotCache(), Fleet()
+    server = grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
+        AggregatedDiscovery(cache, fleet), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    cache.set(ANY_NODE, compile_snapshot(plan(19092)))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
+    try:
+        await envoy.send(CLUSTER)
+        clusters = await envoy.receive()
+        assert clusters.type_url == CLUSTER and len(clusters.resources) == 2
+        await envoy.send(CLUSTER, clusters.version_info, clusters.nonce)  # ACK
+        await envoy.send(LISTENER)
+        listeners = await envoy.receive()
+        assert listeners.type_url == LISTENER and len(listeners.resources) == 1
+        await envoy.send(LISTENER, listeners.version_info, listeners.nonce)
+        await asyncio.sleep(0.1)
+        status = fleet.nodes["envoy-a"]
+        assert status.connected and status.has_extension("envoy.filters.network.ext_proc")
+        assert status.of(CLUSTER).acked_version == clusters.version_info
+        assert status.of(LISTENER).acked_version == listeners.version_info
+
+        # A topology change that moves only the listener port: only LDS is pushed.
+        cache.set(ANY_NODE, compile_snapshot(plan(19999)))
+        pushed = await envoy.receive()
+        assert pushed.type_url == LISTENER and pushed.version_info != listeners.version_info
+        # NACK it: recorded with the error; the same version is not sent again.
+        await envoy.send(LISTENER, listeners.version_info, pushed.nonce, error="port in use")
+        assert await envoy.nothing_within(0.5)
+        assert status.of(LISTENER).last_nack == "port in use"
+        assert status.of(LISTENER).last_nack_version == pushed.version_info
+        assert status.of(LISTENER).acked_version == listeners.version_info
+
+        # A stale nonce is ignored; a new snapshot is pushed again.
+        await envoy.send(LISTENER, listeners.version_info, "stale-nonce")
+        cache.set(ANY_NODE, compile_snapshot(plan(19100)))
+        again = await envoy.receive()
+        assert again.type_url == LISTENER and again.nonce != pushed.nonce
+    finally:
+        envoy.close()
+        await channel.close()
+        await server.stop(0)
+    await asyncio.sleep(0.1)
+    assert not fleet.nodes["envoy-a"].connected
+
+
+def test_ads_ack_nack_push() -> None:
+    asyncio.run(scenario())

@@ -1,0 +1,150 @@
+"""FrameSplitter and CorrelationTracker: every split of the stream yields the same frames."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafka_wire.errors import FrameError
+from kafka_wire.framing import (
+    CorrelationTracker,
+    Decision,
+    Frame,
+    FrameSplitter,
+    Head,
+    Piece,
+    RequestHead,
+    ResponseHead,
+)
+
+
+def request(api_key: int, correlation_id: int, payload: bytes) -> bytes:
+    body = struct.pack(">hhih", api_key, 1, correlation_id, -1) + payload
+    return struct.pack(">i", len(body)) + body
+
+
+def response(correlation_id: int, payload: bytes) -> bytes:
+    body = struct.pack(">i", correlation_id) + payload
+    return struct.pack(">i", len(body)) + body
+
+
+HOLD_KEY = 3  # Metadata: the frames these tests hold
+
+
+def hold_metadata(head: Head) -> Decision:
+    assert isinstance(head, RequestHead)
+    return Decision.HOLD if head.api_key == HOLD_KEY else Decision.PASS
+
+
+def run(splitter: FrameSplitter, chunks: list[bytes]) -> tuple[bytes, list[Frame]]:
+    """Feed chunks; return the verbatim bytes (held frames replaced by a marker) and frames."""
+    passed = bytearray()
+    frames: list[Frame] = []
+    for chunk in chunks:
+        pieces: list[Piece] = splitter.feed(chunk)
+        for piece in pieces:
+            if isinstance(piece, Frame):
+                frames.append(piece)
+                passed += b"<HELD>"
+            else:
+                passed += piece
+    return bytes(passed), frames
+
+
+STREAM = (
+    request(0, 1, b"produce-1" * 7)
+    + request(HOLD_KEY, 2, b"meta")
+    + request(1, 3, b"")
+    + request(HOLD_KEY, 4, b"meta-2" * 40)
+    + request(0, 5, b"x")
+)
+EXPECTED = (
+    request(0, 1, b"produce-1" * 7)
+    + b"<HELD>"
+    + request(1, 3, b"")
+    + b"<HELD>"
+    + request(0, 5, b"x")
+)
+
+
+def test_whole_chunk_of_pass_frames_is_returned_as_is() -> None:
+    splitter = FrameSplitter(requests=True, decide=lambda h: Decision.PASS)
+    chunk = request(0, 1, b"a" * 100) + request(1, 2, b"b")
+    out = splitter.feed(chunk)
+    assert len(out) == 1 and out[0] is chunk
+    assert splitter.at_frame_boundary
+
+
+@pytest.mark.parametrize("cut", range(1, len(STREAM)))
+def test_every_two_way_split_gives_same_output(cut: int) -> None:
+    splitter = FrameSplitter(requests=True, decide=hold_metadata)
+    passed, frames = run(splitter, [STREAM[:cut], STREAM[cut:]])
+    assert passed == EXPECTED
+    assert [f.head.correlation_id for f in frames] == [2, 4]
+    assert frames[1].data == request(HOLD_KEY, 4, b"meta-2" * 40)[4:]
+    assert splitter.at_frame_boundary
+
+
+def test_byte_at_a_time() -> None:
+    splitter = FrameSplitter(requests=True, decide=hold_metadata)
+    passed, frames = run(splitter, [STREAM[i : i + 1] for i in range(len(STREAM))])
+    assert passed == EXPECTED
+    assert len(frames) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_any_split(cuts: list[int]) -> None:
+    points = sorted(set(cuts) | {0, len(STREAM)})
+    chunks = [STREAM[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    passed, frames = run(FrameSplitter(requests=True, decide=hold_metadata), chunks)
+    assert passed == EXPECTED
+    assert len(frames) == 2
+
+
+def test_responses_are_split_on_correlation_id() -> None:
+    seen: list[int] = []
+
+    def decide(head: Head) -> Decision:
+        assert isinstance(head, ResponseHead)
+        seen.append(head.correlation_id)
+        return Decision.HOLD if head.correlation_id == 8 else Decision.PASS
+
+    stream = response(7, b"abc") + response(8, b"defg") + response(9, b"")
+    passed, frames = run(FrameSplitter(requests=False, decide=decide), [stream])
+    assert seen == [7, 8, 9]
+    assert passed == response(7, b"abc") + b"<HELD>" + response(9, b"")
+    assert frames[0].data == response(8, b"defg")[4:]
+
+
+@pytest.mark.parametrize(
+    "size",
+    [-1, -(2**31), 0, 9, 2**31 - 1],
+    ids=["minus-one", "min-int", "zero", "below-header", "huge"],
+)
+def test_bad_sizes_are_rejected(size: int) -> None:
+    splitter = FrameSplitter(requests=True, decide=hold_metadata, max_frame_size=1 << 20)
+    with pytest.raises(FrameError):
+        splitter.feed(struct.pack(">ihhi", size, 0, 0, 1) + b"\0" * 20)
+
+
+def test_tracker_skips_unanswered_requests() -> None:
+    tracker = CorrelationTracker()
+    for cid in (1, 2, 3):
+        tracker.sent(RequestHead(10, 0, 3, cid), hold_response=cid == 3)
+    entry = tracker.answered(3)  # 1 and 2 were acks=0 produces: no response comes
+    assert entry.hold_response and entry.api_key == 0
+    assert len(tracker) == 0
+    with pytest.raises(FrameError):
+        tracker.answered(4)
+
+
+def test_tracker_bounds_in_flight() -> None:
+    tracker = CorrelationTracker(max_in_flight=2)
+    tracker.sent(RequestHead(10, 0, 3, 1), False)
+    tracker.sent(RequestHead(10, 0, 3, 2), False)
+    with pytest.raises(FrameError):
+        tracker.sent(RequestHead(10, 0, 3, 3), False)
