@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -41,7 +41,7 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._cache = cache
         self._fleet = fleet
 
-    async def StreamAggregatedResources(  # noqa: N802 - the gRPC method name
+    async def StreamAggregatedResources(
         self,
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
         context: grpc.aio.ServicerContext,

@@ -61,7 +61,8 @@ class ControlPlane:
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
         )
-        self.xds_port = server.add_insecure_port(f"{self.settings.xds_host}:{self.settings.xds_port}")
+        address = f"{self.settings.xds_host}:{self.settings.xds_port}"
+        self.xds_port = server.add_insecure_port(address)
         await server.start()
         self._server = server
         log.info("xDS (ADS) listening on %s:%d", self.settings.xds_host, self.xds_port)

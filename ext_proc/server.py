@@ -52,7 +52,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         self._filters = filters
         self.active_connections = 0
 
-    async def Process(  # noqa: N802 - the gRPC method name
+    async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -137,10 +138,8 @@ def ext_proc_cmd(
         assert task is not None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await server.serve_forever()
-        except asyncio.CancelledError:
-            pass
 
     asyncio.run(main())
 
@@ -187,10 +186,8 @@ def control_plane_cmd(
         finally:
             await plane.stop()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
 
 
 @app.command()

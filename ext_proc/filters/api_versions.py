@@ -47,7 +47,8 @@ class ApiVersionsNarrower:
             known = kafka_wire.supported_versions(key)
             if known is not None:
                 low = max(entry["MinVersion"], known[0])
-                high = min(entry["MaxVersion"], known[1], ADDRESS_SAFE_MAX_VERSION.get(key, known[1]))
+                safe = ADDRESS_SAFE_MAX_VERSION.get(key, known[1])
+                high = min(entry["MaxVersion"], known[1], safe)
                 if low > high:
                     continue
                 entry["MinVersion"], entry["MaxVersion"] = low, high

@@ -6,6 +6,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -35,7 +36,7 @@ class RawConnection:
         self.sock = socket.create_connection((host, int(port)), timeout=10)
         self.correlation = 0
 
-    def request(self, api_key: int, version: int, body: dict[str, object]) -> dict[str, object]:
+    def request(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
         self.correlation += 1
         header = kafka_wire.RequestHeader(api_key, version, self.correlation, "raw-test", {})
         self.sock.sendall(kafka_wire.encode_request(header, body))
@@ -63,7 +64,7 @@ def broker_versions(bootstrap: str) -> dict[int, tuple[int, int]]:
         body = conn.request(API_VERSIONS, 0, {})
     finally:
         conn.close()
-    return {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}  # type: ignore[attr-defined]
+    return {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}
 
 
 def test_metadata_every_version_names_only_gateway_listeners(
@@ -72,16 +73,33 @@ def test_metadata_every_version_names_only_gateway_listeners(
     expected = gateway_addresses(gateway)
     low, high = broker_versions(gateway.bootstrap)[METADATA]
     direct_low, direct_high = broker_versions(kafka.bootstrap)[METADATA]
-    assert (low, high) == (direct_low, min(direct_high, kafka_wire.supported_versions(METADATA)[1]))
+    codec_versions = kafka_wire.supported_versions(METADATA)
+    assert codec_versions is not None
+    assert (low, high) == (direct_low, min(direct_high, codec_versions[1]))
     conn = RawConnection(gateway.bootstrap)
     try:
         for version in range(low, high + 1):
-            topics = [{"Name": topic}] if version < 10 else [{"Name": topic, "TopicId": None}]
-            body = conn.request(METADATA, version, {"Topics": topics})
-            brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}  # type: ignore[attr-defined]
+            body = conn.request(METADATA, version, {"Topics": [{"Name": topic}]})
+            brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}
             assert brokers == expected, f"Metadata v{version}"
     finally:
         conn.close()
+
+
+def find_coordinators(conn: RawConnection, version: int) -> set[tuple[str, int]]:
+    """Coordinator addresses, asking again while the broker is still electing them."""
+    deadline = time.monotonic() + 30
+    while True:
+        if version < 4:
+            body = conn.request(FIND_COORDINATOR, version, {"Key": "some-group"})
+            answers = [body]
+        else:
+            body = conn.request(FIND_COORDINATOR, version, {"CoordinatorKeys": ["g1", "g2"]})
+            answers = body["Coordinators"]
+        if all(a["ErrorCode"] == 0 for a in answers):
+            return {(a["Host"], a["Port"]) for a in answers}
+        assert time.monotonic() < deadline, f"no coordinator: {answers}"
+        time.sleep(0.5)
 
 
 def test_coordinator_and_cluster_answers_name_only_gateway_listeners(gateway: Gateway) -> None:
@@ -90,17 +108,11 @@ def test_coordinator_and_cluster_answers_name_only_gateway_listeners(gateway: Ga
     conn = RawConnection(gateway.bootstrap)
     try:
         for version in range(versions[FIND_COORDINATOR][0], versions[FIND_COORDINATOR][1] + 1):
-            body: dict[str, object]
-            if version < 4:
-                body = conn.request(FIND_COORDINATOR, version, {"Key": "some-group"})
-                found = {(body["Host"], body["Port"])}
-            else:
-                body = conn.request(FIND_COORDINATOR, version, {"CoordinatorKeys": ["g1", "g2"]})
-                found = {(c["Host"], c["Port"]) for c in body["Coordinators"]}  # type: ignore[attr-defined]
+            found = find_coordinators(conn, version)
             assert found <= expected, f"FindCoordinator v{version}: {found}"
         for version in range(versions[DESCRIBE_CLUSTER][0], versions[DESCRIBE_CLUSTER][1] + 1):
             body = conn.request(DESCRIBE_CLUSTER, version, {})
-            brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}  # type: ignore[attr-defined]
+            brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}
             assert brokers == expected, f"DescribeCluster v{version}"
     finally:
         conn.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -22,9 +23,9 @@ COMPRESSIONS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
 @dataclass(frozen=True)
 class Record:
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...]
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, Any], ...]
     timestamp: int
 
 
@@ -100,7 +101,7 @@ def consume_all(bootstrap: str, topic: str, count: int, group: str | None = None
         while len(out) < count and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 1.0):
                 assert msg.error() is None, msg.error()
-                out.append(Record(msg.key(), msg.value(), tuple(msg.headers() or ()),
+                out.append(Record(msg.key(), msg.value(), tuple(msg.headers() or ()),  # type: ignore[arg-type]
                                   msg.timestamp()[1]))
     finally:
         consumer.close()
@@ -127,8 +128,6 @@ def test_produce_and_consume_byte_exact(gateway: Gateway, kafka: EmbeddedKafka, 
 
 def test_consumer_group_of_two_commits_through_gateway(gateway: Gateway) -> None:
     topic = create_topic(gateway.bootstrap, partitions=4)
-    sent = make_records(2_000, "group")
-    produce_confluent(gateway.bootstrap, topic, sent, "lz4")
     group = f"group-{uuid.uuid4().hex[:8]}"
     members = [
         Consumer({
@@ -140,30 +139,41 @@ def test_consumer_group_of_two_commits_through_gateway(gateway: Gateway) -> None
         })
         for _ in range(2)
     ]
-    for m in members:
-        m.subscribe([topic])
-    received: list[set[int]] = [set(), set()]
-    values: set[bytes] = set()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        for i, m in enumerate(members):
-            for msg in m.consume(500, 0.2):
-                assert msg.error() is None, msg.error()
-                received[i].add(msg.partition())
-                values.add(msg.value())
-        if len(values) == len(sent) and all(m.assignment() for m in members):
-            break
-    assignments = [{tp.partition for tp in m.assignment()} for m in members]
-    assert all(assignments), f"both members get partitions: {assignments}"
-    assert assignments[0].isdisjoint(assignments[1])
-    assert assignments[0] | assignments[1] == {0, 1, 2, 3}
-    assert values == {r.value for r in sent}
-    for m in members:
-        m.commit(asynchronous=False)
-    committed = members[0].committed([TopicPartition(topic, p) for p in range(4)], timeout=30)
-    assert sum(tp.offset for tp in committed) == len(sent)
-    for m in members:
-        m.close()
+    try:
+        for m in members:
+            m.subscribe([topic])
+        # Let the group settle: both members own disjoint halves of the partitions.
+        deadline = time.monotonic() + 90
+        while True:
+            for m in members:
+                assert m.consume(10, 0.2) == []  # nothing produced yet
+            assignments = [{tp.partition for tp in m.assignment()} for m in members]
+            if all(assignments) and assignments[0] | assignments[1] == {0, 1, 2, 3} \
+                    and assignments[0].isdisjoint(assignments[1]):
+                break
+            assert time.monotonic() < deadline, f"group never settled: {assignments}"
+
+        sent = make_records(2_000, "group")
+        produce_confluent(gateway.bootstrap, topic, sent, "lz4")
+        values: set[bytes | None] = set()
+        per_member: list[set[int | None]] = [set(), set()]
+        deadline = time.monotonic() + 60
+        while len(values) < len(sent) and time.monotonic() < deadline:
+            for i, m in enumerate(members):
+                for msg in m.consume(500, 0.2):
+                    assert msg.error() is None, msg.error()
+                    per_member[i].add(msg.partition())
+                    values.add(msg.value())
+        assert values == {r.value for r in sent}
+        assert per_member == assignments  # each member read exactly its own partitions
+        for m in members:
+            m.commit(asynchronous=False)
+        committed = members[0].committed([TopicPartition(topic, p) for p in range(4)],
+                                         timeout=30)
+        assert sum(tp.offset for tp in committed) == len(sent)
+    finally:
+        for m in members:
+            m.close()
 
 
 def test_java_console_clients_through_gateway(gateway: Gateway) -> None:

@@ -33,10 +33,10 @@ def test_one_listener_and_cluster_per_broker_plus_ext_proc() -> None:
     assert set(snap.resources[CLUSTER]) == {EXT_PROC_CLUSTER, "kafka_broker_1", "kafka_broker_2"}
     ext_proc_cluster = snap.resources[CLUSTER][EXT_PROC_CLUSTER]
     assert "envoy.extensions.upstreams.http.v3.HttpProtocolOptions" in \
-        ext_proc_cluster.typed_extension_protocol_options  # type: ignore[attr-defined]
+        ext_proc_cluster.typed_extension_protocol_options
     # A hostname broker needs DNS; an IP one is static.
-    assert snap.resources[CLUSTER]["kafka_broker_2"].type == cluster_pb2.Cluster.STRICT_DNS  # type: ignore[attr-defined]
-    assert snap.resources[CLUSTER]["kafka_broker_1"].type == cluster_pb2.Cluster.STATIC  # type: ignore[attr-defined]
+    assert snap.resources[CLUSTER]["kafka_broker_2"].type == cluster_pb2.Cluster.STRICT_DNS
+    assert snap.resources[CLUSTER]["kafka_broker_1"].type == cluster_pb2.Cluster.STATIC
 
 
 def test_listener_chain_is_ext_proc_then_tcp_proxy_with_metadata() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -99,7 +100,7 @@ def test_byte_at_a_time() -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_any_split(cuts: list[int]) -> None:
     points = sorted(set(cuts) | {0, len(STREAM)})
-    chunks = [STREAM[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    chunks = [STREAM[a:b] for a, b in itertools.pairwise(points) if b > a]
     passed, frames = run(FrameSplitter(requests=True, decide=hold_metadata), chunks)
     assert passed == EXPECTED
     assert len(frames) == 2

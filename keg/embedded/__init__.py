@@ -1,0 +1,1 @@
+"""Embedded third-party servers (a real Kafka broker) for development and tests."""

@@ -1,0 +1,123 @@
+"""KafkaSession: responses a filter wants are rewritten; everything else is untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters.api_versions import ADDRESS_SAFE_MAX_VERSION, HIDDEN_API_KEYS
+from ext_proc.server import default_filters
+from ext_proc.session import KafkaSession, ProtocolViolation
+from kafka_wire.api_keys import API_VERSIONS, FETCH, METADATA, PRODUCE
+
+CONN = ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092), 2: ("gw", 19093)})
+
+
+def request(api_key: int, version: int, correlation_id: int, body: dict[str, object]) -> bytes:
+    header = kafka_wire.RequestHeader(api_key, version, correlation_id, "test", {})
+    return kafka_wire.encode_request(header, body)
+
+
+def metadata_response(correlation_id: int, version: int = 12) -> bytes:
+    body = {
+        "Brokers": [
+            {"NodeId": 1, "Host": "broker-1.internal", "Port": 9092, "Rack": None},
+            {"NodeId": 2, "Host": "broker-2.internal", "Port": 9092, "Rack": "r2"},
+        ],
+        "ClusterId": "abc",
+        "ControllerId": 1,
+        "Topics": [],
+    }
+    return kafka_wire.encode_response(correlation_id, METADATA, version, body)
+
+
+def max_version(api_key: int) -> int:
+    versions = kafka_wire.supported_versions(api_key)
+    assert versions is not None
+    return versions[1]
+
+
+def session() -> KafkaSession:
+    return KafkaSession(CONN, default_filters())
+
+
+def split_feed(feed: object, data: bytes, cut: int) -> bytes:
+    return feed(data[:cut]) + feed(data[cut:])  # type: ignore[operator]
+
+
+def test_metadata_brokers_point_at_gateway_at_every_split() -> None:
+    meta_request = request(METADATA, 12, 7, {"Topics": None})
+    response = metadata_response(7)
+    for cut in range(1, len(response)):
+        s = session()
+        assert s.from_client(meta_request) == meta_request
+        out = split_feed(s.from_broker, response, cut)
+        _, body = kafka_wire.decode_response(out[4:], METADATA, 12)
+        assert [(b["Host"], b["Port"]) for b in body["Brokers"]] == [("gw", 19092),
+                                                                       ("gw", 19093)]
+        assert body["ClusterId"] == "abc" and body["Brokers"][1]["Rack"] == "r2"
+
+
+def test_unknown_broker_goes_to_own_listener() -> None:
+    s = KafkaSession(ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092)}),
+                     default_filters())
+    s.from_client(request(METADATA, 12, 1, {"Topics": None}))
+    out = s.from_broker(metadata_response(1))
+    _, body = kafka_wire.decode_response(out[4:], METADATA, 12)
+    assert {(b["Host"], b["Port"]) for b in body["Brokers"]} == {("gw", 19092)}
+
+
+def test_frames_nobody_wants_pass_as_the_same_object() -> None:
+    s = session()
+    produce = request(PRODUCE, 9, 1, {"Acks": -1, "TimeoutMs": 1000, "TopicData": []})
+    assert s.from_client(produce) is produce
+    response = kafka_wire.encode_response(1, PRODUCE, 9, {"Responses": []})
+    assert s.from_broker(response) is response
+    assert s.frames_rewritten == 0
+
+
+def test_api_versions_are_narrowed() -> None:
+    s = session()
+    s.from_client(request(API_VERSIONS, 3, 1, {"ClientSoftwareName": "t",
+                                                "ClientSoftwareVersion": "1"}))
+    advertised = [
+        {"ApiKey": PRODUCE, "MinVersion": 3, "MaxVersion": 13},
+        {"ApiKey": FETCH, "MinVersion": 4, "MaxVersion": 18},
+        {"ApiKey": METADATA, "MinVersion": 0, "MaxVersion": 99},
+        {"ApiKey": 78, "MinVersion": 1, "MaxVersion": 1},
+        {"ApiKey": 4242, "MinVersion": 0, "MaxVersion": 3},  # unknown to the codec: kept
+    ]
+    response = kafka_wire.encode_response(1, API_VERSIONS, 3, {"ErrorCode": 0,
+                                                               "ApiKeys": advertised})
+    out = s.from_broker(response)
+    _, body = kafka_wire.decode_response(out[4:], API_VERSIONS, 3)
+    got = {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}
+    assert got[PRODUCE] == (3, ADDRESS_SAFE_MAX_VERSION[PRODUCE])
+    assert got[FETCH] == (4, ADDRESS_SAFE_MAX_VERSION[FETCH])
+    assert got[METADATA] == (0, max_version(METADATA))
+    assert got[4242] == (0, 3)
+    assert not HIDDEN_API_KEYS & got.keys()
+
+
+def test_unsupported_api_versions_answer_is_read_as_v0() -> None:
+    s = session()
+    s.from_client(request(API_VERSIONS, 3, 5, {"ClientSoftwareName": "t",
+                                                "ClientSoftwareVersion": "1"}))
+    v0 = kafka_wire.encode_response(5, API_VERSIONS, 0, {
+        "ErrorCode": 35, "ApiKeys": [{"ApiKey": 18, "MinVersion": 0, "MaxVersion": 3}]})
+    assert s.from_broker(v0) == v0
+
+
+@pytest.mark.parametrize("bad", [
+    b"\xff\xff\xff\xff" + b"\0" * 8,  # negative size
+    b"\0\0\0\x10" + b"\xff\xb3\0\0\0\0\0\1" + b"\0" * 8,  # negative api key
+])
+def test_malformed_requests_violate_protocol(bad: bytes) -> None:
+    with pytest.raises(ProtocolViolation):
+        session().from_client(bad)
+
+
+def test_response_without_request_violates_protocol() -> None:
+    with pytest.raises(ProtocolViolation, match="correlation id 9"):
+        session().from_broker(metadata_response(9))
