@@ -79,10 +79,10 @@ class EmbeddedEnvoy:
         work_dir: Path | None = None,
     ) -> None:
         self.node_id = node_id
+        self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port)
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port)
         self._concurrency = concurrency
         self._log_level = log_level
         self._process: subprocess.Popen[bytes] | None = None

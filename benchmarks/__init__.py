@@ -1,0 +1,1 @@
+"""keg's benchmarks: the gateway against direct broker access (``python -m benchmarks``)."""
