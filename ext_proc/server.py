@@ -23,6 +23,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import ResponseFilter
 from ext_proc.filters.api_versions import ApiVersionsNarrower
 from ext_proc.filters.broker_address import BrokerAddressRewriter
+from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.session import KafkaSession, ProtocolViolation
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE
 
@@ -39,7 +40,7 @@ class ProcessorSettings:
 
 
 def default_filters() -> list[ResponseFilter]:
-    return [ApiVersionsNarrower(), BrokerAddressRewriter()]
+    return [ApiVersionsNarrower(), BrokerAddressRewriter(), GroupProtocolObserver()]
 
 
 class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):

@@ -13,6 +13,7 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
@@ -42,6 +43,21 @@ class ProtocolViolation(Exception):
     """The peer broke the Kafka protocol; the connection must be closed."""
 
 
+@runtime_checkable
+class RequestObserver(Protocol):
+    """A filter that also sees the requests it asks for, decoded, and never changes them.
+
+    A wanted request is held until complete, decoded, shown to the observer and
+    forwarded as its original bytes; one that does not decode is forwarded unobserved.
+    """
+
+    def wants_request(self, api_key: int, api_version: int) -> bool: ...
+
+    def observe_request(
+        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> None: ...
+
+
 class KafkaSession:
     def __init__(
         self,
@@ -54,6 +70,8 @@ class KafkaSession:
         self._tracker = CorrelationTracker()
         self._held: deque[InFlight] = deque()
         self._wanted: dict[tuple[int, int], bool] = {}
+        self._observers = [f for f in filters if isinstance(f, RequestObserver)]
+        self._observed: dict[tuple[int, int], bool] = {}
         self._requests = FrameSplitter(
             requests=True, decide=self._on_request_head, max_frame_size=max_frame_size
         )
@@ -85,6 +103,8 @@ class KafkaSession:
 
     def _render(self, piece: Piece) -> bytes | memoryview:
         if isinstance(piece, Frame):
+            if isinstance(piece.head, RequestHead):
+                return self._observe_request(piece)
             return self._filter_response(piece, self._held.popleft())
         return piece
 
@@ -103,6 +123,14 @@ class KafkaSession:
                 f.wants(head.api_key, head.api_version) for f in self._filters
             )
         self._tracker.sent(head, hold_response=wanted)
+        if self._observers:
+            observed = self._observed.get(key)
+            if observed is None:
+                observed = self._observed[key] = any(
+                    o.wants_request(head.api_key, head.api_version) for o in self._observers
+                )
+            if observed:
+                return Decision.HOLD
         return Decision.PASS
 
     def _on_response_head(self, head: Head) -> Decision:
@@ -113,6 +141,17 @@ class KafkaSession:
         return Decision.HOLD
 
     # -- held frames ---------------------------------------------------------------
+
+    def _observe_request(self, frame: Frame) -> bytes:
+        try:
+            header, body = kafka_wire.decode_request(frame.data)
+        except KafkaWireError as err:
+            log.info("request forwarded unobserved: %s (%s)", err, self.conn.describe())
+        else:
+            for o in self._observers:
+                if o.wants_request(header.api_key, header.api_version):
+                    o.observe_request(header, body, self.conn)
+        return frame_bytes(frame.data)
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
         data = frame.data

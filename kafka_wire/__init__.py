@@ -50,3 +50,84 @@ __all__ = [
     "write_request_header",
     "write_response_header",
 ]
+
+# KIP-559 group payloads (JoinGroup/SyncGroup metadata and assignments) and KIP-590
+# envelopes: modules of their own, re-exported here.
+from kafka_wire.envelope import (
+    ForwardedRequest,
+    ForwardedResponse,
+    Principal,
+    decode_envelope_request,
+    decode_envelope_response,
+    decode_principal,
+    read_envelope_request,
+    read_envelope_response,
+)
+from kafka_wire.group_protocol import (
+    DecodedGroupPayload,
+    GroupObservation,
+    GroupPayload,
+    GroupProtocolTracker,
+    Inconsistency,
+    decode_assignment,
+    decode_subscription,
+    encode_payload,
+)
+
+__all__ += [
+    "DecodedGroupPayload",
+    "ForwardedRequest",
+    "ForwardedResponse",
+    "GroupObservation",
+    "GroupPayload",
+    "GroupProtocolTracker",
+    "Inconsistency",
+    "Principal",
+    "decode_assignment",
+    "decode_envelope_request",
+    "decode_envelope_response",
+    "decode_principal",
+    "decode_subscription",
+    "encode_payload",
+    "read_envelope_request",
+    "read_envelope_response",
+]
+
+# Record batches (magic v2) and their compression codecs: docs/records.md.
+from kafka_wire.compression import Compression  # noqa: E402
+from kafka_wire.records import (  # noqa: E402
+    BatchHeader,
+    BatchView,
+    ControlType,
+    OpaqueEntry,
+    Record,
+    TimestampType,
+    control_record,
+    control_type,
+    decode_records,
+    encode_batch,
+    iter_batches,
+    record_offset,
+    record_timestamp,
+    rewrite_records,
+    verify_crc,
+)
+
+__all__ += [
+    "BatchHeader",
+    "BatchView",
+    "Compression",
+    "ControlType",
+    "OpaqueEntry",
+    "Record",
+    "TimestampType",
+    "control_record",
+    "control_type",
+    "decode_records",
+    "encode_batch",
+    "iter_batches",
+    "record_offset",
+    "record_timestamp",
+    "rewrite_records",
+    "verify_crc",
+]

@@ -30,7 +30,9 @@ class Record:
 
 
 def make_records(n: int, seed: str) -> list[Record]:
-    base = 1_700_000_000_000
+    # Recent timestamps: records older than the topic's retention (7 days) may be
+    # deleted by the broker's retention check while the test reads them.
+    base = int(time.time() * 1000) - n
     return [
         Record(
             key=f"{seed}-key-{i}".encode(),

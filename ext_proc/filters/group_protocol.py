@@ -1,0 +1,96 @@
+"""Observe classic group rebalances (KIP-559): decode every JoinGroup/SyncGroup payload.
+
+An observing filter: it never changes a frame. Per connection it keeps a
+`kafka_wire.GroupProtocolTracker`, fed with
+
+- JoinGroup/SyncGroup *requests*, through `wants_request` / `observe_request` (the
+  session holds such a request until it is complete, decodes it and forwards it
+  unchanged), and
+- their *responses*, through the ordinary response-filter contract.
+
+Each member subscription and assignment is decoded with the decoder of its protocol
+type ("consumer", "connect"), taken from the message when it says (JoinGroupRequest,
+JoinGroupResponse v7+, SyncGroup v5+) and from the connection's JoinGroup exchange
+when it does not; every result names the path it took. A SyncGroupRequest v5+ whose
+ProtocolType/ProtocolName disagree with the group's (the coordinator answers
+INCONSISTENT_GROUP_PROTOCOL) is logged as a warning.
+
+Without request observation (a session that does not hold requests) responses are
+still decoded when they carry their protocol type (JoinGroupResponse v7+, SyncGroup
+v5+); older ones are reported with path "unknown".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire.codec import RequestHeader
+from kafka_wire.group_protocol import GroupObservation, GroupProtocolTracker
+
+log = logging.getLogger(__name__)
+
+ObservationSink = Callable[[ConnectionInfo, GroupObservation], None]
+
+
+class GroupProtocolObserver:
+    api_keys = frozenset({JOIN_GROUP, SYNC_GROUP})
+
+    def __init__(self, sink: ObservationSink | None = None) -> None:
+        self.tracker = GroupProtocolTracker()
+        self._sink = sink
+        self._known: dict[tuple[int, int], bool] = {}
+
+    # -- the contract --------------------------------------------------------------
+
+    def wants(self, api_key: int, api_version: int) -> bool:
+        if api_key not in self.api_keys:
+            return False
+        known = self._known.get((api_key, api_version))
+        if known is None:
+            versions = kafka_wire.supported_versions(api_key)
+            known = versions is not None and versions[0] <= api_version <= versions[1]
+            self._known[(api_key, api_version)] = known
+        return known
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        return self.wants(api_key, api_version)
+
+    def observe_request(
+        self, header: RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> None:
+        observation = self.tracker.on_request(
+            header.api_key, header.api_version, body, header.correlation_id
+        )
+        self._report(observation, conn)
+
+    def filter_response(
+        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
+    ) -> bool:
+        # The response contract carries no correlation id: Kafka answers in order, so
+        # the tracker matches the oldest unanswered request of this API.
+        self._report(self.tracker.on_response(api_key, api_version, body), conn)
+        return False
+
+    # -- reporting -----------------------------------------------------------------
+
+    def _report(self, observation: GroupObservation, conn: ConnectionInfo) -> None:
+        for p in observation.payloads:
+            if p.error is not None:
+                log.info("%s of group %r member %r (%s, path %s) not decoded: %s (%s)",
+                         p.api, p.group_id, p.member_id, p.protocol_type, p.path, p.error,
+                         conn.describe())
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("%s group %r member %r %s/%s via %s: %r (%s)", p.api, p.group_id,
+                          p.member_id, p.protocol_type, p.protocol_name, p.path,
+                          p.payload, conn.describe())
+        for i in observation.inconsistencies:
+            log.warning("SyncGroup of group %r member %r: %s %r differs from the group's %r "
+                        "(INCONSISTENT_GROUP_PROTOCOL) (%s)", i.group_id, i.member_id,
+                        i.field, i.actual, i.expected, conn.describe())
+        if self._sink is not None and (observation.payloads or observation.inconsistencies):
+            self._sink(conn, observation)

@@ -1,0 +1,164 @@
+"""The compression codecs of Kafka record batches: gzip, snappy, lz4, zstd (all via cramjam).
+
+No I/O. ``decompress`` raises only :class:`DecodeError`, ``compress`` only
+:class:`EncodeError`. See docs/records.md for the choices:
+
+- snappy comes in two framings: raw snappy (librdkafka, Sarama, kafka-python by default)
+  and xerial's block framing (the Java producer, through snappy-java's
+  SnappyOutputStream): ``b"\\x82SNAPPY\\x00"``, int32 version, int32 compatible version,
+  then ``int32 length + raw snappy block`` repeated. Both are read; ``compress`` writes
+  raw unless ``xerial=True`` (every Kafka reader accepts both).
+- lz4 is the LZ4 *frame* format (magic v2 batches; magic 0/1 had a broken header
+  checksum, which is not ours to handle: legacy message sets are never decompressed).
+  Written with independent blocks and no content checksum, as Kafka's Java writer does.
+- zstd frames need not declare their content size (Java's zstd-jni streaming writer
+  does not): cramjam decompresses them in streaming mode, unlike zstandard's one-shot
+  ``decompress``.
+- gzip may hold several members; all are read.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import cramjam
+
+from kafka_wire.errors import DecodeError, EncodeError
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Compression(enum.IntEnum):
+    """Bits 0-2 of a record batch's attributes."""
+
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+# Levels for re-compressing a batch the gateway changed. A proxy pays the compression
+# cost on the request path, so these lean towards speed where the size cost is small
+# (numbers in docs/records.md): gzip 3 is ~3x faster than zlib's default 6 for ~4% more
+# bytes; lz4 1 is LZ4's fast mode (what librdkafka writes by default; level 9, LZ4-HC, is
+# ~15x slower); zstd 3 is zstd's, Kafka's and librdkafka's default. Snappy has no levels.
+DEFAULT_LEVELS: Mapping[Compression, int | None] = MappingProxyType(
+    {
+        Compression.NONE: None,
+        Compression.GZIP: 3,
+        Compression.SNAPPY: None,
+        Compression.LZ4: 1,
+        Compression.ZSTD: 3,
+    }
+)
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)  # version 1, compatible with 1
+_XERIAL_BLOCK = 32 * 1024  # snappy-java's default block size
+_INT32 = struct.Struct(">i")
+
+
+def is_xerial(payload: Buffer) -> bool:
+    """True when a snappy payload uses xerial's block framing (the Java producer's)."""
+    return bytes(payload[:8]) == XERIAL_MAGIC
+
+
+def decompress(codec: Compression | int, payload: Buffer) -> bytes:
+    """The uncompressed bytes of a batch payload; DecodeError if it is not valid."""
+    try:
+        if codec == Compression.NONE:
+            return bytes(payload)
+        if codec == Compression.GZIP:
+            return bytes(cramjam.gzip.decompress(payload))
+        if codec == Compression.SNAPPY:
+            if is_xerial(payload):
+                return _xerial_decompress(payload)
+            return bytes(cramjam.snappy.decompress_raw(payload))
+        if codec == Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(payload))
+        if codec == Compression.ZSTD:
+            return bytes(cramjam.zstd.decompress(payload))
+    except cramjam.DecompressionError as exc:
+        raise DecodeError(f"bad {_name(codec)} payload: {exc}") from None
+    raise DecodeError(f"unknown compression codec {int(codec)}")
+
+
+def compress(
+    codec: Compression | int,
+    data: Buffer,
+    level: int | None = None,
+    *,
+    xerial: bool = False,
+) -> bytes:
+    """Compress a batch payload; ``level`` None means :data:`DEFAULT_LEVELS`."""
+    if codec not in _CODECS:
+        raise EncodeError(f"unknown compression codec {int(codec)}")
+    codec = Compression(codec)
+    if level is None:
+        level = DEFAULT_LEVELS[codec]
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.GZIP:
+            return bytes(cramjam.gzip.compress(data, level=level))
+        if codec == Compression.SNAPPY:
+            if xerial:
+                return _xerial_compress(data)
+            return bytes(cramjam.snappy.compress_raw(data))
+        if codec == Compression.LZ4:
+            compressor = cramjam.lz4.Compressor(level, content_checksum=False, block_linked=False)
+            compressor.compress(data)
+            return bytes(compressor.finish())
+        return bytes(cramjam.zstd.compress(data, level=level))
+    except (cramjam.CompressionError, OverflowError, TypeError) as exc:
+        raise EncodeError(f"cannot {_name(codec)}-compress: {exc}") from None
+
+
+_CODECS = frozenset(int(c) for c in Compression)
+
+
+def _name(codec: Compression | int) -> str:
+    return Compression(codec).name.lower() if codec in _CODECS else str(int(codec))
+
+
+def _xerial_decompress(payload: Buffer) -> bytes:
+    view = memoryview(payload)
+    if len(view) < len(_XERIAL_HEADER):
+        raise DecodeError("xerial snappy payload shorter than its header")
+    out = bytearray()
+    pos = len(_XERIAL_HEADER)
+    end = len(view)
+    while pos < end:
+        if end - pos < 4:
+            raise DecodeError("xerial snappy block length cut short")
+        (size,) = _INT32.unpack_from(view, pos)
+        pos += 4
+        if size < 0 or pos + size > end:
+            raise DecodeError(f"xerial snappy block of {size} bytes runs past the payload")
+        out += cramjam.snappy.decompress_raw(view[pos : pos + size])
+        pos += size
+    return bytes(out)
+
+
+def _xerial_compress(data: Buffer) -> bytes:
+    view = memoryview(data)
+    out = bytearray(_XERIAL_HEADER)
+    for start in range(0, len(view), _XERIAL_BLOCK):
+        block = cramjam.snappy.compress_raw(view[start : start + _XERIAL_BLOCK])
+        out += _INT32.pack(len(block))
+        out += block
+    return bytes(out)
+
+
+__all__ = [
+    "DEFAULT_LEVELS",
+    "XERIAL_MAGIC",
+    "Compression",
+    "compress",
+    "decompress",
+    "is_xerial",
+]
