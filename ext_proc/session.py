@@ -13,11 +13,10 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import ResponseFilter
+from ext_proc.filters import RequestObserver, ResponseFilter
 from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
@@ -41,21 +40,6 @@ _ERROR_CODE = struct.Struct(">h")
 
 class ProtocolViolation(Exception):
     """The peer broke the Kafka protocol; the connection must be closed."""
-
-
-@runtime_checkable
-class RequestObserver(Protocol):
-    """A filter that also sees the requests it asks for, decoded, and never changes them.
-
-    A wanted request is held until complete, decoded, shown to the observer and
-    forwarded as its original bytes; one that does not decode is forwarded unobserved.
-    """
-
-    def wants_request(self, api_key: int, api_version: int) -> bool: ...
-
-    def observe_request(
-        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
-    ) -> None: ...
 
 
 class KafkaSession:

@@ -412,11 +412,12 @@ class _Pending:
     member_id: str
     protocol_type: str | None
     protocol_name: str | None
-    path: DecodePath
 
 
 @dataclass(slots=True)
-class _Counters:
+class TrackerCounters:
+    """Payloads decoded per path, undecodable ones, inconsistencies reported."""
+
     message: int = 0
     connection_memory: int = 0
     unknown: int = 0
@@ -446,7 +447,7 @@ class GroupProtocolTracker:
         self._max_groups = max_groups
         self._max_pending = max_pending
         self._seq = 0
-        self.counters = _Counters()
+        self.counters = TrackerCounters()
 
     # -- inputs ----------------------------------------------------------------
 
@@ -491,7 +492,7 @@ class GroupProtocolTracker:
             self._groups.move_to_end(group_id)
         self._expect(
             JOIN_GROUP,
-            _Pending(correlation_id, group_id, member_id, protocol_type, None, "message"),
+            _Pending(correlation_id, group_id, member_id, protocol_type, None),
         )
         payloads = tuple(
             self._decode(
@@ -572,7 +573,7 @@ class GroupProtocolTracker:
         self.counters.inconsistencies += len(inconsistencies)
         self._expect(
             SYNC_GROUP,
-            _Pending(correlation_id, group_id, member_id, protocol_type, protocol_name, path),
+            _Pending(correlation_id, group_id, member_id, protocol_type, protocol_name),
         )
         payloads = tuple(
             self._decode(
@@ -691,6 +692,7 @@ __all__ = [
     "GroupProtocolTracker",
     "Inconsistency",
     "Kind",
+    "TrackerCounters",
     "decode_assignment",
     "decode_subscription",
     "encode_assignment",

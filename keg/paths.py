@@ -3,4 +3,3 @@
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_RULES_DIR = REPO_ROOT / "filter_rules"

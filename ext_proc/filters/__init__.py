@@ -12,8 +12,9 @@ they must not block and must not keep references to bodies after returning.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+import kafka_wire
 from ext_proc.connection import ConnectionInfo
 
 
@@ -25,3 +26,18 @@ class ResponseFilter(Protocol):
     def filter_response(
         self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
     ) -> bool: ...
+
+
+@runtime_checkable
+class RequestObserver(Protocol):
+    """A filter that also sees the requests it asks for, decoded, and never changes them.
+
+    A wanted request is held until complete, decoded, shown to the observer and
+    forwarded as its original bytes; one that does not decode is forwarded unobserved.
+    """
+
+    def wants_request(self, api_key: int, api_version: int) -> bool: ...
+
+    def observe_request(
+        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> None: ...

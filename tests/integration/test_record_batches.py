@@ -163,7 +163,8 @@ def rdkafka_produce(bootstrap: str, topic: str, batch: list[Message], **conf: An
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 200,
                          "enable.idempotence": False, **conf})
     for key, value, headers in batch:
-        producer.produce(topic, value=value, key=key, headers=headers, partition=0)
+        producer.produce(topic, value=value, key=key, partition=0,
+                         headers=[(name, header) for name, header in headers])
     assert producer.flush(30) == 0
 
 
@@ -188,7 +189,10 @@ def java_produce(bootstrap: str, topic: str, codec: str, batch: list[Message]) -
     )
 
 
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> list[Any]:
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0,
+            linger: float = 0.0) -> list[Any]:
+    """``count`` messages of partition 0 from the start (librdkafka, no group join), then
+    ``linger`` seconds more of polling, which must bring nothing."""
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
@@ -204,6 +208,9 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> li
                 continue
             assert msg.error() is None, msg.error()
             out.append(msg)
+        deadline = time.monotonic() + linger
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.25) is None
     finally:
         consumer.close()
     return out
@@ -305,6 +312,8 @@ def test_client_batches_round_trip(written: Written, raw: RawBroker, origin: str
     got = [as_message(r) for _, records in batches for r in records]
     assert got == written.sent[origin, codec]
     assert all(b.timestamp_type == TimestampType.CREATE_TIME for b, _ in batches)
+    # The Java producer is idempotent by default (Kafka 3.0+); ours asked librdkafka not to be.
+    assert {b.producer_id >= 0 for b, _ in batches} == {origin == "java"}
     assert any(len(records) > 1 for _, records in batches)
     offsets = [record_offset(b, r) for b, records in batches for r in records]
     assert offsets == list(range(MESSAGES))
@@ -338,7 +347,7 @@ def test_log_append_time(raw: RawBroker, kafka: EmbeddedKafka) -> None:
         assert batch.timestamp_type == TimestampType.LOG_APPEND_TIME
         assert batch.max_timestamp >= before
         # Dropping records keeps the broker's append time.
-        (again,) = v2_batches(rewrite_records(bytes(batch.raw), lambda b: records[1:]))
+        again = BatchView.from_bytes(encode_batch(batch, records[1:]))
         assert again.max_timestamp == batch.max_timestamp
         assert again.timestamp_type == TimestampType.LOG_APPEND_TIME
 
@@ -404,8 +413,7 @@ def test_produce_rules_for_dropped_records(raw: RawBroker, kafka: EmbeddedKafka)
     header = BatchHeader(base_timestamp=int(time.time() * 1000))
     kept_gap = encode_batch(header, [r for r in records if r.offset_delta != 2])
     result = raw.produce(topic, kept_gap)
-    assert result["ErrorCode"] == INVALID_RECORD, result
-    assert "Inconsistent batch offset range" in (result["ErrorMessage"] or "")
+    assert result["ErrorCode"] == INVALID_RECORD, result  # "Inconsistent batch offset range"
     renumbered = encode_batch(header, [r for r in records if r.offset_delta != 2], renumber=True)
     assert raw.produce(topic, renumbered)["ErrorCode"] == 0
     assert [m.value() for m in consume(kafka.bootstrap, topic, 4)] == [b"v0", b"v1", b"v3", b"v4"]
@@ -438,6 +446,7 @@ class RewritingProxy:
         self.port = self.server.getsockname()[1]
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.rewritten_fetches = 0
+        self.fetch_offsets: list[int] = []
         self.errors: list[BaseException] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -456,7 +465,9 @@ class RewritingProxy:
         try:
             with client, socket.create_connection(self.upstream) as upstream:
                 while (frame := _read_frame(client)) is not None:
-                    header, _ = kafka_wire.read_request_header(frame)
+                    header, offset = kafka_wire.read_request_header(frame)
+                    if header.api_key == FETCH:
+                        self._note_offsets(header.api_version, frame, offset)
                     upstream.sendall(struct.pack(">i", len(frame)) + frame)
                     response = _read_frame(upstream)
                     if response is None:
@@ -466,6 +477,11 @@ class RewritingProxy:
             return
         except BaseException as exc:  # surfaced by the test
             self.errors.append(exc)
+
+    def _note_offsets(self, version: int, frame: bytes, offset: int) -> None:
+        body, _ = kafka_wire.decode_body(FETCH, version, "request", frame, offset)
+        for topic in body["Topics"]:
+            self.fetch_offsets += [p["FetchOffset"] for p in topic["Partitions"]]
 
     def _rewrite(self, api_key: int, version: int, frame: bytes) -> bytes:
         if api_key not in (METADATA, FIND_COORDINATOR, FETCH):
@@ -495,10 +511,14 @@ class RewritingProxy:
 
 
 def mask_and_drop(batch: BatchView) -> list[Record]:
-    """Drop the second record of every batch (an offset gap), upper-case the values."""
+    """Drop the second record of every batch (an offset gap), upper-case the values;
+    empty the gzip batches (mid-partition) and the Java zstd ones (the partition's end)."""
+    records = decode_records(batch)
+    if any(r.value and (b"-gzip-" in r.value or b"java-zstd" in r.value) for r in records):
+        return []
     return [
         dataclasses.replace(r, value=r.value.upper() if r.value is not None else None)
-        for r in decode_records(batch)
+        for r in records
         if r.offset_delta != 1
     ]
 
@@ -507,20 +527,27 @@ def test_consumers_read_rewritten_fetch_responses(written: Written, raw: RawBrok
                                                   kafka: EmbeddedKafka) -> None:
     """Every client batch (original bytes: every codec, raw and xerial snappy) goes into
     one topic; librdkafka and the Java consumer read it through a proxy that drops a
-    record per batch and changes the others, re-compressing with the batch's codec."""
+    record per batch and changes the others, re-compressing with the batch's codec, and
+    empties some batches (in the middle and at the end of the partition)."""
     mixed = make_topic(kafka.bootstrap)
     expected: list[tuple[int, bytes | None]] = []
+    emptied = end = 0
     for key in written.topics:
         for batch in v2_batches(raw.fetch(written.topics[key])):
             result = raw.produce(mixed, bytes(batch.raw))  # passed through untouched
             assert result["ErrorCode"] == 0, result
-            for record in mask_and_drop(batch):
+            end = result["BaseOffset"] + batch.last_offset_delta + 1
+            kept = mask_and_drop(batch)
+            emptied += not kept
+            for record in kept:
                 expected.append((result["BaseOffset"] + record.offset_delta, record.value))
-    assert len(expected) < len(written.topics) * MESSAGES  # records were dropped
+    assert emptied >= 3 and len(expected) < len(written.topics) * MESSAGES
     proxy = RewritingProxy(kafka.bootstrap, mask_and_drop)
     try:
-        got = consume(proxy.bootstrap, mixed, len(expected))
+        got = consume(proxy.bootstrap, mixed, len(expected), linger=1.0)
         assert [(m.offset(), m.value()) for m in got] == expected
+        # librdkafka stepped over the empty batches at the end: it next fetched after them.
+        assert max(proxy.fetch_offsets) == end
         java = run_java_tool(
             "console-consumer", "--bootstrap-server", proxy.bootstrap, "--topic", mixed,
             "--partition", "0", "--offset", "earliest", "--max-messages", str(len(expected)),

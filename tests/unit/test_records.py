@@ -33,7 +33,6 @@ from kafka_wire.records import (
     OpaqueEntry,
     Record,
     TimestampType,
-    _write_records,
     control_record,
     control_type,
     decode_records,
@@ -44,6 +43,7 @@ from kafka_wire.records import (
     rewrite_records,
     verify_crc,
 )
+from kafka_wire.records._codec import _write_records
 
 CODECS = list(Compression)
 COMPRESSED = [c for c in Compression if c != Compression.NONE]
@@ -314,8 +314,10 @@ def test_unknown_codecs() -> None:
     view = BatchView.from_bytes(encode_batch(BatchHeader(), simple_records(1)))
     bad = bytearray(view.raw)
     bad[22] |= 0x07  # attributes: codec 7
+    broken = BatchView.from_bytes(bytes(bad))
+    assert "compression=7" in repr(broken)
     with pytest.raises(DecodeError):
-        decode_records(BatchView.from_bytes(bytes(bad)))
+        decode_records(broken)
     with pytest.raises(EncodeError):
         encode_batch(BatchHeader(), simple_records(1), compression=5)
 
@@ -460,7 +462,7 @@ def test_empty_batch_keeps_its_offsets() -> None:
     assert isinstance(view, BatchView)
     assert view.records_count == 0 and view.last_offset == 13 and view.max_timestamp == 33
     assert decode_records(view) == []
-    assert view.compression == Compression.ZSTD
+    assert view.compression == Compression.NONE and len(view.raw) == HEADER_SIZE  # as Kafka
 
 
 # --------------------------------------------------------------------------- records fields
@@ -491,6 +493,10 @@ def test_mutable_inputs_are_copied_not_pinned() -> None:
     assert isinstance(entries[0], BatchView) and entries[0].base_offset == 0
     view = memoryview(bytearray(three_batches()))
     assert len(list(iter_batches(view))) == 3
+    field = three_batches()
+    doubled = bytes(b for pair in zip(field, field, strict=True) for b in pair)
+    for odd in (memoryview(doubled)[::2], memoryview(field).cast("b")):  # copied
+        assert b"".join(bytes(e.raw) for e in iter_batches(odd)) == field
 
 
 def test_truncated_trailing_batch_at_every_cut() -> None:
