@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
 from keg.gateway import Gateway, GatewaySettings
+from tests.integration.relay import RecordingRelay, gateway_listener
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,12 @@ def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
     futures[topic].result(30)
     return topic
+
+
+@pytest.fixture
+def relay(gateway: Gateway) -> Iterator[RecordingRelay]:
+    r = RecordingRelay(gateway_listener(gateway))
+    try:
+        yield r
+    finally:
+        r.close()
