@@ -70,6 +70,11 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     yield pb.ProcessingResponse(
                         read_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )
+                    # A request the gateway answered itself: the answer goes to the
+                    # client unsolicited, once nothing the broker owes comes first.
+                    answers = session.take_client_bytes()
+                    if answers:
+                        yield pb.ProcessingResponse(write_data=pb.Data(data=answers))
                 elif request.HasField("write_data"):
                     data = request.write_data
                     out = session.from_broker(data.data) if data.data else b""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestObserver, ResponseFilter
+from ext_proc.filters import RequestFilter, RequestObserver, RequestVerdict, ResponseFilter
 from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
@@ -42,19 +42,25 @@ class ProtocolViolation(Exception):
     """The peer broke the Kafka protocol; the connection must be closed."""
 
 
+Filter = ResponseFilter | RequestObserver | RequestFilter
+
+
 class KafkaSession:
     def __init__(
         self,
         conn: ConnectionInfo,
-        filters: Sequence[ResponseFilter],
+        filters: Sequence[object],
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         self.conn = conn
-        self._filters = filters
+        self._response_filters = [f for f in filters if isinstance(f, ResponseFilter)]
+        self._observers = [f for f in filters if isinstance(f, RequestObserver)]
+        self._request_filters = [f for f in filters if isinstance(f, RequestFilter)]
         self._tracker = CorrelationTracker()
         self._held: deque[InFlight] = deque()
+        # Response filters and observers are fixed for a connection: cache their interest.
+        # Request filters (rules) can change under a live connection: asked every time.
         self._wanted: dict[tuple[int, int], bool] = {}
-        self._observers = [f for f in filters if isinstance(f, RequestObserver)]
         self._observed: dict[tuple[int, int], bool] = {}
         self._requests = FrameSplitter(
             requests=True, decide=self._on_request_head, max_frame_size=max_frame_size
@@ -63,14 +69,24 @@ class KafkaSession:
             requests=False, decide=self._on_response_head, max_frame_size=max_frame_size
         )
         self.frames_rewritten = 0
+        self.requests_answered = 0
 
     # -- the two directions -------------------------------------------------------
 
     def from_client(self, chunk: bytes) -> bytes:
+        """Bytes for the broker in place of `chunk` (see also `take_client_bytes`)."""
         return self._run(self._requests, chunk, "request")
 
     def from_broker(self, chunk: bytes) -> bytes:
-        return self._run(self._responses, chunk, "response")
+        out = self._run(self._responses, chunk, "response")
+        due = self.take_client_bytes()
+        return out + due if due else out
+
+    def take_client_bytes(self) -> bytes:
+        """The gateway's own answers that are due now, in their place in the stream."""
+        if not self._responses.at_frame_boundary:
+            return b""
+        return b"".join(self._tracker.take_due_answers())
 
     def pending_bytes(self) -> bool:
         """True when a direction stopped mid-frame (relevant at end of stream)."""
@@ -88,7 +104,7 @@ class KafkaSession:
     def _render(self, piece: Piece) -> bytes | memoryview:
         if isinstance(piece, Frame):
             if isinstance(piece.head, RequestHead):
-                return self._observe_request(piece)
+                return self._process_request(piece, piece.head)
             return self._filter_response(piece, self._held.popleft())
         return piece
 
@@ -100,25 +116,36 @@ class KafkaSession:
             raise FrameError(
                 f"request header has api key {head.api_key}, version {head.api_version}"
             )
-        key = (head.api_key, head.api_version)
+        if self._holds_request(head.api_key, head.api_version):
+            return Decision.HOLD  # tracked once its fate is known (_process_request)
+        self._tracker.sent(head, hold_response=self._wants_response(head.api_key,
+                                                                    head.api_version))
+        return Decision.PASS
+
+    def _holds_request(self, api_key: int, api_version: int) -> bool:
+        if any(f.wants_request(api_key, api_version) for f in self._request_filters):
+            return True
+        key = (api_key, api_version)
+        observed = self._observed.get(key)
+        if observed is None:
+            observed = self._observed[key] = any(
+                o.wants_request(api_key, api_version) for o in self._observers
+            )
+        return observed
+
+    def _wants_response(self, api_key: int, api_version: int) -> bool:
+        key = (api_key, api_version)
         wanted = self._wanted.get(key)
         if wanted is None:
             wanted = self._wanted[key] = any(
-                f.wants(head.api_key, head.api_version) for f in self._filters
+                f.wants(api_key, api_version) for f in self._response_filters
             )
-        self._tracker.sent(head, hold_response=wanted)
-        if self._observers:
-            observed = self._observed.get(key)
-            if observed is None:
-                observed = self._observed[key] = any(
-                    o.wants_request(head.api_key, head.api_version) for o in self._observers
-                )
-            if observed:
-                return Decision.HOLD
-        return Decision.PASS
+        return wanted
 
     def _on_response_head(self, head: Head) -> Decision:
-        entry = self._tracker.answered(head.correlation_id)
+        entry, due = self._tracker.answered(head.correlation_id)
+        for answer in due:
+            self._responses.inject_before_current(answer)
         if not entry.hold_response:
             return Decision.PASS
         self._held.append(entry)
@@ -126,15 +153,40 @@ class KafkaSession:
 
     # -- held frames ---------------------------------------------------------------
 
-    def _observe_request(self, frame: Frame) -> bytes:
+    def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         try:
             header, body = kafka_wire.decode_request(frame.data)
-        except KafkaWireError as err:
-            log.info("request forwarded unobserved: %s (%s)", err, self.conn.describe())
-        else:
-            for o in self._observers:
-                if o.wants_request(header.api_key, header.api_version):
-                    o.observe_request(header, body, self.conn)
+        except KafkaWireError:
+            if any(f.wants_request(head.api_key, head.api_version)
+                   for f in self._request_filters):
+                raise  # a rule must see this request: never let it through unread
+            log.info("request forwarded unobserved: api %d v%d (%s)", head.api_key,
+                     head.api_version, self.conn.describe())
+            self._tracker.sent(head, self._wants_response(head.api_key, head.api_version))
+            return frame_bytes(frame.data)
+        for o in self._observers:
+            if o.wants_request(header.api_key, header.api_version):
+                o.observe_request(header, body, self.conn)
+        verdict = RequestVerdict()
+        for f in self._request_filters:
+            if f.wants_request(header.api_key, header.api_version):
+                decided = f.filter_request(header, body, self.conn)
+                if decided is not None:
+                    verdict = decided
+                    if decided.answer is not None:
+                        break
+        if verdict.answer is not None:
+            self.requests_answered += 1
+            if verdict.expects_response:
+                self._tracker.answered_by_gateway(head, kafka_wire.encode_response(
+                    header.correlation_id, header.api_key, header.api_version, verdict.answer))
+            return b""
+        if verdict.expects_response:
+            wanted = verdict.patch is not None or self._wants_response(head.api_key,
+                                                                        head.api_version)
+            self._tracker.sent(head, wanted, patch=verdict.patch)
+        if verdict.changed:
+            return kafka_wire.encode_request(header, body)
         return frame_bytes(frame.data)
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
@@ -148,9 +200,11 @@ class KafkaSession:
                 version = 0
         body, _ = kafka_wire.decode_body(api_key, version, "response", data, offset)
         changed = False
-        for f in self._filters:
+        for f in self._response_filters:
             if f.wants(api_key, version):
                 changed |= f.filter_response(api_key, version, body, self.conn)
+        if callable(entry.patch):
+            changed |= bool(entry.patch(body))
         if not changed:
             return frame_bytes(data)
         self.frames_rewritten += 1

@@ -107,7 +107,12 @@ class FrameSplitter:
         self._hold_head: Head | None = None
         self._hold_buf = bytearray()
         self._hold_remaining = 0
+        self._injected: list[bytes] = []
         self.frames_seen = 0
+
+    def inject_before_current(self, data: bytes) -> None:
+        """From inside `decide`: emit `data` in the stream just before the frame decided."""
+        self._injected.append(data)
 
     @property
     def at_frame_boundary(self) -> bool:
@@ -160,7 +165,17 @@ class FrameSplitter:
             self._check_size(head.size)
             self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
-            if self._decide(head) is Decision.PASS:
+            decision = self._decide(head)
+            if self._injected:
+                # Bytes the caller put before this frame: close the verbatim run first.
+                if pass_start >= 0:
+                    end = pos - self._head_size
+                    if end > pass_start:
+                        out.append(view[pass_start:end])
+                    pass_start = -1
+                out.extend(self._injected)
+                self._injected.clear()
+            if decision is Decision.PASS:
                 if carried:
                     out.append(head_bytes)
                     pass_start = pos
@@ -203,12 +218,19 @@ class FrameSplitter:
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """What a response needs to be read: the request it answers."""
+    """What a response needs to be read: the request it answers.
+
+    `answer` is set for a request the gateway answered itself (it never reached the
+    broker): those bytes go to the client in the place the broker's answer would have.
+    `patch` is opaque to framing: the session's note of what to change in the answer.
+    """
 
     correlation_id: int
     api_key: int
     api_version: int
     hold_response: bool
+    answer: bytes | None = None
+    patch: object = None
 
 
 class CorrelationTracker:
@@ -216,7 +238,8 @@ class CorrelationTracker:
 
     Kafka answers requests on a connection in order. Some requests get no answer
     (Produce with acks=0), so a response may skip entries; a response whose
-    correlation id was never sent means the stream is out of sync.
+    correlation id was never sent means the stream is out of sync. Answers the
+    gateway makes itself queue in the same order as the broker's.
     """
 
     def __init__(self, max_in_flight: int = 100_000) -> None:
@@ -226,20 +249,38 @@ class CorrelationTracker:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def sent(self, head: RequestHead, hold_response: bool) -> None:
+    def sent(self, head: RequestHead, hold_response: bool, patch: object = None) -> None:
+        self._add(InFlight(head.correlation_id, head.api_key, head.api_version, hold_response,
+                           patch=patch))
+
+    def answered_by_gateway(self, head: RequestHead, answer: bytes) -> None:
+        self._add(InFlight(head.correlation_id, head.api_key, head.api_version, False, answer))
+
+    def _add(self, entry: InFlight) -> None:
         if len(self._pending) >= self._max_in_flight:
             raise FrameError(f"more than {self._max_in_flight} requests in flight")
-        self._pending.append(
-            InFlight(head.correlation_id, head.api_key, head.api_version, hold_response)
-        )
+        self._pending.append(entry)
 
-    def answered(self, correlation_id: int) -> InFlight:
+    def answered(self, correlation_id: int) -> tuple[InFlight, list[bytes]]:
+        """The request this response answers, and the gateway's own answers due before it."""
         pending = self._pending
+        due: list[bytes] = []
         while pending:
             entry = pending.popleft()
-            if entry.correlation_id == correlation_id:
-                return entry
+            if entry.correlation_id == correlation_id and entry.answer is None:
+                return entry, due
+            if entry.answer is not None:
+                due.append(entry.answer)
         raise FrameError(f"response with correlation id {correlation_id} matches no request")
+
+    def take_due_answers(self) -> list[bytes]:
+        """Gateway answers at the head of the queue: nothing from the broker comes first."""
+        due: list[bytes] = []
+        while self._pending and self._pending[0].answer is not None:
+            answer = self._pending.popleft().answer
+            assert answer is not None
+            due.append(answer)
+        return due
 
 
 def frame_bytes(body: bytes) -> bytes:

@@ -1,4 +1,8 @@
-"""Per-API response filters: the contract every filter of the data path follows.
+"""The contract every filter of the data path follows.
+
+Three kinds, any object may be several: a `ResponseFilter` changes answers, a
+`RequestObserver` reads requests, a `RequestFilter` decides what becomes of a
+request (forward, forward changed, answer from the gateway, patch the answer).
 
 A filter names the API keys it handles and, per (api key, version), whether it
 wants the response at all; the session decides that when the *request* passes
@@ -12,12 +16,15 @@ they must not block and must not keep references to bodies after returning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 
 
+@runtime_checkable
 class ResponseFilter(Protocol):
     api_keys: frozenset[int]
 
@@ -41,3 +48,34 @@ class RequestObserver(Protocol):
     def observe_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> None: ...
+
+
+# Changes a decoded broker answer in place; returns True when it changed it.
+ResponsePatch = Callable[[dict[str, Any]], bool]
+
+
+@dataclass
+class RequestVerdict:
+    """What a `RequestFilter` decided. Fields left at their defaults mean "as it was".
+
+    - `answer`: the response body the gateway sends the client itself; the request
+      never reaches the broker. Its place in the response order is kept.
+    - `changed`: the (in place) changed request body is forwarded instead.
+    - `patch`: applied to the broker's answer before the client sees it (e.g. error
+      entries for the topics a partial denial removed from the request).
+    - `expects_response`: False for a request Kafka never answers (acks=0 Produce).
+    """
+
+    answer: dict[str, Any] | None = None
+    changed: bool = False
+    patch: ResponsePatch | None = None
+    expects_response: bool = True
+
+
+@runtime_checkable
+class RequestFilter(Protocol):
+    def wants_request(self, api_key: int, api_version: int) -> bool: ...
+
+    def filter_request(
+        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> RequestVerdict | None: ...

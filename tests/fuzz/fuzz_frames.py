@@ -185,7 +185,7 @@ def _streams(payload: bytes, out: Outcome) -> None:
     answered: deque[InFlight] = deque()
 
     def on_response(head: Head) -> Decision:
-        answered.append(tracker.answered(head.correlation_id))
+        answered.append(tracker.answered(head.correlation_id)[0])
         return Decision.HOLD
 
     splitter = FrameSplitter(requests=False, decide=on_response, max_frame_size=MAX_FRAME)

@@ -136,8 +136,8 @@ def test_tracker_skips_unanswered_requests() -> None:
     tracker = CorrelationTracker()
     for cid in (1, 2, 3):
         tracker.sent(RequestHead(10, 0, 3, cid), hold_response=cid == 3)
-    entry = tracker.answered(3)  # 1 and 2 were acks=0 produces: no response comes
-    assert entry.hold_response and entry.api_key == 0
+    entry, due = tracker.answered(3)  # 1 and 2 were acks=0 produces: no response comes
+    assert entry.hold_response and entry.api_key == 0 and due == []
     assert len(tracker) == 0
     with pytest.raises(FrameError):
         tracker.answered(4)
@@ -149,3 +149,35 @@ def test_tracker_bounds_in_flight() -> None:
     tracker.sent(RequestHead(10, 0, 3, 2), False)
     with pytest.raises(FrameError):
         tracker.sent(RequestHead(10, 0, 3, 3), False)
+
+
+def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
+    tracker = CorrelationTracker()
+    tracker.sent(RequestHead(10, 0, 3, 1), False)
+    tracker.answered_by_gateway(RequestHead(10, 0, 3, 2), b"answer-2")
+    tracker.sent(RequestHead(10, 0, 3, 3), False)
+    tracker.answered_by_gateway(RequestHead(10, 0, 3, 4), b"answer-4")
+    assert tracker.take_due_answers() == []  # the broker still owes the answer to 1
+    assert tracker.answered(1)[1] == []
+    assert tracker.take_due_answers() == [b"answer-2"]
+    entry, due = tracker.answered(3)
+    assert entry.correlation_id == 3 and due == []
+    assert tracker.take_due_answers() == [b"answer-4"]
+    assert len(tracker) == 0
+
+
+def test_injected_bytes_land_before_the_decided_frame_at_every_split() -> None:
+    stream = response(1, b"first") + response(2, b"second") + response(3, b"third")
+
+    for cut in range(1, len(stream)):
+        splitter: FrameSplitter
+
+        def decide(head: Head) -> Decision:
+            if head.correlation_id == 2:
+                splitter.inject_before_current(b"<INJECTED>")
+            return Decision.PASS
+
+        splitter = FrameSplitter(requests=False, decide=decide)
+        passed, _ = run(splitter, [stream[:cut], stream[cut:]])
+        assert passed == response(1, b"first") + b"<INJECTED>" + response(2, b"second") \
+            + response(3, b"third")
