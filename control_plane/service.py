@@ -15,7 +15,7 @@ from control_plane.ads import AggregatedDiscovery
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import ANY_NODE, SnapshotCache
-from control_plane.topology import DiscoveryError, Topology, fetch_topology
+from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class ControlPlaneSettings:
     message_timeout_s: float = 1.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
+    sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -92,7 +93,7 @@ class ControlPlane:
 
     async def refresh(self) -> bool:
         """Re-read the topology; publish a new snapshot when it changed."""
-        topology = await fetch_topology(self.settings.bootstrap_servers)
+        topology = await fetch_topology(self.settings.bootstrap_servers, sasl=self.settings.sasl)
         if topology == self.topology:
             return False
         self.topology = topology

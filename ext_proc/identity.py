@@ -30,9 +30,10 @@ What the gateway can and cannot know
   `opaque_token` set. The token itself is never stored.
 * GSSAPI (Kerberos) and other mechanisms are opaque tokens: the principal is
   ``User:unknown`` once authenticated. GSSAPI takes several round trips whose last
-  one is not recognisable from outside, so the exchange counts as complete when the
-  client sends its first non-SASL request after it (a broker closes a connection
-  that sends one before authentication completed, so nothing is served to it).
+  one is not recognisable from outside, so every accepted step counts as
+  authenticated (as User:unknown) while the exchange stays open: a later failure
+  still makes the connection ANONYMOUS again. No request but SASL ones is served
+  before the exchange completes, so the early flag attributes nothing wrongly.
 
 The principal is Kafka's ``Type:name`` form as DefaultKafkaPrincipalBuilder builds
 it; a broker with a custom ``principal.builder.class`` (or Kerberos name rules) may
@@ -57,7 +58,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_wire.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire.api_keys import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from kafka_wire.envelope import Principal
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -74,7 +75,7 @@ SCRAM_MECHANISMS = frozenset({SCRAM_SHA_256, SCRAM_SHA_512})
 # Kafka's default sasl.server.max.receive.size: bigger auth bytes are not parsed.
 MAX_AUTH_BYTES = 512 * 1024
 
-_SASL_KEYS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS})
+_IN_PROGRESS = "authentication in progress"
 _JWT_PART = re.compile(r"[-_A-Za-z0-9]*\Z")
 _BEARER = re.compile(r"([A-Za-z0-9_]+) +([-_.A-Za-z0-9]+)\Z")
 
@@ -203,14 +204,14 @@ def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
     text = _utf8(data, "OAUTHBEARER initial response")
     gs2, sep, rest = text.partition("\x01")
     if not sep:
-        raise SaslParseError("OAUTHBEARER initial response has no \\x01 separator")
+        raise SaslParseError("OAUTHBEARER initial response has no 0x01 separator")
     gs2_parts = gs2.split(",")
     if len(gs2_parts) != 3 or gs2_parts[0] not in ("n", "y") or gs2_parts[2]:
         raise SaslParseError("OAUTHBEARER initial response has a bad gs2 header")
     if gs2_parts[1] and not gs2_parts[1].startswith("a="):
         raise SaslParseError("OAUTHBEARER initial response has a bad authzid")
     if not rest.endswith("\x01"):
-        raise SaslParseError("OAUTHBEARER initial response is not \\x01-terminated")
+        raise SaslParseError("OAUTHBEARER initial response is not 0x01-terminated")
     pairs: dict[str, str] = {}
     for item in rest[:-1].split("\x01"):
         if not item:
@@ -294,8 +295,6 @@ class IdentityTracker:
                 self._on_handshake(api_version, body)
             elif api_key == SASL_AUTHENTICATE:
                 self._on_authenticate(body)
-            elif api_key not in _SASL_KEYS and self._in_exchange:
-                self._on_other_request()
         except Exception:  # never into the data path
             self._fail_candidate("SASL request could not be read")
 
@@ -359,7 +358,7 @@ class IdentityTracker:
         elif self.mechanism is None:
             self.reason = "SaslHandshake without a mechanism"
         elif not self.authenticated:
-            self.reason = "authentication in progress"
+            self.reason = _IN_PROGRESS
 
     def _on_authenticate(self, body: Mapping[str, Any]) -> None:
         if not self._in_exchange:
@@ -433,20 +432,23 @@ class IdentityTracker:
                 self._end_exchange(success=True)
             else:  # RFC 7628 error challenge; the broker fails the next step
                 self.reason = "OAUTHBEARER token rejected by the broker"
-        # GSSAPI and others: complete when the client moves on (_on_other_request)
+        else:  # GSSAPI and others: the last step is not recognisable; see the docstring
+            self._accept()
 
-    def _on_other_request(self) -> None:
-        if self._steps > 0 and self.mechanism not in (PLAIN, OAUTHBEARER, *SCRAM_MECHANISMS):
-            self._end_exchange(success=True)
+    def _accept(self) -> None:
+        """The broker accepted the exchange so far: the candidate is the principal."""
+        self.authenticated = True
+        self._name = self._candidate
+        self.opaque_token = self._candidate_opaque
+        if self._name not in (None, UNKNOWN_NAME) and not self._candidate_opaque:
+            self.reason = None
+        elif self.reason == _IN_PROGRESS:
+            self.reason = "authenticated, but the SASL request was not read"
 
     def _end_exchange(self, success: bool, reason: str | None = None) -> None:
         self._in_exchange = False
         if success:
-            self.authenticated = True
-            self._name = self._candidate
-            self.opaque_token = self._candidate_opaque
-            if self._name is not None and not self._candidate_opaque:
-                self.reason = None if self._name != UNKNOWN_NAME else self.reason
+            self._accept()
         else:
             self.authenticated = False
             self._name = None

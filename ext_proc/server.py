@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grpc as pb_grpc
 
+import kafka_wire
+from ext_proc.audit import AuditEvent, AuditLog, JsonlAuditLog, NullAuditLog
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import ResponseFilter
 from ext_proc.filters.api_versions import ApiVersionsNarrower
 from ext_proc.filters.broker_address import BrokerAddressRewriter
 from ext_proc.filters.group_protocol import GroupProtocolObserver
+from ext_proc.filters.identity import IdentityObserver
+from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
+from ext_proc.identity import IdentityTracker
+from ext_proc.metrics import Metrics
+from ext_proc.rule_source import RuleDirectory
 from ext_proc.session import KafkaSession, ProtocolViolation
+from filter_rules import CompiledRuleSet, RuleSet
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE
 
 log = logging.getLogger(__name__)
@@ -37,20 +45,51 @@ class ProcessorSettings:
     host: str = "127.0.0.1"
     port: int = 0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    rules_dir: Path | None = None
+    audit_log: Path | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no /metrics endpoint
 
 
-def default_filters() -> list[ResponseFilter]:
-    return [ApiVersionsNarrower(), BrokerAddressRewriter(), GroupProtocolObserver()]
+class DataPath:
+    """What every connection shares: the rule engine, audit log and metrics."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.metrics = Metrics()
+        self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
+                                else NullAuditLog())
+        self.engine = RuleEngine(CompiledRuleSet(RuleSet()), self._record)
+        self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
+                      if settings.rules_dir else None)
+
+    def filters(self, conn: ConnectionInfo) -> list[object]:
+        identity = IdentityTracker()
+        return [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
+                GroupProtocolObserver(), RulesFilter(self.engine, identity)]
+
+    def _record(self, d: RuleDecision) -> None:
+        mode = "dry-run" if d.rule.dry_run else "enforce"
+        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome)
+        if d.rule.audited:
+            self.audit.emit(AuditEvent.for_connection(
+                d.conn, principal=d.principal, client_id=d.header.client_id,
+                security_protocol=d.security_protocol, api_key=d.header.api_key,
+                api_name=kafka_wire.api_name(d.header.api_key),
+                api_version=d.header.api_version, correlation_id=d.header.correlation_id,
+                topic=d.topic, rule_id=d.rule.id, action=d.rule.kind, mode=mode,
+                outcome=d.outcome, error_code=d.error_code,
+            ))
+
+
+def default_filters(conn: ConnectionInfo | None = None) -> list[object]:
+    """The filters of a processor without rules (tests, pass-through benchmarks)."""
+    return DataPath(ProcessorSettings()).filters(conn or ConnectionInfo())
 
 
 class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
-    def __init__(
-        self,
-        settings: ProcessorSettings,
-        filters: Callable[[], Sequence[ResponseFilter]] = default_filters,
-    ) -> None:
+    def __init__(self, settings: ProcessorSettings, data_path: DataPath) -> None:
         self._settings = settings
-        self._filters = filters
+        self._data_path = data_path
         self.active_connections = 0
 
     async def Process(
@@ -59,8 +98,9 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         conn = ConnectionInfo.from_metadata(context.invocation_metadata() or ())
-        session = KafkaSession(conn, self._filters(), self._settings.max_frame_size)
+        session = KafkaSession(conn, self._data_path.filters(conn), self._settings.max_frame_size)
         self.active_connections += 1
+        self._data_path.metrics.connection_opened()
         log.debug("connection opened %s", conn.describe())
         try:
             async for request in request_iterator:
@@ -90,6 +130,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             yield _CLOSE_RST
         finally:
             self.active_connections -= 1
+            self._data_path.metrics.connection_closed()
             if session.pending_bytes():
                 log.debug("connection ended mid-frame %s", conn.describe())
 
@@ -99,7 +140,10 @@ class ExtProcServer:
 
     def __init__(self, settings: ProcessorSettings) -> None:
         self.settings = settings
-        self.processor = NetworkProcessor(settings)
+        self.data_path = DataPath(settings)
+        self.processor = NetworkProcessor(settings, self.data_path)
+        self._watcher: asyncio.Task[None] | None = None
+        self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -112,12 +156,26 @@ class ExtProcServer:
         )
         pb_grpc.add_NetworkExternalProcessorServicer_to_server(self.processor, server)
         self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        rules = self.data_path.rules
+        if rules is not None and not rules.reload():
+            raise RuntimeError(f"the rule set in {rules.directory} is invalid (see the log)")
         await server.start()
         self._server = server
+        if rules is not None:
+            self._watcher = asyncio.create_task(rules.watch())
+        if self.settings.metrics_port is not None:
+            self.metrics_port = self.data_path.metrics.start_http_server(
+                self.settings.metrics_port, self.settings.metrics_host)
+            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host,
+                     self.metrics_port)
         log.info("ext_proc listening on %s:%d", self.settings.host, self.port)
         return self.port
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        self.data_path.audit.close()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

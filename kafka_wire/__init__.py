@@ -131,3 +131,25 @@ __all__ += [
     "rewrite_records",
     "verify_crc",
 ]
+
+# Error responses as Kafka's broker builds them, and per-topic refusals for partial
+# denies: kafka_wire/error_responses.py.
+from kafka_wire.error_responses import (  # noqa: E402
+    ERROR_RESPONSE_APIS,
+    PARTIAL_APIS,
+    UnsupportedErrorResponse,
+    error_response,
+    expects_response,
+    partial_error_entries,
+    remove_topics,
+)
+
+__all__ += [
+    "ERROR_RESPONSE_APIS",
+    "PARTIAL_APIS",
+    "UnsupportedErrorResponse",
+    "error_response",
+    "expects_response",
+    "partial_error_entries",
+    "remove_topics",
+]

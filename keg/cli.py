@@ -23,6 +23,12 @@ console = Console(stderr=True)
 
 LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")]
 LogFormat = Annotated[str, typer.Option("--log-format", help="text or json (one object a line).")]
+RulesDir = Annotated[Path | None, typer.Option(
+    help="Rule directory (YAML files), watched: valid changes apply to live connections.")]
+AuditLogPath = Annotated[Path | None, typer.Option(
+    help="Audit log file (JSON Lines, rotated); none: no audit log.")]
+MetricsPort = Annotated[int | None, typer.Option(
+    help="Serve Prometheus metrics on this port (0: a free one).")]
 
 
 def _default_data_dir() -> Path:
@@ -71,12 +77,16 @@ def up(
         float,
         typer.Option(help="Seconds Envoy waits for the ext_proc service per chunk before closing."),
     ] = 1.0,
+    rules: RulesDir = None,
+    audit_log: AuditLogPath = None,
+    metrics_port: MetricsPort = 9464,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
     setup_logging(log_level, log_format)
-    from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, ensure_kafka
+    from filter_rules import DEFAULT_RULES_DIR
+    from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
     from keg.gateway import Gateway, GatewaySettings
 
     kafka = None
@@ -96,6 +106,9 @@ def up(
                 failure_mode_allow=failure_mode_allow,
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
+                rules_dir=rules or DEFAULT_RULES_DIR,
+                audit_log=audit_log or cache_dir() / "up" / "audit.jsonl",
+                metrics_port=metrics_port,
             )
         )
         with gateway:
@@ -103,6 +116,9 @@ def up(
                 f"[bold green]keg is up.[/] Kafka clients: "
                 f"bootstrap.servers=[bold]{gateway.bootstrap}[/]   (Ctrl-C stops)"
             )
+            s = gateway.settings
+            console.print(f"rules: {s.rules_dir}   audit log: {s.audit_log}   "
+                          f"metrics: http://127.0.0.1:{s.metrics_port}/metrics")
             _wait_for_ctrl_c()
             console.print("stopping…")
     except EmbeddedKafkaError as err:
@@ -123,6 +139,9 @@ def ext_proc_cmd(
             help="Largest Kafka frame accepted, in bytes; larger ones close the connection."
         ),
     ] = 100 * 1024 * 1024,
+    rules: RulesDir = None,
+    audit_log: AuditLogPath = None,
+    metrics_port: MetricsPort = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -130,7 +149,10 @@ def ext_proc_cmd(
     setup_logging(log_level, log_format)
     from ext_proc import ExtProcServer, ProcessorSettings
 
-    server = ExtProcServer(ProcessorSettings(host=host, port=port, max_frame_size=max_frame_size))
+    server = ExtProcServer(ProcessorSettings(
+        host=host, port=port, max_frame_size=max_frame_size, rules_dir=rules,
+        audit_log=audit_log, metrics_port=metrics_port,
+    ))
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

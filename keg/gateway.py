@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from control_plane.service import ControlPlane, ControlPlaneSettings, free_port
+from control_plane.topology import SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ class GatewaySettings:
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     ext_proc_log_level: str = "INFO"
+    rules_dir: Path | None = None
+    audit_log: Path | None = None
+    metrics_port: int | None = None
+    sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -101,6 +106,7 @@ class Gateway:
                     listen_port_base=s.listen_port_base,
                     message_timeout_s=s.message_timeout_s,
                     failure_mode_allow=s.failure_mode_allow,
+                    sasl=s.sasl,
                 )
             )
             self._loop.run(self.control_plane.start(), timeout=60)
@@ -126,6 +132,12 @@ class Gateway:
             "--log-level",
             s.ext_proc_log_level,
         ]
+        if s.rules_dir is not None:
+            cmd += ["--rules", str(s.rules_dir)]
+        if s.audit_log is not None:
+            cmd += ["--audit-log", str(s.audit_log)]
+        if s.metrics_port is not None:
+            cmd += ["--metrics-port", str(s.metrics_port)]
         env = {**os.environ, **s.extra_env}
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)

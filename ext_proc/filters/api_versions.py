@@ -5,13 +5,14 @@ API key the codec knows, the advertised range is clipped to the codec's range;
 keys the codec does not know pass through untouched, so a newer broker's extra
 APIs are never fatal.
 
-Some versions are clipped further because their responses can carry broker
-addresses in places a pass-through frame cannot be rewritten cheaply: Produce
-v10+ and Fetch v16+ add `NodeEndpoints` (KIP-951 leader hints) as a tagged field
-at the end of the body, after all records, and share-group fetches carry them too.
-Holding every Produce/Fetch response to rewrite a field that is present only
-after a leader change would cost the data path its pass-through speed, so the
-gateway keeps clients on versions without it.
+Some versions are clipped further:
+- Produce v10+ and Fetch v16+ add `NodeEndpoints` (KIP-951 leader hints) as a tagged
+  field at the end of the body, after all records, and share-group fetches carry
+  them too: broker addresses in places a pass-through frame cannot be rewritten
+  cheaply. Holding every Produce/Fetch response to rewrite a field present only
+  after a leader change would cost the data path its pass-through speed.
+- Fetch v13+ names topics by id (KIP-516) instead of by name; topic rules must see
+  names, so clients stay on v12, which every Kafka 2.7+ broker serves.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from kafka_wire.api_keys import API_VERSIONS, FETCH, PRODUCE
 
-# API key -> highest version the gateway lets clients use (address-leak reasons above).
-ADDRESS_SAFE_MAX_VERSION = {PRODUCE: 9, FETCH: 15}
+# API key -> highest version the gateway lets clients use (reasons above).
+ADDRESS_SAFE_MAX_VERSION = {PRODUCE: 9, FETCH: 12}
 SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
 HIDDEN_API_KEYS = frozenset({SHARE_FETCH, SHARE_ACKNOWLEDGE})
 

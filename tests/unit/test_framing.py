@@ -166,18 +166,22 @@ def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
     assert len(tracker) == 0
 
 
+def split_with_injection(stream: bytes, cut: int) -> bytes:
+    holder: list[FrameSplitter] = []
+
+    def decide(head: Head) -> Decision:
+        if head.correlation_id == 2:
+            holder[0].inject_before_current(b"<INJECTED>")
+        return Decision.PASS
+
+    holder.append(FrameSplitter(requests=False, decide=decide))
+    passed, _ = run(holder[0], [stream[:cut], stream[cut:]])
+    return passed
+
+
 def test_injected_bytes_land_before_the_decided_frame_at_every_split() -> None:
     stream = response(1, b"first") + response(2, b"second") + response(3, b"third")
-
+    expected = response(1, b"first") + b"<INJECTED>" + response(2, b"second") \
+        + response(3, b"third")
     for cut in range(1, len(stream)):
-        splitter: FrameSplitter
-
-        def decide(head: Head) -> Decision:
-            if head.correlation_id == 2:
-                splitter.inject_before_current(b"<INJECTED>")
-            return Decision.PASS
-
-        splitter = FrameSplitter(requests=False, decide=decide)
-        passed, _ = run(splitter, [stream[:cut], stream[cut:]])
-        assert passed == response(1, b"first") + b"<INJECTED>" + response(2, b"second") \
-            + response(3, b"third")
+        assert split_with_injection(stream, cut) == expected

@@ -1,0 +1,217 @@
+"""Request-level enforcement of the rule set: observe, deny, API allow/deny lists.
+
+`RuleEngine` holds the live compiled rule set for the whole process (a reload swaps
+it; live connections see the new rules on their next request). `RulesFilter` is
+per connection: it asks for a request only when some rule may apply to its API and
+version (a dict lookup), decodes it, and decides per topic:
+
+- every topic (or the request as a whole) denied: the gateway answers with the
+  API's error and the broker never sees the request;
+- some topics denied: they are removed from the request, the rest is forwarded,
+  and their error entries are merged into the broker's answer;
+- dry-run rules only record what they would have done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RequestVerdict
+from ext_proc.identity import IdentityTracker
+from filter_rules import CompiledRule, CompiledRuleSet, MatchContext
+from filter_rules.errors import default_deny_error, error_code
+from kafka_wire.api_keys import FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.error_responses import error_response, partial_error_entries, remove_topics
+
+log = logging.getLogger(__name__)
+
+DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
+ENFORCED_KINDS = DENYING_KINDS | {"observe"}
+
+# Where a response lists its per-topic entries, for merging a partial denial back in.
+_RESPONSE_TOPICS = {
+    PRODUCE: "Responses",
+    2: "Topics",  # ListOffsets
+    3: "Topics",  # Metadata
+    8: "Topics",  # OffsetCommit
+    19: "Topics",  # CreateTopics
+    20: "Responses",  # DeleteTopics
+    21: "Topics",  # DeleteRecords
+    28: "Topics",  # TxnOffsetCommit
+}
+
+
+@dataclass(frozen=True)
+class RuleDecision:
+    """One rule's effect on one request (and topic): what audit and metrics record."""
+
+    rule: CompiledRule
+    outcome: str  # observed | denied | would-deny
+    header: kafka_wire.RequestHeader
+    conn: ConnectionInfo
+    principal: str
+    security_protocol: str
+    topic: str | None = None
+    error_code: int | None = None
+
+
+DecisionSink = Callable[[RuleDecision], None]
+
+
+def request_topics(body: dict[str, Any]) -> list[str]:
+    """Topic names a request carries, wherever the schema puts them."""
+    names: list[str] = []
+    for key in ("Topics", "TopicData"):
+        for entry in body.get(key) or ():
+            name = entry.get("Name", entry.get("Topic"))
+            if isinstance(name, str):
+                names.append(name)
+    names.extend(n for n in body.get("TopicNames") or () if isinstance(n, str))
+    for group in body.get("Groups") or ():  # OffsetFetch v8+
+        names.extend(request_topics(group))
+    return list(dict.fromkeys(names))
+
+
+def request_group(api_key: int, body: dict[str, Any]) -> str | None:
+    group = body.get("GroupId")
+    if isinstance(group, str):
+        return group
+    if api_key == FIND_COORDINATOR and body.get("KeyType", 0) == 0:
+        key = body.get("Key")
+        return key if isinstance(key, str) else None
+    return None
+
+
+class RuleEngine:
+    """The process's live rules and where decisions go."""
+
+    def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None) -> None:
+        self.sink = sink or (lambda decision: None)
+        self.compiled = compiled
+        self.install(compiled)
+
+    def install(self, compiled: CompiledRuleSet) -> None:
+        ignored = sorted({r.kind for r in compiled.rules} - ENFORCED_KINDS)
+        if ignored:
+            log.warning("rule kinds %s are validated but not enforced by this gateway version",
+                        ", ".join(ignored))
+        self.compiled = compiled  # one reference swap: connections pick it up per request
+
+
+class RulesFilter:
+    def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
+        self._engine = engine
+        self._identity = identity
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        return self._engine.compiled.interested(api_key, api_version, "request")
+
+    def filter_request(
+        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> RequestVerdict | None:
+        rules = self._engine.compiled.candidates(header.api_key, header.api_version, "request")
+        if not rules:
+            return None
+        api_key, version = header.api_key, header.api_version
+        ctx = MatchContext(
+            api_key=api_key, api_version=version,
+            # A login the gateway could not read (opaque token) is no one to match on.
+            principal=self._identity.principal if self._identity.principal_known else None,
+            client_id=header.client_id, client_host=conn.client_host,
+            listener=conn.gateway_address or None, broker_id=conn.broker_id,
+        )
+        topics = request_topics(body)
+        group = request_group(api_key, body)
+        denied: dict[str, int] = {}
+        for rule in rules:
+            if rule.kind not in ENFORCED_KINDS:
+                continue
+            if rule.uses_topics and topics:
+                hits: list[str | None] = [t for t in topics
+                                          if t not in denied and rule.matches(ctx, t, group)]
+            else:
+                hits = [None] if rule.matches(ctx, None, group) else []
+            if not hits:
+                continue
+            if rule.kind == "observe":
+                self._record(rule, "observed", header, conn, hits)
+                continue
+            code = self._deny_error(rule, api_key)
+            if rule.dry_run:
+                self._record(rule, "would-deny", header, conn, hits, code)
+                continue
+            self._record(rule, "denied", header, conn, hits, code)
+            if None in hits:  # the request as a whole
+                return self._answer(header, body, code)
+            denied.update(dict.fromkeys((t for t in hits if t is not None), code))
+        if not denied:
+            if api_key == METADATA and body.get("Topics") is None:
+                return self._hide_topics(ctx, header, conn)
+            return None
+        if set(denied) >= set(topics) or api_key not in _RESPONSE_TOPICS:
+            return self._answer(header, body, next(iter(denied.values())))
+        return self._partial(header, body, denied)
+
+    def _hide_topics(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
+                     conn: ConnectionInfo) -> RequestVerdict | None:
+        """Metadata for all topics: leave out the ones a rule denies, as Kafka's own
+        authorizer does, instead of telling the client they exist."""
+        rules = [r for r in self._engine.compiled.candidates(ctx.api_key, ctx.api_version)
+                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        if not rules:
+            return None
+
+        def hide(response: dict[str, Any]) -> bool:
+            topics = response.get("Topics") or []
+            kept = [t for t in topics
+                    if not any(r.matches(ctx, t.get("Name")) for r in rules)]
+            response["Topics"] = kept
+            return len(kept) != len(topics)
+
+        return RequestVerdict(patch=hide)
+
+    def _answer(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                code: int) -> RequestVerdict:
+        expects = not (header.api_key == PRODUCE and body.get("Acks") == 0)
+        answer = error_response(header.api_key, header.api_version, body, code)
+        return RequestVerdict(answer=answer, expects_response=expects)
+
+    def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                 denied: dict[str, int]) -> RequestVerdict:
+        api_key, version = header.api_key, header.api_version
+        entries: list[dict[str, Any]] = []
+        for code in set(denied.values()):
+            names = {t for t, c in denied.items() if c == code}
+            entries += partial_error_entries(api_key, version, body, names, code)
+        forwarded = remove_topics(api_key, version, body, set(denied))
+        body.clear()
+        body.update(forwarded)
+        field = _RESPONSE_TOPICS.get(api_key)
+
+        def merge(response: dict[str, Any]) -> bool:
+            if field is None:
+                return False
+            response[field] = [*(response.get(field) or []), *entries]
+            return True
+
+        expects = not (api_key == PRODUCE and body.get("Acks") == 0)
+        return RequestVerdict(changed=True, patch=merge, expects_response=expects)
+
+    @staticmethod
+    def _deny_error(rule: CompiledRule, api_key: int) -> int:
+        spec = getattr(rule.action, "deny", None)
+        name = getattr(spec, "error", None)
+        return error_code(name) if name else default_deny_error(api_key)
+
+    def _record(self, rule: CompiledRule, outcome: str, header: kafka_wire.RequestHeader,
+                conn: ConnectionInfo, topics: list[str | None], code: int | None = None) -> None:
+        for topic in topics:
+            self._engine.sink(RuleDecision(
+                rule, outcome, header, conn, self._identity.principal,
+                self._identity.security_protocol, topic, code,
+            ))

@@ -1,0 +1,207 @@
+"""The data path's Prometheus metrics, in a registry of their own.
+
+`Metrics` owns a `CollectorRegistry` (not prometheus_client's global one), so a
+process can hold several (tests create one each) and `start_http_server` serves
+exactly these series on ``/metrics``.
+
+Series:
+
+    keg_requests_total{api,version,principal,topic}   requests seen
+    keg_request_bytes_total{api,direction}             frame bytes, request/response
+    keg_decisions_total{rule,action,mode,outcome}      rule decisions
+    keg_decode_errors_total{api,direction}             frames that did not decode
+    keg_connections_active                             open client connections
+    keg_connections_total                              client connections opened
+    keg_frame_latency_seconds                          time a held frame spent in keg
+    keg_forwarded_requests_total{broker}               KIP-590 envelopes, per forwarding broker
+    keg_rule_set_version_info{version}                 1 for the active rule set
+    keg_rule_reloads_total{result}                     rule reloads by result
+
+Cardinality: every distinct label combination is a time series held in this process
+and in Prometheus, forever. `topic` is labelled only where the frame was decoded
+anyway (otherwise it is ""), never worth decoding a frame for. Principals and topics
+come from clients and are unbounded (one per OAuth subject, per workload, ...), so
+only the first `max_principals` distinct principals (and `max_topics` topics) get
+their own label value; later ones are counted as "other". The first ones seen are
+kept, so established series stay stable; a restart starts over.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_wsgi_server
+
+import kafka_wire
+
+OTHER = "other"
+DEFAULT_MAX_PRINCIPALS = 1000
+DEFAULT_MAX_TOPICS = 1000
+# 50 µs to 1 s: a pass-through frame costs tens of µs, a held and rewritten one more.
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0,
+)
+
+
+class BoundedLabel:
+    """Admits the first `limit` distinct values; any later one becomes "other"."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+_api_names: dict[int, str] = {}
+
+
+def api_label(api_key: int) -> str:
+    """"Produce", "Fetch", ...; the number for an API keg has no schema for."""
+    name = _api_names.get(api_key)
+    if name is None:
+        name = _api_names[api_key] = kafka_wire.api_name(api_key) or str(api_key)
+    return name
+
+
+class Metrics:
+    def __init__(
+        self,
+        max_principals: int = DEFAULT_MAX_PRINCIPALS,
+        max_topics: int = DEFAULT_MAX_TOPICS,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.principal_label = BoundedLabel(max_principals)
+        self.topic_label = BoundedLabel(max_topics)
+        r = self.registry
+        self.requests = Counter(
+            "keg_requests", "Kafka requests seen by the gateway",
+            ["api", "version", "principal", "topic"], registry=r,
+        )
+        self.request_bytes = Counter(
+            "keg_request_bytes", "Kafka frame bytes through the gateway",
+            ["api", "direction"], registry=r,
+        )
+        self.decisions = Counter(
+            "keg_decisions", "Rule decisions", ["rule", "action", "mode", "outcome"], registry=r,
+        )
+        self.decode_errors = Counter(
+            "keg_decode_errors", "Frames that did not decode", ["api", "direction"], registry=r,
+        )
+        self.connections_active = Gauge(
+            "keg_connections_active", "Open client connections", registry=r,
+        )
+        self.connections = Counter(
+            "keg_connections", "Client connections opened", registry=r,
+        )
+        self.frame_latency = Histogram(
+            "keg_frame_latency_seconds", "Time a held frame spent in the gateway",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.forwarded_requests = Counter(
+            "keg_forwarded_requests",
+            "Requests forwarded in KIP-590 envelopes, by forwarding broker",
+            ["broker"], registry=r,
+        )
+        self.rule_set_version = Gauge(
+            "keg_rule_set_version_info", "The active rule set (value 1)", ["version"], registry=r,
+        )
+        self.rule_reloads = Counter(
+            "keg_rule_reloads", "Rule set reloads by result", ["result"], registry=r,
+        )
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- recording --------------------------------------------------------------------
+
+    def request(
+        self, api_key: int, api_version: int, principal: str, topic: str | None = None
+    ) -> None:
+        """One request; `topic` only when the frame was decoded anyway."""
+        self.requests.labels(
+            api_label(api_key),
+            str(api_version),
+            self.principal_label(principal),
+            "" if topic is None else self.topic_label(topic),
+        ).inc()
+
+    def frame_bytes(self, api_key: int, direction: str, nbytes: int) -> None:
+        self.request_bytes.labels(api_label(api_key), direction).inc(nbytes)
+
+    def decision(self, rule: str, action: str, mode: str, outcome: str) -> None:
+        self.decisions.labels(rule, action, mode, outcome).inc()
+
+    def decode_error(self, api_key: int, direction: str) -> None:
+        self.decode_errors.labels(api_label(api_key), direction).inc()
+
+    def connection_opened(self) -> None:
+        self.connections.inc()
+        self.connections_active.inc()
+
+    def connection_closed(self) -> None:
+        self.connections_active.dec()
+
+    def frame_latency_observe(self, seconds: float) -> None:
+        self.frame_latency.observe(seconds)
+
+    def forwarded_request(self, broker: int | str) -> None:
+        self.forwarded_requests.labels(str(broker)).inc()
+
+    def set_rule_set_version(self, version: str) -> None:
+        """Make `version` the only value of keg_rule_set_version_info."""
+        self.rule_set_version.clear()
+        self.rule_set_version.labels(version).set(1)
+
+    def rule_reload(self, result: str) -> None:
+        self.rule_reloads.labels(result).inc()
+
+    # -- exposition ---------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The text format, as /metrics serves it."""
+        return generate_latest(self.registry)
+
+    def start_http_server(self, port: int = 0, host: str = "0.0.0.0") -> int:
+        """Serve /metrics for this registry from a daemon thread; returns the bound port.
+
+        Port 0 binds a free port. One server per `Metrics`; `stop_http_server` ends it.
+        """
+        if self._server is not None:
+            raise RuntimeError("the metrics HTTP server is already running")
+        self._server, self._thread = start_wsgi_server(port, host, registry=self.registry)
+        return int(self._server.server_port)
+
+    def stop_http_server(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+__all__ = [
+    "DEFAULT_MAX_PRINCIPALS",
+    "DEFAULT_MAX_TOPICS",
+    "LATENCY_BUCKETS",
+    "OTHER",
+    "BoundedLabel",
+    "Metrics",
+    "api_label",
+]

@@ -1,0 +1,1097 @@
+"""Error responses as a Kafka broker builds them, and per-topic refusals for partial denies.
+
+`error_response` is the body a broker sends when it refuses a WHOLE request with one
+error code: the shape of Apache Kafka's `AbstractRequest.getErrorResponse` for that
+request class, mirroring the request where Kafka's does (every topic and partition of
+a Produce, every group of a DescribeGroups, every key of a batched FindCoordinator).
+The dict is ready for `encode_body(api_key, api_version, "response", body)`.
+
+`partial_error_entries` and `remove_topics` serve the other case: some topics of a
+request are refused, the rest goes on to the broker. `remove_topics` gives the
+request without them; `partial_error_entries` the response's per-topic entries for
+them (the shape `error_response` uses, and Kafka's for an unauthorized topic), to merge
+into the broker's answer.
+
+Everything is version-aware: a builder may name every field an API ever had, and the
+result is trimmed to the fields of the response schema at that version, so a field the
+version lacks is never set (the codec would refuse a non-default one).
+
+Deliberate choices, where Kafka has more than one behaviour:
+
+- `message` goes into every ErrorMessage field the response has (Kafka puts its
+  exception's message there); None leaves them null.
+- Fetch partitions carry empty records (b"", length 0) rather than null: Kafka wrote
+  `MemoryRecords.EMPTY` until 2.8 and null since; every client reads both, and old
+  ones expect a length.
+- A Produce with acks=0 gets no response at all from Kafka: check `expects_response`.
+- An ApiVersions request of a version the broker does not support is answered at v0
+  (see docs/codec.md); `error_response` builds the body of whatever version it is
+  given, with the ApiVersions range in ApiKeys for UNSUPPORTED_VERSION, as KIP-511 does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kafka_wire import _catalog
+from kafka_wire._schema import StructSpec
+from kafka_wire.errors import KafkaWireError
+
+Body = dict[str, Any]
+TopicRef = str | uuid.UUID
+
+ZERO_UUID: Final = uuid.UUID(int=0)
+UNSUPPORTED_VERSION: Final = 35
+API_VERSIONS: Final = 18
+# Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
+AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
+TOPIC_RESOURCE: Final = 2  # ConfigResource.Type.TOPIC
+
+
+class UnsupportedErrorResponse(KafkaWireError):
+    """No error-response builder for this API (or no per-topic split): close instead."""
+
+    def __init__(self, api_key: int, what: str = "error response") -> None:
+        self.api_key = api_key
+        name = _catalog.api_name(api_key) or "unknown API"
+        super().__init__(f"no {what} builder for {name} (api key {api_key})")
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    version: int
+    error: int
+    message: str | None
+    throttle: int
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _topic_id(entry: Mapping[str, Any], field: str = "TopicId") -> uuid.UUID:
+    value = entry.get(field)
+    if value is None:
+        return ZERO_UUID
+    if isinstance(value, uuid.UUID):
+        return value
+    return uuid.UUID(bytes=bytes(value))
+
+
+def _list(container: Mapping[str, Any], field: str) -> list[Any]:
+    """The array `field` of a request struct; a missing or null array is empty."""
+    return list(container.get(field) or ())
+
+
+def _fit(struct: StructSpec, version: int, value: Mapping[str, Any]) -> Body:
+    """`value` keeping only the fields `struct` has at `version`, recursively.
+
+    Builders name the fields of every version of both schema sets (Produce's TopicId
+    is only in the newer file), so keys `struct` lacks are dropped, not refused.
+    """
+    out: Body = {}
+    for f in struct.fields:
+        if f.name not in value or not f.present(version):
+            continue
+        v = value[f.name]
+        if f.struct is not None and v is not None:
+            if f.is_array:
+                v = [_fit(f.struct, version, e) for e in v]
+            else:
+                v = _fit(f.struct, version, v)
+        out[f.name] = v
+    return out
+
+
+def _fit_response(api_key: int, version: int, body: Mapping[str, Any]) -> Body:
+    spec = _catalog.message_file(api_key, version, "response").spec()
+    return _fit(spec.struct, version, body)
+
+
+def _top(c: _Ctx, **fields: Any) -> Body:
+    """A top-level-only error body: ThrottleTimeMs, ErrorCode, ErrorMessage plus `fields`."""
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ErrorMessage": c.message, **fields}
+
+
+# --- per-topic entries: one response entry for one request topic entry -------------
+
+
+def _produce_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "TopicId": _topic_id(t),
+        "PartitionResponses": [
+            {
+                "Index": p.get("Index", 0),
+                "ErrorCode": c.error,
+                "BaseOffset": -1,
+                "LogAppendTimeMs": -1,
+                "LogStartOffset": -1,
+                "RecordErrors": [],
+                "ErrorMessage": c.message,
+            }
+            for p in _list(t, "PartitionData")
+        ],
+    }
+
+
+def _fetch_partition(c: _Ctx, index: int) -> Body:
+    # FetchResponse.partitionResponse: HighWatermark -1, the rest at their -1 defaults.
+    return {
+        "PartitionIndex": index,
+        "ErrorCode": c.error,
+        "HighWatermark": -1,
+        "LastStableOffset": -1,
+        "LogStartOffset": -1,
+        "PreferredReadReplica": -1,
+        "Records": b"",
+    }
+
+
+def _fetch_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Topic": t.get("Topic", ""),
+        "TopicId": _topic_id(t),
+        "Partitions": [_fetch_partition(c, p.get("Partition", 0)) for p in _list(t, "Partitions")],
+    }
+
+
+def _list_offsets_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "Partitions": [
+            {
+                "PartitionIndex": p.get("PartitionIndex", 0),
+                "ErrorCode": c.error,
+                "OldStyleOffsets": [],
+                "Timestamp": -1,
+                "Offset": -1,
+                "LeaderEpoch": -1,
+            }
+            for p in _list(t, "Partitions")
+        ],
+    }
+
+
+def _metadata_topic(c: _Ctx, t: Body) -> Body:
+    # The response's Name is not nullable before v12: Kafka writes "" for a topic
+    # asked by id.
+    return {
+        "Name": t.get("Name") or "",
+        "TopicId": _topic_id(t),
+        "ErrorCode": c.error,
+        "IsInternal": False,
+        "Partitions": [],
+        "TopicAuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _indexed_partitions(c: _Ctx, t: Body, field: str = "Partitions", key: str = "PartitionIndex",
+                        out_key: str = "PartitionIndex", **extra: Any) -> list[Body]:
+    return [{out_key: p.get(key, 0), "ErrorCode": c.error, **extra} for p in _list(t, field)]
+
+
+def _offset_commit_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "TopicId": _topic_id(t),
+        "Partitions": _indexed_partitions(c, t),
+    }
+
+
+def _offset_fetch_topic(c: _Ctx, t: Body) -> Body:
+    # OffsetFetchResponse.UNAUTHORIZED_PARTITION: offset -1, no epoch, metadata "".
+    return {
+        "Name": t.get("Name", ""),
+        "Partitions": [
+            {
+                "PartitionIndex": i,
+                "CommittedOffset": -1,
+                "CommittedLeaderEpoch": -1,
+                "Metadata": "",
+                "ErrorCode": c.error,
+            }
+            for i in _list(t, "PartitionIndexes")
+        ],
+    }
+
+
+def _offset_fetch_topics(c: _Ctx, t: Body) -> Body:
+    """v8+: the topics of a group, by name or (v10) by id."""
+    return {**_offset_fetch_topic(c, t), "TopicId": _topic_id(t)}
+
+
+def _offset_fetch_group(c: _Ctx, g: Body, topics: list[Body]) -> Body:
+    return {"GroupId": g.get("GroupId", ""), "Topics": topics, "ErrorCode": 0}
+
+
+def _create_topics_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "TopicId": ZERO_UUID,
+        "ErrorCode": c.error,
+        "ErrorMessage": c.message,
+        "NumPartitions": -1,
+        "ReplicationFactor": -1,
+    }
+
+
+def _delete_topics_topic(c: _Ctx, t: Any) -> Body:
+    if isinstance(t, str):  # v0-5: TopicNames
+        return {"Name": t, "ErrorCode": c.error, "ErrorMessage": c.message}
+    return {
+        "Name": t.get("Name"),
+        "TopicId": _topic_id(t),
+        "ErrorCode": c.error,
+        "ErrorMessage": c.message,
+    }
+
+
+def _delete_records_topic(c: _Ctx, t: Body) -> Body:
+    return {"Name": t.get("Name", ""), "Partitions": _indexed_partitions(c, t, LowWatermark=-1)}
+
+
+def _offset_for_leader_epoch_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Topic": t.get("Topic", ""),
+        "Partitions": _indexed_partitions(
+            c, t, key="Partition", out_key="Partition", LeaderEpoch=-1, EndOffset=-1
+        ),
+    }
+
+
+def _add_partitions_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "ResultsByPartition": [
+            {"PartitionIndex": i, "PartitionErrorCode": c.error} for i in _list(t, "Partitions")
+        ],
+    }
+
+
+def _add_partitions_txn(c: _Ctx, tx: Body, topics: list[Body]) -> Body:
+    return {"TransactionalId": tx.get("TransactionalId", ""), "TopicResults": topics}
+
+
+def _txn_offset_commit_topic(c: _Ctx, t: Body) -> Body:
+    return {"Name": t.get("Name", ""), "Partitions": _indexed_partitions(c, t)}
+
+
+def _config_resource(c: _Ctx, r: Body) -> Body:
+    return {
+        "ErrorCode": c.error,
+        "ErrorMessage": c.message,
+        "ResourceType": r.get("ResourceType", 0),
+        "ResourceName": r.get("ResourceName", ""),
+    }
+
+
+def _describe_configs_resource(c: _Ctx, r: Body) -> Body:
+    return {**_config_resource(c, r), "Configs": []}
+
+
+def _create_partitions_topic(c: _Ctx, t: Body) -> Body:
+    return {"Name": t.get("Name", ""), "ErrorCode": c.error, "ErrorMessage": c.message}
+
+
+def _offset_delete_topic(c: _Ctx, t: Body) -> Body:
+    return {"Name": t.get("Name", ""), "Partitions": _indexed_partitions(c, t)}
+
+
+def _elect_leaders_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Topic": t.get("Topic", ""),
+        "PartitionResult": [
+            {"PartitionId": i, "ErrorCode": c.error, "ErrorMessage": c.message}
+            for i in _list(t, "Partitions")
+        ],
+    }
+
+
+def _reassignment_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "Partitions": _indexed_partitions(c, t, ErrorMessage=c.message),
+    }
+
+
+def _describe_producers_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "Partitions": [
+            {
+                "PartitionIndex": i,
+                "ErrorCode": c.error,
+                "ErrorMessage": c.message,
+                "ActiveProducers": [],
+            }
+            for i in _list(t, "PartitionIndexes")
+        ],
+    }
+
+
+def _describe_topic_partitions_topic(c: _Ctx, t: Body) -> Body:
+    return {
+        "Name": t.get("Name", ""),
+        "TopicId": ZERO_UUID,
+        "ErrorCode": c.error,
+        "IsInternal": False,
+        "Partitions": [],
+        "TopicAuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+# --- where the topics are, per API and version ---------------------------------------
+
+# (name, topic id) of one request topic entry; None where the entry has no such key.
+TopicKey = tuple[str | None, uuid.UUID | None]
+
+
+def _named(field: str) -> Callable[[Any], TopicKey]:
+    def key(entry: Any) -> TopicKey:
+        return entry.get(field), None
+
+    return key
+
+
+def _named_or_id(field: str) -> Callable[[Any], TopicKey]:
+    def key(entry: Any) -> TopicKey:
+        tid = _topic_id(entry)
+        return entry.get(field), (None if tid == ZERO_UUID else tid)
+
+    return key
+
+
+def _plain_name(entry: Any) -> TopicKey:
+    return entry, None
+
+
+def _topic_resource(entry: Any) -> TopicKey:
+    if entry.get("ResourceType") != TOPIC_RESOURCE:
+        return None, None
+    return entry.get("ResourceName"), None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outer:
+    """Topics nested one level down: in groups (OffsetFetch v8+), transactions (...)."""
+
+    request: str  # request field holding the containers
+    response: str  # response field holding the per-container results
+    wrap: Callable[[_Ctx, Body, list[Body]], Body]
+
+
+@dataclass(frozen=True, slots=True)
+class _Topics:
+    request: str  # request field (of the body, or of each container) holding the topics
+    response: str  # response field holding the per-topic entries
+    entry: Callable[[_Ctx, Any], Body]
+    key: Callable[[Any], TopicKey]
+    outer: _Outer | None = None
+
+
+def _topics_of(api_key: int, version: int) -> _Topics | None:
+    """Where `api_key`'s request and response keep their topics at `version`."""
+    if api_key == 0:
+        return _Topics("TopicData", "Responses", _produce_topic, _named_or_id("Name"))
+    if api_key == 1:
+        return _Topics("Topics", "Responses", _fetch_topic, _named_or_id("Topic"))
+    if api_key == 2:
+        return _Topics("Topics", "Topics", _list_offsets_topic, _named("Name"))
+    if api_key == 3:
+        return _Topics("Topics", "Topics", _metadata_topic, _named_or_id("Name"))
+    if api_key == 8:
+        return _Topics("Topics", "Topics", _offset_commit_topic, _named_or_id("Name"))
+    if api_key == 9:
+        if version < 8:
+            return _Topics("Topics", "Topics", _offset_fetch_topic, _named("Name"))
+        return _Topics(
+            "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
+            _Outer("Groups", "Groups", _offset_fetch_group),
+        )
+    if api_key == 19:
+        return _Topics("Topics", "Topics", _create_topics_topic, _named("Name"))
+    if api_key == 20:
+        if version < 6:
+            return _Topics("TopicNames", "Responses", _delete_topics_topic, _plain_name)
+        return _Topics("Topics", "Responses", _delete_topics_topic, _named_or_id("Name"))
+    if api_key == 21:
+        return _Topics("Topics", "Topics", _delete_records_topic, _named("Name"))
+    if api_key == 23:
+        return _Topics("Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic"))
+    if api_key == 24:
+        if version < 4:
+            return _Topics(
+                "V3AndBelowTopics", "ResultsByTopicV3AndBelow", _add_partitions_topic,
+                _named("Name"),
+            )
+        return _Topics(
+            "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
+            _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn),
+        )
+    if api_key == 28:
+        return _Topics("Topics", "Topics", _txn_offset_commit_topic, _named("Name"))
+    if api_key == 32:
+        return _Topics("Resources", "Results", _describe_configs_resource, _topic_resource)
+    if api_key in (33, 44):
+        return _Topics("Resources", "Responses", _config_resource, _topic_resource)
+    if api_key == 37:
+        return _Topics("Topics", "Results", _create_partitions_topic, _named("Name"))
+    if api_key == 43:
+        return _Topics(
+            "TopicPartitions", "ReplicaElectionResults", _elect_leaders_topic, _named("Topic")
+        )
+    if api_key == 45:
+        return _Topics("Topics", "Responses", _reassignment_topic, _named("Name"))
+    if api_key == 47:
+        return _Topics("Topics", "Topics", _offset_delete_topic, _named("Name"))
+    if api_key == 61:
+        return _Topics("Topics", "Topics", _describe_producers_topic, _named("Name"))
+    if api_key == 75:
+        return _Topics("Topics", "Topics", _describe_topic_partitions_topic, _named("Name"))
+    return None
+
+
+def _all_entries(c: _Ctx, spec: _Topics, request: Body) -> list[Body]:
+    assert spec.outer is None
+    return [spec.entry(c, t) for t in _list(request, spec.request)]
+
+
+# --- whole-request error bodies --------------------------------------------------------
+
+
+def _produce(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(0, c), r)}
+
+
+def _fetch(c: _Ctx, r: Body) -> Body:
+    # v13+: the top-level error alone; before, every partition too (and top-level v7+).
+    responses = [] if c.version >= 13 else _all_entries(c, _topics(1, c), r)
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "ErrorCode": c.error,
+        "SessionId": r.get("SessionId", 0),
+        "Responses": responses,
+    }
+
+
+def _list_offsets(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(2, c), r)}
+
+
+def _metadata(c: _Ctx, r: Body) -> Body:
+    # Null topics (all topics) or v0's empty list: no topics. No brokers either.
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Brokers": [],
+        "Topics": _all_entries(c, _topics(3, c), r),
+        "ErrorCode": c.error,
+    }
+
+
+def _offset_commit(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(8, c), r)}
+
+
+def _offset_fetch(c: _Ctx, r: Body) -> Body:
+    if c.version < 2:  # no top-level error yet: every partition carries it
+        return {"Topics": _all_entries(c, _topics(9, c), r)}
+    if c.version < 8:
+        return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Topics": []}
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Groups": [
+            {"GroupId": g.get("GroupId", ""), "ErrorCode": c.error, "Topics": []}
+            for g in _list(r, "Groups")
+        ],
+    }
+
+
+def _find_coordinator(c: _Ctx, r: Body) -> Body:
+    no_node = {"NodeId": -1, "Host": "", "Port": -1}
+    if c.version < 4:
+        return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ErrorMessage": c.message,
+                **no_node}
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Coordinators": [
+            {"Key": k, **no_node, "ErrorCode": c.error, "ErrorMessage": c.message}
+            for k in _list(r, "CoordinatorKeys")
+        ],
+    }
+
+
+def _join_group(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "ErrorCode": c.error,
+        "GenerationId": -1,
+        "ProtocolName": None if c.version >= 7 else "",
+        "Leader": "",
+        "MemberId": "",
+        "Members": [],
+    }
+
+
+def _error_only(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error}
+
+
+def _leave_group(c: _Ctx, r: Body) -> Body:
+    # Kafka answers the whole request with the top-level error and no member results.
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Members": []}
+
+
+def _sync_group(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Assignment": b""}
+
+
+def _describe_groups(c: _Ctx, r: Body) -> Body:
+    # DescribeGroupsResponse.groupError; v0 carries no throttle (the field starts at v1).
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Groups": [
+            {
+                "ErrorCode": c.error,
+                "ErrorMessage": c.message,
+                "GroupId": g,
+                "GroupState": "",
+                "ProtocolType": "",
+                "ProtocolData": "",
+                "Members": [],
+                "AuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED,
+            }
+            for g in _list(r, "Groups")
+        ],
+    }
+
+
+def _list_groups(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Groups": []}
+
+
+def _sasl_handshake(c: _Ctx, r: Body) -> Body:
+    return {"ErrorCode": c.error, "Mechanisms": []}
+
+
+def _api_versions(c: _Ctx, r: Body) -> Body:
+    body: Body = {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ApiKeys": []}
+    if c.error == UNSUPPORTED_VERSION:  # KIP-511: tell the client which versions to retry
+        lo, hi = _catalog.supported_versions(API_VERSIONS) or (0, 0)
+        body["ApiKeys"] = [{"ApiKey": API_VERSIONS, "MinVersion": lo, "MaxVersion": hi}]
+    return body
+
+
+def _create_topics(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(19, c), r)}
+
+
+def _delete_topics(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(20, c), r)}
+
+
+def _delete_records(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(21, c), r)}
+
+
+def _init_producer_id(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ProducerId": -1,
+            "ProducerEpoch": -1}
+
+
+def _offset_for_leader_epoch(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(23, c), r)}
+
+
+def _add_partitions_to_txn(c: _Ctx, r: Body) -> Body:
+    if c.version < 4:
+        return {"ThrottleTimeMs": c.throttle,
+                "ResultsByTopicV3AndBelow": _all_entries(c, _topics(24, c), r)}
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ResultsByTransaction": []}
+
+
+def _end_txn(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ProducerId": -1,
+            "ProducerEpoch": -1}
+
+
+def _txn_offset_commit(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(28, c), r)}
+
+
+def _describe_acls(c: _Ctx, r: Body) -> Body:
+    return {**_top(c), "Resources": []}
+
+
+def _create_acls(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Results": [
+            {"ErrorCode": c.error, "ErrorMessage": c.message} for _ in _list(r, "Creations")
+        ],
+    }
+
+
+def _delete_acls(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "FilterResults": [
+            {"ErrorCode": c.error, "ErrorMessage": c.message, "MatchingAcls": []}
+            for _ in _list(r, "Filters")
+        ],
+    }
+
+
+def _describe_configs(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Results": _all_entries(c, _topics(32, c), r)}
+
+
+def _alter_configs(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(33, c), r)}
+
+
+def _alter_replica_log_dirs(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Results": [
+            {
+                "TopicName": t.get("Name", ""),
+                "Partitions": [
+                    {"PartitionIndex": i, "ErrorCode": c.error} for i in _list(t, "Partitions")
+                ],
+            }
+            for d in _list(r, "Dirs")
+            for t in _list(d, "Topics")
+        ],
+    }
+
+
+def _describe_log_dirs(c: _Ctx, r: Body) -> Body:
+    # Kafka: the top-level error (v3+) and no results, whatever the version.
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Results": []}
+
+
+def _sasl_authenticate(c: _Ctx, r: Body) -> Body:
+    return {"ErrorCode": c.error, "ErrorMessage": c.message, "AuthBytes": b""}
+
+
+def _create_partitions(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Results": _all_entries(c, _topics(37, c), r)}
+
+
+def _create_delegation_token(c: _Ctx, r: Body) -> Body:
+    # CreateDelegationTokenResponse.prepareResponse(..., ANONYMOUS, ANONYMOUS)
+    return {
+        "ErrorCode": c.error,
+        "PrincipalType": "User",
+        "PrincipalName": "ANONYMOUS",
+        "TokenRequesterPrincipalType": "User",
+        "TokenRequesterPrincipalName": "ANONYMOUS",
+        "IssueTimestampMs": -1,
+        "ExpiryTimestampMs": -1,
+        "MaxTimestampMs": -1,
+        "TokenId": "",
+        "Hmac": b"",
+        "ThrottleTimeMs": c.throttle,
+    }
+
+
+def _describe_delegation_token(c: _Ctx, r: Body) -> Body:
+    return {"ErrorCode": c.error, "Tokens": [], "ThrottleTimeMs": c.throttle}
+
+
+def _delete_groups(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Results": [{"GroupId": g, "ErrorCode": c.error} for g in _list(r, "GroupsNames")],
+    }
+
+
+def _elect_leaders(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "ErrorCode": c.error,
+        "ReplicaElectionResults": _all_entries(c, _topics(43, c), r),
+    }
+
+
+def _incremental_alter_configs(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(44, c), r)}
+
+
+def _alter_partition_reassignments(c: _Ctx, r: Body) -> Body:
+    return {
+        **_top(c),
+        "AllowReplicationFactorChange": r.get("AllowReplicationFactorChange", True),
+        "Responses": _all_entries(c, _topics(45, c), r),
+    }
+
+
+def _list_partition_reassignments(c: _Ctx, r: Body) -> Body:
+    return {**_top(c), "Topics": []}
+
+
+def _offset_delete(c: _Ctx, r: Body) -> Body:
+    return {"ErrorCode": c.error, "ThrottleTimeMs": c.throttle, "Topics": []}
+
+
+def _describe_client_quotas(c: _Ctx, r: Body) -> Body:
+    return {**_top(c), "Entries": None}
+
+
+def _alter_client_quotas(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Entries": [
+            {
+                "ErrorCode": c.error,
+                "ErrorMessage": c.message,
+                "Entity": [
+                    {"EntityType": e.get("EntityType", ""), "EntityName": e.get("EntityName")}
+                    for e in _list(entry, "Entity")
+                ],
+            }
+            for entry in _list(r, "Entries")
+        ],
+    }
+
+
+def _describe_user_scram_credentials(c: _Ctx, r: Body) -> Body:
+    return {
+        **_top(c),
+        "Results": [
+            {"User": u.get("Name", ""), "ErrorCode": c.error, "ErrorMessage": c.message,
+             "CredentialInfos": []}
+            for u in _list(r, "Users")
+        ],
+    }
+
+
+def _alter_user_scram_credentials(c: _Ctx, r: Body) -> Body:
+    users = {d.get("Name", "") for d in _list(r, "Deletions")}
+    users |= {u.get("Name", "") for u in _list(r, "Upsertions")}
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Results": [
+            {"User": u, "ErrorCode": c.error, "ErrorMessage": c.message} for u in sorted(users)
+        ],
+    }
+
+
+def _describe_quorum(c: _Ctx, r: Body) -> Body:
+    return {"ErrorCode": c.error, "ErrorMessage": c.message, "Topics": [], "Nodes": []}
+
+
+def _update_features(c: _Ctx, r: Body) -> Body:
+    return {**_top(c), "Results": []}
+
+
+def _describe_cluster(c: _Ctx, r: Body) -> Body:
+    return {
+        **_top(c),
+        "EndpointType": r.get("EndpointType", 1),
+        "ClusterId": "",
+        "ControllerId": -1,
+        "Brokers": [],
+        "ClusterAuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _describe_producers(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(61, c), r)}
+
+
+def _describe_transactions(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "TransactionStates": [
+            {"ErrorCode": c.error, "TransactionalId": t, "Topics": []}
+            for t in _list(r, "TransactionalIds")
+        ],
+    }
+
+
+def _list_transactions(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "UnknownStateFilters": [],
+            "TransactionStates": []}
+
+
+def _group_heartbeat(c: _Ctx, r: Body) -> Body:
+    # Consumer/ShareGroupHeartbeat: the error, no member id, no assignment.
+    return {**_top(c), "MemberId": None, "MemberEpoch": 0, "HeartbeatIntervalMs": 0,
+            "Assignment": None}
+
+
+def _group_describe(c: _Ctx, r: Body) -> Body:
+    # Consumer/ShareGroupDescribe: one failed group per id asked.
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Groups": [
+            {"ErrorCode": c.error, "ErrorMessage": c.message, "GroupId": g, "Members": [],
+             "AuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED}
+            for g in _list(r, "GroupIds")
+        ],
+    }
+
+
+def _get_telemetry_subscriptions(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error,
+            "ClientInstanceId": _topic_id(r, "ClientInstanceId")}
+
+
+def _list_config_resources(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ConfigResources": []}
+
+
+def _describe_topic_partitions(c: _Ctx, r: Body) -> Body:
+    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(75, c), r),
+            "NextCursor": None}
+
+
+def _share_fetch(c: _Ctx, r: Body) -> Body:
+    # ShareFetch/ShareAcknowledge: the top-level error alone, as Kafka answers.
+    return {**_top(c), "Responses": [], "NodeEndpoints": []}
+
+
+def _topics(api_key: int, c: _Ctx) -> _Topics:
+    spec = _topics_of(api_key, c.version)
+    assert spec is not None
+    return spec
+
+
+_BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
+    0: _produce,
+    1: _fetch,
+    2: _list_offsets,
+    3: _metadata,
+    8: _offset_commit,
+    9: _offset_fetch,
+    10: _find_coordinator,
+    11: _join_group,
+    12: _error_only,  # Heartbeat
+    13: _leave_group,
+    14: _sync_group,
+    15: _describe_groups,
+    16: _list_groups,
+    17: _sasl_handshake,
+    18: _api_versions,
+    19: _create_topics,
+    20: _delete_topics,
+    21: _delete_records,
+    22: _init_producer_id,
+    23: _offset_for_leader_epoch,
+    24: _add_partitions_to_txn,
+    25: _error_only,  # AddOffsetsToTxn
+    26: _end_txn,
+    28: _txn_offset_commit,
+    29: _describe_acls,
+    30: _create_acls,
+    31: _delete_acls,
+    32: _describe_configs,
+    33: _alter_configs,
+    34: _alter_replica_log_dirs,
+    35: _describe_log_dirs,
+    36: _sasl_authenticate,
+    37: _create_partitions,
+    38: _create_delegation_token,
+    39: _error_only,  # RenewDelegationToken
+    40: _error_only,  # ExpireDelegationToken
+    41: _describe_delegation_token,
+    42: _delete_groups,
+    43: _elect_leaders,
+    44: _incremental_alter_configs,
+    45: _alter_partition_reassignments,
+    46: _list_partition_reassignments,
+    47: _offset_delete,
+    48: _describe_client_quotas,
+    49: _alter_client_quotas,
+    50: _describe_user_scram_credentials,
+    51: _alter_user_scram_credentials,
+    55: _describe_quorum,
+    57: _update_features,
+    60: _describe_cluster,
+    61: _describe_producers,
+    64: lambda c, r: _top(c),  # UnregisterBroker
+    65: _describe_transactions,
+    66: _list_transactions,
+    68: _group_heartbeat,  # ConsumerGroupHeartbeat
+    69: _group_describe,  # ConsumerGroupDescribe
+    71: _get_telemetry_subscriptions,
+    72: _error_only,  # PushTelemetry
+    74: _list_config_resources,
+    75: _describe_topic_partitions,
+    76: _group_heartbeat,  # ShareGroupHeartbeat
+    77: _group_describe,  # ShareGroupDescribe
+    78: _share_fetch,
+    79: _share_fetch,  # ShareAcknowledge
+    80: lambda c, r: _top(c),  # AddRaftVoter
+    81: lambda c, r: _top(c),  # RemoveRaftVoter
+}
+
+#: API keys `error_response` can answer.
+ERROR_RESPONSE_APIS: Final = frozenset(_BUILDERS)
+#: API keys `partial_error_entries` and `remove_topics` can split by topic.
+PARTIAL_APIS: Final = frozenset(
+    {0, 1, 2, 3, 8, 9, 19, 20, 21, 23, 24, 28, 32, 33, 37, 43, 44, 45, 47, 61, 75}
+)
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def expects_response(api_key: int, api_version: int, request: Mapping[str, Any]) -> bool:
+    """False when the client expects no response at all: a Produce with acks=0.
+
+    Kafka's `ProduceRequest.getErrorResponse` returns null then; the broker closes the
+    connection instead of answering (the client only learns from its next metadata).
+    """
+    return not (api_key == 0 and request.get("Acks", -1) == 0)
+
+
+def error_response(
+    api_key: int,
+    api_version: int,
+    request: Mapping[str, Any],
+    error_code: int,
+    message: str | None = None,
+    *,
+    throttle_time_ms: int = 0,
+) -> Body:
+    """The response body Kafka's broker sends when it refuses the whole request.
+
+    `request` is the decoded request body (missing fields read as their defaults).
+    Raises UnsupportedErrorResponse for an API without a builder (the caller closes
+    the connection instead), UnknownApiError for a version the schemas lack.
+    """
+    builder = _BUILDERS.get(api_key)
+    if builder is None:
+        raise UnsupportedErrorResponse(api_key)
+    ctx = _Ctx(api_version, error_code, message, throttle_time_ms)
+    return _fit_response(api_key, api_version, builder(ctx, dict(request)))
+
+
+def _matcher(
+    topics: Collection[TopicRef], topic_ids: Mapping[uuid.UUID, str] | None
+) -> Callable[[TopicKey], bool]:
+    names = {t for t in topics if isinstance(t, str)}
+    ids = {t for t in topics if isinstance(t, uuid.UUID)}
+    if topic_ids:
+        ids |= {i for i, name in topic_ids.items() if name in names}
+
+    def match(key: TopicKey) -> bool:
+        name, tid = key
+        return (name is not None and name in names) or (tid is not None and tid in ids)
+
+    return match
+
+
+def _partial_spec(api_key: int, api_version: int) -> _Topics:
+    spec = _topics_of(api_key, api_version) if api_key in PARTIAL_APIS else None
+    if spec is None:
+        raise UnsupportedErrorResponse(api_key, "per-topic error")
+    return spec
+
+
+def partial_error_entries(
+    api_key: int,
+    api_version: int,
+    request: Mapping[str, Any],
+    topics: Collection[TopicRef],
+    error_code: int,
+    message: str | None = None,
+    *,
+    topic_ids: Mapping[uuid.UUID, str] | None = None,
+) -> list[Body]:
+    """The response's per-topic entries refusing just `topics` of `request`.
+
+    A request topic matches when its name is in `topics`, its TopicId is (pass the
+    uuid.UUID), or `topic_ids` maps its TopicId to a name in `topics` (Fetch v13+,
+    Produce v13, OffsetCommit v10 and OffsetFetch v10 name topics by id only, DeleteTopics
+    v6+ may). The zero uuid never matches.
+
+    The entries have the shape `error_response` uses for those topics, in request
+    order, for the response field that holds them:
+
+    - Produce/Fetch/DeleteTopics `Responses`, ListOffsets/Metadata/OffsetCommit/... `Topics`,
+      DescribeConfigs/CreatePartitions `Results`, AlterConfigs/IncrementalAlterConfigs
+      `Responses` (only TOPIC resources match), ElectLeaders `ReplicaElectionResults`,
+      AlterPartitionReassignments `Responses`, AddPartitionsToTxn v0-3
+      `ResultsByTopicV3AndBelow`;
+    - OffsetFetch v8+: `Groups` entries (GroupId, ErrorCode 0, Topics: the refused ones)
+      for the groups that asked for any of them; AddPartitionsToTxn v4+:
+      `ResultsByTransaction` entries (TransactionalId, TopicResults) likewise. Merge them
+      into the broker's entry of the same group / transaction.
+
+    A Fetch entry always lists its partitions (Kafka's answer for an unauthorized
+    topic), also at v13+ where `error_response` uses the top-level error alone. A
+    request asking for all topics (Metadata/OffsetFetch null topics) matches nothing:
+    filter the broker's response instead.
+    """
+    spec = _partial_spec(api_key, api_version)
+    ctx = _Ctx(api_version, error_code, message, 0)
+    match = _matcher(topics, topic_ids)
+    if spec.outer is None:
+        entries = [spec.entry(ctx, t) for t in _list(request, spec.request) if match(spec.key(t))]
+        return list(_fit_response(api_key, api_version, {spec.response: entries})[spec.response])
+    outer = spec.outer
+    containers = []
+    for container in _list(request, outer.request):
+        refused = [
+            spec.entry(ctx, t) for t in _list(container, spec.request) if match(spec.key(t))
+        ]
+        if refused:
+            containers.append(outer.wrap(ctx, container, refused))
+    return list(_fit_response(api_key, api_version, {outer.response: containers})[outer.response])
+
+
+def remove_topics(
+    api_key: int,
+    api_version: int,
+    request: Mapping[str, Any],
+    topics: Collection[TopicRef],
+    *,
+    topic_ids: Mapping[uuid.UUID, str] | None = None,
+) -> Body:
+    """A copy of `request` without `topics` (matched as in `partial_error_entries`).
+
+    The copy is shallow below the lists it changes: the entries kept are the request's
+    own. A Fetch also loses those topics from ForgottenTopicsData (v7+); in an
+    incremental fetch session the broker's session then never holds them, so only the
+    merged entries tell the client about them. A null topic
+    list (all topics) stays null; containers (OffsetFetch v8+ groups, AddPartitionsToTxn
+    v4+ transactions) stay, possibly with no topics left.
+    """
+    spec = _partial_spec(api_key, api_version)
+    match = _matcher(topics, topic_ids)
+
+    def keep(entries: Iterable[Any]) -> list[Any]:
+        return [t for t in entries if not match(spec.key(t))]
+
+    out = dict(request)
+    if spec.outer is None:
+        if out.get(spec.request) is not None:
+            out[spec.request] = keep(out[spec.request])
+        if api_key == 1 and out.get("ForgottenTopicsData") is not None:
+            out["ForgottenTopicsData"] = keep(out["ForgottenTopicsData"])
+        return out
+    containers = []
+    for container in _list(request, spec.outer.request):
+        copy = dict(container)
+        if copy.get(spec.request) is not None:
+            copy[spec.request] = keep(copy[spec.request])
+        containers.append(copy)
+    out[spec.outer.request] = containers
+    return out
+
+
+__all__ = [
+    "ERROR_RESPONSE_APIS",
+    "PARTIAL_APIS",
+    "UnsupportedErrorResponse",
+    "error_response",
+    "expects_response",
+    "partial_error_entries",
+    "remove_topics",
+]
