@@ -49,6 +49,8 @@ class ProcessorSettings:
     audit_log: Path | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics endpoint
+    # Longest a throttled request is held; must stay under Envoy's message_timeout.
+    max_delay_s: float = 0.5
 
 
 class DataPath:
@@ -77,7 +79,7 @@ class DataPath:
                 api_name=kafka_wire.api_name(d.header.api_key),
                 api_version=d.header.api_version, correlation_id=d.header.correlation_id,
                 topic=d.topic, rule_id=d.rule.id, action=d.rule.kind, mode=mode,
-                outcome=d.outcome, error_code=d.error_code,
+                outcome=d.outcome, error_code=d.error_code, reason=d.reason,
             ))
 
 
@@ -107,6 +109,9 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 if request.HasField("read_data"):
                     data = request.read_data
                     out = session.from_client(data.data) if data.data else b""
+                    delay = session.take_delay()
+                    if delay:
+                        await asyncio.sleep(min(delay, self._settings.max_delay_s))
                     yield pb.ProcessingResponse(
                         read_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )

@@ -70,6 +70,7 @@ class KafkaSession:
         )
         self.frames_rewritten = 0
         self.requests_answered = 0
+        self._delay_s = 0.0
 
     # -- the two directions -------------------------------------------------------
 
@@ -87,6 +88,11 @@ class KafkaSession:
         if not self._responses.at_frame_boundary:
             return b""
         return b"".join(self._tracker.take_due_answers())
+
+    def take_delay(self) -> float:
+        """Seconds the requests just processed should be held (rate limits), once."""
+        delay, self._delay_s = self._delay_s, 0.0
+        return delay
 
     def pending_bytes(self) -> bool:
         """True when a direction stopped mid-frame (relevant at end of stream)."""
@@ -175,6 +181,7 @@ class KafkaSession:
                     verdict = decided
                     if decided.answer is not None:
                         break
+        self._delay_s = max(self._delay_s, verdict.delay_s)
         if verdict.answer is not None:
             self.requests_answered += 1
             if verdict.expects_response:

@@ -64,12 +64,14 @@ class RequestVerdict:
     - `patch`: applied to the broker's answer before the client sees it (e.g. error
       entries for the topics a partial denial removed from the request).
     - `expects_response`: False for a request Kafka never answers (acks=0 Produce).
+    - `delay_s`: how long to hold the request before it goes on (throttling).
     """
 
     answer: dict[str, Any] | None = None
     changed: bool = False
     patch: ResponsePatch | None = None
     expects_response: bool = True
+    delay_s: float = 0.0  # hold the request this long first (rate limits)
 
 
 @runtime_checkable

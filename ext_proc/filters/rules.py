@@ -22,16 +22,17 @@ from typing import Any
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RequestVerdict
+from ext_proc.filters.safeguards import RateLimiter, clamp_fetch, produce_bytes, produce_violations
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext
 from filter_rules.errors import default_deny_error, error_code
-from kafka_wire.api_keys import FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from kafka_wire.error_responses import error_response, partial_error_entries, remove_topics
 
 log = logging.getLogger(__name__)
 
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
-ENFORCED_KINDS = DENYING_KINDS | {"observe"}
+ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
 # Where a response lists its per-topic entries, for merging a partial denial back in.
 _RESPONSE_TOPICS = {
@@ -58,6 +59,7 @@ class RuleDecision:
     security_protocol: str
     topic: str | None = None
     error_code: int | None = None
+    reason: str | None = None
 
 
 DecisionSink = Callable[[RuleDecision], None]
@@ -92,6 +94,7 @@ class RuleEngine:
 
     def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None) -> None:
         self.sink = sink or (lambda decision: None)
+        self.rates = RateLimiter()
         self.compiled = compiled
         self.install(compiled)
 
@@ -128,6 +131,8 @@ class RulesFilter:
         topics = request_topics(body)
         group = request_group(api_key, body)
         denied: dict[str, int] = {}
+        changed = False
+        throttle_s = 0.0
         for rule in rules:
             if rule.kind not in ENFORCED_KINDS:
                 continue
@@ -141,24 +146,85 @@ class RulesFilter:
             if rule.kind == "observe":
                 self._record(rule, "observed", header, conn, hits)
                 continue
+            if rule.kind == "rate":
+                throttle_s = max(throttle_s, self._rate(rule, header, conn, body, hits))
+                continue
+            if rule.kind == "safeguard":
+                if api_key == FETCH:
+                    if clamp_fetch(rule.action.safeguard, body) and not rule.dry_run:  # type: ignore[union-attr]
+                        changed = True
+                        self._record(rule, "limited", header, conn, hits)
+                    continue
+                outcome = self._safeguard(rule, header, conn, body, hits)
+                if outcome is None:
+                    continue
+                code, bad = outcome
+                if None in bad:
+                    return self._answer(header, body, code, throttle_s)
+                denied.update(dict.fromkeys((t for t in bad if t is not None), code))
+                continue
             code = self._deny_error(rule, api_key)
             if rule.dry_run:
                 self._record(rule, "would-deny", header, conn, hits, code)
                 continue
             self._record(rule, "denied", header, conn, hits, code)
             if None in hits:  # the request as a whole
-                return self._answer(header, body, code)
+                return self._answer(header, body, code, throttle_s)
             denied.update(dict.fromkeys((t for t in hits if t is not None), code))
+        verdict: RequestVerdict | None
         if not denied:
-            if api_key == METADATA and body.get("Topics") is None:
-                return self._hide_topics(ctx, header, conn)
-            return None
-        if set(denied) >= set(topics) or api_key not in _RESPONSE_TOPICS:
-            return self._answer(header, body, next(iter(denied.values())))
-        return self._partial(header, body, denied)
+            verdict = (self._hide_topics(ctx) if api_key == METADATA
+                       and body.get("Topics") is None else None)
+        elif set(denied) >= set(topics) or api_key not in _RESPONSE_TOPICS:
+            return self._answer(header, body, next(iter(denied.values())), throttle_s)
+        else:
+            verdict = self._partial(header, body, denied)
+        if changed or throttle_s:
+            verdict = verdict or RequestVerdict()
+            verdict.changed |= changed
+            if throttle_s:
+                _throttle(verdict, throttle_s)
+        return verdict
 
-    def _hide_topics(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
-                     conn: ConnectionInfo) -> RequestVerdict | None:
+    def _safeguard(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
+                   conn: ConnectionInfo, body: dict[str, Any],
+                   hits: list[str | None]) -> tuple[int, list[str | None]] | None:
+        """The error and the topics (None: the request) a Produce safeguard refuses."""
+        if header.api_key != PRODUCE:
+            return None
+        spec = rule.action.safeguard  # type: ignore[union-attr]
+        bad: list[str | None] = []
+        code = 0
+        for topic in hits:
+            found = produce_violations(spec, body, topic)
+            if not found:
+                continue
+            code = found[0].error_code
+            outcome = "would-deny" if rule.dry_run else "denied"
+            self._record(rule, outcome, header, conn, [topic], code, found[0].reason)
+            bad.append(topic)
+        if rule.dry_run or not bad:
+            return None
+        return code, bad
+
+    def _rate(self, rule: CompiledRule, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
+              body: dict[str, Any], hits: list[str | None]) -> float:
+        spec = rule.action.rate  # type: ignore[union-attr]
+        nbytes = produce_bytes(body) if header.api_key == PRODUCE else 0
+        keys: list[str | None]
+        if spec.per == "topic":
+            keys = hits
+        elif spec.per == "client_id":
+            keys = [header.client_id or ""]
+        else:
+            keys = [self._identity.principal]
+        wait = max(self._engine.rates.take(rule.id, spec, key or "", nbytes) for key in keys)
+        if wait > 0:
+            self._record(rule, "would-throttle" if rule.dry_run else "throttled", header, conn,
+                         hits, reason=f"over the rate by {wait * 1000:.0f} ms")
+        return 0.0 if rule.dry_run else wait
+
+    def _hide_topics(self, ctx: MatchContext) -> RequestVerdict | None:
         """Metadata for all topics: leave out the ones a rule denies, as Kafka's own
         authorizer does, instead of telling the client they exist."""
         rules = [r for r in self._engine.compiled.candidates(ctx.api_key, ctx.api_version)
@@ -176,10 +242,11 @@ class RulesFilter:
         return RequestVerdict(patch=hide)
 
     def _answer(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                code: int) -> RequestVerdict:
+                code: int, throttle_s: float = 0.0) -> RequestVerdict:
         expects = not (header.api_key == PRODUCE and body.get("Acks") == 0)
-        answer = error_response(header.api_key, header.api_version, body, code)
-        return RequestVerdict(answer=answer, expects_response=expects)
+        answer = error_response(header.api_key, header.api_version, body, code,
+                                throttle_time_ms=int(throttle_s * 1000))
+        return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
 
     def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                  denied: dict[str, int]) -> RequestVerdict:
@@ -209,9 +276,27 @@ class RulesFilter:
         return error_code(name) if name else default_deny_error(api_key)
 
     def _record(self, rule: CompiledRule, outcome: str, header: kafka_wire.RequestHeader,
-                conn: ConnectionInfo, topics: list[str | None], code: int | None = None) -> None:
+                conn: ConnectionInfo, topics: list[str | None], code: int | None = None,
+                reason: str | None = None) -> None:
         for topic in topics:
             self._engine.sink(RuleDecision(
                 rule, outcome, header, conn, self._identity.principal,
-                self._identity.security_protocol, topic, code,
+                self._identity.security_protocol, topic, code, reason,
             ))
+
+
+def _throttle(verdict: RequestVerdict, seconds: float) -> None:
+    """Tell the client to back off (throttle_time_ms, as Kafka's quotas do) and hold
+    the request for that long (bounded by the processor so Envoy's timeout holds)."""
+    millis = int(seconds * 1000)
+    earlier = verdict.patch
+
+    def patch(response: dict[str, Any]) -> bool:
+        changed = bool(earlier(response)) if earlier is not None else False
+        if "ThrottleTimeMs" in response and response["ThrottleTimeMs"] < millis:
+            response["ThrottleTimeMs"] = millis
+            return True
+        return changed
+
+    verdict.patch = patch
+    verdict.delay_s = max(verdict.delay_s, seconds)

@@ -26,7 +26,8 @@ from tests.integration.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 
-USERS = {"alice": "alice-secret", "bob": "bob-secret", "keg": "keg-secret"}
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret",
+         "keg": "keg-secret"}
 TOPIC_AUTHORIZATION_FAILED = 29
 
 RULES = """
@@ -41,6 +42,12 @@ rules:
   - id: watch-topic-creation
     match: {apis: [CreateTopics]}
     action: {observe: {}}
+  - id: safe-producers
+    match: {apis: [Produce], topics: {prefix: [safe.]}}
+    action: {safeguard: {require_idempotence: true, compression: {forbid: [none]}}}
+  - id: slow-down-carol
+    match: {apis: [Produce], principals: {exact: [carol]}}
+    action: {rate: {per: principal, bytes_per_second: 50000, burst_seconds: 1}}
 """
 
 
@@ -196,3 +203,59 @@ def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
         time.sleep(0.5)
     producer.flush(10)
     assert 'keg_rule_reloads_total{result="rejected"}' in env.metrics()
+
+
+def test_kafka_python_sasl_client_gets_the_same_answers(env: Env) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
+    producer = KafkaProducer(
+        bootstrap_servers=env.gateway.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="bob",
+        sasl_plain_password=USERS["bob"], retries=0,
+    )
+    try:
+        assert producer.send(other, b"ok").get(timeout=30).topic == other
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send(payments, b"no").get(timeout=30)
+        assert producer.send(other, b"still ok").get(timeout=30).offset == 1  # same connection
+    finally:
+        producer.close(10)
+    assert env.broker_count(payments) == 0
+
+
+def test_safeguard_refuses_unsafe_producers_and_passes_safe_ones(env: Env) -> None:
+    topic = admin_topic(env, f"safe.{uuid.uuid4().hex[:6]}")
+    unsafe = produce(env.client("alice", **{"enable.idempotence": False,
+                                            "compression.type": "none"}), [(topic, b"x")] * 3)
+    assert {code for _, code in unsafe} == {44}  # POLICY_VIOLATION: not idempotent
+    # Values big enough to compress: librdkafka sends a batch that lz4 cannot shrink as is.
+    safe = produce(env.client("alice", **{"enable.idempotence": True, "retries": 5,
+                                          "compression.type": "lz4"}), [(topic, b"y" * 2000)] * 3)
+    assert safe == [(topic, 0)] * 3
+    assert env.broker_count(topic) == 3
+    reasons = {e["reason"] for e in env.audit_events() if e["rule_id"] == "safe-producers"}
+    assert "an idempotent producer is required" in reasons
+
+
+def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> None:
+    topic = admin_topic(env, f"rated.{uuid.uuid4().hex[:6]}")
+    throttles: list[float] = []
+    stats: list[dict[str, Any]] = []
+    conf = env.client("carol", **{
+        "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        "stats_cb": lambda text: stats.append(json.loads(text)),
+        "statistics.interval.ms": 500, "batch.size": 20000,
+    })
+    value = b"v" * 1000
+    results = produce(conf, [(topic, value)] * 400)  # 400 KB against 50 KB/s
+    assert results == [(topic, 0)] * 400  # every record delivered
+    assert throttles and max(throttles) > 0  # the client was told to back off
+    assert env.broker_count(topic) == 400
+    disconnects = [b.get("disconnects", 0) for s in stats for b in s["brokers"].values()
+                   if "bootstrap" not in b["name"]]
+    assert max(disconnects, default=0) == 0
+    events = [e for e in env.audit_events() if e["rule_id"] == "slow-down-carol"]
+    assert events and {e["outcome"] for e in events} == {"throttled"}

@@ -1,0 +1,122 @@
+"""Safeguard checks on real record batches, and the token buckets behind rate rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ext_proc.filters.safeguards import (
+    RateLimiter,
+    TokenBucket,
+    clamp_fetch,
+    produce_bytes,
+    produce_violations,
+)
+from filter_rules.model import RateSpec, SafeguardSpec
+from kafka_wire.compression import Compression
+from kafka_wire.records import BatchHeader, Record, encode_batch
+
+
+def batch(n: int = 3, *, idempotent: bool = False, compression: Compression = Compression.NONE,
+          value: bytes = b"v" * 100, headers: list[tuple[str, bytes | None]] | None = None,
+          ) -> bytes:
+    header = BatchHeader(base_timestamp=1_700_000_000_000,
+                         producer_id=7 if idempotent else -1,
+                         producer_epoch=0 if idempotent else -1,
+                         base_sequence=0 if idempotent else -1)
+    records = [Record(i, i, b"k", value, list(headers or [])) for i in range(n)]
+    return encode_batch(header, records, compression=compression)
+
+
+def produce(*batches: bytes, topic: str = "t", acks: int = -1,
+            transactional_id: str | None = None) -> dict[str, Any]:
+    return {"TransactionalId": transactional_id, "Acks": acks, "TimeoutMs": 1000,
+            "TopicData": [{"Name": topic, "PartitionData": [
+                {"Index": i, "Records": b} for i, b in enumerate(batches)]}]}
+
+
+def checks(spec: SafeguardSpec, body: dict[str, Any]) -> list[str]:
+    return [v.check for v in produce_violations(spec, body, "t")]
+
+
+def test_idempotence_and_transactions() -> None:
+    spec = SafeguardSpec(require_idempotence=True)
+    assert checks(spec, produce(batch())) == ["require_idempotence"]
+    assert checks(spec, produce(batch(idempotent=True))) == []
+    spec = SafeguardSpec(require_transactions=True)
+    assert checks(spec, produce(batch(idempotent=True))) == ["require_transactions"]
+    assert checks(spec, produce(batch(idempotent=True), transactional_id="tx")) == []
+
+
+def test_acks_zero_read_only_and_error_override() -> None:
+    assert checks(SafeguardSpec(forbid_acks_zero=True), produce(batch(), acks=0)) == \
+        ["forbid_acks_zero"]
+    assert checks(SafeguardSpec(forbid_acks_zero=True), produce(batch(), acks=1)) == []
+    found = produce_violations(SafeguardSpec(read_only=True, error="POLICY_VIOLATION"),
+                               produce(batch()), "t")
+    assert [(v.check, v.error_code) for v in found] == [("read_only", 44)]
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_compression_policies(codec: Compression) -> None:
+    body = produce(batch(compression=codec, value=b"x" * 500))
+    name = codec.name.lower()
+    assert checks(SafeguardSpec(compression={"forbid": [name]}), body) == ["compression"]
+    assert checks(SafeguardSpec(compression={"require": [name]}), body) == []
+    other = "zstd" if name != "zstd" else "gzip"
+    assert checks(SafeguardSpec(compression={"require": [other]}), body) == ["compression"]
+
+
+def test_sizes_and_headers_look_inside_compressed_batches() -> None:
+    body = produce(batch(value=b"x" * 1000, compression=Compression.ZSTD,
+                         headers=[("a", b"1"), ("b", None)]))
+    assert checks(SafeguardSpec(max_record_bytes=500), body) == ["max_record_bytes"]
+    assert checks(SafeguardSpec(max_record_bytes=5000), body) == []
+    assert checks(SafeguardSpec(max_headers=1), body) == ["max_headers"]
+    assert checks(SafeguardSpec(require_headers=["schema-id"]), body) == ["require_headers"]
+    assert checks(SafeguardSpec(require_headers=["a", "b"]), body) == []
+    raw = batch(n=50)
+    assert checks(SafeguardSpec(max_batch_bytes=len(raw) - 1), produce(raw)) == \
+        ["max_batch_bytes"]
+    assert produce_bytes(produce(raw, raw)) == 2 * len(raw)
+
+
+def test_other_topics_are_not_checked() -> None:
+    body = produce(batch(), topic="elsewhere")
+    assert produce_violations(SafeguardSpec(require_idempotence=True), body, "t") == []
+
+
+def test_garbage_records_are_a_violation_not_a_crash() -> None:
+    body = produce(b"\x00" * 70)
+    found = produce_violations(SafeguardSpec(max_headers=3), body, "t")
+    assert found and found[0].check == "records"
+
+
+def test_fetch_limits_are_clamped() -> None:
+    body = {"MaxBytes": 50_000_000, "Topics": [{"Topic": "t", "Partitions": [
+        {"Partition": 0, "PartitionMaxBytes": 10_000_000},
+        {"Partition": 1, "PartitionMaxBytes": 100}]}]}
+    assert clamp_fetch(SafeguardSpec(max_fetch_bytes=1_000_000), body)
+    assert body["MaxBytes"] == 1_000_000
+    assert [p["PartitionMaxBytes"] for p in body["Topics"][0]["Partitions"]] == [1_000_000, 100]
+    assert not clamp_fetch(SafeguardSpec(max_fetch_bytes=1_000_000), body)
+
+
+def test_token_bucket_allows_the_burst_then_asks_to_wait() -> None:
+    spec = RateSpec(bytes_per_second=1000, burst_seconds=1)
+    bucket = TokenBucket(spec, now=0.0)
+    assert bucket.take(1000, now=0.0) == 0.0  # the burst
+    assert bucket.take(500, now=0.0) == pytest.approx(0.5)
+    assert bucket.take(0, now=2.0) == 0.0  # refilled (capped at the burst)
+
+
+def test_request_rate_and_keys_are_separate() -> None:
+    clock = [0.0]
+    limiter = RateLimiter(clock=lambda: clock[0])
+    spec = RateSpec(requests_per_second=2, burst_seconds=1)
+    assert [limiter.take("r", spec, "alice", 0) for _ in range(2)] == [0.0, 0.0]
+    assert limiter.take("r", spec, "alice", 0) == pytest.approx(0.5)
+    assert limiter.take("r", spec, "bob", 0) == 0.0  # bob has his own bucket
+    clock[0] = 10.0
+    assert limiter.take("r", spec, "alice", 0) == 0.0
