@@ -57,10 +57,11 @@ class Env:
         self.kafka, self.gateway, self.rules = kafka, gateway, rules
         self.audit, self.metrics_port = audit, metrics_port
 
-    def client(self, user: str, mechanism: str = "PLAIN", **conf: Any) -> dict[str, Any]:
+    def client(self, user: str, mechanism: str = "PLAIN",
+               conf: dict[str, Any] | None = None) -> dict[str, Any]:
         return {"bootstrap.servers": self.gateway.bootstrap, "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanism": mechanism, "sasl.username": user,
-                "sasl.password": USERS[user], **conf}
+                "sasl.password": USERS[user], **(conf or {})}
 
     def audit_events(self) -> list[dict[str, Any]]:
         if not self.audit.exists():
@@ -228,11 +229,11 @@ def test_kafka_python_sasl_client_gets_the_same_answers(env: Env) -> None:
 
 def test_safeguard_refuses_unsafe_producers_and_passes_safe_ones(env: Env) -> None:
     topic = admin_topic(env, f"safe.{uuid.uuid4().hex[:6]}")
-    unsafe = produce(env.client("alice", **{"enable.idempotence": False,
+    unsafe = produce(env.client("alice", conf={"enable.idempotence": False,
                                             "compression.type": "none"}), [(topic, b"x")] * 3)
     assert {code for _, code in unsafe} == {44}  # POLICY_VIOLATION: not idempotent
     # Values big enough to compress: librdkafka sends a batch that lz4 cannot shrink as is.
-    safe = produce(env.client("alice", **{"enable.idempotence": True, "retries": 5,
+    safe = produce(env.client("alice", conf={"enable.idempotence": True, "retries": 5,
                                           "compression.type": "lz4"}), [(topic, b"y" * 2000)] * 3)
     assert safe == [(topic, 0)] * 3
     assert env.broker_count(topic) == 3
@@ -244,7 +245,7 @@ def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> Non
     topic = admin_topic(env, f"rated.{uuid.uuid4().hex[:6]}")
     throttles: list[float] = []
     stats: list[dict[str, Any]] = []
-    conf = env.client("carol", **{
+    conf = env.client("carol", conf={
         "throttle_cb": lambda event: throttles.append(event.throttle_time),
         "stats_cb": lambda text: stats.append(json.loads(text)),
         "statistics.interval.ms": 500, "batch.size": 20000,
