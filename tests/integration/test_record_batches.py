@@ -74,6 +74,10 @@ def _read_frame(sock: socket.socket) -> bytes | None:
     return _read_exact(sock, struct.unpack(">i", size)[0])
 
 
+# UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
+_RETRIABLE = frozenset({3, 5, 6})
+
+
 class RawBroker:
     """One connection speaking kafka_wire: Fetch v12, Produce v9, InitProducerId v4."""
 
@@ -110,9 +114,14 @@ class RawBroker:
     def produce(self, topic: str, records: bytes) -> dict[str, Any]:
         body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 30_000, "TopicData": [
             {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
-        response = self.request(PRODUCE, 9, body)
-        result: dict[str, Any] = response["Responses"][0]["PartitionResponses"][0]
-        return result
+        # A topic just created may not have its leader yet: retry what Kafka calls retriable.
+        deadline = time.monotonic() + 30
+        while True:
+            response = self.request(PRODUCE, 9, body)
+            result: dict[str, Any] = response["Responses"][0]["PartitionResponses"][0]
+            if result["ErrorCode"] not in _RETRIABLE or time.monotonic() > deadline:
+                return result
+            time.sleep(0.2)
 
     def init_producer_id(self) -> tuple[int, int]:
         response = self.request(INIT_PRODUCER_ID, 4, {
@@ -329,7 +338,7 @@ def test_reencoded_batches_are_accepted(written: Written, raw: RawBroker,
         for batch, records in check_round_trip(raw.fetch(written.topics[key])):
             records[0] = dataclasses.replace(records[0], value=b"changed " + key[0].encode())
             result = raw.produce(target, encode_batch(batch, records))
-            assert result["ErrorCode"] == 0, result
+            assert result["ErrorCode"] == 0, str(result)
             expected += [as_message(r) for r in records]
     got = consume(kafka.bootstrap, target, len(expected))
     assert [(m.key(), m.value(), m.headers() or []) for m in got] == expected
