@@ -29,6 +29,7 @@ kept, so established series stay stable; a restart starts over.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -115,7 +116,7 @@ class Metrics:
         )
         self.forwarded_requests = Counter(
             "keg_forwarded_requests",
-            "Requests forwarded in KIP-590 envelopes, by forwarding broker",
+            "Requests the gateway forwarded, by broker (KIP-590's forwarding metric, at the proxy)",
             ["broker"], registry=r,
         )
         self.rule_set_version = Gauge(
@@ -205,3 +206,39 @@ __all__ = [
     "Metrics",
     "api_label",
 ]
+
+
+class ConnectionMeter:
+    """Per-connection counting on the hot path: label children are looked up once per
+    (api, version, principal) and reused, so a frame costs a dict hit and an `inc`."""
+
+    def __init__(self, metrics: Metrics, broker_id: int | None,
+                 principal: Callable[[], str]) -> None:
+        self._metrics = metrics
+        self._principal = principal
+        self._broker = "unknown" if broker_id is None else str(broker_id)
+        self._requests: dict[tuple[int, int, str], Any] = {}
+        self._bytes: dict[tuple[int, str], Any] = {}
+        self._forwarded = metrics.forwarded_requests.labels(self._broker)
+
+    def request(self, api_key: int, api_version: int, size: int) -> None:
+        principal = self._principal()
+        key = (api_key, api_version, principal)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self._metrics.requests.labels(
+                api_label(api_key), str(api_version), self._metrics.principal_label(principal),
+                "")
+        child.inc()
+        self.bytes(api_key, "request", size)
+
+    def forwarded(self) -> None:
+        self._forwarded.inc()
+
+    def bytes(self, api_key: int, direction: str, size: int) -> None:
+        slot = (api_key, direction)
+        child = self._bytes.get(slot)
+        if child is None:
+            child = self._bytes[slot] = self._metrics.request_bytes.labels(
+                api_label(api_key), direction)
+        child.inc(size)

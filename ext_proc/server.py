@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.identity import IdentityObserver
 from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
 from ext_proc.identity import IdentityTracker
-from ext_proc.metrics import Metrics
+from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.session import KafkaSession, ProtocolViolation
 from filter_rules import CompiledRuleSet, RuleSet
@@ -64,10 +65,12 @@ class DataPath:
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
 
-    def filters(self, conn: ConnectionInfo) -> list[object]:
+    def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = IdentityTracker()
-        return [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
-                GroupProtocolObserver(), RulesFilter(self.engine, identity)]
+        filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
+                   GroupProtocolObserver(), RulesFilter(self.engine, identity)]
+        meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
+        return KafkaSession(conn, filters, max_frame_size, meter)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
@@ -83,9 +86,9 @@ class DataPath:
             ))
 
 
-def default_filters(conn: ConnectionInfo | None = None) -> list[object]:
-    """The filters of a processor without rules (tests, pass-through benchmarks)."""
-    return DataPath(ProcessorSettings()).filters(conn or ConnectionInfo())
+def rule_free_session(conn: ConnectionInfo) -> KafkaSession:
+    """A session as a processor without rules makes it (tests)."""
+    return DataPath(ProcessorSettings()).session(conn, DEFAULT_MAX_FRAME_SIZE)
 
 
 class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
@@ -100,7 +103,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         conn = ConnectionInfo.from_metadata(context.invocation_metadata() or ())
-        session = KafkaSession(conn, self._data_path.filters(conn), self._settings.max_frame_size)
+        session = self._data_path.session(conn, self._settings.max_frame_size)
+        metrics = self._data_path.metrics
         self.active_connections += 1
         self._data_path.metrics.connection_opened()
         log.debug("connection opened %s", conn.describe())
@@ -108,7 +112,9 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             async for request in request_iterator:
                 if request.HasField("read_data"):
                     data = request.read_data
+                    started = time.perf_counter()
                     out = session.from_client(data.data) if data.data else b""
+                    metrics.frame_latency_observe(time.perf_counter() - started)
                     delay = session.take_delay()
                     if delay:
                         await asyncio.sleep(min(delay, self._settings.max_delay_s))
@@ -122,12 +128,15 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                         yield pb.ProcessingResponse(write_data=pb.Data(data=answers))
                 elif request.HasField("write_data"):
                     data = request.write_data
+                    started = time.perf_counter()
                     out = session.from_broker(data.data) if data.data else b""
+                    metrics.frame_latency_observe(time.perf_counter() - started)
                     yield pb.ProcessingResponse(
                         write_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )
         except ProtocolViolation as err:
             log.warning("closing connection: %s (%s)", err, conn.describe())
+            metrics.decode_error(-1, "stream")
             yield _CLOSE_RST
         except Exception:
             # A bug in a filter must cost one connection, never the service.

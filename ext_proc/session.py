@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RequestFilter, RequestObserver, RequestVerdict, ResponseFilter
+from ext_proc.metrics import ConnectionMeter
 from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
@@ -51,8 +52,10 @@ class KafkaSession:
         conn: ConnectionInfo,
         filters: Sequence[object],
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        meter: ConnectionMeter | None = None,
     ) -> None:
         self.conn = conn
+        self._meter = meter
         self._response_filters = [f for f in filters if isinstance(f, ResponseFilter)]
         self._observers = [f for f in filters if isinstance(f, RequestObserver)]
         self._request_filters = [f for f in filters if isinstance(f, RequestFilter)]
@@ -122,10 +125,14 @@ class KafkaSession:
             raise FrameError(
                 f"request header has api key {head.api_key}, version {head.api_version}"
             )
+        if self._meter is not None:
+            self._meter.request(head.api_key, head.api_version, head.size + 4)
         if self._holds_request(head.api_key, head.api_version):
             return Decision.HOLD  # tracked once its fate is known (_process_request)
         self._tracker.sent(head, hold_response=self._wants_response(head.api_key,
                                                                     head.api_version))
+        if self._meter is not None:
+            self._meter.forwarded()
         return Decision.PASS
 
     def _holds_request(self, api_key: int, api_version: int) -> bool:
@@ -150,6 +157,8 @@ class KafkaSession:
 
     def _on_response_head(self, head: Head) -> Decision:
         entry, due = self._tracker.answered(head.correlation_id)
+        if self._meter is not None:
+            self._meter.bytes(entry.api_key, "response", head.size + 4)
         for answer in due:
             self._responses.inject_before_current(answer)
         if not entry.hold_response:
@@ -188,6 +197,8 @@ class KafkaSession:
                 self._tracker.answered_by_gateway(head, kafka_wire.encode_response(
                     header.correlation_id, header.api_key, header.api_version, verdict.answer))
             return b""
+        if self._meter is not None:
+            self._meter.forwarded()
         if verdict.expects_response:
             wanted = verdict.patch is not None or self._wants_response(head.api_key,
                                                                         head.api_version)

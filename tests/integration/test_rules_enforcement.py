@@ -141,7 +141,21 @@ def test_alice_writes_payments_bob_is_denied_on_the_same_connection(env: Env) ->
     assert {(e["topic"], e["outcome"], e["error_code"]) for e in events} == {
         (payments, "denied", TOPIC_AUTHORIZATION_FAILED)}
     assert all(e["security_protocol"] == "SASL_PLAINTEXT" for e in events)
-    assert 'rule="payments-only-alice"' in env.metrics()
+    metrics = env.metrics()
+    assert 'rule="payments-only-alice"' in metrics
+    assert metric(metrics, "keg_requests_total", 'api="Produce"', 'principal="User:bob"') > 0
+    assert metric(metrics, "keg_forwarded_requests_total") > 0
+    assert metric(metrics, "keg_frame_latency_seconds_count") > 0
+    assert metric(metrics, "keg_request_bytes_total", 'direction="response"') > 0
+
+
+def metric(text: str, name: str, *labels: str) -> float:
+    """The sum of a Prometheus series' samples whose labels include all of `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(label in line for label in labels):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def test_bob_cannot_read_payments_alice_can(env: Env) -> None:

@@ -7,7 +7,7 @@ import pytest
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.api_versions import ADDRESS_SAFE_MAX_VERSION, HIDDEN_API_KEYS
-from ext_proc.server import default_filters
+from ext_proc.server import rule_free_session
 from ext_proc.session import KafkaSession, ProtocolViolation
 from kafka_wire.api_keys import API_VERSIONS, FETCH, METADATA, PRODUCE
 
@@ -39,7 +39,7 @@ def max_version(api_key: int) -> int:
 
 
 def session() -> KafkaSession:
-    return KafkaSession(CONN, default_filters())
+    return rule_free_session(CONN)
 
 
 def split_feed(feed: object, data: bytes, cut: int) -> bytes:
@@ -60,8 +60,7 @@ def test_metadata_brokers_point_at_gateway_at_every_split() -> None:
 
 
 def test_unknown_broker_goes_to_own_listener() -> None:
-    s = KafkaSession(ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092)}),
-                     default_filters())
+    s = rule_free_session(ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092)}))
     s.from_client(request(METADATA, 12, 1, {"Topics": None}))
     out = s.from_broker(metadata_response(1))
     _, body = kafka_wire.decode_response(out[4:], METADATA, 12)
