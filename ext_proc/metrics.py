@@ -28,8 +28,10 @@ kept, so established series stay stable; a restart starts over.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -87,6 +89,9 @@ class Metrics:
         max_topics: int = DEFAULT_MAX_TOPICS,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.meters: weakref.WeakSet[ConnectionMeter] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.registry.register(_FlushMeters(self))
         self.principal_label = BoundedLabel(max_principals)
         self.topic_label = BoundedLabel(max_topics)
         r = self.registry
@@ -173,6 +178,26 @@ class Metrics:
 
     # -- exposition ---------------------------------------------------------------------
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the connections run on: scrapes flush their counts there."""
+        self._loop = loop
+
+    def flush_meters(self) -> None:
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            async def flush() -> None:
+                self._flush_all()
+            try:
+                asyncio.run_coroutine_threadsafe(flush(), loop).result(timeout=2)
+            except Exception:  # a scrape must never fail for a busy loop
+                return
+        else:
+            self._flush_all()
+
+    def _flush_all(self) -> None:
+        for meter in list(self.meters):
+            meter.flush()
+
     def exposition(self) -> bytes:
         """The text format, as /metrics serves it."""
         return generate_latest(self.registry)
@@ -209,36 +234,69 @@ __all__ = [
 
 
 class ConnectionMeter:
-    """Per-connection counting on the hot path: label children are looked up once per
-    (api, version, principal) and reused, so a frame costs a dict hit and an `inc`."""
+    """Per-connection counting on the hot path.
+
+    A frame costs two dict updates on plain ints; the counts reach the Prometheus
+    counters when `flush` runs: at every scrape (on the event loop's thread, so no
+    count is lost to a race) and when the connection ends. Incrementing the labelled
+    counters directly measured ~3 µs per frame, half the session's own cost.
+    """
 
     def __init__(self, metrics: Metrics, broker_id: int | None,
                  principal: Callable[[], str]) -> None:
         self._metrics = metrics
         self._principal = principal
         self._broker = "unknown" if broker_id is None else str(broker_id)
-        self._requests: dict[tuple[int, int, str], Any] = {}
-        self._bytes: dict[tuple[int, str], Any] = {}
-        self._forwarded = metrics.forwarded_requests.labels(self._broker)
+        self._requests: dict[tuple[int, int, str], int] = {}
+        self._bytes: dict[tuple[int, str], int] = {}
+        self._forwarded = 0
+        metrics.meters.add(self)
 
     def request(self, api_key: int, api_version: int, size: int) -> None:
-        principal = self._principal()
-        key = (api_key, api_version, principal)
-        child = self._requests.get(key)
-        if child is None:
-            child = self._requests[key] = self._metrics.requests.labels(
-                api_label(api_key), str(api_version), self._metrics.principal_label(principal),
-                "")
-        child.inc()
-        self.bytes(api_key, "request", size)
+        key = (api_key, api_version, self._principal())
+        self._requests[key] = self._requests.get(key, 0) + 1
+        slot = (api_key, "request")
+        self._bytes[slot] = self._bytes.get(slot, 0) + size
 
     def forwarded(self) -> None:
-        self._forwarded.inc()
+        self._forwarded += 1
 
     def bytes(self, api_key: int, direction: str, size: int) -> None:
         slot = (api_key, direction)
-        child = self._bytes.get(slot)
-        if child is None:
-            child = self._bytes[slot] = self._metrics.request_bytes.labels(
-                api_label(api_key), direction)
-        child.inc(size)
+        self._bytes[slot] = self._bytes.get(slot, 0) + size
+
+    def flush(self) -> None:
+        m = self._metrics
+        requests, self._requests = self._requests, {}
+        nbytes, self._bytes = self._bytes, {}
+        forwarded, self._forwarded = self._forwarded, 0
+        for (api_key, version, principal), count in requests.items():
+            m.requests.labels(api_label(api_key), str(version), m.principal_label(principal),
+                              "").inc(count)
+        for (api_key, direction), size in nbytes.items():
+            m.request_bytes.labels(api_label(api_key), direction).inc(size)
+        if forwarded:
+            m.forwarded_requests.labels(self._broker).inc(forwarded)
+
+    def close(self) -> None:
+        self.flush()
+        self._metrics.meters.discard(self)
+
+
+class _FlushMeters:
+    """A collector that yields nothing: registered first, it brings every connection's
+    pending counts into the counters before the registry reads them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        self._metrics.flush_meters()
+        return iter(())
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

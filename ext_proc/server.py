@@ -145,6 +145,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         finally:
             self.active_connections -= 1
             self._data_path.metrics.connection_closed()
+            session.close()
             if session.pending_bytes():
                 log.debug("connection ended mid-frame %s", conn.describe())
 
@@ -177,6 +178,7 @@ class ExtProcServer:
         self._server = server
         if rules is not None:
             self._watcher = asyncio.create_task(rules.watch())
+        self.data_path.metrics.bind_loop(asyncio.get_running_loop())
         if self.settings.metrics_port is not None:
             self.metrics_port = self.data_path.metrics.start_http_server(
                 self.settings.metrics_port, self.settings.metrics_host)

@@ -97,6 +97,10 @@ class KafkaSession:
         delay, self._delay_s = self._delay_s, 0.0
         return delay
 
+    def close(self) -> None:
+        if self._meter is not None:
+            self._meter.close()
+
     def pending_bytes(self) -> bool:
         """True when a direction stopped mid-frame (relevant at end of stream)."""
         return not (self._requests.at_frame_boundary and self._responses.at_frame_boundary)

@@ -128,3 +128,23 @@ def test_http_endpoint_serves_the_registry() -> None:
     finally:
         m.stop_http_server()
     m.stop_http_server()  # idempotent
+
+
+def test_connection_meters_count_exactly_and_flush_at_scrape() -> None:
+    from ext_proc.metrics import ConnectionMeter
+
+    metrics = Metrics()
+    meter = ConnectionMeter(metrics, 1, lambda: "User:alice")
+    for _ in range(3):
+        meter.request(0, 9, 100)
+        meter.forwarded()
+    meter.bytes(0, "response", 40)
+    text = metrics.exposition().decode()  # the scrape flushes the pending counts
+    assert 'keg_requests_total{api="Produce",principal="User:alice",topic="",version="9"} 3.0' \
+        in text
+    assert 'keg_forwarded_requests_total{broker="1"} 3.0' in text
+    assert 'keg_request_bytes_total{api="Produce",direction="request"} 300.0' in text
+    meter.request(0, 9, 100)
+    meter.close()  # a closing connection flushes too, and leaves the registry of meters
+    assert 'principal="User:alice",topic="",version="9"} 4.0' in metrics.exposition().decode()
+    assert len(metrics.meters) == 0
