@@ -142,6 +142,8 @@ def ext_proc_cmd(
     rules: RulesDir = None,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = None,
+    metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
+        = "127.0.0.1",
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -151,7 +153,7 @@ def ext_proc_cmd(
 
     server = ExtProcServer(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, rules_dir=rules,
-        audit_log=audit_log, metrics_port=metrics_port,
+        audit_log=audit_log, metrics_port=metrics_port, metrics_host=metrics_host,
     ))
 
     async def main() -> None:
