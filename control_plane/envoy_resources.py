@@ -60,7 +60,7 @@ class GatewayPlan:
     advertised_host: str
     ext_proc_host: str
     ext_proc_port: int
-    message_timeout_s: float = 1.0
+    message_timeout_s: float = 2.0
     failure_mode_allow: bool = False
 
     def advertised_routes(self) -> dict[int, tuple[str, int]]:

@@ -76,7 +76,7 @@ def up(
     message_timeout: Annotated[
         float,
         typer.Option(help="Seconds Envoy waits for the ext_proc service per chunk before closing."),
-    ] = 1.0,
+    ] = 2.0,
     rules: RulesDir = None,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = 9464,

@@ -35,7 +35,7 @@ class GatewaySettings:
     advertised_host: str | None = None
     listen_port_base: int = 19092
     envoy_concurrency: int = 1
-    message_timeout_s: float = 1.0
+    message_timeout_s: float = 2.0
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     ext_proc_log_level: str = "INFO"

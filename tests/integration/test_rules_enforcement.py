@@ -48,6 +48,13 @@ rules:
   - id: slow-down-carol
     match: {apis: [Produce], principals: {exact: [carol]}}
     action: {rate: {per: principal, bytes_per_second: 50000, burst_seconds: 1}}
+  - id: no-topic-deletion
+    match: {principals: {exact: [bob]}}
+    action: {deny_apis: [DeleteTopics]}
+  - id: try-freezing-audit-topics
+    mode: dry-run
+    match: {apis: [Produce], topics: {prefix: [audit.]}}
+    action: {deny: {}}
 """
 
 
@@ -274,3 +281,39 @@ def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> Non
     assert max(disconnects, default=0) == 0
     events = [e for e in env.audit_events() if e["rule_id"] == "slow-down-carol"]
     assert events and {e["outcome"] for e in events} == {"throttled"}
+
+
+def test_observe_deny_apis_and_dry_run(env: Env) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # observe: alice creates a topic through the gateway; it is created and audited.
+    name = f"observed.{uuid.uuid4().hex[:6]}"
+    admin = AdminClient(env.client("alice"))
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+    assert env.broker_count(name) == 0  # exists (watermarks readable), empty
+    observed = [e for e in env.audit_events() if e["rule_id"] == "watch-topic-creation"]
+    assert [(e["outcome"], e["principal"], e["api_name"]) for e in observed] == [
+        ("observed", "User:alice", "CreateTopics")]
+
+    # deny_apis: bob may not delete topics; the broker never sees the request.
+    bobs_admin = AdminClient(env.client("bob"))
+    with pytest.raises(KafkaException) as refused:
+        bobs_admin.delete_topics([name], operation_timeout=10)[name].result(30)
+    assert refused.value.args[0].code() == TOPIC_AUTHORIZATION_FAILED
+    assert name in AdminClient({"bootstrap.servers": env.kafka.bootstrap}).list_topics(
+        timeout=10).topics
+    denied = [e for e in env.audit_events() if e["rule_id"] == "no-topic-deletion"]
+    assert [(e["outcome"], e["principal"]) for e in denied] == [("denied", "User:bob")]
+
+    # dry-run: the write goes through; the audit says what the rule would have done.
+    audit_topic = admin_topic(env, f"audit.{uuid.uuid4().hex[:6]}")
+    assert produce(env.client("bob"), [(audit_topic, b"kept")]) == [(audit_topic, 0)]
+    assert env.broker_count(audit_topic) == 1
+    would = [e for e in env.audit_events() if e["rule_id"] == "try-freezing-audit-topics"]
+    assert {(e["outcome"], e["mode"], e["topic"]) for e in would} == {
+        ("would-deny", "dry-run", audit_topic)}
+    metrics = env.metrics()
+    assert metric(metrics, "keg_decisions_total", 'outcome="would-deny"',
+                  'rule="try-freezing-audit-topics"') >= 1
+    assert metric(metrics, "keg_decisions_total", 'outcome="observed"') >= 1
