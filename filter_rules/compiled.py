@@ -14,12 +14,13 @@ one RE2 program of all regexes of the matcher.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import kafka_wire
 from filter_rules.apis import resolve_api
 from filter_rules.context import FrameDirection, MatchContext, normalize_principal
+from filter_rules.index import RuleIndex
 from filter_rules.model import (
     ActionModel,
     AllowApisAction,
@@ -278,6 +279,8 @@ class CompiledRule:
 
 
 Entry = tuple[CompiledRule, ...]
+# Below this many candidates, checking each rule is cheaper than the index.
+_INDEX_FROM = 8
 
 
 class CompiledRuleSet:
@@ -296,6 +299,7 @@ class CompiledRuleSet:
         self._by_version: dict[tuple[int, str], dict[int, Entry]] = {}
         self._unfiltered: dict[tuple[int, str], Entry] = {}
         self._fallback: dict[str, Entry] = {}
+        self._indexes: dict[tuple[int, int, str], RuleIndex] = {}
         self._build_index()
 
     def _build_index(self) -> None:
@@ -359,6 +363,19 @@ class CompiledRuleSet:
             return tuple(r for r in self._unfiltered[slot] if r.admits_version(api_version))
         wildcard = self._fallback.get(direction, ())
         return tuple(r for r in wildcard if r.admits_version(api_version))
+
+    def relevant(self, api_key: int, api_version: int, direction: str,
+                 topics: Sequence[str], principal: str | None) -> tuple[CompiledRule, ...]:
+        """`candidates` narrowed by the frame's topics and principal through an index
+        (a large rule set costs dict lookups, not a scan); evaluation order kept."""
+        rules = self.candidates(api_key, api_version, direction)
+        if len(rules) < _INDEX_FROM:
+            return rules
+        slot = (api_key, api_version, direction)
+        index = self._indexes.get(slot)
+        if index is None:
+            index = self._indexes[slot] = RuleIndex(rules)
+        return index.relevant(topics, principal)
 
     def interested(self, api_key: int, api_version: int, direction: str = "request") -> bool:
         """Whether any rule may apply: if not, the frame can pass without decoding."""

@@ -117,10 +117,10 @@ class RulesFilter:
     def filter_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
-        rules = self._engine.compiled.candidates(header.api_key, header.api_version, "request")
-        if not rules:
-            return None
+        compiled = self._engine.compiled
         api_key, version = header.api_key, header.api_version
+        if not compiled.interested(api_key, version, "request"):
+            return None
         ctx = MatchContext(
             api_key=api_key, api_version=version,
             # A login the gateway could not read (opaque token) is no one to match on.
@@ -130,6 +130,7 @@ class RulesFilter:
         )
         topics = request_topics(body)
         group = request_group(api_key, body)
+        rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
         denied: dict[str, int] = {}
         changed = False
         throttle_s = 0.0
