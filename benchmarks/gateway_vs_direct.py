@@ -1,10 +1,13 @@
 """Gateway vs direct: the same Kafka workloads against the broker and through keg, side by side.
 
-One embedded Kafka broker and one gateway in front of it are started once. Every step
-(Kafka's ProducerPerformance, its ConsumerPerformance over the records just written,
+One embedded Kafka broker is started once. Each rule-set scenario (``--scenario``, see
+``benchmarks/scenarios.py``: ``plain``, ``rules-1000-nonmatching``, ``observe-all``)
+starts a gateway of its own in front of it, and every step (Kafka's
+ProducerPerformance, its ConsumerPerformance over the records just written,
 librdkafka produce, librdkafka consume) runs first directly against the broker, then
-through the gateway, before the next step starts, so machine noise hits both paths alike.
-Each round uses fresh topics; ``--repeat`` rounds are summarised by their median.
+through that gateway, before the next step starts, so machine noise hits both paths
+alike. Each round uses fresh topics; ``--repeat`` rounds are summarised by their median.
+The summary compares the scenarios by their gateway/direct ratios.
 
 Run it with ``python -m benchmarks`` (``--help`` lists the options).
 """
@@ -23,9 +26,10 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +38,16 @@ from typing import Any
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+
+from benchmarks.scenarios import (
+    PLAIN,
+    SCENARIOS,
+    Scenario,
+    ScenarioSetup,
+    check_metrics,
+    count_audit_events,
+    scrape_metrics,
+)
 
 log = logging.getLogger("benchmarks")
 
@@ -55,6 +69,7 @@ class BenchmarkError(RuntimeError):
 @dataclass(frozen=True)
 class Params:
     records: int = 200_000
+    scenario_records: int = 100_000  # for the scenarios other than plain, at most `records`
     record_size: int = 1024
     partitions: int = 3
     repeat: int = 1
@@ -348,7 +363,12 @@ STEPS: tuple[Step, ...] = (
     Step("librdkafka consume", "rdkafka_consume", "rdkafka", rdkafka_consume, True),
 )
 
+# Besides the metrics, every step records these per path (raw numbers, not summarised):
+WALL_S = "wall_s"  # the step's wall time, tool start-up included
+AUDIT_EVENTS = "audit_events"  # audit log lines the step added (gateway, with an audit log)
+
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
+Counter = Callable[[], int]
 
 
 def fresh_topics(
@@ -367,18 +387,26 @@ def run_round(
     broker: str,
     params: Params,
     status: Status,
-    run_id: str,
+    topic_prefix: str,
+    label: str = "",
+    audit_events: Counter | None = None,
 ) -> dict[str, Sample]:
     """Every step on every path (path-alternating per step) on fresh topics."""
-    label = f"round {number}/{params.repeat}"
+    label = f"{label}round {number}/{params.repeat}"
     topics = fresh_topics(
-        broker, f"bench-{run_id}-r{number}", list(paths), STEPS, params.partitions
+        broker, f"{topic_prefix}-r{number}", list(paths), STEPS, params.partitions
     )
     results: dict[str, Sample] = {path: {} for path in paths}
     for step in STEPS:
         for path, bootstrap in paths.items():
+            counter = audit_events if path == GATEWAY else None
+            before = counter() if counter is not None else 0
             with status(f"[{label}] {step.name} via {path} ({params.records:,} records)"):
+                started = time.perf_counter()
                 sample = step.run(bootstrap, topics[path, step.topic_kind], params)
+                sample[WALL_S] = time.perf_counter() - started
+            if counter is not None:
+                sample[AUDIT_EVENTS] = counter() - before
             log.info("[%s] %s via %s: %s", label, step.name, path, _brief(sample))
             results[path].update({f"{step.prefix}.{k}": v for k, v in sample.items()})
     return results
@@ -389,14 +417,14 @@ def _brief(sample: Sample) -> str:
 
 
 def warm_up(
-    paths: Mapping[str, str], broker: str, params: Params, status: Status, run_id: str
+    paths: Mapping[str, str], broker: str, params: Params, status: Status, topic_prefix: str
 ) -> None:
     """A short librdkafka produce+consume on every path (JIT, page cache, connections)."""
     if params.warmup <= 0:
         return
     small = dataclasses.replace(params, records=params.warmup)
     steps = [step for step in STEPS if step.warms_up]
-    topics = fresh_topics(broker, f"bench-{run_id}-warmup", list(paths), steps, params.partitions)
+    topics = fresh_topics(broker, f"{topic_prefix}-warmup", list(paths), steps, params.partitions)
     for path, bootstrap in paths.items():
         with status(f"warming up via {path} ({params.warmup:,} records)"):
             for step in steps:
@@ -429,6 +457,90 @@ def summarise(rounds: Sequence[Mapping[str, Sample]]) -> list[Row]:
     return [Row(m, median(DIRECT, m.key), median(GATEWAY, m.key)) for m in METRICS]
 
 
+# The metrics the scenario comparison shows (every metric is in the per-scenario tables).
+SUMMARY_KEYS: tuple[str, ...] = (
+    "rdkafka_produce.records_per_s",
+    "rdkafka_produce.p99_ms",
+    "rdkafka_consume.records_per_s",
+    "java_produce.records_per_s",
+    "java_produce.p99_ms",
+    "java_consume.mb_per_s",
+)
+_METRIC_BY_KEY = {m.key: m for m in METRICS}
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    params: Params
+    setup: ScenarioSetup = dataclasses.field(default_factory=ScenarioSetup)
+    rounds: list[dict[str, Sample]] = dataclasses.field(default_factory=list)
+    gateway_start_s: float | None = None
+    gateway_metrics: dict[str, Any] | None = None
+    audit_lines: int | None = None  # the whole audit log, warm-up included
+    elapsed_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def rows(self) -> list[Row]:
+        return summarise(self.rounds)
+
+    def ratio(self, key: str) -> float | None:
+        return next((row.ratio for row in self.rows if row.metric.key == key), None)
+
+    def audit(self) -> dict[str, Any] | None:
+        """Audit events written during the measured gateway steps, and their rate over
+        those steps' wall time (tool start-up included, so a lower bound)."""
+        if self.setup.audit_log is None or not self.rounds:
+            return None
+        events = seconds = 0.0
+        per_step: dict[str, dict[str, float]] = {}
+        for rnd in self.rounds:
+            sample = rnd.get(GATEWAY, {})
+            for step in STEPS:
+                n = sample.get(f"{step.prefix}.{AUDIT_EVENTS}")
+                wall = sample.get(f"{step.prefix}.{WALL_S}")
+                if n is None or wall is None:
+                    continue
+                events += n
+                seconds += wall
+                acc = per_step.setdefault(step.prefix, {"events": 0.0, "wall_s": 0.0})
+                acc["events"] += n
+                acc["wall_s"] += wall
+        return {
+            "events": int(events),
+            "events_per_s": events / seconds if seconds else None,
+            "wall_s": seconds,
+            "per_step": {
+                prefix: {**acc, "events_per_s": acc["events"] / acc["wall_s"]}
+                for prefix, acc in per_step.items()
+                if acc["wall_s"]
+            },
+            "lines_in_file": self.audit_lines,
+        }
+
+    def decisions(self) -> int | None:
+        metrics = self.gateway_metrics
+        if not metrics or "decisions" not in metrics:
+            return None
+        return sum(metrics["decisions"].values())
+
+
+def vs_plain(results: Sequence[ScenarioResult], result: ScenarioResult, key: str) -> float | None:
+    """The scenario's gateway/direct ratio over plain's in the same run."""
+    plain = next((r for r in results if r.name == PLAIN and r.rounds), None)
+    if plain is None:
+        return None
+    ours, base = result.ratio(key), plain.ratio(key)
+    if ours is None or base is None or base == 0:
+        return None
+    return ours / base
+
+
 def _fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"
@@ -439,6 +551,10 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def _short(records: int) -> str:
+    return f"{records // 1000}k" if records >= 1000 and records % 1000 == 0 else f"{records:,}"
 
 
 def table_cells(rows: Sequence[Row]) -> list[list[str]]:
@@ -457,28 +573,119 @@ def table_cells(rows: Sequence[Row]) -> list[list[str]]:
 TABLE_HEADER = ("metric", "better", "direct", "gateway", "gateway/direct")
 
 
-def rich_table(rows: Sequence[Row], title: str) -> Table:
-    table = Table(title=title, caption="ratio = gateway / direct, for every row")
-    for i, name in enumerate(TABLE_HEADER):
-        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
-    for cells in table_cells(rows):
+def comparison_header(results: Sequence[ScenarioResult]) -> list[str]:
+    header = ["metric", "better"]
+    for r in results:
+        header.append(f"{r.name} ({_short(r.params.records)}) g/d")
+        if r.name != PLAIN:
+            header.append("vs plain")
+    return header
+
+
+def comparison_cells(results: Sequence[ScenarioResult]) -> list[list[str]]:
+    """Metric x scenario: gateway/direct, and (but for plain) that ratio over plain's."""
+    cells = []
+    for key in SUMMARY_KEYS:
+        metric = _METRIC_BY_KEY[key]
+        row = [metric.label, "higher" if metric.higher_is_better else "lower"]
+        for r in results:
+            row.append(_fmt_ratio(r.ratio(key)))
+            if r.name != PLAIN:
+                row.append(_fmt_ratio(vs_plain(results, r, key)))
+        cells.append(row)
+    return cells
+
+
+DETAILS_HEADER = (
+    "scenario",
+    "records",
+    "rules",
+    "gateway start s",
+    "rule decisions",
+    "audit events",
+    "audit events/s",
+    "status",
+)
+
+
+def details_cells(results: Sequence[ScenarioResult]) -> list[list[str]]:
+    cells = []
+    for r in results:
+        audit = r.audit()
+        decisions = r.decisions()
+        cells.append(
+            [
+                r.name,
+                f"{r.params.records:,}",
+                f"{r.setup.rules:,}",
+                _fmt(r.gateway_start_s),
+                "-" if decisions is None else f"{decisions:,}",
+                "-" if audit is None else f"{audit['events']:,}",
+                "-" if audit is None else _fmt(audit["events_per_s"], "records/s"),
+                "ok" if r.error is None else "FAILED",
+            ]
+        )
+    return cells
+
+
+def _rich(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], caption: str) -> Table:
+    table = Table(title=title, caption=caption)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for cells in rows:
         table.add_row(*cells)
     return table
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|---|---|---:|---:|---:|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    if header and header[1] == "better":
+        align[1] = "---"
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     return "\n".join(lines)
+
+
+def rich_table(rows: Sequence[Row], title: str) -> Table:
+    return _rich(title, TABLE_HEADER, table_cells(rows), "ratio = gateway / direct, for every row")
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    return _markdown(TABLE_HEADER, table_cells(rows))
+
+
+COMPARISON_CAPTION = (
+    "g/d = gateway / direct of the scenario (below 1 is slower for throughput, above 1 "
+    "slower for latency); vs plain = the scenario's g/d over plain's g/d of the same run "
+    "(the cost of the rules: below 1 = less throughput, above 1 = more latency than plain)"
+)
+
+
+def comparison_title(results: Sequence[ScenarioResult], params: Params) -> str:
+    counts = ", ".join(f"{r.name} {r.params.records:,}" for r in results)
+    return (
+        f"keg: gateway/direct by rule-set scenario, records per step and path: {counts} "
+        f"(x {params.record_size} B, acks=all, median of {params.repeat} round(s))"
+    )
 
 
 # --------------------------------------------------------------------------- records
 
 
 def git_commit() -> str | None:
+    return _git("rev-parse", "--short", "HEAD")
+
+
+def git_dirty() -> bool | None:
+    """Whether the working tree differs from the commit (the numbers are then of that)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
+
+
+def _git(*args: str) -> str | None:
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", *args],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -489,7 +696,7 @@ def git_commit() -> str | None:
         return None
     if done.returncode != 0:
         return None
-    return done.stdout.strip() or None
+    return done.stdout.strip()
 
 
 def machine_info() -> dict[str, Any]:
@@ -497,6 +704,7 @@ def machine_info() -> dict[str, Any]:
 
     from keg.embedded.kafka import kafka_version
 
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "nproc": os.cpu_count(),
         "python": platform.python_version(),
@@ -504,36 +712,55 @@ def machine_info() -> dict[str, Any]:
         "kafka": kafka_version(),
         "confluent_kafka": getattr(confluent_kafka, "__version__", "unknown"),
         "librdkafka": confluent_kafka.libversion()[0],
+        "loadavg_at_end": None if load is None else [round(x, 2) for x in load],
+    }
+
+
+def scenario_record(r: ScenarioResult, results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    return {
+        "description": r.scenario.description,
+        "records": r.params.records,
+        "rules": r.setup.rules,
+        "audit_log": r.setup.audit_log is not None,
+        "error": r.error,
+        "elapsed_s": round(r.elapsed_s, 1),
+        "gateway_start_s": r.gateway_start_s,
+        "gateway_metrics": r.gateway_metrics,
+        "audit": r.audit(),
+        "rounds": r.rounds,
+        "summary": {
+            row.metric.key: {
+                "direct": row.direct,
+                "gateway": row.gateway,
+                "ratio": row.ratio,
+                "vs_plain": vs_plain(results, r, row.metric.key),
+                "higher_is_better": row.metric.higher_is_better,
+            }
+            for row in r.rows
+        },
     }
 
 
 def build_record(
     params: Params,
     paths: Sequence[str],
-    rounds: Sequence[Mapping[str, Sample]],
-    rows: Sequence[Row],
+    results: Sequence[ScenarioResult],
     elapsed_s: float,
 ) -> dict[str, Any]:
     return {
+        "format": 2,  # 2: per-scenario results under "scenarios" (1: one top-level summary)
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "machine": machine_info(),
         "params": {
             **asdict(params),
             "paths": list(paths),
-            "order": "direct then gateway, per step",
+            "scenarios": [r.name for r in results],
+            "order": "per scenario (own gateway): direct then gateway, per step",
         },
         "elapsed_s": round(elapsed_s, 1),
-        "rounds": rounds,
-        "summary": {
-            row.metric.key: {
-                "direct": row.direct,
-                "gateway": row.gateway,
-                "ratio": row.ratio,
-                "higher_is_better": row.metric.higher_is_better,
-            }
-            for row in rows
-        },
+        "scenarios": {r.name: scenario_record(r, results) for r in results},
     }
 
 
@@ -543,25 +770,59 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def save(record: Mapping[str, Any], rows: Sequence[Row], results_dir: Path) -> None:
+def latest_markdown(record: Mapping[str, Any], results: Sequence[ScenarioResult]) -> str:
+    params = record["params"]
+    machine = record["machine"]
+    dirty = " (with uncommitted changes)" if record.get("git_dirty") else ""
+    counts = "; ".join(f"{r.name} {r.params.records:,}" for r in results)
+    parts = [
+        "# keg benchmark: gateway vs direct, by rule-set scenario\n",
+        f"- when: {record['timestamp']}, commit: {record['git_commit'] or 'unknown'}{dirty}, "
+        f"whole run {record['elapsed_s']:.0f} s",
+        f"- machine: {machine['nproc']} cores, Python {machine['python']}, "
+        f"Kafka {machine['kafka']}, librdkafka {machine['librdkafka']}, "
+        f"load average at the end {machine.get('loadavg_at_end')}",
+        f"- records of {params['record_size']} B, acks=all, {params['partitions']} partitions, "
+        f"{params['repeat']} round(s) (median), fresh topics per round and scenario; MB = MiB",
+        f"- **records per step and path**: {counts}",
+        "- every scenario has a gateway of its own and is measured side by side with direct "
+        "(direct then gateway, per step)",
+        f"- {COMPARISON_CAPTION}\n",
+        "## Scenario comparison\n",
+        _markdown(comparison_header(results), comparison_cells(results)) + "\n",
+        _markdown(DETAILS_HEADER, details_cells(results)) + "\n",
+    ]
+    for r in results:
+        parts.append("- " + f"`{r.name}`: {r.scenario.description}")
+    parts.append(
+        "- audit events/s: audit log lines written during the measured gateway steps over "
+        "those steps' wall time (tool start-up included)\n"
+    )
+    for r in results:
+        parts.append(f"## {r.name} ({r.params.records:,} records per step and path)\n")
+        if r.error:
+            parts.append(f"**FAILED**: {r.error}\n")
+        if r.rounds:
+            parts.append(markdown_table(r.rows) + "\n")
+        audit = r.audit()
+        if audit and audit["per_step"]:
+            steps = {step.prefix: step.name for step in STEPS}
+            parts.append(
+                "Audit events per gateway step: "
+                + ", ".join(
+                    f"{steps[prefix]} {acc['events']:,.0f} ({acc['events_per_s']:,.0f}/s)"
+                    for prefix, acc in audit["per_step"].items()
+                )
+                + f"; {audit['lines_in_file']:,} lines in the file (warm-up included)\n"
+            )
+    return "\n".join(parts)
+
+
+def save(record: Mapping[str, Any], results: Sequence[ScenarioResult], results_dir: Path) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     with (results_dir / "results.jsonl").open("a") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
-    params = record["params"]
-    machine = record["machine"]
-    text = (
-        "# keg benchmark: gateway vs direct\n\n"
-        f"- when: {record['timestamp']}, commit: {record['git_commit'] or 'unknown'}\n"
-        f"- machine: {machine['nproc']} cores, Python {machine['python']}, "
-        f"Kafka {machine['kafka']}, librdkafka {machine['librdkafka']}\n"
-        f"- {params['records']:,} records of {params['record_size']} B, acks=all, "
-        f"{params['partitions']} partitions, {params['repeat']} round(s) (median), "
-        f"fresh topics per round; MB = MiB\n"
-        f"- ratio = gateway / direct for every row: below 1 is slower for throughput "
-        f"(higher is better), above 1 is slower for latency (lower is better)\n\n"
-        f"{markdown_table(rows)}\n"
-    )
-    _write_atomically(results_dir / "latest.md", text)
+    _write_atomically(results_dir / "latest.md", latest_markdown(record, results))
     log.info("results: %s, %s", results_dir / "results.jsonl", results_dir / "latest.md")
 
 
@@ -573,14 +834,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Kafka produce/consume throughput and latency, direct to an embedded broker "
-        "and through the keg gateway in front of it, side by side.",
+        "and through the keg gateway in front of it, side by side, for several rule sets.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(SCENARIOS),
+        dest="scenarios",
+        default=argparse.SUPPRESS,
+        help="rule-set scenario, repeatable, run in the order given "
+        f"(default: all of {', '.join(SCENARIOS)})",
     )
     parser.add_argument(
         "--records",
         type=int,
         default=defaults.records,
-        help="records per step and path (2000 makes a quick smoke run)",
+        help="records per step and path of the plain scenario (2000 makes a quick smoke run)",
+    )
+    parser.add_argument(
+        "--scenario-records",
+        type=int,
+        default=defaults.scenario_records,
+        help="records per step and path of the other scenarios (at most --records)",
     )
     parser.add_argument(
         "--record-size", type=int, default=defaults.record_size, help="bytes per record value"
@@ -592,13 +868,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=defaults.repeat,
-        help="rounds (direct/gateway pairs); the table shows medians",
+        help="rounds (direct/gateway pairs) per scenario; the tables show medians",
     )
     parser.add_argument(
         "--warmup",
         type=int,
         default=defaults.warmup,
-        help="records of an unrecorded librdkafka warm-up per path (0: none)",
+        help="records of an unrecorded librdkafka warm-up per path and scenario (0: none)",
     )
     parser.add_argument(
         "--step-timeout",
@@ -607,19 +883,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds one step may take",
     )
     parser.add_argument(
-        "--direct-only", action="store_true", help="skip the gateway (e.g. while it is being built)"
+        "--direct-only",
+        action="store_true",
+        help="skip the gateway (e.g. while it is being built); runs the plain scenario only",
     )
     parser.add_argument(
         "--results-dir", type=Path, default=RESULTS_DIR, help="where results.jsonl and latest.md go"
     )
     parser.add_argument(
-        "--no-save", action="store_true", help="print the table only; write no results"
+        "--no-save", action="store_true", help="print the tables only; write no results"
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     args = parser.parse_args(argv)
-    for name in ("records", "record_size", "partitions", "repeat"):
+    for name in ("records", "scenario_records", "record_size", "partitions", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.scenarios = list(dict.fromkeys(getattr(args, "scenarios", None) or SCENARIOS))
+    if args.direct_only:
+        args.scenarios = [PLAIN]
     return args
 
 
@@ -632,47 +913,124 @@ def _setup_logging(level: str, console: Console) -> None:
     root.setLevel(level.upper())
 
 
-@contextlib.contextmanager
-def _services(direct_only: bool, status: Status) -> Iterator[dict[str, str]]:
-    """The broker (and the gateway in front of it); yields path name -> bootstrap."""
-    from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+def scenario_params(params: Params, scenario: Scenario) -> Params:
+    if not scenario.extra:
+        return params
+    return dataclasses.replace(params, records=min(params.records, params.scenario_records))
+
+
+def run_scenario(
+    scenario: Scenario,
+    params: Params,
+    broker: str,
+    direct_only: bool,
+    status: Status,
+    run_id: str,
+) -> ScenarioResult:
+    """One scenario: its own gateway (unless direct_only), warm-up, rounds, its counters."""
+    from control_plane.service import free_port
     from keg.gateway import Gateway, GatewaySettings
 
-    with contextlib.ExitStack() as stack:
-        with status("fetching Kafka jars (first run only)"):
-            ensure_kafka()
-        with status("starting the embedded Kafka broker"):
-            kafka = stack.enter_context(EmbeddedKafka())
-        paths = {DIRECT: kafka.bootstrap}
-        if not direct_only:
-            settings = GatewaySettings(
-                bootstrap_servers=kafka.bootstrap, listen_port_base=0, ext_proc_log_level="WARNING"
-            )
-            with status("starting the gateway (ext_proc, control plane, Envoy)"):
-                try:
-                    gateway = stack.enter_context(Gateway(settings))
-                except Exception as exc:
-                    raise BenchmarkError(
-                        f"the gateway did not start ({type(exc).__name__}: {exc}); "
-                        "--direct-only measures the broker alone"
-                    ) from exc
-            paths[GATEWAY] = gateway.bootstrap
-        log.info("paths: %s", ", ".join(f"{name} {addr}" for name, addr in paths.items()))
-        yield paths
+    result = ScenarioResult(scenario, params)
+    started = time.monotonic()
+    label = f"{scenario.name}: "
+    with tempfile.TemporaryDirectory(prefix=f"keg-bench-{scenario.name}-") as tmp:
+        setup = result.setup = scenario.prepare(Path(tmp))
+        with contextlib.ExitStack() as stack:
+            paths = {DIRECT: broker}
+            metrics_port: int | None = None
+            if not direct_only:
+                metrics_port = free_port()
+                settings = GatewaySettings(
+                    bootstrap_servers=broker,
+                    listen_port_base=0,
+                    ext_proc_log_level="WARNING",
+                    rules_dir=setup.rules_dir,
+                    audit_log=setup.audit_log,
+                    metrics_port=metrics_port,
+                )
+                with status(f"[{scenario.name}] starting the gateway"):
+                    t0 = time.perf_counter()
+                    try:
+                        gateway = stack.enter_context(Gateway(settings))
+                    except Exception as exc:
+                        raise BenchmarkError(
+                            f"the gateway did not start ({type(exc).__name__}: {exc}); "
+                            "--direct-only measures the broker alone"
+                        ) from exc
+                    result.gateway_start_s = time.perf_counter() - t0
+                paths[GATEWAY] = gateway.bootstrap
+                log.info(
+                    "[%s] gateway %s started in %.1f s (%d rules%s)",
+                    scenario.name,
+                    gateway.bootstrap,
+                    result.gateway_start_s,
+                    setup.rules,
+                    ", audit log" if setup.audit_log else "",
+                )
+            audit_log = setup.audit_log
+            counter: Counter | None = None
+            if audit_log is not None and not direct_only:
+
+                def counter() -> int:
+                    return count_audit_events(audit_log)
+
+            topic_prefix = f"bench-{run_id}-{scenario.name}"
+            warm_up(paths, broker, params, status, topic_prefix)
+            try:
+                for n in range(1, params.repeat + 1):
+                    result.rounds.append(
+                        run_round(n, paths, broker, params, status, topic_prefix, label, counter)
+                    )
+            finally:
+                if metrics_port is not None:
+                    try:
+                        result.gateway_metrics = scrape_metrics(metrics_port)
+                    except OSError as exc:
+                        log.warning(
+                            "[%s] could not read the gateway's metrics: %s", scenario.name, exc
+                        )
+        # The gateway has stopped: its audit log is closed and complete.
+        if audit_log is not None and not direct_only:
+            result.audit_lines = count_audit_events(audit_log)
+    result.elapsed_s = time.monotonic() - started
+    if result.gateway_metrics is not None:
+        problems = check_metrics(setup, result.gateway_metrics, result.audit_lines)
+        if problems:  # the numbers are kept, but the scenario counts as failed
+            result.error = f"scenario {scenario.name} is not what it claims: " + "; ".join(problems)
+            log.error("%s", result.error)
+    return result
 
 
-def run(params: Params, direct_only: bool, status: Status) -> tuple[list[str], list[Row], Any]:
+def run(
+    params: Params, scenario_names: Sequence[str], direct_only: bool, status: Status
+) -> tuple[list[str], list[ScenarioResult], dict[str, Any]]:
+    from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:6]
-    with _services(direct_only, status) as paths:
-        broker = paths[DIRECT]
-        warm_up(paths, broker, params, status, run_id)
-        rounds = [
-            run_round(n, paths, broker, params, status, run_id) for n in range(1, params.repeat + 1)
-        ]
-    rows = summarise(rounds)
-    record = build_record(params, list(paths), rounds, rows, time.monotonic() - started)
-    return list(paths), rows, record
+    results: list[ScenarioResult] = []
+    with status("fetching Kafka jars (first run only)"):
+        ensure_kafka()
+    with contextlib.ExitStack() as stack:
+        with status("starting the embedded Kafka broker"):
+            broker = stack.enter_context(EmbeddedKafka()).bootstrap
+        log.info("broker %s; scenarios: %s", broker, ", ".join(scenario_names))
+        for name in scenario_names:
+            scenario = SCENARIOS[name]
+            scenario_started = time.monotonic()
+            sp = scenario_params(params, scenario)
+            try:
+                results.append(run_scenario(scenario, sp, broker, direct_only, status, run_id))
+            except BenchmarkError as exc:  # the next scenario may still work
+                log.error("scenario %s failed: %s", name, exc)
+                failed = ScenarioResult(scenario, sp, error=str(exc))
+                failed.elapsed_s = time.monotonic() - scenario_started
+                results.append(failed)
+            log.info("scenario %s took %.0f s", name, time.monotonic() - scenario_started)
+    paths = [DIRECT] if direct_only else [DIRECT, GATEWAY]
+    record = build_record(params, paths, results, time.monotonic() - started)
+    return paths, results, record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -681,6 +1039,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args.log_level, err_console)
     params = Params(
         records=args.records,
+        scenario_records=args.scenario_records,
         record_size=args.record_size,
         partitions=args.partitions,
         repeat=args.repeat,
@@ -693,21 +1052,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err_console.status(text)
 
     try:
-        paths, rows, record = run(params, args.direct_only, status)
+        paths, results, record = run(params, args.scenarios, args.direct_only, status)
     except BenchmarkError as exc:  # expected failures: the message says it all
         log.error("benchmark failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
     except Exception:
         log.exception("benchmark failed")
         return 1
-    title = f"keg: {' vs '.join(paths)} ({params.records:,} x {params.record_size} B, acks=all)"
     out = Console()
-    if not out.is_terminal:  # a pipe or file: wide enough for the table, not 80 columns
-        out = Console(width=110)
-    out.print(rich_table(rows, title))
+    if not out.is_terminal:  # a pipe or file: wide enough for the tables, not 80 columns
+        out = Console(width=150)
+    for r in results:
+        if r.rounds:
+            title = (
+                f"{r.name}: {' vs '.join(paths)} "
+                f"({r.params.records:,} x {params.record_size} B, acks=all)"
+            )
+            out.print(rich_table(r.rows, title))
+        if r.error:
+            out.print(f"[bold red]{r.name} FAILED[/]: {r.error}")
+    if not args.direct_only:
+        out.print(
+            _rich(
+                comparison_title(results, params),
+                comparison_header(results),
+                comparison_cells(results),
+                COMPARISON_CAPTION,
+            )
+        )
+        out.print(
+            _rich(
+                "scenarios",
+                DETAILS_HEADER,
+                details_cells(results),
+                "audit events/s: audit lines of the measured gateway steps over their wall time",
+            )
+        )
     if not args.no_save:
-        save(record, rows, args.results_dir)
-    return 0
+        save(record, results, args.results_dir)
+    return 1 if any(r.error for r in results) else 0
 
 
 if __name__ == "__main__":
