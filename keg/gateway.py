@@ -18,12 +18,12 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from control_plane.service import ControlPlane, ControlPlaneSettings, free_port
 from control_plane.topology import SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
+from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class _Loop:
         self._thread.join(5)
 
 
-class Gateway:
+class Gateway(Service):
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.ext_proc_port = 0
@@ -192,15 +192,3 @@ class Gateway:
     def bootstrap(self) -> str:
         assert self.control_plane is not None
         return self.control_plane.bootstrap_address()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

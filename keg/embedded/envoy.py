@@ -18,9 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 from string import Template
-from types import TracebackType
-from typing import Self
 
+from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ def render_bootstrap(
     )
 
 
-class EmbeddedEnvoy:
+class EmbeddedEnvoy(Service):
     """One Envoy process; `wait_for_listeners(n)` blocks until ADS delivered them."""
 
     def __init__(
@@ -162,15 +161,3 @@ class EmbeddedEnvoy:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -40,8 +40,9 @@ import zipfile
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
+
+from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +455,7 @@ def probe_broker(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-class EmbeddedKafka:
+class EmbeddedKafka(Service):
     """A single-node Apache Kafka (KRaft, combined broker+controller) in a child JVM.
 
     ``data_dir`` holds the config, the log dirs and the logs; when None a temporary
@@ -556,17 +557,6 @@ class EmbeddedKafka:
         return self._proc.pid if self._proc is not None else None
 
     # ---- lifecycle
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> Self:
         """Start the broker and wait until it serves requests; a no-op when running."""
