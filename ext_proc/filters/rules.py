@@ -23,13 +23,17 @@ import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RequestVerdict
 from ext_proc.filters.safeguards import RateLimiter, clamp_fetch, produce_bytes, produce_violations
-from ext_proc.identity import IdentityTracker
+from ext_proc.identity import IdentityTracker, principal_for_envelope
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext
 from filter_rules.errors import default_deny_error, error_code
-from kafka_wire.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.api_keys import ENVELOPE, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import error_response, partial_error_entries, remove_topics
+from kafka_wire.errors import KafkaWireError
 
 log = logging.getLogger(__name__)
+
+INVALID_REQUEST = 42
 
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
@@ -110,22 +114,78 @@ class RulesFilter:
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
         self._engine = engine
         self._identity = identity
+        self._audit_principal = identity.principal
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
-        return self._engine.compiled.interested(api_key, api_version, "request")
+        compiled = self._engine.compiled
+        if api_key == ENVELOPE:  # any rule may apply to the request inside
+            return bool(compiled.rules)
+        return compiled.interested(api_key, api_version, "request")
 
     def filter_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
+        if header.api_key == ENVELOPE:
+            return self._envelope(header, body, conn)
+        # A login the gateway could not read (opaque token) is no one to match on.
+        principal = self._identity.principal if self._identity.principal_known else None
+        return self._evaluate(header, body, conn, principal, conn.client_host)
+
+    def _envelope(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                  conn: ConnectionInfo) -> RequestVerdict | None:
+        """KIP-590: judge the forwarded request as its original client's, then wrap the
+        outcome back into the envelope."""
+        try:
+            inner = read_envelope_request(body)
+        except KafkaWireError as err:
+            log.warning("envelope refused, its request is unreadable: %s (%s)", err,
+                        conn.describe())
+            return RequestVerdict(answer={"ErrorCode": INVALID_REQUEST})
+        ih = inner.header
+        verdict = self._evaluate(ih, inner.body, conn, principal_for_envelope(inner.principal),
+                                 str(inner.client_address))
+        if verdict is None:
+            return None
+        if verdict.answer is not None:
+            data = kafka_wire.write_response_header(ih.correlation_id, ih.api_key,
+                                                    ih.api_version) + kafka_wire.encode_body(
+                ih.api_key, ih.api_version, "response", verdict.answer)
+            return RequestVerdict(answer={"ErrorCode": 0, "ResponseData": data},
+                                  delay_s=verdict.delay_s)
+        if verdict.changed:
+            body["RequestData"] = kafka_wire.write_request_header(ih) + kafka_wire.encode_body(
+                ih.api_key, ih.api_version, "request", inner.body)
+        inner_patch = verdict.patch
+
+        def patch(response: dict[str, Any]) -> bool:
+            data = response.get("ResponseData")
+            if inner_patch is None or data is None:
+                return False
+            cid, tags, offset = kafka_wire.read_response_header(data, ih.api_key, ih.api_version)
+            answer, _ = kafka_wire.decode_body(ih.api_key, ih.api_version, "response", data,
+                                               offset)
+            if not inner_patch(answer):
+                return False
+            response["ResponseData"] = kafka_wire.write_response_header(
+                cid, ih.api_key, ih.api_version, tags) + kafka_wire.encode_body(
+                ih.api_key, ih.api_version, "response", answer)
+            return True
+
+        return RequestVerdict(changed=verdict.changed,
+                              patch=patch if inner_patch is not None else None,
+                              delay_s=verdict.delay_s)
+
+    def _evaluate(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                  conn: ConnectionInfo, principal: str | None,
+                  client_host: str) -> RequestVerdict | None:
         compiled = self._engine.compiled
         api_key, version = header.api_key, header.api_version
         if not compiled.interested(api_key, version, "request"):
             return None
+        self._audit_principal = principal or self._identity.principal
         ctx = MatchContext(
-            api_key=api_key, api_version=version,
-            # A login the gateway could not read (opaque token) is no one to match on.
-            principal=self._identity.principal if self._identity.principal_known else None,
-            client_id=header.client_id, client_host=conn.client_host,
+            api_key=api_key, api_version=version, principal=principal,
+            client_id=header.client_id, client_host=client_host,
             listener=conn.gateway_address or None, broker_id=conn.broker_id,
         )
         topics = request_topics(body)
@@ -281,7 +341,7 @@ class RulesFilter:
                 reason: str | None = None) -> None:
         for topic in topics:
             self._engine.sink(RuleDecision(
-                rule, outcome, header, conn, self._identity.principal,
+                rule, outcome, header, conn, self._audit_principal,
                 self._identity.security_protocol, topic, code, reason,
             ))
 

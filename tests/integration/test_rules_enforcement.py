@@ -260,6 +260,8 @@ def test_safeguard_refuses_unsafe_producers_and_passes_safe_ones(env: Env) -> No
     assert env.broker_count(topic) == 3
     reasons = {e["reason"] for e in env.audit_events() if e["rule_id"] == "safe-producers"}
     assert "an idempotent producer is required" in reasons
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="safe-producers"',
+                  'outcome="denied"') >= 1
 
 
 def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> None:
@@ -281,6 +283,8 @@ def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> Non
     assert max(disconnects, default=0) == 0
     events = [e for e in env.audit_events() if e["rule_id"] == "slow-down-carol"]
     assert events and {e["outcome"] for e in events} == {"throttled"}
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="slow-down-carol"',
+                  'outcome="throttled"') >= 1
 
 
 def test_observe_deny_apis_and_dry_run(env: Env) -> None:
@@ -305,6 +309,8 @@ def test_observe_deny_apis_and_dry_run(env: Env) -> None:
         timeout=10).topics
     denied = [e for e in env.audit_events() if e["rule_id"] == "no-topic-deletion"]
     assert [(e["outcome"], e["principal"]) for e in denied] == [("denied", "User:bob")]
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="no-topic-deletion"',
+                  'outcome="denied"') == 1
 
     # dry-run: the write goes through; the audit says what the rule would have done.
     audit_topic = admin_topic(env, f"audit.{uuid.uuid4().hex[:6]}")
