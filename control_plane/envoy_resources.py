@@ -21,6 +21,8 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
+from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
+from control_plane.kafka_broker import kafka_broker_config
 from control_plane.snapshot import CLUSTER, LISTENER, Snapshot
 from ext_proc.connection import (
     BROKER_ID,
@@ -129,7 +131,16 @@ def _cluster(name: str, host: str, port: int, http2: bool = False) -> cluster_pb
     return cluster
 
 
-def _listener(plan: GatewayPlan, route: BrokerRoute) -> listener_pb2.Listener:
+@dataclass(frozen=True)
+class KafkaBrokerFilter:
+    """Put Envoy's contrib kafka_broker filter first in every chain (nodes that have it)."""
+
+    api_keys_allowed: frozenset[int] = frozenset()
+    api_keys_denied: frozenset[int] = frozenset()
+
+
+def _listener(plan: GatewayPlan, route: BrokerRoute,
+              kafka_broker: KafkaBrokerFilter | None) -> listener_pb2.Listener:
     metadata = [
         (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
         (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
@@ -147,10 +158,16 @@ def _listener(plan: GatewayPlan, route: BrokerRoute) -> listener_pb2.Listener:
         stat_prefix=route.listener_name,
     )
     tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
+    first = []
+    if kafka_broker is not None:
+        config = kafka_broker_config(route.listener_name, plan.advertised_routes(),
+                                     kafka_broker.api_keys_allowed, kafka_broker.api_keys_denied)
+        first.append(listener_components_pb2.Filter(name=KAFKA_BROKER, typed_config=_any(config)))
     return listener_pb2.Listener(
         name=route.listener_name,
         address=_socket_address(plan.listen_host, route.listen_port),
         filter_chains=[listener_components_pb2.FilterChain(filters=[
+            *first,
             listener_components_pb2.Filter(
                 name="envoy.filters.network.ext_proc", typed_config=_any(ext_proc)
             ),
@@ -161,9 +178,11 @@ def _listener(plan: GatewayPlan, route: BrokerRoute) -> listener_pb2.Listener:
     )
 
 
-def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] = ()) -> Snapshot:
+def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] = (),
+                     kafka_broker: KafkaBrokerFilter | None = None) -> Snapshot:
     """The snapshot for `plan`; `keep_clusters` are routes of earlier plans whose
-    clusters must stay (a node may still run listeners that reference them)."""
+    clusters must stay (a node may still run listeners that reference them);
+    `kafka_broker` only for nodes whose Envoy lists that extension."""
     clusters: dict[str, Message] = {
         EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
                                    http2=True),
@@ -172,7 +191,9 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
         clusters[route.cluster_name] = _cluster(
             route.cluster_name, route.broker_host, route.broker_port
         )
-    listeners: dict[str, Message] = {r.listener_name: _listener(plan, r) for r in plan.routes}
+    listeners: dict[str, Message] = {
+        r.listener_name: _listener(plan, r, kafka_broker) for r in plan.routes
+    }
     references = {
         r.listener_name: frozenset({EXT_PROC_CLUSTER, r.cluster_name}) for r in plan.routes
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -33,6 +34,8 @@ class NodeStatus:
 class Fleet:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeStatus] = {}
+        # Called with a node's status when it connects, before it is served anything.
+        self.on_connect: list[Callable[[NodeStatus], None]] = []
 
     def connected(self, node_id: str, cluster: str, extensions: frozenset[str]) -> NodeStatus:
         status = self.nodes.get(node_id)
@@ -40,6 +43,8 @@ class Fleet:
             status = self.nodes[node_id] = NodeStatus(node_id)
         status.cluster, status.extensions = cluster, extensions
         status.connected, status.last_seen = True, time.time()
+        for callback in self.on_connect:
+            callback(status)
         return status
 
     def disconnected(self, node_id: str) -> None:

@@ -7,15 +7,24 @@ import contextlib
 import logging
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from control_plane.ads import AggregatedDiscovery
-from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
-from control_plane.fleet import Fleet
-from control_plane.snapshot import ANY_NODE, SnapshotCache
+from control_plane.envoy_resources import (
+    BrokerRoute,
+    GatewayPlan,
+    KafkaBrokerFilter,
+    compile_snapshot,
+)
+from control_plane.fleet import Fleet, NodeStatus
+from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
+from control_plane.kafka_broker import global_api_lists
+from control_plane.snapshot import ANY_NODE, Snapshot, SnapshotCache
 from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
+from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,8 @@ class ControlPlaneSettings:
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
     sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
+    # Rules whose global API lists go into Envoy's kafka_broker filter where nodes have it.
+    rules_dir: Path | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,6 +67,9 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self._refresher: asyncio.Task[None] | None = None
         self.xds_port = 0
+        self._kafka_broker_nodes: set[str] = set()
+        self._last_kafka_broker: KafkaBrokerFilter | None = None
+        self.fleet.on_connect.append(self._node_connected)
 
     async def start(self) -> None:
         server = grpc.aio.server()
@@ -92,20 +106,60 @@ class ControlPlane:
             await self._server.stop(1.0)
 
     async def refresh(self) -> bool:
-        """Re-read the topology; publish a new snapshot when it changed."""
+        """Re-read the topology; publish new snapshots when it changed."""
         topology = await fetch_topology(self.settings.bootstrap_servers, sasl=self.settings.sasl)
         if topology == self.topology:
+            self._publish()  # rules may have changed what kafka_broker nodes get
             return False
         self.topology = topology
-        plan = self._plan(topology)
-        previous = tuple(r for n, r in self._routes_seen.items()
-                         if n not in {x.node_id for x in plan.routes})
-        self.cache.set(ANY_NODE, compile_snapshot(plan, keep_clusters=previous))
-        self.plan = plan
-        self._routes_seen.update({r.node_id: r for r in plan.routes})
+        self.plan = self._plan(topology)
+        self._publish()
+        self._routes_seen.update({r.node_id: r for r in self.plan.routes})
         log.info("topology: cluster %s, brokers %s", topology.cluster_id,
                  ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
         return True
+
+    def _snapshot(self, kafka_broker: KafkaBrokerFilter | None) -> Snapshot:
+        assert self.plan is not None
+        current = {r.node_id for r in self.plan.routes}
+        previous = tuple(r for n, r in self._routes_seen.items() if n not in current)
+        return compile_snapshot(self.plan, keep_clusters=previous, kafka_broker=kafka_broker)
+
+    def _publish(self) -> None:
+        if self.plan is None:
+            return
+        self._set_if_changed(ANY_NODE, self._snapshot(None))
+        if self._kafka_broker_nodes:
+            snapshot = self._snapshot(self._kafka_broker_filter())
+            for node in self._kafka_broker_nodes:
+                self._set_if_changed(node, snapshot)
+
+    def _set_if_changed(self, node: str, snapshot: Snapshot) -> None:
+        current = self.cache.get(node)
+        if current is None or current.versions != snapshot.versions:
+            self.cache.set(node, snapshot)
+
+    def _kafka_broker_filter(self) -> KafkaBrokerFilter:
+        allowed: frozenset[int] = frozenset()
+        denied: frozenset[int] = frozenset()
+        if self.settings.rules_dir is not None:
+            try:
+                rules = CompiledRuleSet(load_rule_dir(self.settings.rules_dir)).rules
+                allowed, denied = global_api_lists(rules)
+            except RuleSetInvalid as err:
+                log.warning("rules in %s are invalid; kafka_broker API lists unchanged: %s",
+                            self.settings.rules_dir, err)
+                current = self._last_kafka_broker
+                return current if current is not None else KafkaBrokerFilter()
+        self._last_kafka_broker = KafkaBrokerFilter(allowed, denied)
+        return self._last_kafka_broker
+
+    def _node_connected(self, status: NodeStatus) -> None:
+        """Nodes whose Envoy has the contrib kafka_broker filter get a snapshot with it."""
+        if status.has_extension(KAFKA_BROKER) and status.node_id not in self._kafka_broker_nodes:
+            log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
+            self._kafka_broker_nodes.add(status.node_id)
+            self._publish()
 
     def _plan(self, topology: Topology) -> GatewayPlan:
         s = self.settings

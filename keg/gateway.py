@@ -107,6 +107,7 @@ class Gateway(Service):
                     message_timeout_s=s.message_timeout_s,
                     failure_mode_allow=s.failure_mode_allow,
                     sasl=s.sasl,
+                    rules_dir=s.rules_dir,
                 )
             )
             self._loop.run(self.control_plane.start(), timeout=60)
