@@ -24,7 +24,7 @@ from ext_proc.connection import ConnectionInfo
 from kafka_wire.api_keys import API_VERSIONS, FETCH, PRODUCE
 
 # API key -> highest version the gateway lets clients use (reasons above).
-ADDRESS_SAFE_MAX_VERSION = {PRODUCE: 9, FETCH: 12}
+CLIENT_MAX_VERSION = {PRODUCE: 9, FETCH: 12}
 SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
 HIDDEN_API_KEYS = frozenset({SHARE_FETCH, SHARE_ACKNOWLEDGE})
 
@@ -48,7 +48,7 @@ class ApiVersionsNarrower:
             known = kafka_wire.supported_versions(key)
             if known is not None:
                 low = max(entry["MinVersion"], known[0])
-                safe = ADDRESS_SAFE_MAX_VERSION.get(key, known[1])
+                safe = CLIENT_MAX_VERSION.get(key, known[1])
                 high = min(entry["MaxVersion"], known[1], safe)
                 if low > high:
                     continue

@@ -33,8 +33,6 @@ from kafka_wire.errors import KafkaWireError
 
 log = logging.getLogger(__name__)
 
-INVALID_REQUEST = 42
-
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
@@ -140,7 +138,7 @@ class RulesFilter:
         except KafkaWireError as err:
             log.warning("envelope refused, its request is unreadable: %s (%s)", err,
                         conn.describe())
-            return RequestVerdict(answer={"ErrorCode": INVALID_REQUEST})
+            return RequestVerdict(answer={"ErrorCode": error_code("INVALID_REQUEST")})
         ih = inner.header
         verdict = self._evaluate(ih, inner.body, conn, principal_for_envelope(inner.principal),
                                  str(inner.client_address))

@@ -6,7 +6,7 @@ import pytest
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters.api_versions import ADDRESS_SAFE_MAX_VERSION, HIDDEN_API_KEYS
+from ext_proc.filters.api_versions import CLIENT_MAX_VERSION, HIDDEN_API_KEYS
 from ext_proc.server import rule_free_session
 from ext_proc.session import KafkaSession, ProtocolViolation
 from kafka_wire.api_keys import API_VERSIONS, FETCH, METADATA, PRODUCE
@@ -92,8 +92,8 @@ def test_api_versions_are_narrowed() -> None:
     out = s.from_broker(response)
     _, body = kafka_wire.decode_response(out[4:], API_VERSIONS, 3)
     got = {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}
-    assert got[PRODUCE] == (3, ADDRESS_SAFE_MAX_VERSION[PRODUCE])
-    assert got[FETCH] == (4, ADDRESS_SAFE_MAX_VERSION[FETCH])
+    assert got[PRODUCE] == (3, CLIENT_MAX_VERSION[PRODUCE])
+    assert got[FETCH] == (4, CLIENT_MAX_VERSION[FETCH])
     assert got[METADATA] == (0, max_version(METADATA))
     assert got[4242] == (0, 3)
     assert not HIDDEN_API_KEYS & got.keys()
