@@ -244,3 +244,26 @@ def setup() -> None:
         raise typer.Exit(2) from None
     console.print(f"Kafka jars: {libs}")
     console.print(f"Envoy: {envoy_binary()}")
+
+
+@app.command()
+def validate(
+    directory: Annotated[Path, typer.Argument(help="Rule directory (YAML files).")]
+        = Path("filter_rules/rules"),
+) -> None:
+    """Check a rule directory against the rule schema; exit 1 with file:line errors.
+
+    Usable in any CI: prints one line per problem and exits 0 only when every file
+    in the directory validates.
+    """
+    from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
+
+    try:
+        compiled = CompiledRuleSet(load_rule_dir(directory))
+    except RuleSetInvalid as err:
+        for error in err.errors:
+            typer.echo(str(error), err=True)
+        typer.echo(f"{directory}: {len(err.errors)} problem(s)", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{directory}: {len(compiled.ruleset.rules)} rules valid "
+               f"({len(compiled.rules)} enabled), version {compiled.version}")
