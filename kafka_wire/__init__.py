@@ -140,6 +140,7 @@ from kafka_wire.error_responses import (  # noqa: E402
     UnsupportedErrorResponse,
     error_response,
     expects_response,
+    merge_error_entries,
     partial_error_entries,
     remove_topics,
 )
@@ -150,6 +151,7 @@ __all__ += [
     "UnsupportedErrorResponse",
     "error_response",
     "expects_response",
+    "merge_error_entries",
     "partial_error_entries",
     "remove_topics",
 ]

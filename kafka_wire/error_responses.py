@@ -1046,6 +1046,20 @@ def partial_error_entries(
     return list(_fit_response(api_key, api_version, {outer.response: containers})[outer.response])
 
 
+def merge_error_entries(api_key: int, api_version: int, response: dict[str, Any],
+                        entries: list[Body]) -> bool:
+    """Add `partial_error_entries` to the broker's answer to the rest of the request.
+
+    False (nothing merged) where the entries nest under groups or transactions
+    (OffsetFetch v8+, AddPartitionsToTxn v4+): merging those is the caller's business.
+    """
+    spec = _topics_of(api_key, api_version) if api_key in PARTIAL_APIS else None
+    if spec is None or spec.outer is not None:
+        return False
+    response[spec.response] = [*(response.get(spec.response) or []), *entries]
+    return True
+
+
 def remove_topics(
     api_key: int,
     api_version: int,
@@ -1092,6 +1106,7 @@ __all__ = [
     "UnsupportedErrorResponse",
     "error_response",
     "expects_response",
+    "merge_error_entries",
     "partial_error_entries",
     "remove_topics",
 ]

@@ -28,7 +28,13 @@ from filter_rules import CompiledRule, CompiledRuleSet, MatchContext
 from filter_rules.errors import default_deny_error, error_code
 from kafka_wire.api_keys import ENVELOPE, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from kafka_wire.envelope import read_envelope_request
-from kafka_wire.error_responses import error_response, partial_error_entries, remove_topics
+from kafka_wire.error_responses import (
+    error_response,
+    expects_response,
+    merge_error_entries,
+    partial_error_entries,
+    remove_topics,
+)
 from kafka_wire.errors import KafkaWireError
 
 log = logging.getLogger(__name__)
@@ -36,17 +42,10 @@ log = logging.getLogger(__name__)
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
-# Where a response lists its per-topic entries, for merging a partial denial back in.
-_RESPONSE_TOPICS = {
-    PRODUCE: "Responses",
-    2: "Topics",  # ListOffsets
-    3: "Topics",  # Metadata
-    8: "Topics",  # OffsetCommit
-    19: "Topics",  # CreateTopics
-    20: "Responses",  # DeleteTopics
-    21: "Topics",  # DeleteRecords
-    28: "Topics",  # TxnOffsetCommit
-}
+# APIs whose requests are split when only some topics are refused. Fetch is not among
+# them: in an incremental fetch session the broker would never learn the refused
+# partitions, so a Fetch with any refused topic is answered whole.
+_PARTIAL_DENIAL_APIS = frozenset({PRODUCE, 2, METADATA, 8, 19, 20, 21, 28})
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ class RulesFilter:
         if not denied:
             verdict = (self._hide_topics(ctx) if api_key == METADATA
                        and body.get("Topics") is None else None)
-        elif set(denied) >= set(topics) or api_key not in _RESPONSE_TOPICS:
+        elif set(denied) >= set(topics) or api_key not in _PARTIAL_DENIAL_APIS:
             return self._answer(header, body, next(iter(denied.values())), throttle_s)
         else:
             verdict = self._partial(header, body, denied)
@@ -302,7 +301,7 @@ class RulesFilter:
 
     def _answer(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                 code: int, throttle_s: float = 0.0) -> RequestVerdict:
-        expects = not (header.api_key == PRODUCE and body.get("Acks") == 0)
+        expects = expects_response(header.api_key, header.api_version, body)
         answer = error_response(header.api_key, header.api_version, body, code,
                                 throttle_time_ms=int(throttle_s * 1000))
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
@@ -317,15 +316,11 @@ class RulesFilter:
         forwarded = remove_topics(api_key, version, body, set(denied))
         body.clear()
         body.update(forwarded)
-        field = _RESPONSE_TOPICS.get(api_key)
 
         def merge(response: dict[str, Any]) -> bool:
-            if field is None:
-                return False
-            response[field] = [*(response.get(field) or []), *entries]
-            return True
+            return merge_error_entries(api_key, version, response, entries)
 
-        expects = not (api_key == PRODUCE and body.get("Acks") == 0)
+        expects = expects_response(api_key, version, body)
         return RequestVerdict(changed=True, patch=merge, expects_response=expects)
 
     @staticmethod
