@@ -24,7 +24,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     PlainValidator,
@@ -34,9 +33,22 @@ from pydantic import (
     model_validator,
 )
 
+from filter_rules._base import PositiveInt, StringMatch, _Model
 from filter_rules.apis import MAX_API_KEY, api_keys_by_name, resolve_api
 from filter_rules.errors import ERROR_CODES
-from filter_rules.patterns import PatternError, compile_re2
+from filter_rules.record_actions import (
+    RECORD_KINDS,
+    CaptureAction,
+    CopyAction,
+    DecryptAction,
+    DropAction,
+    EncryptAction,
+    HeadersAction,
+    InterceptorAction,
+    MaskAction,
+    ValidateAction,
+    VirtualTopicsAction,
+)
 
 API_VERSION: Final = "keg/v1"
 KIND: Final = "RuleSet"
@@ -44,19 +56,7 @@ RULE_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]*$"
 INT32_MAX: Final = 2**31 - 1
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
 # --- Scalar types ------------------------------------------------------------------
-
-
-def _check_regex(pattern: str) -> str:
-    try:
-        compile_re2(pattern)
-    except PatternError as exc:
-        raise ValueError(f"invalid RE2 pattern '{pattern}': {exc}") from None
-    return pattern
 
 
 def _check_cidr(value: str) -> str:
@@ -120,11 +120,6 @@ ERROR_NAME_SCHEMA: Final[dict[str, Any]] = {
 
 
 RuleId = Annotated[str, StringConstraints(pattern=RULE_ID_PATTERN, min_length=1, max_length=128)]
-Regex = Annotated[
-    str,
-    AfterValidator(_check_regex),
-    Field(description="An RE2 pattern; it must match the whole name."),
-]
 Cidr = Annotated[
     str,
     AfterValidator(_check_cidr),
@@ -143,28 +138,12 @@ ErrorName = Annotated[
 ]
 BrokerId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 ApiVersionNumber = Annotated[int, Field(ge=0, le=MAX_API_KEY)]
-PositiveInt = Annotated[int, Field(gt=0)]
 Codec = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 Mode = Literal["enforce", "dry-run", "disabled"]
 Direction = Literal["request", "response", "both"]
 
 
 # --- match -------------------------------------------------------------------------
-
-
-class StringMatch(_Model):
-    """Matches a name equal to one of `exact`, starting with one of `prefix`, or
-    matched whole by one of `regex` (RE2)."""
-
-    exact: list[str] = []
-    prefix: list[str] = []
-    regex: list[Regex] = []
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> StringMatch:
-        if not (self.exact or self.prefix or self.regex):
-            raise ValueError("give at least one of exact, prefix, regex (each a list)")
-        return self
 
 
 class VersionRange(_Model):
@@ -335,8 +314,11 @@ class RateAction(_Model):
 
 ActionModel = (
     ObserveAction | DenyAction | SafeguardAction | AllowApisAction | DenyApisAction | RateAction
+    | MaskAction | EncryptAction | DecryptAction | ValidateAction | HeadersAction | DropAction
+    | CopyAction | InterceptorAction | CaptureAction | VirtualTopicsAction
 )
-ACTION_KINDS: Final = ("observe", "deny", "safeguard", "allow_apis", "deny_apis", "rate")
+REQUEST_KINDS: Final = ("observe", "deny", "safeguard", "allow_apis", "deny_apis", "rate")
+ACTION_KINDS: Final = (*REQUEST_KINDS, *sorted(RECORD_KINDS), "virtual_topics")
 
 
 def _action_kind(value: Any) -> str | None:
@@ -373,7 +355,17 @@ Action = Annotated[
     | Annotated[SafeguardAction, Tag("safeguard")]
     | Annotated[AllowApisAction, Tag("allow_apis")]
     | Annotated[DenyApisAction, Tag("deny_apis")]
-    | Annotated[RateAction, Tag("rate")],
+    | Annotated[RateAction, Tag("rate")]
+    | Annotated[MaskAction, Tag("mask")]
+    | Annotated[EncryptAction, Tag("encrypt")]
+    | Annotated[DecryptAction, Tag("decrypt")]
+    | Annotated[ValidateAction, Tag("validate")]
+    | Annotated[HeadersAction, Tag("headers")]
+    | Annotated[DropAction, Tag("drop")]
+    | Annotated[CopyAction, Tag("copy")]
+    | Annotated[InterceptorAction, Tag("interceptor")]
+    | Annotated[CaptureAction, Tag("capture")]
+    | Annotated[VirtualTopicsAction, Tag("virtual_topics")],
     Discriminator(_action_kind),
     BeforeValidator(_action_shape),
 ]
@@ -421,7 +413,7 @@ class RuleFile(_Model):
 
     api_version: Literal["keg/v1"] = Field(default=API_VERSION, alias="apiVersion")
     kind: Literal["RuleSet"] = KIND
-    rules: list[Rule] = []
+    rules: list[Rule] = Field(default_factory=list)
 
 
 class RuleSource(_Model):
@@ -443,7 +435,7 @@ class RuleSet(_Model):
     Evaluation order is `order` ascending; ties keep this order (see `ordered()`).
     """
 
-    rules: list[Rule] = []
+    rules: list[Rule] = Field(default_factory=list)
     sources: dict[str, RuleSource] = Field(
         default_factory=dict, description="Rule id -> where it was written."
     )

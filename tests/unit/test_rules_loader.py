@@ -54,7 +54,7 @@ BROKEN = [
      "did you mean 'TOPIC_AUTHORIZATION_FAILED'?"),
     ("two_actions.yaml", 3, 5, "rules[0].action",
      "an action has exactly one kind, not 2 (observe, deny)"),
-    ("unknown_action.yaml", 3, 5, "rules[0].action", "unknown action 'mask'; expected one of"),
+    ("unknown_action.yaml", 3, 5, "rules[0].action", "unknown action 'tokenize'; expected one of"),
     ("duplicate_key.yaml", 4, 5, "rules[0].mode", "duplicate key 'mode'"),
     ("not_a_mapping.yaml", 1, 1, "", "a rule file holds a mapping (apiVersion, kind, rules)"),
     ("bad_listener.yaml", 4, 19, "rules[0].match.listeners[0]", "invalid listener '127.0.0.1'"),

@@ -1,0 +1,1 @@
+"""The data pipeline on Spark: capture, backtest, audit analytics (issue 7)."""
