@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
-.PHONY: setup up test lint unit integration bench clean
+.PHONY: setup up test lint unit integration bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# The store's tests run against a real PostgreSQL server: Debian's package, installed
+# here when missing (as root; otherwise the tests say how to install it).
+system-deps:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	        --no-install-recommends postgresql; \
+	    else echo "PostgreSQL is missing: apt-get install postgresql (as root)"; fi; }
+
 # pytest exits 5 when it collected no tests: that must fail, never pass silently.
-test: setup lint
+test: setup system-deps lint
 	$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

@@ -1,28 +1,115 @@
-"""What the control plane knows about each connected node: versions, ACKs, NACKs."""
+"""What the control plane knows about each node, Envoy or ext_proc: versions, ACKs, NACKs.
+
+A node is identified by its xDS `node.id`. Its role comes from the node metadata
+key `keg.role` ("ext_proc" for keg's rule subscribers, Envoy otherwise); its group
+is `node.cluster` (see docs/xds.md: the group names which brokers it fronts).
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from google.protobuf import json_format
+
+from control_plane.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+ENVOY = "envoy"
+EXT_PROC = "ext_proc"
+ROLE_KEY = "keg.role"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node says about itself in its first request."""
+
+    node_id: str
+    cluster: str = ""
+    locality: str = ""
+    role: str = ENVOY
+    extensions: frozenset[str] = frozenset()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    user_agent: str = ""
+
+    @classmethod
+    def from_proto(cls, node: base_pb2.Node) -> NodeInfo:
+        metadata = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
+        role = metadata.get(ROLE_KEY)
+        locality = "/".join(p for p in (node.locality.region, node.locality.zone,
+                                        node.locality.sub_zone) if p)
+        version = ""
+        if node.HasField("user_agent_build_version"):
+            v = node.user_agent_build_version.version
+            version = f"{v.major_number}.{v.minor_number}.{v.patch}"
+        agent = " ".join(p for p in (node.user_agent_name,
+                                     node.user_agent_version or version) if p)
+        return cls(
+            node_id=node.id,
+            cluster=node.cluster,
+            locality=locality,
+            role=role if role in (ENVOY, EXT_PROC) else ENVOY,
+            extensions=frozenset(e.name for e in node.extensions),
+            metadata=metadata,
+            user_agent=agent,
+        )
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass
 class TypeStatus:
     sent_version: str = ""
     acked_version: str = ""
+    last_ack_at: float | None = None
     last_nack: str | None = None
     last_nack_version: str | None = None
+    last_nack_at: float | None = None
+    # The snapshot whose version of this type the node runs (kept for cluster retention).
+    accepted: Snapshot | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sent_version": self.sent_version,
+            "applied_version": self.acked_version,
+            "last_ack_at": _iso(self.last_ack_at),
+            "last_nack": None if self.last_nack is None else {
+                "version": self.last_nack_version, "error": self.last_nack,
+                "at": _iso(self.last_nack_at),
+            },
+            "in_sync": bool(self.sent_version) and self.sent_version == self.acked_version,
+        }
 
 
 @dataclass
 class NodeStatus:
     node_id: str
     cluster: str = ""
+    locality: str = ""
+    role: str = ENVOY
     extensions: frozenset[str] = frozenset()
-    connected: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict)
+    user_agent: str = ""
+    transport: str = ""  # sotw | delta
+    streams: int = 0  # a restarted node may open its new stream before the old one ends
+    connected_at: float | None = None
+    disconnected_at: float | None = None
     last_seen: float = field(default_factory=time.time)
     types: dict[str, TypeStatus] = field(default_factory=dict)
+
+    @property
+    def connected(self) -> bool:
+        return self.streams > 0
 
     def of(self, type_url: str) -> TypeStatus:
         return self.types.setdefault(type_url, TypeStatus())
@@ -30,23 +117,95 @@ class NodeStatus:
     def has_extension(self, name: str) -> bool:
         return name in self.extensions
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "role": self.role,
+            "cluster": self.cluster,
+            "locality": self.locality,
+            "user_agent": self.user_agent,
+            "transport": self.transport,
+            "connected": self.connected,
+            "connected_at": _iso(self.connected_at),
+            "last_seen": _iso(self.last_seen),
+            "types": {t.rsplit("/", 1)[-1]: s.to_dict() for t, s in sorted(self.types.items())},
+        }
+
+
+Verdict = Callable[[NodeStatus, str], None]
+
 
 class Fleet:
+    """Every node ever seen this run; callbacks let the service react to them."""
+
     def __init__(self) -> None:
         self.nodes: dict[str, NodeStatus] = {}
         # Called with a node's status when it connects, before it is served anything.
         self.on_connect: list[Callable[[NodeStatus], None]] = []
+        # Called after a node ACKed or NACKed a type (status, type URL).
+        self.on_verdict: list[Verdict] = []
 
-    def connected(self, node_id: str, cluster: str, extensions: frozenset[str]) -> NodeStatus:
-        status = self.nodes.get(node_id)
+    def connected(self, info: NodeInfo, transport: str = "sotw") -> NodeStatus:
+        status = self.nodes.get(info.node_id)
         if status is None:
-            status = self.nodes[node_id] = NodeStatus(node_id)
-        status.cluster, status.extensions = cluster, extensions
-        status.connected, status.last_seen = True, time.time()
+            status = self.nodes[info.node_id] = NodeStatus(info.node_id)
+        status.cluster, status.locality, status.role = info.cluster, info.locality, info.role
+        status.extensions, status.metadata = info.extensions, info.metadata
+        status.user_agent, status.transport = info.user_agent, transport
+        status.streams += 1
+        status.connected_at = status.last_seen = time.time()
         for callback in self.on_connect:
             callback(status)
         return status
 
     def disconnected(self, node_id: str) -> None:
-        if node_id in self.nodes:
-            self.nodes[node_id].connected = False
+        status = self.nodes.get(node_id)
+        if status is not None and status.streams > 0:
+            status.streams -= 1
+            if status.streams == 0:
+                status.disconnected_at = time.time()
+
+    def forget(self, older_than_s: float) -> list[str]:
+        """Drop nodes disconnected for longer than `older_than_s` (ids change with
+        restarts: without this the view grows forever); returns their ids."""
+        cutoff = time.time() - older_than_s
+        gone = [n.node_id for n in list(self.nodes.values())
+                if not n.connected and n.disconnected_at is not None
+                and n.disconnected_at <= cutoff]
+        for node_id in gone:
+            del self.nodes[node_id]
+        return gone
+
+    def sent(self, status: NodeStatus, type_url: str, version: str) -> None:
+        status.of(type_url).sent_version = version
+
+    def ack(self, status: NodeStatus, type_url: str, version: str,
+            snapshot: Snapshot | None) -> None:
+        type_status = status.of(type_url)
+        type_status.acked_version, type_status.last_ack_at = version, time.time()
+        type_status.accepted = snapshot
+        log.info("node %s ACKed %s version %s", status.node_id, _short(type_url), version)
+        self._verdict(status, type_url)
+
+    def nack(self, status: NodeStatus, type_url: str, version: str, error: str) -> None:
+        type_status = status.of(type_url)
+        type_status.last_nack, type_status.last_nack_version = error, version
+        type_status.last_nack_at = time.time()
+        log.warning("node %s NACKed %s version %s: %s", status.node_id, _short(type_url),
+                    version, error)
+        self._verdict(status, type_url)
+
+    def _verdict(self, status: NodeStatus, type_url: str) -> None:
+        for callback in self.on_verdict:
+            callback(status, type_url)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every node, grouped by role, cluster and locality (the REST API's fleet view)."""
+        # list() first: the REST API may call this from a worker thread.
+        nodes = sorted(list(self.nodes.values()),
+                       key=lambda n: (n.role, n.cluster, n.locality, n.node_id))
+        return [n.to_dict() for n in nodes]
+
+
+def _short(type_url: str) -> str:
+    return type_url.rsplit(".", 1)[-1]

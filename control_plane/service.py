@@ -1,4 +1,17 @@
-"""The control plane as a running service: topology refresh -> snapshots -> ADS."""
+"""The control plane process: topology and rules in, per-node snapshots out, over ADS.
+
+Two kinds of node subscribe to the same ADS server (state of the world or delta):
+
+- Envoys get clusters and listeners for the brokers of their group. Their
+  snapshots change only with the topology (and, on nodes with Envoy's contrib
+  kafka_broker filter, with the rule set's global API lists, which that filter
+  enforces itself), because a listener change drains live Kafka connections.
+- ext_proc instances (node metadata `keg.role: ext_proc`) get the rule set.
+
+A mesh: an Envoy's `node.cluster` names its group (`EnvoyGroup`): the brokers it
+fronts, the ports and the host it advertises. Unknown clusters get the default
+group (every broker, the settings' ports). docs/xds.md has the details.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +19,13 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+import yaml
 from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from control_plane.ads import AggregatedDiscovery
@@ -19,14 +35,79 @@ from control_plane.envoy_resources import (
     KafkaBrokerFilter,
     compile_snapshot,
 )
-from control_plane.fleet import Fleet, NodeStatus
+from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
-from control_plane.snapshot import ANY_NODE, Snapshot, SnapshotCache
+from control_plane.providers import DirectoryRuleProvider, RuleProvider
+from control_plane.rules_distribution import rules_snapshot
+from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
 from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
-from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
+from filter_rules import CompiledRuleSet
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EnvoyGroup:
+    """Envoys whose node.cluster is `name`: which brokers they front and how.
+
+    `brokers` None: every broker. Port of broker b: `listen_port_base` + b's position
+    in the order brokers were first seen (0: a free port per broker)."""
+
+    name: str
+    brokers: frozenset[int] | None = None
+    listen_host: str = "0.0.0.0"
+    advertised_host: str = "127.0.0.1"
+    listen_port_base: int = 19092
+
+    def fronts(self, broker: int) -> bool:
+        return self.brokers is None or broker in self.brokers
+
+
+def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
+    """Groups from YAML: `groups: [{name, brokers: [1, 2], listen_host, advertised_host,
+    listen_port_base}]`; ValueError naming the entry when one is malformed."""
+    data = yaml.safe_load(path.read_text())
+    entries = data.get("groups") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a mapping with a 'groups' list")
+    groups = []
+    allowed = {"name", "brokers", "listen_host", "advertised_host", "listen_port_base"}
+    for i, entry in enumerate(entries):
+        where = f"{path}: groups[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError(f"{where}: needs a 'name' string")
+        unknown = set(entry) - allowed
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        brokers = entry.get("brokers")
+        if brokers is not None and (not isinstance(brokers, list)
+                                    or not all(isinstance(b, int) for b in brokers)):
+            raise ValueError(f"{where}: 'brokers' must be a list of broker ids")
+        port = entry.get("listen_port_base", 19092)
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"{where}: 'listen_port_base' must be a port number")
+        groups.append(EnvoyGroup(
+            name=entry["name"],
+            brokers=None if brokers is None else frozenset(brokers),
+            listen_host=str(entry.get("listen_host", "0.0.0.0")),
+            advertised_host=str(entry.get("advertised_host", "127.0.0.1")),
+            listen_port_base=port,
+        ))
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: group names must be unique")
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class GroupPlan(GatewayPlan):
+    """A group's plan; brokers it does not front are advertised where another group does."""
+
+    elsewhere: tuple[tuple[int, str, int], ...] = ()
+
+    def advertised_routes(self) -> dict[int, tuple[str, int]]:
+        return {**{b: (h, p) for b, h, p in self.elsewhere}, **super().advertised_routes()}
 
 
 @dataclass(frozen=True)
@@ -45,8 +126,15 @@ class ControlPlaneSettings:
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
     sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
-    # Rules whose global API lists go into Envoy's kafka_broker filter where nodes have it.
+    # A watched rule directory as the rule source (when no provider is passed).
     rules_dir: Path | None = None
+    # Envoy groups of a mesh; nodes of other clusters get the default group.
+    groups: tuple[EnvoyGroup, ...] = ()
+    # Put the rule set's global API lists into the kafka_broker filter of nodes that
+    # have it (a change of those lists is then a listener change on those nodes).
+    kafka_broker_api_lists: bool = True
+    # Nodes disconnected this long leave the fleet view (and the cache).
+    forget_after_s: float = 3600.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -55,23 +143,48 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+TopologySource = Callable[[], Awaitable[Topology]]
+
+
 class ControlPlane:
-    def __init__(self, settings: ControlPlaneSettings) -> None:
+    def __init__(self, settings: ControlPlaneSettings, rules: RuleProvider | None = None,
+                 topology_source: TopologySource | None = None) -> None:
         self.settings = settings
+        self.rules = rules or (DirectoryRuleProvider(settings.rules_dir)
+                               if settings.rules_dir is not None else None)
+        self._fetch = topology_source or (lambda: fetch_topology(
+            settings.bootstrap_servers, sasl=settings.sasl))
         self.cache = SnapshotCache()
         self.fleet = Fleet()
         self.topology: Topology | None = None
-        self.plan: GatewayPlan | None = None
-        self._ports: dict[int, int] = {}
-        self._routes_seen: dict[int, BrokerRoute] = {}
+        self.plan: GatewayPlan | None = None  # the default group's (one-gateway setups)
+        self.default_group = EnvoyGroup(
+            "", None, settings.listen_host, settings.advertised_host or settings.listen_host,
+            settings.listen_port_base)
+        self._groups = {g.name: g for g in settings.groups}
+        self._broker_order: list[int] = []
+        self._ports: dict[tuple[str, int], int] = {}
+        self._plans: dict[str, GroupPlan] = {}
+        self._compiled: dict[tuple[str, KafkaBrokerFilter | None], Snapshot] = {}
+        self._rules_snapshot: Snapshot | None = None
+        self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
-        self._refresher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.xds_port = 0
-        self._kafka_broker_nodes: set[str] = set()
-        self._last_kafka_broker: KafkaBrokerFilter | None = None
         self.fleet.on_connect.append(self._node_connected)
+        self.fleet.on_verdict.append(self._node_verdict)
+
+    # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.rules is not None:
+            self._rules_changed()
+            self.rules.subscribe(self._rules_changed_threadsafe)
+            watch = getattr(self.rules, "watch", None)  # providers that poll their source
+            if watch is not None:
+                self._tasks.append(asyncio.create_task(watch()))
         server = grpc.aio.server()
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
@@ -80,9 +193,10 @@ class ControlPlane:
         self.xds_port = server.add_insecure_port(address)
         await server.start()
         self._server = server
-        log.info("xDS (ADS) listening on %s:%d", self.settings.xds_host, self.xds_port)
+        log.info("xDS (ADS, SotW and delta) listening on %s:%d", self.settings.xds_host,
+                 self.xds_port)
         await self._first_refresh()
-        self._refresher = asyncio.create_task(self._refresh_forever())
+        self._tasks.append(asyncio.create_task(self._refresh_forever()))
 
     async def _first_refresh(self, timeout: float = 60.0) -> None:
         """The brokers may still be starting: retry until one answers."""
@@ -97,99 +211,185 @@ class ControlPlane:
                 log.info("waiting for brokers: %s", err)
                 await asyncio.sleep(0.5)
 
-    async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
+    async def stop(self, grace: float = 1.0) -> None:
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+                await task
+        self._tasks.clear()
         if self._server is not None:
-            await self._server.stop(1.0)
-
-    async def refresh(self) -> bool:
-        """Re-read the topology; publish new snapshots when it changed."""
-        topology = await fetch_topology(self.settings.bootstrap_servers, sasl=self.settings.sasl)
-        if topology == self.topology:
-            self._publish()  # rules may have changed what kafka_broker nodes get
-            return False
-        self.topology = topology
-        self.plan = self._plan(topology)
-        self._publish()
-        self._routes_seen.update({r.node_id: r for r in self.plan.routes})
-        log.info("topology: cluster %s, brokers %s", topology.cluster_id,
-                 ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
-        return True
-
-    def _snapshot(self, kafka_broker: KafkaBrokerFilter | None) -> Snapshot:
-        assert self.plan is not None
-        current = {r.node_id for r in self.plan.routes}
-        previous = tuple(r for n, r in self._routes_seen.items() if n not in current)
-        return compile_snapshot(self.plan, keep_clusters=previous, kafka_broker=kafka_broker)
-
-    def _publish(self) -> None:
-        if self.plan is None:
-            return
-        self._set_if_changed(ANY_NODE, self._snapshot(None))
-        if self._kafka_broker_nodes:
-            snapshot = self._snapshot(self._kafka_broker_filter())
-            for node in self._kafka_broker_nodes:
-                self._set_if_changed(node, snapshot)
-
-    def _set_if_changed(self, node: str, snapshot: Snapshot) -> None:
-        current = self.cache.get(node)
-        if current is None or current.versions != snapshot.versions:
-            self.cache.set(node, snapshot)
-
-    def _kafka_broker_filter(self) -> KafkaBrokerFilter:
-        allowed: frozenset[int] = frozenset()
-        denied: frozenset[int] = frozenset()
-        if self.settings.rules_dir is not None:
-            try:
-                rules = CompiledRuleSet(load_rule_dir(self.settings.rules_dir)).rules
-                allowed, denied = global_api_lists(rules)
-            except RuleSetInvalid as err:
-                log.warning("rules in %s are invalid; kafka_broker API lists unchanged: %s",
-                            self.settings.rules_dir, err)
-                current = self._last_kafka_broker
-                return current if current is not None else KafkaBrokerFilter()
-        self._last_kafka_broker = KafkaBrokerFilter(allowed, denied)
-        return self._last_kafka_broker
-
-    def _node_connected(self, status: NodeStatus) -> None:
-        """Nodes whose Envoy has the contrib kafka_broker filter get a snapshot with it."""
-        if status.has_extension(KAFKA_BROKER) and status.node_id not in self._kafka_broker_nodes:
-            log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
-            self._kafka_broker_nodes.add(status.node_id)
-            self._publish()
-
-    def _plan(self, topology: Topology) -> GatewayPlan:
-        s = self.settings
-        routes = []
-        for broker in topology.brokers:
-            if broker.node_id not in self._ports:
-                self._ports[broker.node_id] = (
-                    s.listen_port_base + len(self._ports) if s.listen_port_base
-                    else free_port(s.listen_host)
-                )
-            routes.append(BrokerRoute(broker.node_id, broker.host, broker.port,
-                                      self._ports[broker.node_id]))
-        return GatewayPlan(
-            routes=tuple(routes),
-            listen_host=s.listen_host,
-            advertised_host=s.advertised_host or s.listen_host,
-            ext_proc_host=s.ext_proc_host,
-            ext_proc_port=s.ext_proc_port,
-            message_timeout_s=s.message_timeout_s,
-            failure_mode_allow=s.failure_mode_allow,
-        )
+            await self._server.stop(grace)
+            self._server = None
 
     async def _refresh_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.refresh_interval_s)
+            for node_id in self.fleet.forget(self.settings.forget_after_s):
+                self.cache.clear(node_id)
             try:
                 await self.refresh()
             except (DiscoveryError, OSError) as err:
-                # Keep serving the last good snapshot; brokers may be restarting.
-                log.warning("topology refresh failed, keeping the last snapshot: %s", err)
+                # Keep serving the last good snapshots; brokers may be restarting.
+                log.warning("topology refresh failed, keeping the last snapshots: %s", err)
+
+    # -- topology ----------------------------------------------------------------------
+
+    async def refresh(self) -> bool:
+        """Re-read the topology; publish new snapshots when it changed."""
+        return self.set_topology(await self._fetch())
+
+    def set_topology(self, topology: Topology) -> bool:
+        if topology == self.topology:
+            return False
+        self.topology = topology
+        for broker in topology.brokers:
+            if broker.node_id not in self._broker_order:
+                self._broker_order.append(broker.node_id)
+        self._plans.clear()
+        self._compiled.clear()
+        self.plan = self._group_plan(self.default_group)
+        self._publish_envoys()
+        log.info("topology: cluster %s, brokers %s", topology.cluster_id,
+                 ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
+        return True
+
+    def group_of(self, status: NodeStatus) -> EnvoyGroup:
+        return self._groups.get(status.cluster, self.default_group)
+
+    def _port(self, group: EnvoyGroup, broker: int) -> int:
+        key = (group.name, broker)
+        if key not in self._ports:
+            self._ports[key] = (group.listen_port_base + self._broker_order.index(broker)
+                                if group.listen_port_base else free_port(group.listen_host))
+        return self._ports[key]
+
+    def _group_plan(self, group: EnvoyGroup) -> GroupPlan:
+        plan = self._plans.get(group.name)
+        if plan is not None:
+            return plan
+        assert self.topology is not None
+        s = self.settings
+        routes, elsewhere = [], []
+        for broker in self.topology.brokers:
+            if group.fronts(broker.node_id):
+                routes.append(BrokerRoute(broker.node_id, broker.host, broker.port,
+                                          self._port(group, broker.node_id)))
+                continue
+            owner = next((g for g in self._groups.values() if g.fronts(broker.node_id)),
+                         self.default_group)
+            elsewhere.append((broker.node_id, owner.advertised_host,
+                              self._port(owner, broker.node_id)))
+        plan = self._plans[group.name] = GroupPlan(
+            routes=tuple(routes),
+            listen_host=group.listen_host,
+            advertised_host=group.advertised_host,
+            ext_proc_host=s.ext_proc_host,
+            ext_proc_port=s.ext_proc_port,
+            message_timeout_s=s.message_timeout_s,
+            failure_mode_allow=s.failure_mode_allow,
+            elsewhere=tuple(elsewhere),
+        )
+        return plan
+
+    # -- snapshots per node ------------------------------------------------------------
+
+    def _envoy_snapshot(self, status: NodeStatus) -> Snapshot | None:
+        if self.topology is None:
+            return None
+        group = self.group_of(status)
+        kafka_broker = self._kafka_broker if status.has_extension(KAFKA_BROKER) else None
+        key = (group.name, kafka_broker)
+        base = self._compiled.get(key)
+        if base is None:
+            base = self._compiled[key] = compile_snapshot(self._group_plan(group),
+                                                          kafka_broker=kafka_broker)
+        return base.retaining(status.of(LISTENER).accepted)
+
+    def _publish_node(self, status: NodeStatus) -> None:
+        if status.role == EXT_PROC:
+            if self._rules_snapshot is not None:
+                self.cache.set_if_changed(status.node_id, self._rules_snapshot)
+            return
+        snapshot = self._envoy_snapshot(status)
+        if snapshot is not None:
+            self.cache.set_if_changed(status.node_id, snapshot)
+
+    def _publish_envoys(self) -> None:
+        for status in list(self.fleet.nodes.values()):
+            if status.role != EXT_PROC:
+                self._publish_node(status)
+
+    def _node_connected(self, status: NodeStatus) -> None:
+        if status.has_extension(KAFKA_BROKER):
+            log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
+        self._publish_node(status)
+
+    def _node_verdict(self, status: NodeStatus, type_url: str) -> None:
+        # Once new listeners are accepted, clusters only the old ones used can go.
+        if type_url == LISTENER and status.role != EXT_PROC:
+            self._publish_node(status)
+
+    # -- rules -------------------------------------------------------------------------
+
+    def _rules_changed_threadsafe(self, *_: Any) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._rules_changed)
+
+    def _rules_changed(self) -> None:
+        assert self.rules is not None
+        number, ruleset = self.rules.current()
+        version = str(number)  # the store numbers its versions
+        snapshot = rules_snapshot(version, ruleset)
+        if (self._rules_snapshot is not None
+                and self._rules_snapshot.versions == snapshot.versions):
+            return
+        self._rules_snapshot = snapshot
+        log.info("rule set version %s: publishing to ext_proc instances", version)
+        for status in list(self.fleet.nodes.values()):
+            if status.role == EXT_PROC:
+                self.cache.set_if_changed(status.node_id, snapshot)
+        self._update_kafka_broker_lists(ruleset)
+
+    def _update_kafka_broker_lists(self, ruleset: Any) -> None:
+        if not self.settings.kafka_broker_api_lists:
+            return
+        try:
+            allowed, denied = global_api_lists(CompiledRuleSet(ruleset).rules)
+        except ValueError as err:
+            log.warning("kafka_broker API lists unchanged: %s", err)
+            return
+        lists = KafkaBrokerFilter(allowed, denied)
+        if lists != self._kafka_broker:
+            self._kafka_broker = lists
+            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
+            self._publish_envoys()
+
+    @property
+    def rules_version(self) -> str | None:
+        return None if self._rules_snapshot is None else self._rules_snapshot.version(RULES)
+
+    # -- what the API and the gateway use ----------------------------------------------
+
+    def fleet_status(self) -> list[dict[str, Any]]:
+        """Every Envoy and ext_proc node: versions per type, last ACK/NACK, last seen."""
+        return self.fleet.status()
+
+    def nodes_converged(self, role: str | None = None,
+                        nodes: Iterable[str] | None = None) -> bool:
+        """Whether every connected node (of `role`) has applied its current snapshot."""
+        wanted = set(nodes) if nodes is not None else None
+        for status in self.fleet.nodes.values():
+            if (role is not None and status.role != role) or not status.connected:
+                continue
+            if wanted is not None and status.node_id not in wanted:
+                continue
+            snapshot = self.cache.get(status.node_id)
+            if snapshot is None:
+                continue
+            for type_url, version in snapshot.versions.items():
+                if status.of(type_url).acked_version != version:
+                    return False
+        return True
 
     def bootstrap_address(self) -> str:
         assert self.plan is not None

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import start_wsgi_server
 
 import kafka_wire
@@ -149,8 +150,8 @@ class Metrics:
     def frame_bytes(self, api_key: int, direction: str, nbytes: int) -> None:
         self.request_bytes.labels(api_label(api_key), direction).inc(nbytes)
 
-    def decision(self, rule: str, action: str, mode: str, outcome: str) -> None:
-        self.decisions.labels(rule, action, mode, outcome).inc()
+    def decision(self, rule: str, action: str, mode: str, outcome: str, count: int = 1) -> None:
+        self.decisions.labels(rule, action, mode, outcome).inc(count)
 
     def decode_error(self, api_key: int, direction: str) -> None:
         self.decode_errors.labels(api_label(api_key), direction).inc()
@@ -201,6 +202,11 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text format, as /metrics serves it."""
         return generate_latest(self.registry)
+
+    def watch_side_effects(self, counters: Callable[[], dict[str, dict[str, int]]]) -> None:
+        """Export side-effect copies (`copy` rules) per target and state at each scrape:
+        keg_side_effect_records_total{target="kafka"|url, state=queued|sent|failed|dropped}."""
+        self.registry.register(_SideEffects(counters))
 
     def start_http_server(self, port: int = 0, host: str = "0.0.0.0") -> int:
         """Serve /metrics for this registry from a daemon thread; returns the bound port.
@@ -293,6 +299,20 @@ class _FlushMeters:
     def collect(self) -> Iterator[Any]:
         self._metrics.flush_meters()
         return iter(())
+
+
+class _SideEffects:
+    def __init__(self, counters: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily("keg_side_effect_records",
+                                     "Records copied by copy rules, per target and state",
+                                     labels=["target", "state"])
+        for target, states in self._counters().items():
+            for state, value in states.items():
+                family.add_metric([target, state], value)
+        yield family
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +28,18 @@ from ext_proc.filters.api_versions import ApiVersionsNarrower
 from ext_proc.filters.broker_address import BrokerAddressRewriter
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.identity import IdentityObserver
+from ext_proc.filters.records import RecordsFilter
 from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
+from ext_proc.filters.virtual_topics import VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
+from ext_proc.rule_subscription import RuleSubscription, default_node_id
 from ext_proc.session import KafkaSession, ProtocolViolation
 from filter_rules import CompiledRuleSet, RuleSet
+from filter_rules.record_actions import RECORD_KINDS
+from interceptors import BuildContext, NoSideEffects
+from interceptors.side_effects import DataPathSideEffects
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,20 @@ class ProcessorSettings:
     # message_timeout (2 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
     max_delay_s: float = 0.25
+    # Rules from the control plane (host:port of its xDS server) instead of rules_dir.
+    control_plane: str | None = None
+    node_id: str | None = None  # the xDS node id (default: ext-proc-<host>-<port>-<pid>)
+    # Where the last good distributed rule set is kept across restarts; None: not kept.
+    rules_cache: Path | None = None
+    # Where `copy` rules produce (librdkafka: bootstrap servers plus any properties,
+    # e.g. SASL); None: copies to topics are counted as dropped.
+    side_effects_bootstrap: str | None = None
+    side_effects_config: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.control_plane is not None and self.rules_dir is not None:
+            raise ValueError("rules come from a rule directory or from the control plane, "
+                             "not both: give rules_dir or control_plane")
 
 
 class DataPath:
@@ -63,20 +83,36 @@ class DataPath:
         self.metrics = Metrics()
         self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
                                 else NullAuditLog())
-        self.engine = RuleEngine(CompiledRuleSet(RuleSet()), self._record)
+        self.side_effects = (
+            DataPathSideEffects(settings.side_effects_bootstrap, dict(settings.side_effects_config))
+            if settings.side_effects_bootstrap else None)
+        if self.side_effects is not None:
+            self.metrics.watch_side_effects(self.side_effects.counters)
+        context = BuildContext(side_effects=self.side_effects or NoSideEffects())
+        self.engine = RuleEngine(CompiledRuleSet(RuleSet()), self._record, context)
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
 
+    def close(self) -> None:
+        """Flush what outlives connections: captures, copies queued, the audit log."""
+        self.engine.records.close()
+        if self.side_effects is not None:
+            self.side_effects.close()
+        self.audit.close()
+
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = IdentityTracker()
+        # Virtual topics first: every later filter (and rule) sees the broker's names.
         filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
-                   GroupProtocolObserver(), RulesFilter(self.engine, identity)]
+                   (groups := GroupProtocolObserver()), groups.guard(),
+                   VirtualTopicsFilter(self.engine, identity),
+                   RulesFilter(self.engine, identity), RecordsFilter(self.engine, identity)]
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return KafkaSession(conn, filters, max_frame_size, meter)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
-        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome)
+        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records)
         if d.rule.audited:
             self.audit.emit(AuditEvent.for_connection(
                 d.conn, principal=d.principal, client_id=d.header.client_id,
@@ -85,6 +121,8 @@ class DataPath:
                 api_version=d.header.api_version, correlation_id=d.header.correlation_id,
                 topic=d.topic, rule_id=d.rule.id, action=d.rule.kind, mode=mode,
                 outcome=d.outcome, error_code=d.error_code, reason=d.reason,
+                partition=d.partition,
+                extra={"records": d.records} if d.rule.kind in RECORD_KINDS else None,
             ))
 
 
@@ -98,6 +136,15 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         self._settings = settings
         self._data_path = data_path
         self.active_connections = 0
+
+    async def _run(self, step: Callable[[bytes], bytes], data: bytes) -> bytes:
+        """One chunk through the session: inline, or in a worker thread while the rule
+        set has custom interceptors (they may block up to their budget; the loop serves
+        every other connection meanwhile). A connection's chunks stay in order: the
+        stream awaits each."""
+        if self._data_path.engine.records.blocking:
+            return await asyncio.to_thread(step, data)
+        return step(data)
 
     async def Process(
         self,
@@ -115,7 +162,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 if request.HasField("read_data"):
                     data = request.read_data
                     started = time.perf_counter()
-                    out = session.from_client(data.data) if data.data else b""
+                    out = await self._run(session.from_client, data.data) if data.data else b""
                     metrics.frame_latency_observe(time.perf_counter() - started)
                     delay = session.take_delay()
                     if delay:
@@ -131,7 +178,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 elif request.HasField("write_data"):
                     data = request.write_data
                     started = time.perf_counter()
-                    out = session.from_broker(data.data) if data.data else b""
+                    out = await self._run(session.from_broker, data.data) if data.data else b""
                     metrics.frame_latency_observe(time.perf_counter() - started)
                     yield pb.ProcessingResponse(
                         write_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
@@ -160,6 +207,7 @@ class ExtProcServer:
         self.data_path = DataPath(settings)
         self.processor = NetworkProcessor(settings, self.data_path)
         self._watcher: asyncio.Task[None] | None = None
+        self.subscription: RuleSubscription | None = None
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
         self.port = 0
@@ -176,10 +224,18 @@ class ExtProcServer:
         rules = self.data_path.rules
         if rules is not None and not rules.reload():
             raise RuntimeError(f"the rule set in {rules.directory} is invalid (see the log)")
+        if self.settings.control_plane is not None:
+            self.subscription = RuleSubscription(
+                self.settings.control_plane, self.data_path.engine,
+                self.settings.node_id or default_node_id(self.port),
+                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics)
+            self.subscription.restore()  # serve the last good set even if the plane is down
         await server.start()
         self._server = server
         if rules is not None:
             self._watcher = asyncio.create_task(rules.watch())
+        if self.subscription is not None:
+            self._watcher = asyncio.create_task(self.subscription.run())
         self.data_path.metrics.bind_loop(asyncio.get_running_loop())
         if self.settings.metrics_port is not None:
             self.metrics_port = self.data_path.metrics.start_http_server(
@@ -193,10 +249,10 @@ class ExtProcServer:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        self.data_path.audit.close()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        self.data_path.close()
 
     async def serve_forever(self) -> None:
         await self.start()

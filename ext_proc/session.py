@@ -16,7 +16,13 @@ from collections.abc import Sequence
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestFilter, RequestObserver, RequestVerdict, ResponseFilter
+from ext_proc.filters import (
+    RequestFilter,
+    RequestObserver,
+    RequestVerdict,
+    ResponseFilter,
+    combine,
+)
 from ext_proc.metrics import ConnectionMeter
 from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
@@ -174,7 +180,7 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         try:
-            header, body = kafka_wire.decode_request(frame.data)
+            header, body = kafka_wire.decode_request(frame.data, trailing=True)
         except KafkaWireError:
             if any(f.wants_request(head.api_key, head.api_version)
                    for f in self._request_filters):
@@ -191,7 +197,7 @@ class KafkaSession:
             if f.wants_request(header.api_key, header.api_version):
                 decided = f.filter_request(header, body, self.conn)
                 if decided is not None:
-                    verdict = decided
+                    verdict = combine(verdict, decided)
                     if decided.answer is not None:
                         break
         self._delay_s = max(self._delay_s, verdict.delay_s)

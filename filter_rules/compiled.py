@@ -14,7 +14,7 @@ one RE2 program of all regexes of the matcher.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 import kafka_wire
@@ -32,6 +32,9 @@ from filter_rules.model import (
     StringMatch,
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
+from filter_rules.record_actions import RECORD_KINDS
+
+RECORD_APIS: Final = frozenset({0, 1})  # Produce, Fetch
 
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
@@ -223,6 +226,8 @@ class CompiledRule:
             api_keys = denied if api_keys is None else api_keys & denied
         elif isinstance(action, AllowApisAction):  # ... to every API but the listed ones
             excluded = frozenset(resolve_api(ref) for ref in action.allow_apis)
+        elif self.kind in RECORD_KINDS:  # records travel in Produce requests, Fetch responses
+            api_keys = RECORD_APIS if api_keys is None else api_keys & RECORD_APIS
         self.api_keys: frozenset[int] | None = api_keys
         self.excluded_api_keys = excluded
         versions = rule.match.versions
@@ -286,14 +291,14 @@ _INDEX_FROM = 8
 class CompiledRuleSet:
     """The enabled rules of a RuleSet, indexed for per-frame lookup. Immutable."""
 
-    def __init__(self, ruleset: RuleSet) -> None:
+    def __init__(self, ruleset: RuleSet, rules: Sequence[CompiledRule] | None = None) -> None:
         self.ruleset = ruleset
         self.version: str = ruleset.version
-        enabled = [rule for rule in ruleset.ordered() if rule.mode != "disabled"]
-        self.rules: tuple[CompiledRule, ...] = tuple(
-            CompiledRule(rule, position, ruleset.sources.get(rule.id))
-            for position, rule in enumerate(enabled)
-        )
+        if rules is None:
+            enabled = [rule for rule in ruleset.ordered() if rule.mode != "disabled"]
+            rules = [CompiledRule(rule, position, ruleset.sources.get(rule.id))
+                     for position, rule in enumerate(enabled)]
+        self.rules: tuple[CompiledRule, ...] = tuple(rules)
         self._by_id = {rule.id: rule for rule in self.rules}
         self._plain: dict[tuple[int, str], Entry] = {}
         self._by_version: dict[tuple[int, str], dict[int, Entry]] = {}
@@ -390,6 +395,14 @@ class CompiledRuleSet:
             for rule in self.candidates(ctx.api_key, ctx.api_version, ctx.direction)
             if rule.matches(ctx, topic, group)
         )
+
+    def subset(self, kinds: Collection[str]) -> CompiledRuleSet:
+        """The rules of these action kinds only, indexed on their own (same version).
+
+        Each filter of the data path asks its own subset, so a record rule never makes
+        the request filter decode a frame, and the other way round.
+        """
+        return CompiledRuleSet(self.ruleset, [r for r in self.rules if r.kind in kinds])
 
     def get(self, rule_id: str) -> CompiledRule | None:
         """An enabled rule by id."""

@@ -12,7 +12,7 @@ from typing import Final
 
 from kafka_wire import api_keys
 
-#: Every error of Kafka's protocol up to code 127, name -> code.
+#: Every error of Kafka's protocol up to code 129, name -> code.
 ERROR_CODES: Final = MappingProxyType({
     "UNKNOWN_SERVER_ERROR": -1,
     "NONE": 0,
@@ -143,6 +143,8 @@ ERROR_CODES: Final = MappingProxyType({
     "INVALID_VOTER_KEY": 125,
     "DUPLICATE_VOTER": 126,
     "VOTER_NOT_FOUND": 127,
+    "INVALID_REGULAR_EXPRESSION": 128,
+    "REBOOTSTRAP_REQUIRED": 129,
 })
 
 ERROR_NAMES: Final = MappingProxyType({code: name for name, code in ERROR_CODES.items()})

@@ -73,6 +73,13 @@ class AvroSchemaRef(_Model):
 
     schema_: dict[str, JsonValue] | str | None = Field(default=None, alias="schema")
     file: str | None = None
+    framing: Literal["none", "confluent"] = Field(
+        default="none",
+        description=(
+            "none: the value is the Avro body; confluent: magic byte 0 and a 4-byte "
+            "schema id come first (kept as they are)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one(self) -> AvroSchemaRef:
@@ -101,11 +108,12 @@ class RecordPredicate(_Model):
 
 class MaskSpec(_Model):
     fields: Annotated[list[JsonPath], Field(min_length=1)]
-    method: Literal["redact", "hash", "truncate", "null"] = Field(
+    method: Literal["redact", "hash", "truncate", "null", "remove"] = Field(
         default="redact",
         description=(
             "redact: replace with `replacement`; hash: keyed HMAC-SHA256 (hex) with "
-            "`hash_key`; truncate: keep the first `keep` characters; null: JSON null."
+            "`hash_key`; truncate: keep the first `keep` characters; null: JSON null; "
+            "remove: delete the field."
         ),
     )
     replacement: Annotated[str, Field(max_length=256)] = "****"

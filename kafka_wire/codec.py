@@ -128,11 +128,18 @@ def encode_struct(name: str, version: int, value: dict[str, Any]) -> bytes:
     return bytes(out)
 
 
-def decode_request(frame: Buffer) -> tuple[RequestHeader, dict[str, Any]]:
-    """Decode a whole request frame WITHOUT its 4-byte size prefix (as framing yields it)."""
+def decode_request(
+    frame: Buffer, *, trailing: bool = False
+) -> tuple[RequestHeader, dict[str, Any]]:
+    """Decode a whole request frame WITHOUT its 4-byte size prefix (as framing yields it).
+
+    Bytes after the body are an error unless `trailing`: Kafka's broker ignores them,
+    and some clients send them (librdkafka 2.16 after a Metadata v13 request), so a
+    proxy must accept what the broker accepts.
+    """
     header, off = read_request_header(frame)
     body, end = decode_body(header.api_key, header.api_version, "request", frame, off)
-    if end != len(frame):
+    if end != len(frame) and not trailing:
         raise _trailing((header.api_key, header.api_version, "request"), len(frame) - end)
     return header, body
 

@@ -475,6 +475,42 @@ class GroupProtocolTracker:
         memory = self._groups.get(group_id)
         return None if memory is None else (memory.protocol_type, memory.protocol_name)
 
+    def conflicts(
+        self,
+        group_id: str,
+        member_id: str,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        *,
+        confirmed: bool = False,
+    ) -> tuple[Inconsistency, ...]:
+        """How a SyncGroup's ProtocolType/ProtocolName (None: not given) disagree with
+        what this connection knows of the group. With `confirmed`, only a group whose
+        protocol a successful JoinGroup response established is judged."""
+        memory = self._groups.get(group_id)
+        if memory is None or (confirmed and memory.protocol_name is None):
+            return ()
+        return tuple(
+            Inconsistency(group_id, member_id, fname, expected, actual)
+            for fname, expected, actual in (
+                ("ProtocolType", memory.protocol_type, protocol_type),
+                ("ProtocolName", memory.protocol_name, protocol_name),
+            )
+            if actual is not None and expected is not None and actual != expected
+        )
+
+    def cancel(self, api_key: int, correlation_id: int) -> bool:
+        """Forget a request that will get no broker response (the gateway answered it):
+        later responses must not be matched to it. True if it was pending."""
+        queue = self._pending.get(api_key)
+        if queue is None:
+            return False
+        found = next((k for k, e in queue.items() if e.correlation_id == correlation_id), None)
+        if found is None:
+            return False
+        del queue[found]
+        return True
+
     # -- JoinGroup -------------------------------------------------------------
 
     def _join_request(
@@ -545,17 +581,9 @@ class GroupProtocolTracker:
         memory = self._groups.get(group_id)
         said_type = body.get("ProtocolType") if version >= 5 else None
         said_name = body.get("ProtocolName") if version >= 5 else None
-        inconsistencies: list[Inconsistency] = []
         if memory is not None:
             self._groups.move_to_end(group_id)
-            for fname, expected, actual in (
-                ("ProtocolType", memory.protocol_type, said_type),
-                ("ProtocolName", memory.protocol_name, said_name),
-            ):
-                if actual is not None and expected is not None and actual != expected:
-                    inconsistencies.append(
-                        Inconsistency(group_id, member_id, fname, expected, actual)
-                    )
+        inconsistencies = self.conflicts(group_id, member_id, said_type, said_name)
         protocol_type: str | None
         protocol_name: str | None
         path: DecodePath
@@ -582,7 +610,7 @@ class GroupProtocolTracker:
             )
             for a in body.get("Assignments") or []
         )
-        return GroupObservation(payloads, tuple(inconsistencies))
+        return GroupObservation(payloads, inconsistencies)
 
     def _sync_response(
         self, version: int, body: Mapping[str, Any], pending: _Pending | None

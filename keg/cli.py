@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ import typer
 from rich.console import Console
 
 from keg.logs import setup_logging
+from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
 app = typer.Typer(
     help="keg, the Kafka Envoy Gateway: govern Kafka traffic without touching brokers or clients.",
@@ -78,16 +80,29 @@ def up(
         typer.Option(help="Seconds Envoy waits for the ext_proc service per chunk before closing."),
     ] = 2.0,
     rules: RulesDir = None,
+    rules_delivery: Annotated[str, typer.Option(
+        help="control-plane: the control plane distributes the rules to the ext_proc "
+             "service over xDS (ACKed, kept across restarts); directory: the ext_proc "
+             "service watches the rule directory itself.")] = "control-plane",
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = 9464,
+    api_port: Annotated[int | None, typer.Option(
+        help="Serve the REST API on this port, the rules kept in a SQLite store in the user "
+             "cache (the rule directory applied to it and watched).")] = None,
+    api_tokens: Annotated[Path | None, typer.Option(
+        help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
     setup_logging(log_level, log_format)
+    if rules_delivery not in ("control-plane", "directory"):
+        console.print(f"[red]error:[/] --rules-delivery is control-plane or directory, "
+                      f"not {rules_delivery!r}")
+        raise typer.Exit(2)
     from filter_rules import DEFAULT_RULES_DIR
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
-    from keg.gateway import Gateway, GatewaySettings
+    from keg.gateway import ApiOptions, Gateway, GatewaySettings
 
     kafka = None
     try:
@@ -109,6 +124,10 @@ def up(
                 rules_dir=rules or DEFAULT_RULES_DIR,
                 audit_log=audit_log or cache_dir() / "up" / "audit.jsonl",
                 metrics_port=metrics_port,
+                rules_delivery=rules_delivery,
+                work_dir=cache_dir() / "up",
+                api=None if api_port is None else ApiOptions(
+                    data_dir=cache_dir() / "up", port=api_port, tokens_file=api_tokens),
             )
         )
         with gateway:
@@ -119,6 +138,8 @@ def up(
             s = gateway.settings
             console.print(f"rules: {s.rules_dir}   audit log: {s.audit_log}   "
                           f"metrics: http://127.0.0.1:{s.metrics_port}/metrics")
+            if gateway.app is not None and gateway.app.api_server is not None:
+                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs")
             _wait_for_ctrl_c()
             console.print("stopping…")
     except EmbeddedKafkaError as err:
@@ -144,6 +165,20 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
+    control_plane: Annotated[str | None, typer.Option(
+        help="host:port of the control plane's xDS server: take the rules from it "
+             "(instead of --rules).")] = None,
+    node_id: Annotated[str | None, typer.Option(
+        help="xDS node id in the fleet (default: ext-proc-<host>-<port>-<pid>).")] = None,
+    rules_cache: Annotated[Path | None, typer.Option(
+        help="File keeping the last good rule set from the control plane, served after a "
+             "restart while the control plane is down.")] = None,
+    side_effects_bootstrap: Annotated[str | None, typer.Option(
+        help="Kafka bootstrap servers `copy` rules produce to (none: copies are dropped).")]
+        = None,
+    side_effects_config: Annotated[list[str] | None, typer.Option(
+        help="A librdkafka property for that producer, key=value (repeatable); the SASL "
+             f"password comes from ${SIDE_EFFECTS_PASSWORD_ENV}.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -151,9 +186,25 @@ def ext_proc_cmd(
     setup_logging(log_level, log_format)
     from ext_proc import ExtProcServer, ProcessorSettings
 
+    if control_plane is not None and rules is not None:
+        console.print("[red]error:[/] give --rules or --control-plane, not both")
+        raise typer.Exit(2)
+    producer_config: list[tuple[str, str]] = []
+    for item in side_effects_config or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            console.print(f"[red]error:[/] --side-effects-config wants key=value, not {item!r}")
+            raise typer.Exit(2)
+        producer_config.append((key, value))
+    password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
+    if password:
+        producer_config.append(("sasl.password", password))
     server = ExtProcServer(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, rules_dir=rules,
         audit_log=audit_log, metrics_port=metrics_port, metrics_host=metrics_host,
+        control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
+        side_effects_bootstrap=side_effects_bootstrap,
+        side_effects_config=tuple(producer_config),
     ))
 
     async def main() -> None:
@@ -181,17 +232,43 @@ def control_plane_cmd(
         str, typer.Option(help="Host clients are sent back to.")
     ] = "127.0.0.1",
     listen_port_base: Annotated[int, typer.Option(help="First broker listener port.")] = 19092,
+    rules: Annotated[Path | None, typer.Option(
+        help="Rule directory (watched) whose rule set goes to every ext_proc instance.")]
+        = None,
+    groups: Annotated[Path | None, typer.Option(
+        help="Envoy groups of a mesh (YAML): which brokers each node cluster fronts, "
+             "on which ports (docs/xds.md).")] = None,
+    refresh_interval: Annotated[float, typer.Option(
+        help="Seconds between topology refreshes.")] = 30.0,
+    api_port: Annotated[int | None, typer.Option(
+        help="Serve the REST API (and keep the rules in the store) on this port; "
+             "without it the rules come from --rules alone.")] = None,
+    api_host: Annotated[str, typer.Option(help="Address the REST API binds.")] = "0.0.0.0",
+    store: Annotated[str | None, typer.Option(
+        envvar="KEG_STORE_URL",
+        help="Rule store URL (postgresql://... for several control planes); default: "
+             "SQLite in --data-dir.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="Where the SQLite store lives (default: the user cache).")] = None,
+    api_tokens: Annotated[Path | None, typer.Option(
+        help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
+    public_reads: Annotated[bool, typer.Option(
+        help="Let reads of the REST API go without a token.")] = False,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
-    """Run the control plane alone (xDS for a fleet of Envoys), e.g. in docker-compose."""
+    """Run the control plane alone (xDS for a fleet of Envoys and ext_proc instances)."""
     setup_logging(log_level, log_format)
-    from control_plane.service import ControlPlane, ControlPlaneSettings
+    from control_plane.service import ControlPlaneSettings, load_groups
+    from control_plane.store import StoreError
     from ext_proc.connection import split_host_port
+    from filter_rules import RuleSetInvalid
+    from keg.embedded.kafka import cache_dir
+    from keg.gateway import ApiOptions, ControlPlaneApp
 
-    host, port = split_host_port(ext_proc)
-    plane = ControlPlane(
-        ControlPlaneSettings(
+    try:
+        host, port = split_host_port(ext_proc)
+        settings = ControlPlaneSettings(
             bootstrap_servers=bootstrap_servers,
             ext_proc_host=host,
             ext_proc_port=port,
@@ -200,18 +277,32 @@ def control_plane_cmd(
             listen_host=listen_host,
             advertised_host=advertised_host,
             listen_port_base=listen_port_base,
+            rules_dir=rules,
+            groups=load_groups(groups) if groups is not None else (),
+            refresh_interval_s=refresh_interval,
         )
-    )
+    except (RuleSetInvalid, ValueError, OSError) as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    api = None if api_port is None else ApiOptions(
+        data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+    process = ControlPlaneApp(settings, api)
 
     async def main() -> None:
-        await plane.start()
         try:
+            await process.start()
             await asyncio.Event().wait()
         finally:
-            await plane.stop()
+            await process.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    except (RuleSetInvalid, ValueError, RuntimeError, OSError, StoreError) as err:
+        # Invalid rules, a bad token file, an unreachable store, a taken port.
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -267,3 +358,5 @@ def validate(
         raise typer.Exit(1) from None
     typer.echo(f"{directory}: {len(compiled.ruleset.rules)} rules valid "
                f"({len(compiled.rules)} enabled), version {compiled.version}")
+from keg import cli_pipeline as _cli_pipeline  # noqa: E402,F401  (registers capture, backtest, analyze)
+from keg import cli_rules as _cli_rules  # noqa: E402,F401  (registers diff, apply)

@@ -3,6 +3,12 @@
 The control plane runs on a background event loop in this process; the ext_proc
 service (the hot path, which wants a core of its own) and Envoy are child
 processes. `Gateway` is what `keg up`, the tests and the benchmarks all use.
+
+Rules reach the ext_proc service one of two ways (`rules_delivery`): "directory",
+where it watches the rule directory itself, or "control-plane", where the control
+plane owns them (a watched directory or a `RuleProvider` such as the store) and
+distributes them over xDS; then Envoy starts only after the ext_proc service has
+ACKed the rule set, so no connection is served without rules.
 """
 
 from __future__ import annotations
@@ -13,19 +19,108 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from control_plane.fleet import EXT_PROC
+from control_plane.providers import RuleProvider
 from control_plane.service import ControlPlane, ControlPlaneSettings, free_port
 from control_plane.topology import SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
+from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    """The REST API and the rule store behind it (SQLite in `data_dir` unless `store_url`).
+
+    With `rules_dir` the directory is applied to the store at start and whenever its
+    files change (it owns those rules: REST writes to them are refused)."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    store_url: str | None = None
+    tokens_file: Path | None = None
+    public_reads: bool = False
+    rules_dir: Path | None = None
+
+
+class ControlPlaneApp:
+    """The control plane process: xDS (ControlPlane), and with `api` the store + REST API,
+    all on the running event loop. The store is then the rule source of the fleet."""
+
+    def __init__(self, settings: ControlPlaneSettings, api: ApiOptions | None = None) -> None:
+        self.settings = settings
+        self.api = api
+        self.store: Any = None
+        self.plane: ControlPlane | None = None
+        self.api_server: Any = None
+        self._directory: Any = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> ControlPlane:
+        if self.api is None:
+            self.plane = ControlPlane(self.settings)
+            await self.plane.start()
+            return self.plane
+        from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+        from control_plane.providers import DirectoryRuleProvider, StoreRuleProvider
+        from control_plane.store import open_store
+
+        api = self.api
+        tokens = Tokens.load(api.tokens_file)  # before anything binds: a bad file stops here
+        self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
+        if api.rules_dir is not None:
+            self._directory = DirectoryRuleProvider(api.rules_dir)
+            self._apply_directory()
+            self._directory.subscribe(lambda *_: self._apply_directory())
+            self._watch = asyncio.create_task(self._directory.watch())
+        settings = replace(self.settings, rules_dir=None)
+        self.plane = ControlPlane(settings, rules=StoreRuleProvider(self.store))
+        await self.plane.start()
+        plane = self.plane
+        app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
+                                                 ready=lambda: plane.plan is not None),
+                         plane.fleet_status)
+        self.api_server = await serve_api(app, api.host, api.port)
+        return plane
+
+    def _apply_directory(self) -> None:
+        from control_plane.store import Change, StoreError
+
+        assert self.api is not None and self.api.rules_dir is not None
+        _, ruleset = self._directory.current()
+        owner = f"dir:{self.api.rules_dir}"
+        try:
+            result = self.store.apply(owner, ruleset, Change("keg", "rule directory changed"),
+                                      adopt=True)
+        except StoreError as err:
+            log.error("could not apply %s to the store: %s", self.api.rules_dir, err)
+            return
+        if result.version is not None:
+            log.info("applied %s as store version %s", self.api.rules_dir, result.current)
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self.api_server is not None:
+            await self.api_server.stop()
+            self.api_server = None
+        if self.plane is not None:
+            await self.plane.stop()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
 
 @dataclass
@@ -45,6 +140,24 @@ class GatewaySettings:
     sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    rules_delivery: str = "directory"  # or "control-plane" (xDS to the ext_proc service)
+    rules_provider: RuleProvider | None = None  # e.g. the store; implies "control-plane"
+    xds_port: int = 0  # 0: a free port
+    envoy_delta: bool = False  # incremental ADS instead of state of the world
+    api: ApiOptions | None = None  # the store + REST API (implies "control-plane")
+
+    def __post_init__(self) -> None:
+        if self.rules_delivery not in ("directory", "control-plane"):
+            raise ValueError(f"rules_delivery must be 'directory' or 'control-plane', "
+                             f"not {self.rules_delivery!r}")
+        if self.rules_provider is not None or self.api is not None:
+            self.rules_delivery = "control-plane"
+        if self.rules_provider is not None and self.api is not None:
+            raise ValueError("with the REST API the store is the rule source: no rules_provider")
+
+    @property
+    def rules_from_control_plane(self) -> bool:
+        return self.rules_delivery == "control-plane"
 
 
 def wait_for_port(host: str, port: int, timeout: float, alive: Any = None) -> None:
@@ -61,7 +174,7 @@ def wait_for_port(host: str, port: int, timeout: float, alive: Any = None) -> No
             time.sleep(0.05)
 
 
-class _Loop:
+class BackgroundLoop:
     """An asyncio loop on a daemon thread, for the control plane."""
 
     def __init__(self) -> None:
@@ -85,8 +198,10 @@ class Gateway(Service):
         self.settings = settings
         self.ext_proc_port = 0
         self._ext_proc: subprocess.Popen[bytes] | None = None
-        self._loop: _Loop | None = None
+        self._loop: BackgroundLoop | None = None
+        self.xds_port = 0
         self.control_plane: ControlPlane | None = None
+        self.app: ControlPlaneApp | None = None
         self.envoy: EmbeddedEnvoy | None = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -94,23 +209,30 @@ class Gateway(Service):
     def start(self) -> None:
         s = self.settings
         try:
+            self.xds_port = s.xds_port or free_port()
             self.start_ext_proc()
-            self._loop = _Loop()
-            self.control_plane = ControlPlane(
-                ControlPlaneSettings(
-                    bootstrap_servers=s.bootstrap_servers,
-                    ext_proc_host="127.0.0.1",
-                    ext_proc_port=self.ext_proc_port,
-                    listen_host=s.listen_host,
-                    advertised_host=s.advertised_host,
-                    listen_port_base=s.listen_port_base,
-                    message_timeout_s=s.message_timeout_s,
-                    failure_mode_allow=s.failure_mode_allow,
-                    sasl=s.sasl,
-                    rules_dir=s.rules_dir,
-                )
+            self._loop = BackgroundLoop()
+            settings = ControlPlaneSettings(
+                bootstrap_servers=s.bootstrap_servers,
+                ext_proc_host="127.0.0.1",
+                ext_proc_port=self.ext_proc_port,
+                xds_port=self.xds_port,
+                listen_host=s.listen_host,
+                advertised_host=s.advertised_host,
+                listen_port_base=s.listen_port_base,
+                message_timeout_s=s.message_timeout_s,
+                failure_mode_allow=s.failure_mode_allow,
+                sasl=s.sasl,
+                rules_dir=s.rules_dir if s.rules_provider is None else None,
             )
-            self._loop.run(self.control_plane.start(), timeout=60)
+            if s.api is not None:
+                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir))
+                self.control_plane = self._loop.run(self.app.start(), timeout=60)
+            else:
+                self.control_plane = ControlPlane(settings, rules=s.rules_provider)
+                self._loop.run(self.control_plane.start(), timeout=60)
+            if s.rules_from_control_plane and self.control_plane.rules is not None:
+                self.wait_for_rules()
             self.start_envoy()
         except BaseException:
             self.stop()
@@ -133,13 +255,24 @@ class Gateway(Service):
             "--log-level",
             s.ext_proc_log_level,
         ]
-        if s.rules_dir is not None:
+        if s.rules_from_control_plane:
+            cache = (s.work_dir or Path(tempfile.gettempdir())) / f"keg-rules-{self.xds_port}.json"
+            cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
+                    "ext-proc-gateway", "--rules-cache", str(cache)]
+        elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(s.audit_log)]
         if s.metrics_port is not None:
             cmd += ["--metrics-port", str(s.metrics_port)]
+        # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
+        cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
         env = {**os.environ, **s.extra_env}
+        if s.sasl is not None:
+            cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
+                    "--side-effects-config", "sasl.mechanism=PLAIN",
+                    "--side-effects-config", f"sasl.username={s.sasl.username}"]
+            env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
 
@@ -157,6 +290,35 @@ class Gateway(Service):
                 self._ext_proc.wait()
         self._ext_proc = None
 
+    def wait_for_rules(self, timeout: float = 30.0) -> None:
+        """Until the ext_proc service runs the control plane's rule set."""
+        deadline = time.monotonic() + timeout
+        while not self.call(self._ext_proc_has_rules):
+            self._check_ext_proc()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the ext_proc service did not apply the rule set in "
+                                   f"{timeout}s")
+            time.sleep(0.05)
+
+    def _ext_proc_has_rules(self) -> bool:
+        plane = self.control_plane
+        assert plane is not None
+        nodes = [n for n in plane.fleet.nodes.values() if n.role == EXT_PROC and n.connected]
+        return bool(nodes) and plane.nodes_converged(EXT_PROC)
+
+    def call(self, function: Any, *args: Any) -> Any:
+        """Run `function(*args)` on the control plane's loop (its state lives there)."""
+        assert self._loop is not None
+
+        async def run() -> Any:
+            return function(*args)
+
+        return self._loop.run(run(), timeout=10)
+
+    def fleet_status(self) -> list[dict[str, Any]]:
+        assert self.control_plane is not None
+        return list(self.call(self.control_plane.fleet_status))
+
     def start_envoy(self) -> None:
         assert self.control_plane is not None and self.control_plane.plan is not None
         self.envoy = EmbeddedEnvoy(
@@ -164,6 +326,7 @@ class Gateway(Service):
             self.control_plane.xds_port,
             concurrency=self.settings.envoy_concurrency,
             work_dir=self.settings.work_dir,
+            delta=self.settings.envoy_delta,
         )
         self.envoy.start()
         self.envoy.wait_for_listeners(len(self.control_plane.plan.routes))
@@ -180,7 +343,8 @@ class Gateway(Service):
         if self._loop is not None:
             if self.control_plane is not None:
                 try:
-                    self._loop.run(self.control_plane.stop(), timeout=10)
+                    stopping = self.app if self.app is not None else self.control_plane
+                    self._loop.run(stopping.stop(), timeout=10)
                 except Exception:  # stopping must go on whatever failed
                     log.exception("control plane did not stop cleanly")
             self._loop.close()

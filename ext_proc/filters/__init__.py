@@ -10,8 +10,13 @@ wants the response at all; the session decides that when the *request* passes
 `filter_response` gets the decoded body, may change it in place, and returns True
 when it did: an unchanged response is forwarded as its original bytes.
 
-Filters run on the connection's event loop, one frame at a time, in stream order;
-they must not block and must not keep references to bodies after returning.
+Request filters run in order, each on the body the previous ones left; their
+verdicts `combine` like middleware: the first filter's patch sees the broker's (or a
+later filter's) answer last, so a filter that renames topics on the way in renames
+them back on the way out, whoever answers.
+
+Filters run one frame at a time, in stream order; they must not block and must not
+keep references to bodies after returning.
 """
 
 from __future__ import annotations
@@ -81,3 +86,31 @@ class RequestFilter(Protocol):
     def filter_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None: ...
+
+
+def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
+    """One verdict for two filters that ran in this order on the same request.
+
+    Changes accumulate; the later filter's patch runs first on the answer, then the
+    earlier's (onion order). A later answer is patched by the earlier filters too
+    (they changed the request it answers); an answer ends the chain.
+    """
+    inner, outer = later.patch, earlier.patch
+    patch: ResponsePatch | None
+    if inner is None or outer is None:
+        patch = inner or outer
+    else:
+        def patch(response: dict[str, Any]) -> bool:
+            changed = inner(response)
+            return outer(response) or changed
+
+    answer = later.answer
+    if answer is not None and outer is not None:
+        outer(answer)
+    return RequestVerdict(
+        answer=answer,
+        changed=earlier.changed or later.changed,
+        patch=None if answer is not None else patch,
+        expects_response=earlier.expects_response and later.expects_response,
+        delay_s=max(earlier.delay_s, later.delay_s),
+    )

@@ -12,8 +12,11 @@ Each member subscription and assignment is decoded with the decoder of its proto
 type ("consumer", "connect"), taken from the message when it says (JoinGroupRequest,
 JoinGroupResponse v7+, SyncGroup v5+) and from the connection's JoinGroup exchange
 when it does not; every result names the path it took. A SyncGroupRequest v5+ whose
-ProtocolType/ProtocolName disagree with the group's (the coordinator answers
-INCONSISTENT_GROUP_PROTOCOL) is logged as a warning.
+ProtocolType/ProtocolName disagree with the group's is logged as a warning, and its
+companion `GroupProtocolGuard` (a request filter sharing the observer's tracker)
+answers it with INCONSISTENT_GROUP_PROTOCOL, as the coordinator would (KIP-559): the
+request never reaches the broker. The guard judges only groups whose protocol a
+successful JoinGroup response on this connection established.
 
 Without request observation (a session that does not hold requests) responses are
 still decoded when they carry their protocol type (JoinGroupResponse v7+, SyncGroup
@@ -28,9 +31,15 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RequestVerdict
 from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
 from kafka_wire.codec import RequestHeader
-from kafka_wire.group_protocol import GroupObservation, GroupProtocolTracker
+from kafka_wire.error_responses import error_response
+from kafka_wire.group_protocol import (
+    INCONSISTENT_GROUP_PROTOCOL,
+    GroupObservation,
+    GroupProtocolTracker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,10 @@ class GroupProtocolObserver:
         self._report(self.tracker.on_response(api_key, api_version, body), conn)
         return False
 
+    def guard(self) -> GroupProtocolGuard:
+        """The request filter that answers inconsistent SyncGroups from this tracker."""
+        return GroupProtocolGuard(self)
+
     # -- reporting -----------------------------------------------------------------
 
     def _report(self, observation: GroupObservation, conn: ConnectionInfo) -> None:
@@ -94,3 +107,39 @@ class GroupProtocolObserver:
                         i.field, i.actual, i.expected, conn.describe())
         if self._sink is not None and (observation.payloads or observation.inconsistencies):
             self._sink(conn, observation)
+
+
+# SyncGroup carries ProtocolType/ProtocolName from v5 (KIP-559).
+SYNC_GROUP_PROTOCOL_VERSION = 5
+
+
+class GroupProtocolGuard:
+    """Answers a SyncGroup v5+ that names another protocol than its group's.
+
+    Runs after the observer (observers see a request before request filters), so the
+    observer's tracker has already recorded the request; an answered request gets no
+    broker response, so it is cancelled there.
+    """
+
+    def __init__(self, observer: GroupProtocolObserver) -> None:
+        self._observer = observer
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        return (api_key == SYNC_GROUP and api_version >= SYNC_GROUP_PROTOCOL_VERSION
+                and self._observer.wants(api_key, api_version))
+
+    def filter_request(
+        self, header: RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> RequestVerdict | None:
+        tracker = self._observer.tracker
+        conflicts = tracker.conflicts(body["GroupId"], body["MemberId"], body.get("ProtocolType"),
+                                      body.get("ProtocolName"), confirmed=True)
+        if not conflicts:
+            return None
+        tracker.cancel(SYNC_GROUP, header.correlation_id)
+        first = conflicts[0]
+        message = (f"{first.field} {first.actual!r} differs from the group's {first.expected!r}")
+        log.info("SyncGroup of group %r answered INCONSISTENT_GROUP_PROTOCOL: %s (%s)",
+                 first.group_id, message, conn.describe())
+        return RequestVerdict(answer=error_response(
+            SYNC_GROUP, header.api_version, body, INCONSISTENT_GROUP_PROTOCOL, message))

@@ -24,8 +24,11 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RequestVerdict
 from ext_proc.filters.safeguards import RateLimiter, clamp_fetch, produce_bytes, produce_violations
 from ext_proc.identity import IdentityTracker, principal_for_envelope
-from filter_rules import CompiledRule, CompiledRuleSet, MatchContext
+from ext_proc.sequences import SequenceLedger
+from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
+from interceptors import BuildContext
+from interceptors.engine import RecordEngine
 from kafka_wire.api_keys import ENVELOPE, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
@@ -61,6 +64,8 @@ class RuleDecision:
     topic: str | None = None
     error_code: int | None = None
     reason: str | None = None
+    partition: int | None = None
+    records: int = 1  # record rules report per batch: how many records had this outcome
 
 
 DecisionSink = Callable[[RuleDecision], None]
@@ -91,20 +96,34 @@ def request_group(api_key: int, body: dict[str, Any]) -> str | None:
 
 
 class RuleEngine:
-    """The process's live rules and where decisions go."""
+    """The process's live rules and where decisions go.
 
-    def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None) -> None:
+    Each filter reads its own view of the rule set: `requests` (request-level rules),
+    `records` (record rules, built), `compiled` (all of them: virtual topics). A new
+    rule set is installed only when all of it can be built (`install` raises
+    RuleSetInvalid otherwise and the running set stays).
+    """
+
+    def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None,
+                 context: BuildContext | None = None) -> None:
         self.sink = sink or (lambda decision: None)
         self.rates = RateLimiter()
+        self.sequences = SequenceLedger()
+        self.context = context or BuildContext()
+        self.records = RecordEngine(CompiledRuleSet(RuleSet()), self.context, builders={})
         self.compiled = compiled
+        self.requests = compiled.subset(ENFORCED_KINDS)
         self.install(compiled)
 
     def install(self, compiled: CompiledRuleSet) -> None:
-        ignored = sorted({r.kind for r in compiled.rules} - ENFORCED_KINDS)
-        if ignored:
-            log.warning("rule kinds %s are validated but not enforced by this gateway version",
-                        ", ".join(ignored))
-        self.compiled = compiled  # one reference swap: connections pick it up per request
+        records = RecordEngine(compiled, self.context)  # raises RuleSetInvalid
+        previous = self.records
+        # Reference swaps: live connections pick the new views up on their next frame.
+        self.requests = compiled.subset(ENFORCED_KINDS)
+        self.records = records
+        self.compiled = compiled
+        if previous is not records:
+            previous.close()
 
 
 class RulesFilter:
@@ -114,7 +133,7 @@ class RulesFilter:
         self._audit_principal = identity.principal
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
-        compiled = self._engine.compiled
+        compiled = self._engine.requests
         if api_key == ENVELOPE:  # any rule may apply to the request inside
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
@@ -175,7 +194,7 @@ class RulesFilter:
     def _evaluate(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                   conn: ConnectionInfo, principal: str | None,
                   client_host: str) -> RequestVerdict | None:
-        compiled = self._engine.compiled
+        compiled = self._engine.requests
         api_key, version = header.api_key, header.api_version
         if not compiled.interested(api_key, version, "request"):
             return None
@@ -285,7 +304,7 @@ class RulesFilter:
     def _hide_topics(self, ctx: MatchContext) -> RequestVerdict | None:
         """Metadata for all topics: leave out the ones a rule denies, as Kafka's own
         authorizer does, instead of telling the client they exist."""
-        rules = [r for r in self._engine.compiled.candidates(ctx.api_key, ctx.api_version)
+        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
                  if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
         if not rules:
             return None

@@ -74,7 +74,12 @@ from kafka_wire.records._batch import (
     record_timestamp,
     verify_crc,
 )
-from kafka_wire.records._codec import decode_records, encode_batch, rewrite_records
+from kafka_wire.records._codec import (
+    decode_records,
+    encode_batch,
+    rewrite_records,
+    with_base_sequence,
+)
 
 __all__ = [
     "HEADER_SIZE",
@@ -96,4 +101,5 @@ __all__ = [
     "record_timestamp",
     "rewrite_records",
     "verify_crc",
+    "with_base_sequence",
 ]

@@ -362,6 +362,23 @@ def encode_batch(
     return b"".join((prefix, tail, payload))
 
 
+_CRC_AT = 17
+_CRC_FROM = 21  # the CRC covers attributes .. the end
+_BASE_SEQUENCE_AT = 53
+
+
+def with_base_sequence(batch: BatchView, base_sequence: int) -> bytes:
+    """The batch's bytes with another baseSequence (and its CRC), payload untouched.
+
+    For a produced batch whose producer's earlier records the gateway dropped: the
+    broker must see sequence numbers without holes.
+    """
+    data = bytearray(batch.raw)
+    struct.pack_into(">i", data, _BASE_SEQUENCE_AT, base_sequence)
+    struct.pack_into(">I", data, _CRC_AT, google_crc32c.value(bytes(data[_CRC_FROM:])))
+    return bytes(data)
+
+
 def _codec(compression: Compression | int) -> Compression:
     try:
         return Compression(compression)

@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 from string import Template
 
+import yaml
+
 from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
 
@@ -53,8 +55,12 @@ def render_bootstrap(
     xds_port: int,
     admin_host: str = "127.0.0.1",
     admin_port: int = 0,
+    delta: bool = False,
+    locality: dict[str, str] | None = None,
 ) -> str:
-    return Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
+    """The bootstrap template filled in; `delta` switches ADS to the incremental variant,
+    `locality` ({region, zone, sub_zone}) places the node in the fleet view."""
+    text = Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
         NODE_ID=node_id,
         NODE_CLUSTER=node_cluster,
         XDS_HOST=xds_host,
@@ -62,6 +68,14 @@ def render_bootstrap(
         ADMIN_HOST=admin_host,
         ADMIN_PORT=admin_port,
     )
+    if not delta and not locality:
+        return text
+    config = yaml.safe_load(text)
+    if delta:
+        config["dynamic_resources"]["ads_config"]["api_type"] = "DELTA_GRPC"
+    if locality:
+        config["node"]["locality"] = dict(locality)
+    return str(yaml.safe_dump(config, sort_keys=False))
 
 
 class EmbeddedEnvoy(Service):
@@ -76,9 +90,12 @@ class EmbeddedEnvoy(Service):
         concurrency: int = 1,
         log_level: str = "warning",
         work_dir: Path | None = None,
+        delta: bool = False,
+        locality: dict[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
-        self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port)
+        self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
+                                           delta=delta, locality=locality)
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +164,11 @@ class EmbeddedEnvoy(Service):
             time.sleep(0.1)
 
     def stop(self) -> None:
+        self._terminate()
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             try:
@@ -155,9 +177,19 @@ class EmbeddedEnvoy(Service):
                 self._process.kill()
                 self._process.wait()
         self._process = None
-        if self._own_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+    def restart(self, timeout: float = 30.0) -> None:
+        """A new Envoy process with the same node id (and an empty config)."""
+        self._terminate()
+        self.start(timeout)
+
+    def dynamic_versions(self) -> dict[str, str]:
+        """The version_info of every dynamic listener and cluster Envoy runs (config_dump)."""
+        versions: dict[str, str] = {}
+        for config in json.loads(self.admin("/config_dump")).get("configs", []):
+            for entry in config.get("dynamic_listeners", []):
+                if "active_state" in entry:
+                    versions[f"listener/{entry['name']}"] = entry["active_state"]["version_info"]
+            for entry in config.get("dynamic_active_clusters", []):
+                versions[f"cluster/{entry['cluster']['name']}"] = entry["version_info"]
+        return versions

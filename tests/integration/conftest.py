@@ -12,12 +12,25 @@ from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
 
+# One broker for the session: a PLAINTEXT listener (`bootstrap`) and a SASL_PLAINTEXT one
+# (`sasl_bootstrap`, PLAIN and SCRAM) with these users; "keg" is the gateway's own.
+SASL_USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret",
+              "analytics": "analytics-secret", "billing": "billing-secret",
+              "keg": "keg-secret"}
+
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[EmbeddedKafka]:
     ensure_kafka()
-    with EmbeddedKafka() as broker:
+    with EmbeddedKafka(sasl_users=SASL_USERS) as broker:
         yield broker
+
+
+def sasl_conf(bootstrap: str, user: str, mechanism: str = "PLAIN") -> dict[str, str]:
+    """librdkafka settings for `user` of SASL_USERS."""
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism, "sasl.username": user,
+            "sasl.password": SASL_USERS[user]}
 
 
 @pytest.fixture(scope="session")

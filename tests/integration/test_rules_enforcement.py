@@ -22,12 +22,11 @@ from control_plane.service import free_port
 from control_plane.topology import SaslPlain
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import SASL_USERS, create_topic
 
 pytestmark = pytest.mark.integration
 
-USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret",
-         "keg": "keg-secret"}
+USERS = SASL_USERS
 TOPIC_AUTHORIZATION_FAILED = 29
 
 RULES = """
@@ -94,21 +93,20 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("rules-env")
     rules = base / "rules"
     rules.mkdir()
     (rules / "rules.yaml").write_text(RULES)
     audit = base / "audit.jsonl"
     metrics_port = free_port()
-    with EmbeddedKafka(sasl_users=USERS) as kafka:
-        settings = GatewaySettings(
-            bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
-            sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, audit_log=audit,
-            metrics_port=metrics_port, work_dir=base / "envoy", ext_proc_log_level="WARNING",
-        )
-        with Gateway(settings) as gateway:
-            yield Env(kafka, gateway, rules, audit, metrics_port)
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
+        sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, audit_log=audit,
+        metrics_port=metrics_port, work_dir=base / "envoy", ext_proc_log_level="WARNING",
+    )
+    with Gateway(settings) as gateway:
+        yield Env(kafka, gateway, rules, audit, metrics_port)
 
 
 def produce(conf: dict[str, Any], records: list[tuple[str, bytes]]) -> list[tuple[str, int]]:

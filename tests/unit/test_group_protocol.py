@@ -496,8 +496,57 @@ def test_session_forwards_an_undecodable_observed_request() -> None:
     observer = GroupProtocolObserver()
     session = KafkaSession(ConnectionInfo(), [observer])
     good = kw.encode_request(kw.RequestHeader(JOIN_GROUP, 5, 2, "cli"), join_request(5))
-    bad = frame_bytes(good[4:] + b"\x00\x00")  # trailing bytes: decode_request refuses them
+    bad = frame_bytes(good[4:-3])  # its last field cut short: it does not decode
     with pytest.raises(DecodeError):
-        kw.decode_request(bad[4:])
+        kw.decode_request(bad[4:], trailing=True)
     assert session.from_client(bad) == bad
     assert observer.tracker.counters.message == 0
+
+
+# -- INCONSISTENT_GROUP_PROTOCOL: judged, and answered by the guard ---------------------
+
+
+def test_conflicts_are_judged_only_against_a_confirmed_group_when_asked() -> None:
+    t = GroupProtocolTracker()
+    t.on_request(JOIN_GROUP, 7, join_request(7, "m-a"), 1)
+    # Only the JoinGroupRequest seen: the group's protocol name is not known yet.
+    assert t.conflicts("g1", "m-a", "connect", None, confirmed=True) == ()
+    [c] = t.conflicts("g1", "m-a", "connect", None)
+    assert (c.field, c.expected, c.actual, c.error_code) == ("ProtocolType", CONSUMER,
+                                                             "connect", 23)
+    t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
+    assert [(c.field, c.actual) for c in t.conflicts(
+        "g1", "m-a", CONSUMER, "roundrobin", confirmed=True)] == [("ProtocolName", "roundrobin")]
+    assert t.conflicts("g1", "m-a", None, None, confirmed=True) == ()  # fields not given
+    assert t.conflicts("other", "m-a", "connect", "x") == ()
+
+
+def test_a_cancelled_request_is_not_matched_to_a_later_response() -> None:
+    t = GroupProtocolTracker()
+    t.on_request(JOIN_GROUP, 7, join_request(7, "m-a"), 1)
+    t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
+    t.on_request(SYNC_GROUP, 5, sync_request(5, "m-a", [], name="roundrobin"), 2)
+    assert t.cancel(SYNC_GROUP, 2) and not t.cancel(SYNC_GROUP, 2)
+    t.on_request(SYNC_GROUP, 3, sync_request(3, "m-a", []), 3)
+    # Matched by order (no correlation id): must be request 3's, decoded from memory.
+    [p] = t.on_response(SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None)).payloads
+    assert p.path == "connection-memory" and p.payload is not None
+
+
+def test_guard_answers_an_inconsistent_sync_group_in_the_session() -> None:
+    version = 5  # the first SyncGroup carrying ProtocolType/ProtocolName
+    observer = GroupProtocolObserver()
+    session = KafkaSession(ConnectionInfo(connection_id="c1"), [observer, observer.guard()])
+    session.from_client(kw.encode_request(kw.RequestHeader(JOIN_GROUP, 7, 1, "cli"),
+                                          join_request(7, "m-a")))
+    session.from_broker(response_frame(1, JOIN_GROUP, 7,
+                                       join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)])))
+    bad = kw.encode_request(kw.RequestHeader(SYNC_GROUP, version, 2, "cli"),
+                            sync_request(version, "m-a", [], protocol_type="connect"))
+    assert session.from_client(bad) == b""  # never forwarded
+    _, answer = kw.decode_response(session.take_client_bytes()[4:], SYNC_GROUP, version)
+    assert answer["ErrorCode"] == 23
+    good = kw.encode_request(kw.RequestHeader(SYNC_GROUP, version, 3, "cli"),
+                             sync_request(version, "m-a", [("m-a", ASSIGN_A)]))
+    assert session.from_client(good) == good
+    assert not observer.guard().wants_request(SYNC_GROUP, 4)

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from envoy.config.listener.v3 import listener_pb2
 
-from control_plane.envoy_resources import BrokerRoute, GatewayPlan
+from control_plane.fleet import NodeInfo
 from control_plane.kafka_broker import FILTER_NAME, global_api_lists, kafka_broker_config
 from control_plane.service import ControlPlane, ControlPlaneSettings
 from control_plane.snapshot import LISTENER
+from control_plane.topology import Broker, Topology
 from filter_rules import CompiledRuleSet, load_rule_text
 
 RULES = """
@@ -55,11 +56,12 @@ def test_nodes_with_the_extension_get_the_filter_first(tmp_path: Path) -> None:
         plane = ControlPlane(ControlPlaneSettings(
             bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
             rules_dir=tmp_path))
-        plane.plan = GatewayPlan((BrokerRoute(1, "10.0.0.1", 9092, 19092),), "0.0.0.0", "gw",
-                                 "127.0.0.1", 1)
-        plane._publish()
-        plane.fleet.connected("contrib-envoy", "keg", frozenset({FILTER_NAME}))
-        plane.fleet.connected("plain-envoy", "keg", frozenset({"envoy.filters.network.ext_proc"}))
+        plane._rules_changed()
+        plane.set_topology(Topology("c", (Broker(1, "10.0.0.1", 9092),)))
+        plane.fleet.connected(NodeInfo("contrib-envoy", "keg",
+                                       extensions=frozenset({FILTER_NAME})))
+        plane.fleet.connected(NodeInfo("plain-envoy", "keg",
+                                       extensions=frozenset({"envoy.filters.network.ext_proc"})))
         names = {}
         for node in ("contrib-envoy", "plain-envoy"):
             snapshot = plane.cache.get(node)

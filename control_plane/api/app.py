@@ -1,0 +1,106 @@
+"""`create_app`: the control plane's REST API, assembled (routers, errors, metrics)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
+from starlette.responses import Response
+
+from control_plane.api import routes_check, routes_ops, routes_rules, routes_versions
+from control_plane.api.deps import ApiContext, FleetStatus
+from control_plane.api.metrics import ApiMetrics
+from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
+from control_plane.api.settings import ApiSettings
+from control_plane.store import RuleStore
+from filter_rules import RuleSet
+from filter_rules.schema import rule_file_schema
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "1"
+DESCRIPTION = """\
+Rules for keg, the Kafka Envoy Gateway: read and change them (ETags), validate them,
+dry-run them against sample requests and records, browse their versions, roll back,
+and see the fleet. Writes need `Authorization: Bearer <token>`; every error is
+`application/problem+json`. See docs/control-plane-api.md."""
+
+
+def create_app(store: RuleStore, settings: ApiSettings | None = None,
+               fleet_status: FleetStatus | None = None) -> FastAPI:
+    """The API over `store`. `fleet_status()` lists the fleet's nodes as JSON-able
+    dicts (the xDS side provides it); without it /v1/fleet says it is unavailable."""
+    settings = settings or ApiSettings()
+    registry = settings.registry if settings.registry is not None else CollectorRegistry()
+    metrics = ApiMetrics(registry)
+    app = FastAPI(title=settings.title, version=API_VERSION, description=DESCRIPTION,
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.keg = ApiContext(store=store, settings=settings, metrics=metrics,
+                               fleet_status=fleet_status)
+    routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_ops)]
+    for router in routers:
+        app.include_router(router)
+    app.state.api_routes = [route for router in routers for route in router.routes]
+    install_handlers(app)
+    app.middleware("http")(_body_limit(settings.max_body_bytes))
+    app.middleware("http")(metrics.middleware)
+
+    def published(number: int, ruleset: RuleSet) -> None:
+        metrics.published(number, len(ruleset.rules))
+
+    store.subscribe(published)
+    try:
+        number, rules = store.rules()
+        metrics.published(number, len(rules))
+    except Exception as err:  # readiness reports it; the app still starts
+        log.warning("rule store not readable at start: %s", err)
+    if not settings.tokens:
+        log.warning("no API tokens configured (--api-token-file or KEG_API_TOKENS): "
+                    "every write will be refused")
+    app.openapi = _openapi_with_rule_schemas(app)  # type: ignore[method-assign]
+    return app
+
+
+def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
+                                        Awaitable[Response]]:
+    async def check(request: Request,
+                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return Problem(413, "Request too large", f"the body is larger than {limit} bytes",
+                           kind="too-large").response()
+        return await call_next(request)
+
+    return check
+
+
+def _openapi_with_rule_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI's document plus the rule language's JSON Schema as components (`Rule`,
+    `RuleFileDocument` and what they refer to)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version,
+                             description=app.description, routes=app.routes)
+        rules = json.loads(json.dumps(rule_file_schema()).replace("#/$defs/",
+                                                                  "#/components/schemas/"))
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in rules["$defs"].items():
+            if components.setdefault(name, definition) != definition:
+                raise RuntimeError(f"OpenAPI component {name} is defined twice")
+        components["Problem"] = PROBLEM_SCHEMA
+        components["RuleFileDocument"] = {
+            "anyOf": rules["anyOf"],
+            "description": "One rule-file document: {apiVersion, kind, rules}, a list of "
+                           "rules, or null.",
+        }
+        app.openapi_schema = schema
+        return schema
+
+    return openapi

@@ -1,0 +1,56 @@
+"""Prometheus metrics of the API and of the rule store's live version."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+class ApiMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "keg_api_requests", "Control-plane API requests by route and status.",
+            ["method", "route", "status"], registry=registry)
+        self.latency = Histogram(
+            "keg_api_request_duration_seconds", "Control-plane API request time by route.",
+            ["method", "route"], registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.auth_failures = Counter(
+            "keg_api_auth_failures", "Refused API tokens: missing, scheme, invalid.",
+            ["reason"], registry=registry)
+        self.rule_changes = Counter(
+            "keg_rule_changes", "New rule-set versions written, by operation.",
+            ["operation"], registry=registry)
+        self.live_version = Gauge(
+            "keg_rules_live_version", "The live rule-set version number.", registry=registry)
+        self.live_rules = Gauge(
+            "keg_rules_live_count", "Rules in the live rule-set version.", registry=registry)
+
+    def published(self, number: int, rule_count: int) -> None:
+        self.live_version.set(number)
+        self.live_rules.set(rule_count)
+
+    async def middleware(self, request: Request,
+                         call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = _route_of(request)
+            self.latency.labels(request.method, route).observe(time.perf_counter() - start)
+            self.requests.labels(request.method, route, str(status)).inc()
+
+
+def _route_of(request: Request) -> str:
+    """The matched route's template (/v1/rules/{rule_id}), never the raw path: labels
+    stay bounded whatever clients send."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path", None) or "unmatched")

@@ -1,0 +1,72 @@
+"""/v1/validate and /v1/dry-run: check rules, and see what they would do, without
+changing anything."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+
+from control_plane.api.deps import Context, RawBody, Reader
+from control_plane.api.dry_run import dry_run
+from control_plane.api.problems import Problem, problem_responses
+from control_plane.api.rule_input import BODY, parse_rule_file, parse_ruleset_value
+from control_plane.api.schemas import (
+    RULE_FILE_REF,
+    DryRunIn,
+    DryRunOut,
+    DryRunRuleset,
+    ValidateOut,
+)
+from filter_rules import CompiledRuleSet
+
+router = APIRouter(tags=["check"])
+
+
+
+@router.post(
+    "/v1/validate", response_model=ValidateOut, responses=problem_responses(401, 403, 413, 422),
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/yaml": {"schema": RULE_FILE_REF},
+        "application/json": {"schema": RULE_FILE_REF},
+    }}},
+)
+def validate(body: RawBody, ctx: Context, _: Reader,
+             file: Annotated[str, Query(max_length=500, description=(
+                 "The name errors give the input (e.g. its path)."))] = BODY) -> ValidateOut:
+    """Check one rule file (YAML or JSON) as `keg validate` does: 200 when valid, 422
+    with every problem's file, line, column and field otherwise."""
+    if not body.strip():
+        raise Problem(422, "Invalid request", "send a rule file (YAML or JSON) as the body",
+                      kind="invalid-request")
+    compiled = CompiledRuleSet(parse_rule_file(body, file))
+    return ValidateOut(valid=True, rules=len(compiled.ruleset.rules), enabled=len(compiled.rules),
+                       ruleset_hash=compiled.version)
+
+
+@router.post("/v1/dry-run", response_model=DryRunOut,
+             responses=problem_responses(400, 401, 403, 413, 422))
+async def dry_run_endpoint(body: DryRunIn, ctx: Context, _: Reader) -> DryRunOut:
+    """Apply a rule set -- a candidate given here, or the live one -- to sample
+    requests and records, with the data path's own engines, and return the decisions
+    and the records as they would leave the gateway. Nothing is sent or stored."""
+    limit = ctx.settings.max_dry_run_items
+    if len(body.requests) + len(body.records) > limit:
+        raise Problem(422, "Too many samples", f"at most {limit} requests and records "
+                      "together", kind="invalid-request")
+
+    def run() -> DryRunOut:
+        if body.rules is None:
+            number, ruleset = ctx.store.current()
+            source = DryRunRuleset(source="live", version=number, ruleset_hash=ruleset.version)
+        else:
+            ruleset = parse_ruleset_value(body.rules)
+            source = DryRunRuleset(source="candidate", version=None,
+                                   ruleset_hash=ruleset.version)
+        result = dry_run(ruleset, body.requests, body.records)
+        return DryRunOut(ruleset=source, requests=result.requests, records=result.records,
+                         side_effects=result.side_effects)
+
+    # Building interceptors may read files and a custom one may block: off the loop.
+    return await run_in_threadpool(run)

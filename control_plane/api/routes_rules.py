@@ -1,0 +1,142 @@
+"""/v1/rules: read, create, replace and delete single rules (ETags), and /v1/apply
+(a rule directory's whole rule set, GitOps)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+
+from control_plane.api.deps import Context, RawBody, Reader, Reason, Writer, authenticate, change
+from control_plane.api.problems import Problem, problem_responses
+from control_plane.api.rule_input import parse_files, parse_rule
+from control_plane.api.schemas import (
+    RULE_REF,
+    ApplyIn,
+    ApplyOut,
+    DeleteOut,
+    DiffOut,
+    RuleEntry,
+    RuleList,
+    RuleWriteOut,
+    VersionOut,
+)
+from filter_rules.model import RULE_ID_PATTERN
+
+router = APIRouter(tags=["rules"])
+
+RuleId = Annotated[str, Path(pattern=RULE_ID_PATTERN, max_length=128,
+                             description="The rule's id.")]
+IfMatch = Annotated[str | None, Header(description='The ETag you read ("..."), or *.')]
+IfNoneMatch = Annotated[str | None, Header(description="PUT: * to create only; GET: ETags.")]
+
+
+
+def _etags(header: str | None) -> list[str] | None:
+    """An If-Match list: '"a", "b"' -> [a, b]; '*' -> ['*']. Weak tags never match."""
+    if header is None or not header.strip():
+        return None
+    tags = []
+    for part in header.split(","):
+        tag = part.strip()
+        if tag == "*":
+            tags.append("*")
+        elif tag.startswith('"') and tag.endswith('"') and len(tag) >= 2:
+            tags.append(tag[1:-1])
+        elif tag:
+            tags.append(tag if tag.startswith("W/") else tag.strip('"'))
+    return tags
+
+
+def _quoted(etag: str) -> str:
+    return f'"{etag}"'
+
+
+@router.get("/v1/rules", response_model=RuleList, responses=problem_responses(401, 403, 503))
+def list_rules(ctx: Context, _: Reader) -> RuleList:
+    """Every live rule, in rule-set order, with its ETag, owner and source."""
+    number, rules = ctx.store.rules()
+    return RuleList(version=number, rules=[RuleEntry.of(r) for r in rules])
+
+
+@router.get("/v1/rules/{rule_id}", response_model=RuleEntry, responses={
+    **problem_responses(401, 403, 404, 422, 503),
+    304: {"description": "Not modified (If-None-Match)."}})
+def get_rule(rule_id: RuleId, ctx: Context, _: Reader, response: Response,
+             if_none_match: IfNoneMatch = None) -> Any:
+    """One rule; its ETag is in the `ETag` header (send it back in `If-Match`)."""
+    stored = ctx.store.rule(rule_id)
+    tags = _etags(if_none_match)
+    if tags is not None and (stored.etag in tags or "*" in tags):
+        return Response(status_code=304, headers={"ETag": _quoted(stored.etag)})
+    response.headers["ETag"] = _quoted(stored.etag)
+    return RuleEntry.of(stored)
+
+
+@router.put(
+    "/v1/rules/{rule_id}", response_model=RuleWriteOut, status_code=200,
+    responses={**problem_responses(400, 401, 403, 409, 412, 413, 422, 428, 503),
+               201: {"description": "Created.", "model": RuleWriteOut}},
+    openapi_extra={"requestBody": {"required": True,
+                                   "content": {"application/json": {"schema": RULE_REF}}}},
+)
+def put_rule(rule_id: RuleId, body: RawBody, ctx: Context, who: Writer, why: Reason,
+             response: Response, if_match: IfMatch = None,
+             if_none_match: IfNoneMatch = None) -> RuleWriteOut:
+    """Create (If-None-Match: * to refuse replacing) or replace (If-Match: the ETag
+    you read) one rule. The body is the rule as JSON; its `id` may be left out."""
+    create_only = bool(if_none_match and if_none_match.strip())
+    if create_only and if_none_match and if_none_match.strip() != "*":
+        raise Problem(400, "Bad request", "PUT supports If-None-Match: * only",
+                      kind="bad-precondition")
+    rule = parse_rule(body, rule_id)
+    result = ctx.store.put_rule(rule, change(who, why), if_match=_etags(if_match),
+                                if_none_match=create_only)
+    if result.version is not None:
+        ctx.metrics.rule_changes.labels(result.version.operation).inc()
+    response.headers["ETag"] = _quoted(result.rule.etag)
+    if result.created:
+        response.status_code = 201
+        response.headers["Location"] = f"/v1/rules/{rule_id}"
+    live = result.version.number if result.version else ctx.store.rules()[0]
+    return RuleWriteOut(version=live, changed=result.version is not None,
+                        created=result.created, rule=RuleEntry.of(result.rule),
+                        new_version=VersionOut.of(result.version) if result.version else None)
+
+
+@router.delete("/v1/rules/{rule_id}", response_model=DeleteOut,
+               responses=problem_responses(401, 403, 404, 409, 412, 422, 428, 503))
+def delete_rule(rule_id: RuleId, ctx: Context, who: Writer, why: Reason,
+                if_match: IfMatch = None) -> DeleteOut:
+    """Delete one rule; If-Match with its ETag (or *) is required."""
+    info = ctx.store.delete_rule(rule_id, change(who, why), if_match=_etags(if_match))
+    ctx.metrics.rule_changes.labels(info.operation).inc()
+    return DeleteOut(version=info.number, new_version=VersionOut.of(info))
+
+
+@router.post("/v1/apply", response_model=ApplyOut, tags=["gitops"],
+             responses=problem_responses(400, 401, 403, 409, 413, 422, 503))
+def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
+          dry_run: Annotated[bool, Query(description="Only say what would change "
+                                                     "(needs read access only).")] = False,
+          ) -> ApplyOut:
+    """Make the rules `owner` owns exactly those of `files` (what `keg apply` sends).
+
+    Rules of other owners are refused (409); rules nobody owns are refused unless
+    `adopt`. One new version for the whole change, none when nothing changes.
+    """
+    if dry_run:
+        who = None if ctx.settings.public_reads else authenticate(request, ctx)
+    else:
+        who = authenticate(request, ctx)
+    ruleset = parse_files(body.files)
+    result = ctx.store.apply(body.owner, ruleset, change(who or "anonymous", body.reason or why),
+                             adopt=body.adopt, dry_run=dry_run)
+    if result.version is not None:
+        ctx.metrics.rule_changes.labels(result.version.operation).inc()
+    return ApplyOut(
+        owner=body.owner, dry_run=dry_run, version=result.current,
+        new_version=VersionOut.of(result.version) if result.version else None,
+        diff=DiffOut.of(result.diff, f"version {result.current - (1 if result.version else 0)}",
+                        body.owner),
+    )

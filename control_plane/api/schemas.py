@@ -1,0 +1,179 @@
+"""The API's request and response shapes (what the OpenAPI document shows).
+
+Rules themselves are described by the rule language's own JSON Schema
+(filter_rules.schema), registered in the OpenAPI components: `Rule` for one rule,
+`RuleFileDocument` for a rule file's document.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from control_plane.api.dry_run import SampleRecord, SampleRequest
+from control_plane.store import RuleDiff, StoredRule, VersionInfo
+
+RULE_REF = {"$ref": "#/components/schemas/Rule"}
+RULE_FILE_REF = {"$ref": "#/components/schemas/RuleFileDocument"}
+OWNER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:/-]{0,199}$"
+
+# allOf: pydantic resolves a bare $ref itself, and this one lives outside its models.
+RuleJson = Annotated[dict[str, Any], WithJsonSchema({"allOf": [RULE_REF]})]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceOut(_Out):
+    file: str
+    line: int | None = None
+    column: int | None = None
+
+
+class RuleEntry(_Out):
+    id: str
+    etag: str = Field(description="The rule's ETag (a content hash), for If-Match.")
+    owner: str | None = Field(description="The rule directory that owns it (GitOps), if any.")
+    source: SourceOut | None = Field(description="Where it was written.")
+    rule: RuleJson
+
+    @classmethod
+    def of(cls, stored: StoredRule) -> RuleEntry:
+        source = SourceOut.model_validate(stored.source) if stored.source else None
+        return cls(id=stored.id, etag=stored.etag, owner=stored.owner, source=source,
+                   rule=stored.body)
+
+
+class VersionOut(_Out):
+    number: int
+    created_at: datetime
+    author: str = Field(description="The API token's name that made the change.")
+    reason: str
+    operation: Literal["create", "update", "delete", "apply", "rollback"]
+    ruleset_hash: str = Field(description="Content hash of the rules (what instances report).")
+    rule_count: int
+    parent: int | None = Field(description="For a rollback: the version it restored.")
+
+    @classmethod
+    def of(cls, info: VersionInfo) -> VersionOut:
+        return cls(number=info.number, created_at=info.created_at, author=info.author,
+                   reason=info.reason, operation=info.operation,
+                   ruleset_hash=info.ruleset_hash, rule_count=info.rule_count,
+                   parent=info.parent)
+
+
+class RuleList(_Out):
+    version: int = Field(description="The live version (0: no rules stored yet).")
+    rules: list[RuleEntry]
+
+
+class RuleWriteOut(_Out):
+    version: int = Field(description="The live version after the write.")
+    changed: bool = Field(description="False when the rule was already so (no new version).")
+    created: bool
+    new_version: VersionOut | None
+    rule: RuleEntry
+
+
+class DeleteOut(_Out):
+    version: int
+    new_version: VersionOut
+
+
+class VersionList(_Out):
+    versions: list[VersionOut]
+    next_before: int | None = Field(description="Pass as `before` for the next page.")
+
+
+class VersionDetail(_Out):
+    info: VersionOut
+    rules: list[RuleEntry]
+
+
+class DiffOut(_Out):
+    from_: str = Field(alias="from")
+    to: str
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    owners_changed: list[str]
+    reordered: bool
+    unchanged: int
+    unified: str = Field(description="Unified diff of the rule sets as YAML.")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @classmethod
+    def of(cls, diff: RuleDiff, from_name: str, to_name: str) -> DiffOut:
+        return cls.model_validate({
+            "from": from_name, "to": to_name, "added": list(diff.added),
+            "removed": list(diff.removed), "changed": list(diff.changed),
+            "owners_changed": list(diff.owners_changed), "reordered": diff.reordered,
+            "unchanged": diff.unchanged, "unified": diff.unified,
+        })
+
+
+class ApplyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    owner: Annotated[str, Field(pattern=OWNER_PATTERN, description=(
+        "Who owns the rules afterwards, e.g. 'dir:rules' (keg apply: 'dir:<directory name>')."))]
+    files: Annotated[dict[str, str], Field(max_length=10_000, description=(
+        "The rule directory's files: name -> content (YAML), read in name order."))]
+    reason: Annotated[str, Field(max_length=1000)] = ""
+    adopt: bool = Field(default=False, description="Take over rules nobody owns yet.")
+
+
+class ApplyOut(_Out):
+    owner: str
+    dry_run: bool
+    version: int = Field(description="The live version after the call.")
+    new_version: VersionOut | None
+    diff: DiffOut
+
+
+class ValidateOut(_Out):
+    valid: Literal[True]
+    rules: int
+    enabled: int
+    ruleset_hash: str
+
+
+class DryRunIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    rules: Annotated[str | dict[str, Any] | list[Any] | None, Field(description=(
+        "The candidate rule set: a rule file's text (YAML or JSON) or its document; "
+        "null: the live rules."))] = None
+    requests: list[SampleRequest] = Field(default_factory=list)
+    records: list[SampleRecord] = Field(default_factory=list)
+
+
+class DryRunRuleset(_Out):
+    source: Literal["live", "candidate"]
+    version: int | None = Field(description="The live version the dry run used, if live.")
+    ruleset_hash: str
+
+
+class DryRunOut(_Out):
+    ruleset: DryRunRuleset
+    requests: list[dict[str, Any]] = Field(description=(
+        "Per request: verdict forward | forward-changed | answer, the answer or the "
+        "forwarded body (bytes as {b64}), and each rule's decision."))
+    records: list[dict[str, Any]] = Field(description=(
+        "Per record: status unchanged | modified | dropped | rejected | failed, the "
+        "record as it would leave the gateway, and each rule's step."))
+    side_effects: list[dict[str, Any]] = Field(description="Copies and captures, not sent.")
+
+
+class FleetOut(_Out):
+    available: bool = Field(description="False when this process has no fleet view.")
+    nodes: list[dict[str, Any]]
+
+
+class HealthOut(_Out):
+    status: Literal["ok"]
+    version: int | None = None

@@ -1,0 +1,143 @@
+"""Where the control plane's rules come from: a `RuleProvider` (current + subscribe).
+
+Two sources exist: a rule directory, watched (GitOps without a store), and the
+store behind the REST API, which has the same face (`current()` and
+`subscribe(callback)`). The control plane reads `current()` whenever a provider
+calls back, so callbacks carry no arguments it relies on, and may come from any
+thread (the service hops back onto its event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ext_proc.rule_source import directory_signature
+from filter_rules import RuleSet, RuleSetInvalid, load_rule_dir
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[..., Any]
+
+
+@runtime_checkable
+class RuleProvider(Protocol):
+    def current(self) -> tuple[str | int, RuleSet]:
+        """The live rule set and its version (a string, or the store's version number)."""
+        ...
+
+    def subscribe(self, callback: Listener) -> Any:
+        """Call `callback` (from any thread) after the live rule set changed."""
+        ...
+
+
+class _Subscribers:
+    def __init__(self) -> None:
+        self._callbacks: list[Listener] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, callback: Listener) -> None:
+        with self._lock:
+            self._callbacks.append(callback)
+
+    def _notify(self, version: str, ruleset: RuleSet) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                callback(version, ruleset)
+            except Exception:  # one bad subscriber must not starve the others
+                log.exception("rule subscriber failed")
+
+
+class StaticRuleProvider(_Subscribers):
+    """Rules set in code (tests, benchmarks, an embedding application)."""
+
+    def __init__(self, ruleset: RuleSet | None = None, version: str | None = None) -> None:
+        super().__init__()
+        self._current = self._versioned(ruleset or RuleSet(), version)
+
+    @staticmethod
+    def _versioned(ruleset: RuleSet, version: str | None) -> tuple[str, RuleSet]:
+        return (version or ruleset.version, ruleset)
+
+    def current(self) -> tuple[str, RuleSet]:
+        return self._current
+
+    def set(self, ruleset: RuleSet, version: str | None = None) -> None:
+        self._current = self._versioned(ruleset, version)
+        self._notify(*self._current)
+
+
+class DirectoryRuleProvider(_Subscribers):
+    """A rule directory, re-read when its files change; invalid changes are refused
+    (errors logged with file:line, `last_error` kept) and the last good set stays."""
+
+    def __init__(self, directory: Path, interval: float = 1.0) -> None:
+        super().__init__()
+        self.directory = directory
+        self.interval = interval
+        self.last_error: str | None = None
+        if not directory.is_dir():
+            raise FileNotFoundError(f"rule directory {directory} does not exist")
+        self._signature = directory_signature(directory)
+        ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses to start
+        self._current = (ruleset.version, ruleset)
+
+    def current(self) -> tuple[str, RuleSet]:
+        return self._current
+
+    def reload(self) -> bool:
+        """Re-read the directory; True when a new valid rule set was published."""
+        self._signature = directory_signature(self.directory)
+        try:
+            ruleset = load_rule_dir(self.directory)
+        except RuleSetInvalid as err:
+            self.last_error = str(err)
+            log.error("rule set in %s refused, keeping version %s:\n%s", self.directory,
+                      self._current[0], err)
+            return False
+        self.last_error = None
+        if ruleset.version == self._current[0]:
+            return False
+        self._current = (ruleset.version, ruleset)
+        log.info("rule set version %s loaded from %s (%d rules)", ruleset.version,
+                 self.directory, len(ruleset.rules))
+        self._notify(*self._current)
+        return True
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if directory_signature(self.directory) != self._signature:
+                self.reload()
+
+
+class StoreRuleProvider:
+    """The rule store (control_plane.store.RuleStore, by duck typing) as a provider.
+
+    Its version numbers become xDS versions ("12"); `watch()` polls it so that writes
+    made through another control-plane instance (one PostgreSQL) reach this fleet too."""
+
+    def __init__(self, store: Any, interval: float = 2.0) -> None:
+        self.store = store
+        self.interval = interval
+
+    def current(self) -> tuple[str, RuleSet]:
+        number, ruleset = self.store.current()
+        return str(number), ruleset
+
+    def subscribe(self, callback: Listener) -> Any:
+        return self.store.subscribe(callback)
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await asyncio.to_thread(self.store.poll)
+            except Exception as err:  # a database hiccup must not end the watch
+                log.warning("rule store poll failed, keeping the last rule set: %s", err)

@@ -1,0 +1,122 @@
+"""The control plane's rule store: versioned, audited, shared by control-plane instances.
+
+    store = open_store(None, data_dir)                 # SQLite file, zero config
+    store = open_store("postgresql://keg@db/keg", data_dir)   # highly available
+    number, ruleset = store.current()
+    store.subscribe(lambda number, ruleset: ...)       # every new version, in order
+
+Every change (REST write, `keg apply`, rollback) appends a version of the whole rule
+set with who, when and why; rules carry ETags (content hashes) for optimistic
+concurrency; rules applied from a rule directory are owned by it (GitOps) and REST
+writes to them are refused. See docs/control-plane-api.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from control_plane.store.entries import (
+    Change,
+    Operation,
+    RuleDiff,
+    StoredRule,
+    Version,
+    VersionInfo,
+    diff_rules,
+    etag_of,
+    plan_apply,
+    rules_yaml,
+    to_ruleset,
+)
+from control_plane.store.errors import (
+    InvalidChange,
+    PreconditionFailed,
+    PreconditionRequired,
+    RuleNotFound,
+    RuleOwned,
+    StoreError,
+    StoreUnavailable,
+    VersionNotFound,
+)
+from control_plane.store.rule_store import (
+    ApplyResult,
+    RuleStore,
+    RuleWrite,
+    Subscriber,
+    Validator,
+)
+from control_plane.store.sql import PostgresDialect, SqlBackend, SqliteDialect
+
+SQLITE_FILE: Final = "control-plane.sqlite3"
+
+__all__ = [
+    "SQLITE_FILE",
+    "ApplyResult",
+    "Change",
+    "InvalidChange",
+    "Operation",
+    "PreconditionFailed",
+    "PreconditionRequired",
+    "RuleDiff",
+    "RuleNotFound",
+    "RuleOwned",
+    "RuleStore",
+    "RuleWrite",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredRule",
+    "Subscriber",
+    "Validator",
+    "Version",
+    "VersionInfo",
+    "VersionNotFound",
+    "describe_url",
+    "diff_rules",
+    "etag_of",
+    "open_store",
+    "plan_apply",
+    "rules_yaml",
+    "to_ruleset",
+]
+
+
+def open_store(url: str | None, data_dir: str | os.PathLike[str] | None = None,
+               validator: Validator | None = None) -> RuleStore:
+    """A RuleStore on `url`: None (SQLite file in `data_dir`), `sqlite:///path`,
+    `sqlite://:memory:` or `postgresql://...` / `postgres://...` (libpq URL).
+
+    Raises StoreUnavailable when the database cannot be reached.
+    """
+    backend: SqlBackend
+    if url is None or url == "":
+        if data_dir is None:
+            raise StoreError("the SQLite store needs a data directory (or a sqlite:/// URL)")
+        backend = SqlBackend(SqliteDialect(Path(data_dir) / SQLITE_FILE))
+    elif url.startswith("sqlite://"):
+        path = url.removeprefix("sqlite://")
+        if path != ":memory:":
+            path = path.removeprefix("/") if path.startswith("//") else path
+        if not path:
+            raise StoreError(f"no file in store URL {url!r}: sqlite:///path/to/file")
+        backend = SqlBackend(SqliteDialect(Path(path)))
+    elif url.startswith(("postgresql://", "postgres://")):
+        backend = SqlBackend(PostgresDialect(url))
+    else:
+        raise StoreError(
+            f"unknown store URL {describe_url(url)!r}: use sqlite:///path or postgresql://..."
+        )
+    return RuleStore(backend, validator)
+
+
+def describe_url(url: str | None) -> str:
+    """The URL with any password masked: safe to log."""
+    if not url:
+        return "sqlite (data directory)"
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url

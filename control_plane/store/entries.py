@@ -1,0 +1,198 @@
+"""What the store holds, as plain immutable values, and the pure functions over them.
+
+A version is the whole rule set at one moment: an ordered tuple of `StoredRule`
+(the rule as JSON, where it was written, who owns it, its ETag) plus who made the
+change, when and why. Nothing here does I/O: the planner and the diff are shared by
+the store, the REST API and `keg diff`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import yaml
+
+from filter_rules import Rule, RuleSet, RuleSource
+
+Operation = Literal["create", "update", "delete", "apply", "rollback"]
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def etag_of(body: dict[str, Any]) -> str:
+    """A rule's ETag: a hash of its JSON (defaults filled in), so equal rules share it."""
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRule:
+    id: str
+    body: dict[str, Any]  # Rule.model_dump(mode="json", by_alias=True)
+    owner: str | None = None  # "dir:<name>" for rules a rule directory owns
+    source: dict[str, Any] | None = None  # RuleSource as JSON: file, line, column
+    etag: str = ""
+
+    @classmethod
+    def of(cls, rule: Rule, owner: str | None = None,
+           source: RuleSource | None = None) -> StoredRule:
+        body = rule.model_dump(mode="json", by_alias=True)
+        src = source.model_dump(mode="json") if source is not None else None
+        return cls(rule.id, body, owner, src, etag_of(body))
+
+    def rule(self) -> Rule:
+        return Rule.model_validate(self.body)
+
+    def manifest(self) -> dict[str, Any]:
+        """The row a version keeps for this rule (its body is stored once, by ETag)."""
+        return {"id": self.id, "etag": self.etag, "owner": self.owner, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Who makes a change and why (when is the store's clock)."""
+
+    author: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    number: int
+    created_at: datetime
+    author: str
+    reason: str
+    operation: Operation
+    ruleset_hash: str  # RuleSet.version of the rules: what ext_proc instances report
+    rule_count: int
+    parent: int | None = None  # for a rollback: the version it restores
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    info: VersionInfo
+    rules: tuple[StoredRule, ...]
+
+    @property
+    def number(self) -> int:
+        return self.info.number
+
+    def get(self, rule_id: str) -> StoredRule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+    def ruleset(self) -> RuleSet:
+        return to_ruleset(self.rules)
+
+
+def to_ruleset(rules: Iterable[StoredRule]) -> RuleSet:
+    entries = list(rules)
+    return RuleSet(
+        rules=[entry.rule() for entry in entries],
+        sources={e.id: RuleSource.model_validate(e.source) for e in entries if e.source},
+    )
+
+
+def ruleset_hash(rules: Sequence[StoredRule]) -> str:
+    """RuleSet.version without building the models (same JSON, same hash)."""
+    text = json.dumps([r.body for r in rules], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --- comparing rule lists ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDiff:
+    """What turns `before` into `after`: rule ids added, removed, changed; a YAML diff."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    unchanged: int = 0
+    unified: str = ""
+    reordered: bool = False
+    owners_changed: tuple[str, ...] = field(default=())
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.reordered
+                    or self.owners_changed)
+
+
+def diff_rules(before: Sequence[StoredRule], after: Sequence[StoredRule],
+               from_name: str = "before", to_name: str = "after") -> RuleDiff:
+    old = {r.id: r for r in before}
+    new = {r.id: r for r in after}
+    common = [rule_id for rule_id in new if rule_id in old]
+    changed = tuple(i for i in common if old[i].etag != new[i].etag)
+    kept_order = [i for i in old if i in new]
+    return RuleDiff(
+        added=tuple(i for i in new if i not in old),
+        removed=tuple(i for i in old if i not in new),
+        changed=changed,
+        unchanged=len(common) - len(changed),
+        unified=unified_yaml_diff(before, after, from_name, to_name),
+        reordered=kept_order != common,
+        owners_changed=tuple(i for i in common if old[i].owner != new[i].owner),
+    )
+
+
+def rules_yaml(rules: Sequence[StoredRule]) -> str:
+    """The rules as one rule file would hold them, defaults left out: the form a
+    person wrote, so diffs show what they changed."""
+    document = {"apiVersion": "keg/v1", "kind": "RuleSet",
+                "rules": [_as_written(r.body) for r in rules]}
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _as_written(body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return Rule.model_validate(body).model_dump(mode="json", by_alias=True,
+                                                    exclude_defaults=True)
+    except ValueError:  # a body this version of the model no longer reads: show it all
+        return body
+
+
+def unified_yaml_diff(before: Sequence[StoredRule], after: Sequence[StoredRule],
+                      from_name: str, to_name: str) -> str:
+    lines = difflib.unified_diff(
+        rules_yaml(before).splitlines(keepends=True),
+        rules_yaml(after).splitlines(keepends=True),
+        fromfile=from_name, tofile=to_name,
+    )
+    return "".join(lines)
+
+
+# --- GitOps: a directory's rules replacing the ones it owns -------------------------------
+
+
+def plan_apply(current: Sequence[StoredRule], owner: str,
+               incoming: Sequence[StoredRule]) -> tuple[StoredRule, ...]:
+    """The rule list after a directory (`owner`) applies `incoming`.
+
+    Rules of other owners keep their place; the directory's rules, in its order,
+    take the place of the first rule it owned before (or go to the end), so file
+    order -- which breaks ties of `order` -- is the directory's own.
+    """
+    owned = [r for r in incoming if r.owner == owner]
+    assert len(owned) == len(incoming), "incoming rules must carry the owner"
+    ids = {r.id for r in incoming}
+    result: list[StoredRule] = []
+    inserted = False
+    for rule in current:
+        if rule.owner == owner or rule.id in ids:
+            if not inserted:
+                result.extend(incoming)
+                inserted = True
+            continue
+        result.append(rule)
+    if not inserted:
+        result.extend(incoming)
+    return tuple(result)

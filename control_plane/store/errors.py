@@ -1,0 +1,72 @@
+"""The store's exception tree: what callers (the REST API, the CLI) translate to answers.
+
+SQL drivers' errors never leave the store: they become `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StoreError(Exception):
+    """Base of every error the rule store raises."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or refused the operation (a driver error)."""
+
+
+class RuleNotFound(StoreError):
+    def __init__(self, rule_id: str) -> None:
+        super().__init__(f"no rule '{rule_id}'")
+        self.rule_id = rule_id
+
+
+class VersionNotFound(StoreError):
+    def __init__(self, number: int) -> None:
+        super().__init__(f"no version {number}")
+        self.number = number
+
+
+class PreconditionFailed(StoreError):
+    """An If-Match / If-None-Match condition does not hold (HTTP 412)."""
+
+    def __init__(self, message: str, current_etag: str | None = None) -> None:
+        super().__init__(message)
+        self.current_etag = current_etag
+
+
+class PreconditionRequired(StoreError):
+    """An update or delete without the ETag it would overwrite (HTTP 428)."""
+
+
+class RuleOwned(StoreError):
+    """A write to rules that a rule directory (GitOps) owns, by someone else (HTTP 409)."""
+
+    def __init__(self, owners: dict[str, str], writer: str | None) -> None:
+        self.owners = dict(owners)  # rule id -> owner
+        listed = ", ".join(f"'{rule_id}' ({owner})" for rule_id, owner in sorted(owners.items()))
+        if writer is None:
+            message = (
+                f"rule(s) {listed} are owned by a rule directory (GitOps): change them in "
+                "that directory and run `keg apply`, not through the REST API"
+            )
+        else:
+            message = (
+                f"rule(s) {listed} are not owned by {writer}; a rule directory may only "
+                "change its own rules (pass adopt to take over rules nobody owns)"
+            )
+        super().__init__(message)
+
+
+class InvalidChange(StoreError):
+    """A change the store refuses for its content (e.g. a rule id that does not match)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def owners_of(rule_ids: Sequence[str], owners: dict[str, str | None]) -> dict[str, str]:
+    """The owned ones among `rule_ids`, with their owners."""
+    return {rule_id: owner for rule_id in rule_ids if (owner := owners.get(rule_id))}

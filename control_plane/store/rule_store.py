@@ -1,0 +1,278 @@
+"""The rule store: every change a new immutable version of the whole rule set.
+
+Writes go through one backend transaction that reads the current version, checks
+the caller's preconditions against it (ETags, ownership), validates the resulting
+rule set and appends it; so two writers -- threads or control-plane instances on
+one PostgreSQL -- can never both win a race on the same rule.
+
+Subscribers hear of every new version once, in order: `subscribe(cb)` with
+`cb(version_number, ruleset)`, called on the writer's thread after the commit (hand
+work over to your own loop from there). Another instance's writes are picked up by
+`poll()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from control_plane.store.entries import (
+    Change,
+    Operation,
+    RuleDiff,
+    StoredRule,
+    Version,
+    VersionInfo,
+    diff_rules,
+    plan_apply,
+    to_ruleset,
+)
+from control_plane.store.errors import (
+    InvalidChange,
+    PreconditionFailed,
+    PreconditionRequired,
+    RuleNotFound,
+    RuleOwned,
+    VersionNotFound,
+    owners_of,
+)
+from control_plane.store.sql import Backend, Pending
+from filter_rules import Rule, RuleSet, RuleSource
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[int, RuleSet], None]
+# Raises filter_rules.RuleSetInvalid for a rule set the data path could not run.
+Validator = Callable[[RuleSet], None]
+ANY = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleWrite:
+    rule: StoredRule
+    version: VersionInfo | None  # None: the rule was already so, no new version
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    owner: str
+    diff: RuleDiff
+    version: VersionInfo | None  # the new version; None when nothing changed or dry run
+    current: int  # the version live after the call
+
+
+class RuleStore:
+    def __init__(self, backend: Backend, validator: Validator | None = None) -> None:
+        self._backend = backend
+        self._validator = validator
+        self._subscribers: list[Subscriber] = []
+        self._publish_lock = threading.Lock()
+        self._published = 0
+
+    # --- reads ----------------------------------------------------------------------
+
+    def head(self) -> Version | None:
+        return self._backend.head()
+
+    def current(self) -> tuple[int, RuleSet]:
+        """The live version number (0: nothing stored yet) and its rule set."""
+        head = self._backend.head()
+        return (0, RuleSet()) if head is None else (head.number, head.ruleset())
+
+    def rules(self) -> tuple[int, tuple[StoredRule, ...]]:
+        head = self._backend.head()
+        return (0, ()) if head is None else (head.number, head.rules)
+
+    def rule(self, rule_id: str) -> StoredRule:
+        head = self._backend.head()
+        found = head.get(rule_id) if head is not None else None
+        if found is None:
+            raise RuleNotFound(rule_id)
+        return found
+
+    def versions(self, limit: int = 50, before: int | None = None) -> list[VersionInfo]:
+        return self._backend.versions(limit, before)
+
+    def version(self, number: int) -> Version:
+        found = self._backend.version(number) if number > 0 else None
+        if found is None:
+            raise VersionNotFound(number)
+        return found
+
+    def diff(self, from_number: int, to_number: int) -> RuleDiff:
+        """What changed from one version to another; version 0 is the empty rule set."""
+        before = self.version(from_number).rules if from_number else ()
+        after = self.version(to_number).rules if to_number else ()
+        return diff_rules(before, after, f"version {from_number}", f"version {to_number}")
+
+    # --- writes ---------------------------------------------------------------------
+
+    def put_rule(self, rule: Rule, change: Change, *, if_match: Collection[str] | None = None,
+                 if_none_match: bool = False, source: RuleSource | None = None) -> RuleWrite:
+        """Create or replace one rule (REST). Replacing needs its current ETag."""
+        entry = StoredRule.of(rule, owner=None, source=source)
+        outcome: list[RuleWrite] = []
+
+        def build(head: Version | None) -> Pending | None:
+            rules = head.rules if head else ()
+            existing = next((r for r in rules if r.id == rule.id), None)
+            if existing is not None and existing.owner:
+                raise RuleOwned({rule.id: existing.owner}, writer=None)
+            _check_preconditions(existing, rule.id, if_match, if_none_match, creating=True)
+            if existing is not None and existing.etag == entry.etag:
+                outcome.append(RuleWrite(existing, None, created=False))
+                return None
+            if existing is None:
+                new_rules = (*rules, entry)
+            else:
+                new_rules = tuple(entry if r.id == rule.id else r for r in rules)
+            outcome.append(RuleWrite(entry, None, created=existing is None))
+            return self._pending(new_rules, change, "create" if existing is None else "update")
+
+        version = self._commit(build)
+        result = outcome[0]
+        return RuleWrite(result.rule, version.info if version else None, result.created)
+
+    def delete_rule(self, rule_id: str, change: Change, *,
+                    if_match: Collection[str] | None = None) -> VersionInfo:
+        def build(head: Version | None) -> Pending:
+            rules = head.rules if head else ()
+            existing = next((r for r in rules if r.id == rule_id), None)
+            if existing is None:
+                raise RuleNotFound(rule_id)
+            if existing.owner:
+                raise RuleOwned({rule_id: existing.owner}, writer=None)
+            _check_preconditions(existing, rule_id, if_match, False, creating=False)
+            return self._pending(tuple(r for r in rules if r.id != rule_id), change, "delete")
+
+        version = self._commit(build)
+        assert version is not None
+        return version.info
+
+    def apply(self, owner: str, ruleset: RuleSet, change: Change, *, adopt: bool = False,
+              dry_run: bool = False) -> ApplyResult:
+        """Make the rules `owner` (a rule directory) owns exactly `ruleset` (GitOps).
+
+        Rules another directory owns are refused; rules nobody owns (written through
+        REST) are refused unless `adopt`. Rules the directory no longer has are
+        removed. One new version, or none when nothing changes.
+        """
+        if not owner.strip():
+            raise InvalidChange("an owner is required (e.g. 'dir:rules')", "owner")
+        incoming = tuple(
+            StoredRule.of(rule, owner=owner, source=ruleset.sources.get(rule.id))
+            for rule in ruleset.rules
+        )
+        outcome: list[ApplyResult] = []
+
+        def build(head: Version | None) -> Pending | None:
+            rules = head.rules if head else ()
+            current = {r.id: r.owner for r in rules}
+            foreign = {i: o for i, o in owners_of([r.id for r in incoming], current).items()
+                       if o != owner}
+            if foreign:
+                raise RuleOwned(foreign, writer=owner)
+            unowned = [r.id for r in incoming if r.id in current and current[r.id] is None]
+            if unowned and not adopt:
+                raise RuleOwned(dict.fromkeys(unowned, "nobody: written through the REST API"),
+                                writer=owner)
+            new_rules = plan_apply(rules, owner, incoming)
+            number = head.number if head else 0
+            diff = diff_rules(rules, new_rules, f"version {number} (live)", owner)
+            outcome.append(ApplyResult(owner, diff, None, number))
+            if dry_run:
+                self._validate(new_rules)
+                return None
+            if new_rules == rules:
+                return None
+            return self._pending(new_rules, change, "apply")
+
+        version = self._commit(build)
+        result = outcome[0]
+        if version is None:
+            return result
+        return ApplyResult(owner, result.diff, version.info, version.number)
+
+    def rollback(self, number: int, change: Change) -> VersionInfo:
+        """A new version whose rules (owners and sources too) are those of `number`."""
+        target = self.version(number)
+
+        def build(head: Version | None) -> Pending:
+            return self._pending(target.rules, change, "rollback", parent=number)
+
+        version = self._commit(build)
+        assert version is not None
+        return version.info
+
+    # --- publication ----------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(number, ruleset)` for every new version; returns unsubscribe."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def poll(self) -> bool:
+        """Publish the live version if it is newer than the last one published (another
+        control-plane instance wrote it). Returns whether it published."""
+        head = self._backend.head()
+        return head is not None and self._publish(head)
+
+    def close(self) -> None:
+        self._backend.close()
+
+    # --- helpers --------------------------------------------------------------------
+
+    def _pending(self, rules: tuple[StoredRule, ...], change: Change, operation: Operation,
+                 parent: int | None = None) -> Pending:
+        self._validate(rules)
+        return Pending(rules, change, operation, parent)
+
+    def _validate(self, rules: tuple[StoredRule, ...]) -> None:
+        if self._validator is not None:
+            self._validator(to_ruleset(rules))
+
+    def _commit(self, build: Callable[[Version | None], Pending | None]) -> Version | None:
+        version = self._backend.commit(build)
+        if version is not None:
+            log.info("rules version %d: %s by %s (%d rules)%s", version.number,
+                     version.info.operation, version.info.author, version.info.rule_count,
+                     f": {version.info.reason}" if version.info.reason else "")
+            self._publish(version)
+        return version
+
+    def _publish(self, version: Version) -> bool:
+        with self._publish_lock:
+            if version.number <= self._published:
+                return False
+            self._published = version.number
+            ruleset = version.ruleset()
+            for callback in list(self._subscribers):
+                try:
+                    callback(version.number, ruleset)
+                except Exception:  # one subscriber must not stop the others
+                    log.exception("rule-set subscriber failed on version %d", version.number)
+            return True
+
+
+def _check_preconditions(existing: StoredRule | None, rule_id: str,
+                         if_match: Collection[str] | None, if_none_match: bool,
+                         *, creating: bool) -> None:
+    if if_none_match and existing is not None:
+        raise PreconditionFailed(
+            f"rule '{rule_id}' already exists (If-None-Match: *)", existing.etag)
+    if if_match is not None:
+        if existing is None:
+            raise PreconditionFailed(f"rule '{rule_id}' does not exist (If-Match)")
+        if ANY not in if_match and existing.etag not in if_match:
+            raise PreconditionFailed(
+                f"rule '{rule_id}' changed since you read it: its ETag is now "
+                f'"{existing.etag}"; read it again and retry', existing.etag)
+        return
+    if existing is not None and not if_none_match:
+        action = "update" if creating else "delete"
+        raise PreconditionRequired(
+            f"to {action} rule '{rule_id}' send If-Match with the ETag you read "
+            f'(now "{existing.etag}")')

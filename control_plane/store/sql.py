@@ -1,0 +1,379 @@
+"""Versions in SQL: one backend for SQLite (stdlib) and PostgreSQL (psycopg 3).
+
+Tables (every name prefixed `keg_`):
+- `keg_versions`: one row per version, never updated: number, created_at, author,
+  reason, operation, parent, ruleset_hash, rule_count and `manifest`, the ordered
+  list of {id, etag, owner, source};
+- `keg_rule_bodies`: each distinct rule body once, keyed by its ETag (content hash),
+  so a thousand versions of a large rule set cost a thousand manifests, not copies;
+- `keg_head`: the single row naming the current version. A write locks it
+  (`SELECT ... FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`), so control-plane instances
+  sharing one PostgreSQL database serialise their writes and never lose one.
+
+Rows are immutable, so versions and bodies read once are cached in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from control_plane.store.entries import (
+    Change,
+    Operation,
+    StoredRule,
+    Version,
+    VersionInfo,
+    canonical_json,
+    ruleset_hash,
+)
+from control_plane.store.errors import StoreError, StoreUnavailable
+
+SCHEMA_VERSION = 1
+_CACHED_VERSIONS = 256
+_IN_CHUNK = 500  # etags per `IN (...)` query
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A version to write: the whole rule list and what made it."""
+
+    rules: tuple[StoredRule, ...]
+    change: Change
+    operation: Operation
+    parent: int | None = None
+
+
+# Given the current version (None: the store is empty), the next one, or None for "no
+# change". It may raise a StoreError, which rolls the transaction back.
+Builder = Callable[[Version | None], Pending | None]
+
+
+class Backend(Protocol):
+    def head(self) -> Version | None: ...
+
+    def version(self, number: int) -> Version | None: ...
+
+    def versions(self, limit: int, before: int | None) -> list[VersionInfo]: ...
+
+    def commit(self, build: Builder) -> Version | None: ...
+
+    def close(self) -> None: ...
+
+
+class _Dialect(Protocol):
+    name: str
+    placeholder: str
+
+    def connect(self) -> Any: ...
+
+    def schema(self) -> Sequence[str]: ...
+
+    @contextmanager
+    def write_transaction(self, conn: Any) -> Iterator[None]: ...
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]: ...
+
+    def is_broken(self, conn: Any) -> bool: ...
+
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS keg_schema (
+    id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS keg_rule_bodies (etag TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS keg_versions (
+    number BIGINT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    author TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    parent BIGINT,
+    ruleset_hash TEXT NOT NULL,
+    rule_count INTEGER NOT NULL,
+    manifest TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS keg_head (
+    id INTEGER PRIMARY KEY CHECK (id = 1), number BIGINT NOT NULL);
+INSERT INTO keg_head (id, number) VALUES (1, 0) ON CONFLICT DO NOTHING;
+"""
+
+
+def _statements() -> list[str]:
+    stmts = [s.strip() for s in _TABLES.split(";") if s.strip()]
+    stmts.append(
+        f"INSERT INTO keg_schema (id, version) VALUES (1, {SCHEMA_VERSION}) ON CONFLICT DO NOTHING"
+    )
+    return stmts
+
+
+class SqliteDialect:
+    name = "sqlite"
+    placeholder = "?"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def connect(self) -> sqlite3.Connection:
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit; writes open `BEGIN IMMEDIATE` themselves. One connection is
+        # shared by the API's worker threads under the backend's lock.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=10.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def schema(self) -> Sequence[str]:
+        return _statements()
+
+    @contextmanager
+    def write_transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")  # the database's write lock, across processes
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (sqlite3.Error,)
+
+    def is_broken(self, conn: Any) -> bool:
+        return False
+
+
+class PostgresDialect:
+    name = "postgresql"
+    placeholder = "%s"
+    # Any constant: serialises schema creation between instances starting together.
+    _SCHEMA_LOCK = 0x6B6567
+
+    def __init__(self, url: str, connect_timeout: float = 10.0) -> None:
+        self.url = url
+        self.connect_timeout = connect_timeout
+
+    def connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True,
+                               connect_timeout=max(1, int(self.connect_timeout)))
+
+    def schema(self) -> Sequence[str]:
+        return [f"SELECT pg_advisory_xact_lock({self._SCHEMA_LOCK})", *_statements()]
+
+    @contextmanager
+    def write_transaction(self, conn: Any) -> Iterator[None]:
+        with conn.transaction():
+            conn.execute("SELECT number FROM keg_head WHERE id = 1 FOR UPDATE")
+            yield
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
+        import psycopg
+
+        return (psycopg.Error,)
+
+    def is_broken(self, conn: Any) -> bool:
+        return bool(conn.closed or conn.broken)
+
+
+class SqlBackend:
+    """A Backend over one DB-API connection, shared by threads under a lock."""
+
+    def __init__(self, dialect: SqliteDialect | PostgresDialect) -> None:
+        self._dialect = dialect
+        self._lock = threading.RLock()
+        self._conn: Any = None
+        self._bodies: dict[str, dict[str, Any]] = {}
+        self._versions: OrderedDict[int, Version] = OrderedDict()
+        with self._connection() as conn:
+            if isinstance(dialect, PostgresDialect):
+                with conn.transaction():
+                    for statement in dialect.schema():
+                        conn.execute(statement)
+            else:
+                with dialect.write_transaction(conn):
+                    for statement in dialect.schema():
+                        conn.execute(statement)
+            found = self._one(conn, "SELECT version FROM keg_schema WHERE id = 1")
+            if found is None or int(found[0]) != SCHEMA_VERSION:
+                raise StoreError(
+                    f"the database holds keg store schema {found and found[0]}, "
+                    f"this keg reads schema {SCHEMA_VERSION}"
+                )
+
+    @property
+    def dialect_name(self) -> str:
+        return self._dialect.name
+
+    # --- connection and error translation --------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        with self._lock:
+            try:
+                if self._conn is None or self._dialect.is_broken(self._conn):
+                    self._conn = self._dialect.connect()
+                yield self._conn
+            except self._dialect.driver_errors() as err:
+                if self._conn is not None and self._dialect.is_broken(self._conn):
+                    self._conn = None  # reconnect on the next call (a database failover)
+                raise StoreUnavailable(f"{self._dialect.name}: {_driver_message(err)}") from None
+
+    def _sql(self, statement: str) -> str:
+        return statement.replace("?", self._dialect.placeholder)
+
+    def _one(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Any:
+        return conn.execute(self._sql(statement), tuple(params)).fetchone()
+
+    def _all(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(conn.execute(self._sql(statement), tuple(params)).fetchall())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # --- reads --------------------------------------------------------------------------
+
+    def head(self) -> Version | None:
+        with self._connection() as conn:
+            row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
+            number = int(row[0]) if row else 0
+            return self._load(conn, number) if number else None
+
+    def version(self, number: int) -> Version | None:
+        with self._connection() as conn:
+            return self._load(conn, number)
+
+    def versions(self, limit: int, before: int | None) -> list[VersionInfo]:
+        columns = _INFO_COLUMNS
+        with self._connection() as conn:
+            if before is None:
+                rows = self._all(conn, f"SELECT {columns} FROM keg_versions "
+                                       "ORDER BY number DESC LIMIT ?", (limit,))
+            else:
+                rows = self._all(conn, f"SELECT {columns} FROM keg_versions WHERE number < ? "
+                                       "ORDER BY number DESC LIMIT ?", (before, limit))
+        return [_info(row) for row in rows]
+
+    def _load(self, conn: Any, number: int) -> Version | None:
+        cached = self._versions.get(number)
+        if cached is not None:
+            self._versions.move_to_end(number)
+            return cached
+        row = self._one(conn, f"SELECT {_INFO_COLUMNS}, manifest FROM keg_versions "
+                              "WHERE number = ?", (number,))
+        if row is None:
+            return None
+        manifest: list[dict[str, Any]] = json.loads(row[-1])
+        bodies = self._load_bodies(conn, [entry["etag"] for entry in manifest])
+        rules = tuple(
+            StoredRule(entry["id"], bodies[entry["etag"]], entry.get("owner"),
+                       entry.get("source"), entry["etag"])
+            for entry in manifest
+        )
+        version = Version(_info(row[:-1]), rules)
+        self._versions[number] = version
+        if len(self._versions) > _CACHED_VERSIONS:
+            self._versions.popitem(last=False)
+        return version
+
+    def _load_bodies(self, conn: Any, etags: Sequence[str]) -> dict[str, dict[str, Any]]:
+        missing = sorted({e for e in etags if e not in self._bodies})
+        for start in range(0, len(missing), _IN_CHUNK):
+            chunk = missing[start:start + _IN_CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            for etag, body in self._all(
+                conn, f"SELECT etag, body FROM keg_rule_bodies WHERE etag IN ({marks})", chunk
+            ):
+                self._bodies[etag] = json.loads(body)
+        absent = [e for e in etags if e not in self._bodies]
+        if absent:
+            raise StoreError(f"the database is inconsistent: no rule body {absent[0]}")
+        return {etag: self._bodies[etag] for etag in etags}
+
+    # --- the one write ----------------------------------------------------------------
+
+    def commit(self, build: Builder) -> Version | None:
+        with self._connection() as conn:
+            with self._dialect.write_transaction(conn):
+                row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
+                number = int(row[0]) if row else 0
+                head = self._load(conn, number) if number else None
+                pending = build(head)
+                if pending is None:
+                    return None
+                version = self._insert(conn, number + 1, pending)
+            # Cached only once committed: a failed transaction leaves no trace.
+            self._remember(version)
+            return version
+
+    def _insert(self, conn: Any, number: int, pending: Pending) -> Version:
+        for rule in pending.rules:
+            if rule.etag not in self._bodies:
+                self._exec(conn, "INSERT INTO keg_rule_bodies (etag, body) VALUES (?, ?) "
+                                 "ON CONFLICT DO NOTHING", (rule.etag, canonical_json(rule.body)))
+        info = VersionInfo(
+            number=number,
+            created_at=datetime.now(UTC),
+            author=pending.change.author,
+            reason=pending.change.reason,
+            operation=pending.operation,
+            ruleset_hash=ruleset_hash(pending.rules),
+            rule_count=len(pending.rules),
+            parent=pending.parent,
+        )
+        manifest = canonical_json([rule.manifest() for rule in pending.rules])
+        self._exec(
+            conn,
+            f"INSERT INTO keg_versions ({_INFO_COLUMNS}, manifest) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (number, info.created_at.isoformat(), info.author, info.reason, info.operation,
+             info.parent, info.ruleset_hash, info.rule_count, manifest),
+        )
+        self._exec(conn, "UPDATE keg_head SET number = ? WHERE id = 1", (number,))
+        return Version(info, pending.rules)
+
+    def _remember(self, version: Version) -> None:
+        for rule in version.rules:
+            self._bodies.setdefault(rule.etag, rule.body)
+        self._versions[version.number] = version
+        if len(self._versions) > _CACHED_VERSIONS:
+            self._versions.popitem(last=False)
+
+    def _exec(self, conn: Any, statement: str, params: Sequence[Any]) -> None:
+        conn.execute(self._sql(statement), tuple(params))
+
+
+_INFO_COLUMNS = ("number, created_at, author, reason, operation, parent, ruleset_hash, "
+                 "rule_count")
+
+
+def _info(row: Sequence[Any]) -> VersionInfo:
+    number, created, author, reason, operation, parent, digest, count = row
+    return VersionInfo(
+        number=int(number),
+        created_at=datetime.fromisoformat(created),
+        author=author,
+        reason=reason,
+        operation=operation,
+        parent=None if parent is None else int(parent),
+        ruleset_hash=digest,
+        rule_count=int(count),
+    )
+
+
+def _driver_message(err: BaseException) -> str:
+    # Driver messages may quote the connection string's host and user, never its password.
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

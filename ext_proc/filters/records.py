@@ -1,0 +1,277 @@
+"""Record rules on the wire: Produce requests on the way in, Fetch responses on the way out.
+
+`RecordsFilter` asks for a Produce or Fetch only when a record rule may apply to it
+(a dict lookup in the record rules' own index), and then touches only the batches
+of topics whose plan has stages; every other batch, partition and topic is
+forwarded as its bytes.
+
+Produce: each batch is run through its stages. A batch with a rejected record is
+refused with INVALID_RECORD and `record_errors` naming each rejected record and its
+rule (Produce v8+; older clients get the error alone); a failed interceptor refuses
+it with UNKNOWN_SERVER_ERROR, one out of time with REQUEST_TIMED_OUT. Refused
+partitions are taken out of the request and answered by the gateway, merged into
+the broker's answer to the rest. Dropped records are removed and the batch
+renumbered; for idempotent and transactional producers, later batches' sequence
+numbers are shifted down by what was dropped before them (`SequenceLedger`), so the
+broker sees no gap and the producer never gets OUT_OF_ORDER_SEQUENCE_NUMBER. A
+partition whose every record was dropped is answered as written (offset -1).
+
+Fetch: the broker's answer is rewritten in place: changed batches are re-encoded
+with their codec and offsets; dropped records leave offset gaps (as compaction
+does) and a batch with nothing left stays as an empty batch, so consumers still
+move past it. Control batches (transaction markers) are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RequestVerdict
+from ext_proc.filters.rules import RuleDecision, RuleEngine
+from ext_proc.identity import IdentityTracker
+from ext_proc.sequences import ProducerKey
+from filter_rules import MatchContext
+from filter_rules.errors import error_code
+from interceptors.engine import BatchOutcome, RecordEngine, Stage
+from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire.error_responses import expects_response
+from kafka_wire.records import BatchView, encode_batch, iter_batches, rewrite_records
+from kafka_wire.records import with_base_sequence as _with_base_sequence
+
+log = logging.getLogger(__name__)
+
+INVALID_RECORD: Final = error_code("INVALID_RECORD")
+REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
+UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
+
+Body = dict[str, Any]
+
+
+def _success(index: int) -> Body:
+    return {"Index": index, "ErrorCode": 0, "BaseOffset": -1, "LogAppendTimeMs": -1,
+            "LogStartOffset": -1, "RecordErrors": [], "ErrorMessage": None}
+
+
+def _refusal(index: int, outcome: BatchOutcome) -> Body:
+    entry = _success(index)
+    if outcome.failure is not None:
+        failure = outcome.failure
+        entry["ErrorCode"] = (REQUEST_TIMED_OUT if failure.effect == "timeout"
+                              else UNKNOWN_SERVER_ERROR)
+        entry["ErrorMessage"] = f"keg rule {failure.rule_id}: {failure.reason}"[:1000]
+        return entry
+    first = outcome.rejections[0]
+    entry["ErrorCode"] = INVALID_RECORD
+    entry["RecordErrors"] = [
+        {"BatchIndex": r.index, "BatchIndexErrorMessage": f"keg rule {r.rule_id}: {r.reason}"}
+        for r in outcome.rejections
+    ]
+    entry["ErrorMessage"] = (f"keg rule {first.rule_id} rejected record {first.index}: "
+                             f"{first.reason}")[:1000]
+    return entry
+
+
+def _merge_partitions(response: Body, answered: dict[str, list[Body]]) -> bool:
+    """Put the gateway's partition answers into the broker's Produce response."""
+    topics = response.setdefault("Responses", [])
+    by_name = {t.get("Name"): t for t in topics}
+    for name, partitions in answered.items():
+        topic = by_name.get(name)
+        if topic is None:
+            topics.append({"Name": name, "PartitionResponses": list(partitions)})
+        else:
+            topic["PartitionResponses"] = [*(topic.get("PartitionResponses") or []),
+                                           *partitions]
+    return bool(answered)
+
+
+class RecordsFilter:
+    def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
+        self._engine = engine
+        self._identity = identity
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        return api_key in (PRODUCE, FETCH) and self._engine.records.interested(
+            api_key, api_version)
+
+    def filter_request(
+        self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo
+    ) -> RequestVerdict | None:
+        records = self._engine.records  # one version for the whole request
+        principal = self._identity.principal if self._identity.principal_known else None
+        ctx = MatchContext(api_key=header.api_key, api_version=header.api_version,
+                           principal=principal, client_id=header.client_id,
+                           client_host=conn.client_host, listener=conn.gateway_address or None,
+                           broker_id=conn.broker_id)
+        if header.api_key == PRODUCE:
+            return self._produce(records, header, body, conn, ctx)
+        return self._fetch(records, header, conn, ctx)
+
+    # -- Produce -------------------------------------------------------------------------
+
+    def _produce(self, records: RecordEngine, header: kafka_wire.RequestHeader, body: Body,
+                 conn: ConnectionInfo, ctx: MatchContext) -> RequestVerdict | None:
+        answered: dict[str, list[Body]] = {}
+        changed = False
+        kept_topics = []
+        for topic in body.get("TopicData") or ():
+            name = topic.get("Name") or ""
+            stages = records.plan("produce", name, ctx)
+            if not stages:
+                kept_topics.append(topic)
+                continue
+            kept_partitions = []
+            for partition in topic.get("PartitionData") or ():
+                index = partition.get("Index", 0)
+                new, answer = self._produce_partition(records, stages, name, index,
+                                                      partition.get("Records"), header, conn,
+                                                      ctx.principal)
+                if answer is not None:
+                    answered.setdefault(name, []).append(answer)
+                    changed = True
+                    continue
+                if new is not partition.get("Records"):
+                    partition["Records"] = new
+                    changed = True
+                kept_partitions.append(partition)
+            if kept_partitions:
+                topic["PartitionData"] = kept_partitions
+                kept_topics.append(topic)
+        if not changed:
+            return None
+        body["TopicData"] = kept_topics
+        expects = expects_response(header.api_key, header.api_version, body)
+        if not kept_topics:
+            whole: Body = {"Responses": [], "ThrottleTimeMs": 0}
+            _merge_partitions(whole, answered)
+            return RequestVerdict(answer=whole, expects_response=expects)
+        if not answered:
+            return RequestVerdict(changed=True, expects_response=expects)
+        return RequestVerdict(changed=True, expects_response=expects,
+                              patch=lambda response: _merge_partitions(response, answered))
+
+    def _produce_partition(
+        self, records: RecordEngine, stages: tuple[Stage, ...], topic: str, partition: int,
+        data: Any, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
+        principal: str | None,
+    ) -> tuple[Any, Body | None]:
+        """The partition's new records field, or the gateway's answer for it."""
+        if data is None:
+            return data, None
+        pieces: list[bytes | memoryview] = []
+        changed = False
+        ledger = self._engine.sequences
+        for entry in iter_batches(data):
+            if not isinstance(entry, BatchView) or entry.is_control:
+                pieces.append(entry.raw)
+                continue
+            outcome = records.process_batch(entry, stages, topic=topic, partition=partition,
+                                            direction="produce", principal=principal)
+            self._report(outcome, header, conn, topic, partition)
+            if outcome.refused:
+                return None, _refusal(partition, outcome)
+            key: ProducerKey | None = None
+            shift = 0
+            if entry.producer_id >= 0 and entry.base_sequence >= 0:
+                key = (entry.producer_id, entry.producer_epoch, topic, partition)
+                shift = ledger.shift(key, entry.base_sequence)
+                if outcome.dropped:
+                    ledger.dropped(key, entry.base_sequence, outcome.dropped)
+            if outcome.records is None:
+                if shift:
+                    pieces.append(_with_base_sequence(entry, entry.base_sequence - shift))
+                    changed = True
+                else:
+                    pieces.append(entry.raw)
+                continue
+            changed = True
+            if not outcome.records:
+                continue  # every record dropped: nothing of this batch goes on
+            batch_header = entry.header._replace(
+                base_sequence=entry.base_sequence - shift if key is not None
+                else entry.base_sequence,
+                last_offset_delta=len(outcome.records) - 1)
+            pieces.append(encode_batch(batch_header, outcome.records, renumber=True,
+                                       xerial=entry.is_xerial))
+        if not changed:
+            return data, None
+        if not pieces:
+            return None, _success(partition)
+        return b"".join(pieces), None
+
+    # -- Fetch ---------------------------------------------------------------------------
+
+    def _fetch(self, records: RecordEngine, header: kafka_wire.RequestHeader,
+               conn: ConnectionInfo, ctx: MatchContext) -> RequestVerdict | None:
+        principal = ctx.principal
+
+        def transform(response: Body) -> bool:
+            changed = False
+            for topic in response.get("Responses") or ():
+                name = topic.get("Topic")
+                if not isinstance(name, str):
+                    continue  # v13+: topic ids only (the gateway caps Fetch below that)
+                stages = records.plan("consume", name, ctx)
+                if not stages:
+                    continue
+                for partition in topic.get("Partitions") or ():
+                    changed |= self._fetch_partition(records, stages, name, partition,
+                                                     header, conn, principal)
+            return changed
+
+        return RequestVerdict(patch=transform)
+
+    def _fetch_partition(self, records: RecordEngine, stages: tuple[Stage, ...], topic: str,
+                         partition: Body, header: kafka_wire.RequestHeader,
+                         conn: ConnectionInfo, principal: str | None) -> bool:
+        data = partition.get("Records")
+        if not data or partition.get("ErrorCode"):
+            return False
+        index = partition.get("PartitionIndex", 0)
+        failure: list[BatchOutcome] = []
+
+        def rewrite(batch: BatchView) -> Any:
+            if failure:
+                return None
+            outcome = records.process_batch(batch, stages, topic=topic, partition=index,
+                                            direction="consume", principal=principal)
+            self._report(outcome, header, conn, topic, index)
+            if outcome.failure is not None:
+                failure.append(outcome)
+            return outcome.records
+
+        new = rewrite_records(data, rewrite)
+        if failure:
+            # Nothing of this partition reaches the consumer; it fetches it again.
+            refusal = _refusal(index, failure[0])
+            partition["ErrorCode"] = refusal["ErrorCode"]
+            partition["Records"] = None
+            return True
+        if new is data:
+            return False
+        partition["Records"] = new
+        return True
+
+    # -- what happened -------------------------------------------------------------------
+
+    def _report(self, outcome: BatchOutcome, header: kafka_wire.RequestHeader,
+                conn: ConnectionInfo, topic: str, partition: int) -> None:
+        if not outcome.counts:
+            return
+        rejected = {r.rule_id: r.reason for r in outcome.rejections}
+        for (rule_id, effect), count in outcome.counts.items():
+            if effect == "unchanged":
+                continue
+            rule = self._engine.records.rules.get(rule_id)
+            if rule is None:
+                continue
+            reason = rejected.get(rule_id)
+            if outcome.failure is not None and outcome.failure.rule_id == rule_id:
+                reason = outcome.failure.reason
+            self._engine.sink(RuleDecision(
+                rule, effect, header, conn, self._identity.principal,
+                self._identity.security_protocol, topic, reason=reason, partition=partition,
+                records=count))

@@ -1,0 +1,282 @@
+"""Virtual topics: each tenant sees its own namespace of topics (issue 5, item 6).
+
+A `virtual_topics` rule (`{prefix: "tenant-a.", groups: true, transactional_ids:
+true}`) matched by the usual matchers (principals, listeners, client addresses, client
+ids, ...) gives the matching connections a namespace: the client says `orders`, the
+broker stores `tenant-a.orders`. The first matching rule in evaluation order decides,
+per request; a connection no rule matches is left alone, and with no such rule in the
+rule set the filter asks for no request at all.
+
+Requests are renamed client -> broker in place (every later filter and rule sees the
+broker's names); the broker's answer, or a later filter's own answer, is renamed back
+by the verdict's patch, which also drops what lies outside the namespace (other
+tenants' topics in a Metadata of all topics, their groups in ListGroups, internal
+topics). The walk is `kafka_wire.entity_names`; here are what it cannot know alone:
+
+- group payloads (KIP-559): the ConsumerProtocol bytes of JoinGroup and SyncGroup,
+  decoded with the protocol type the message carries, or the one this connection's
+  JoinGroup said (SyncGroup before v5);
+- regular expressions (ConsumerGroupHeartbeat SubscribedTopicRegex, ListTransactions
+  TransactionalIdPattern): the broker matches them in full (RE2/J `matches()`), so
+  the client's `R` becomes `<escaped prefix>(?:R)`, which matches only names of the
+  namespace. A leading `^` is dropped (it would anchor inside). A pattern RE2 refuses
+  is answered INVALID_REGULAR_EXPRESSION with the reason, never forwarded.
+
+Dry-run `virtual_topics` rules rename nothing (renaming cannot be half done).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RequestVerdict
+from ext_proc.filters.rules import RuleEngine
+from ext_proc.identity import IdentityTracker
+from filter_rules import CompiledRuleSet, MatchContext
+from filter_rules.errors import INVALID_REQUEST, error_code
+from filter_rules.patterns import PatternError, compile_re2
+from filter_rules.record_actions import VirtualTopicsAction
+from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire.entity_names import (
+    GROUP,
+    TOPIC,
+    TRANSACTIONAL_ID,
+    EntityNameError,
+    Rename,
+    names_entities,
+    rename_entities,
+    rename_group_payload,
+)
+from kafka_wire.error_responses import error_response
+
+log = logging.getLogger(__name__)
+
+CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE, LIST_TRANSACTIONS = 68, 69, 66
+DELETE_TOPICS = 20
+# Kafka 4.0's error for a refused regex subscription (KIP-848); not in older tables.
+INVALID_REGULAR_EXPRESSION: Final = error_code("INVALID_REGULAR_EXPRESSION")
+_MAX_GROUPS = 64  # JoinGroup protocol types remembered per connection
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """One prefix, and the two directions of renaming it implies."""
+
+    prefix: str
+    groups: bool = True
+    transactional_ids: bool = True
+    to_broker: dict[str, Rename] = field(init=False, repr=False, compare=False)
+    to_client: dict[str, Rename] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prefix, size = self.prefix, len(self.prefix)
+
+        def add(name: str) -> str:
+            return prefix + name
+
+        def strip(name: str) -> str | None:
+            return name[size:] if name.startswith(prefix) else None
+
+        kinds = [TOPIC] + ([GROUP] if self.groups else []) + (
+            [TRANSACTIONAL_ID] if self.transactional_ids else [])
+        object.__setattr__(self, "to_broker", dict.fromkeys(kinds, add))
+        object.__setattr__(self, "to_client", dict.fromkeys(kinds, strip))
+
+    @property
+    def regex_prefix(self) -> str:
+        # RE2 and RE2/J accept a backslash before any punctuation.
+        return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in self.prefix)
+
+    def anchor(self, pattern: str) -> str:
+        """The broker-side regex for a client's; PatternError if RE2 refuses it."""
+        inner = pattern[1:] if pattern.startswith("^") else pattern
+        compile_re2(inner)  # balanced on its own: `(?:inner)` cannot be left
+        anchored = f"{self.regex_prefix}(?:{inner})"
+        compile_re2(anchored)  # e.g. a `\Q` without `\E` swallows the `)`
+        return anchored
+
+    def unanchor(self, pattern: str) -> str | None:
+        head = f"{self.regex_prefix}(?:"
+        if pattern.startswith(head) and pattern.endswith(")"):
+            return pattern[len(head):-1]
+        return None
+
+
+class VirtualTopicsFilter:
+    def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
+        self._engine = engine
+        self._identity = identity
+        self._seen: CompiledRuleSet | None = None
+        self._active = False
+        self._namespaces: dict[tuple[str, bool, bool], Namespace] = {}
+        # broker group id -> protocol type of this connection's last JoinGroup
+        self._protocol_types: OrderedDict[str, str] = OrderedDict()
+
+    # -- the contract --------------------------------------------------------------
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        compiled = self._engine.compiled
+        if compiled is not self._seen:
+            self._seen = compiled
+            self._active = any(r.kind == "virtual_topics" and not r.dry_run
+                               for r in compiled.rules)
+        return self._active and _names_anything(api_key, api_version)
+
+    def filter_request(
+        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
+    ) -> RequestVerdict | None:
+        ns = self._namespace(header, conn)
+        if ns is None:
+            return None
+        key, version = header.api_key, header.api_version
+        try:
+            changed = self._rename_request(key, version, body, ns)
+        except (EntityNameError, PatternError) as err:
+            return self._refuse(header, body, ns, err)
+        protocol_type = self._request_protocol_type(key, version, body)
+
+        def patch(response: dict[str, Any]) -> bool:
+            return self._rename_response(key, version, response, ns, protocol_type)
+
+        return RequestVerdict(changed=changed, patch=patch)
+
+    # -- who is a tenant -------------------------------------------------------------
+
+    def _namespace(self, header: kafka_wire.RequestHeader,
+                   conn: ConnectionInfo) -> Namespace | None:
+        compiled = self._engine.compiled
+        ctx = MatchContext(
+            api_key=header.api_key, api_version=header.api_version,
+            principal=self._identity.principal if self._identity.principal_known else None,
+            client_id=header.client_id, client_host=conn.client_host,
+            listener=conn.gateway_address or None, broker_id=conn.broker_id,
+        )
+        for rule in compiled.candidates(header.api_key, header.api_version, "request"):
+            if rule.kind != "virtual_topics" or rule.dry_run or not rule.matches(ctx):
+                continue
+            assert isinstance(rule.action, VirtualTopicsAction)
+            spec = rule.action.virtual_topics
+            key = (spec.prefix, spec.groups, spec.transactional_ids)
+            ns = self._namespaces.get(key)
+            if ns is None:
+                ns = self._namespaces[key] = Namespace(*key)
+            return ns
+        return None
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _rename_request(self, key: int, version: int, body: dict[str, Any],
+                        ns: Namespace) -> bool:
+        if key == DELETE_TOPICS and any(t.get("Name") is None for t in body.get("Topics") or []):
+            # The answer would hide a foreign topic, but only after the broker deleted it.
+            raise EntityNameError("virtual topics: DeleteTopics by topic id is not supported; "
+                                  "name the topics")
+        changed = self._anchor_patterns(key, body, ns)  # may refuse: before any rename
+        changed |= rename_entities(key, version, "request", body, ns.to_broker)
+        if key == JOIN_GROUP:
+            protocol_type = body.get("ProtocolType")
+            for p in body.get("Protocols") or []:
+                new = rename_group_payload(protocol_type, "subscription", p.get("Metadata"),
+                                           ns.to_broker)
+                if new is not None:
+                    p["Metadata"], changed = new, True
+            if isinstance(protocol_type, str):
+                self._remember(body["GroupId"], protocol_type)
+        elif key == SYNC_GROUP:
+            protocol_type = self._request_protocol_type(key, version, body)
+            for a in body.get("Assignments") or []:
+                new = rename_group_payload(protocol_type, "assignment", a.get("Assignment"),
+                                           ns.to_broker)
+                if new is not None:
+                    a["Assignment"], changed = new, True
+        return changed
+
+    def _anchor_patterns(self, key: int, body: dict[str, Any], ns: Namespace) -> bool:
+        if key == CONSUMER_GROUP_HEARTBEAT:
+            regex = body.get("SubscribedTopicRegex")
+            if regex:
+                body["SubscribedTopicRegex"] = ns.anchor(regex)
+                return True
+        elif key == LIST_TRANSACTIONS and ns.transactional_ids:
+            pattern = body.get("TransactionalIdPattern")
+            if pattern:
+                body["TransactionalIdPattern"] = ns.anchor(pattern)
+                return True
+        return False
+
+    def _request_protocol_type(self, key: int, version: int, body: dict[str, Any]) -> str | None:
+        if key == JOIN_GROUP:
+            found = body.get("ProtocolType")
+            return found if isinstance(found, str) else None
+        if key != SYNC_GROUP:
+            return None
+        said = body.get("ProtocolType") if version >= 5 else None
+        if isinstance(said, str):
+            return said
+        return self._protocol_types.get(body.get("GroupId", ""))
+
+    def _remember(self, group_id: str, protocol_type: str) -> None:
+        self._protocol_types[group_id] = protocol_type
+        self._protocol_types.move_to_end(group_id)
+        while len(self._protocol_types) > _MAX_GROUPS:
+            self._protocol_types.popitem(last=False)
+
+    def _refuse(self, header: kafka_wire.RequestHeader, body: dict[str, Any], ns: Namespace,
+                err: Exception) -> RequestVerdict:
+        code = INVALID_REGULAR_EXPRESSION if isinstance(err, PatternError) else INVALID_REQUEST
+        what = "regular expression" if isinstance(err, PatternError) else "request"
+        message = f"virtual topics: {what} refused: {err}"
+        log.info("%s (%s)", message, header.client_id)
+        answer = error_response(header.api_key, header.api_version, body, code, message)
+        rename_entities(header.api_key, header.api_version, "response", answer, ns.to_client)
+        return RequestVerdict(answer=answer)
+
+    # -- responses -----------------------------------------------------------------
+
+    def _rename_response(self, key: int, version: int, response: dict[str, Any],
+                         ns: Namespace, protocol_type: str | None) -> bool:
+        changed = rename_entities(key, version, "response", response, ns.to_client)
+        if key == JOIN_GROUP:
+            said = response.get("ProtocolType") if version >= 7 else None
+            ptype = said if isinstance(said, str) else protocol_type
+            for m in response.get("Members") or []:
+                new = rename_group_payload(ptype, "subscription", m.get("Metadata"),
+                                           ns.to_client)
+                if new is not None:
+                    m["Metadata"], changed = new, True
+        elif key == SYNC_GROUP:
+            said = response.get("ProtocolType") if version >= 5 else None
+            ptype = said if isinstance(said, str) else protocol_type
+            new = rename_group_payload(ptype, "assignment", response.get("Assignment"),
+                                       ns.to_client)
+            if new is not None:
+                response["Assignment"], changed = new, True
+        elif key == CONSUMER_GROUP_DESCRIBE:
+            for group in response.get("Groups") or []:
+                for member in group.get("Members") or []:
+                    regex = member.get("SubscribedTopicRegex")
+                    if regex:
+                        member["SubscribedTopicRegex"] = ns.unanchor(regex)
+                        changed = True
+        return changed
+
+
+_NAMING: dict[tuple[int, int], bool] = {}
+
+
+def _names_anything(api_key: int, api_version: int) -> bool:
+    """Whether a request must pass through the renaming: it names an entity, or the
+    codec cannot tell (an API or version it does not know: decoding then fails and the
+    connection is closed rather than let a name through unprefixed)."""
+    slot = (api_key, api_version)
+    found = _NAMING.get(slot)
+    if found is None:
+        versions = kafka_wire.supported_versions(api_key)
+        known = versions is not None and versions[0] <= api_version <= versions[1]
+        found = _NAMING[slot] = (not known) or names_entities(api_key, api_version)
+    return found

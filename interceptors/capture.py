@@ -1,0 +1,363 @@
+"""The `capture` action: matching records, sampled and bounded, written to Parquet.
+
+The interceptor is a side effect: it returns the record unchanged. The data path
+only appends a tuple to an in-memory buffer (under a lock, no I/O); a writer thread
+turns the buffer into a Parquet row group when it holds `row_group_rows` rows or
+every `flush_seconds`, and on `close()`. When the writer falls behind, the buffer is
+capped at `max_buffered_rows` and further records are shed (counted in `shed`), so a
+slow disk never stalls the gateway.
+
+Layout (what `keg backtest` and `keg capture` read and write; see CAPTURE_SCHEMA):
+
+    <path>/date=YYYY-MM-DD/topic=<topic>/part-<ms>-<uuid>.parquet
+
+`date` is the record's timestamp (UTC), or the capture time when it has none. A file
+is written as a hidden `.part-*.parquet.tmp` (readers skip names starting with "."),
+renamed when it reaches `rotate_bytes`, gets older than `roll_seconds`, when no record
+came for `flush_seconds`, or on close.
+`max_bytes` caps the whole directory (files already there count): once reached,
+nothing more is captured.
+
+Sampling is deterministic: a record is kept when a hash of (topic, partition, offset)
+— or, before the broker gave it an offset, of (topic, key, timestamp, value) — falls
+below `sample`. The same record is sampled the same way on every gateway and rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from filter_rules.record_actions import CaptureSpec
+from interceptors.contract import BuildContext, InterceptedRecord, InterceptorConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+COLUMNS: Final = ("topic", "partition", "offset", "timestamp", "key", "value", "headers",
+                  "principal", "direction", "captured_at")
+ROW_GROUP_ROWS: Final = 4096
+FLUSH_SECONDS: Final = 5.0
+ROLL_SECONDS: Final = 300.0
+MAX_OPEN_FILES: Final = 32
+_HASH_SCALE: Final = float(1 << 64)
+_GROUP_OVERHEAD: Final = 2048  # bytes a row group's metadata may take, at most
+_FOOTER_RESERVE: Final = 4096  # and a file's footer (statistics only on small columns)
+_STATISTICS: Final = ["topic", "partition", "offset", "timestamp", "direction", "captured_at"]
+
+# One buffered row, in COLUMNS order (timestamps as ms since the epoch, None: unknown).
+Row = tuple[str, int, int | None, int | None, bytes | None, bytes | None,
+            list[tuple[str, bytes | None]], str | None, str, int]
+
+
+def capture_schema() -> pa.Schema:
+    """The Arrow schema of a capture file (Parquet), shared with the Spark jobs."""
+    import pyarrow as pa
+
+    ts = pa.timestamp("ms", tz="UTC")
+    header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    return pa.schema([
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", ts),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", pa.list_(header)),
+        pa.field("principal", pa.string()),
+        pa.field("direction", pa.string(), nullable=False),
+        pa.field("captured_at", ts, nullable=False),
+    ])
+
+
+def sample_point(record: InterceptedRecord) -> float:
+    """Where `record` falls in [0, 1): kept when below the sample rate."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(record.topic.encode())
+    if record.offset is not None:
+        digest.update(b"\0o%d\0%d" % (record.partition, record.offset))
+    else:
+        digest.update(b"\0k" + (record.key or b"") + b"\0t%d\0v" % record.timestamp)
+        digest.update(record.value or b"")
+    return int.from_bytes(digest.digest(), "big") / _HASH_SCALE
+
+
+def to_row(record: InterceptedRecord, *, include_value: bool, now_ms: int) -> Row:
+    return (record.topic, record.partition, record.offset,
+            record.timestamp if record.timestamp >= 0 else None, record.key,
+            record.value if include_value else None, list(record.headers),
+            record.principal, record.direction, now_ms)
+
+
+def row_bytes(row: Row) -> int:
+    """The payload a row carries (key, value, headers): what `max_bytes` budgets."""
+    headers = sum(len(k) + len(v or b"") for k, v in row[6])
+    return 64 + len(row[0]) + len(row[4] or b"") + len(row[5] or b"") + headers
+
+
+def directory_bytes(root: Path) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except OSError:  # renamed or removed meanwhile
+                continue
+    return total
+
+
+class _OpenFile:
+    __slots__ = ("final", "opened", "temp", "writer")
+
+    def __init__(self, folder: Path, schema: pa.Schema) -> None:
+        import pyarrow.parquet as pq
+
+        name = f"part-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}.parquet"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.final = folder / name
+        self.temp = folder / f".{name}.tmp"
+        self.opened = time.monotonic()
+        self.writer = pq.ParquetWriter(self.temp, schema, compression="zstd",
+                                       write_statistics=_STATISTICS)
+
+    def size(self) -> int:
+        return int(self.writer.file_handle.tell()) if self.writer.file_handle else 0
+
+    def close(self) -> int:
+        self.writer.close()
+        os.replace(self.temp, self.final)
+        return self.final.stat().st_size
+
+
+class CaptureWriter:
+    """Writes capture rows as Parquet under `root`: partitioned, rotated, capped.
+
+    Not thread-safe: one thread writes (the capture's writer thread, or `keg capture`).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_bytes: int = 1 << 30,
+                 rotate_bytes: int = 64 << 20, roll_seconds: float = ROLL_SECONDS) -> None:
+        import pyarrow  # noqa: F401  (fail here, at build time, when it is missing)
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.rotate_bytes = rotate_bytes
+        self.roll_seconds = roll_seconds
+        self.schema = capture_schema()
+        self.written_bytes = directory_bytes(self.root)  # files closed (and found) so far
+        self.rows = 0
+        self.capped = False
+        self.files: list[Path] = []
+        self._open: dict[tuple[str, str], _OpenFile] = {}
+
+    @property
+    def full(self) -> bool:
+        """No more room: a write was cut short by `max_bytes`, or the directory is full."""
+        return self.capped or self.used_bytes() >= self.max_bytes
+
+    def used_bytes(self) -> int:
+        return self.written_bytes + sum(f.size() for f in self._open.values())
+
+    def write(self, rows: list[Row]) -> int:
+        """Write rows (as many as `max_bytes` leaves room for); returns how many.
+
+        Room is estimated before writing: payload plus a margin for Parquet's encoding,
+        row-group metadata and the footers of the files still open.
+        """
+        room = (self.max_bytes - self.used_bytes() - _GROUP_OVERHEAD
+                - _FOOTER_RESERVE * (len(self._open) + 1))
+        kept: list[Row] = []
+        for row in rows:
+            room -= row_bytes(row) * 11 // 10
+            if room < 0:
+                self.capped = True
+                break
+            kept.append(row)
+        if not kept:
+            return 0
+        groups: dict[tuple[str, str], list[Row]] = {}
+        for row in kept:
+            groups.setdefault((_date(row), row[0]), []).append(row)
+        for (date, topic), group in groups.items():
+            target = self._file(date, topic)
+            target.writer.write_table(self._table(group))
+            if target.size() >= self.rotate_bytes:
+                self._close((date, topic))
+        self.rows += len(kept)
+        return len(kept)
+
+    def roll(self) -> None:
+        """Close files open longer than `roll_seconds`, so readers see them."""
+        now = time.monotonic()
+        for key in [k for k, f in self._open.items() if now - f.opened >= self.roll_seconds]:
+            self._close(key)
+
+    def close(self) -> None:
+        for key in list(self._open):
+            self._close(key)
+
+    def _file(self, date: str, topic: str) -> _OpenFile:
+        key = (date, topic)
+        target = self._open.get(key)
+        if target is None:
+            if len(self._open) >= MAX_OPEN_FILES:
+                self._close(min(self._open, key=lambda k: self._open[k].opened))
+            target = _OpenFile(self.root / f"date={date}" / f"topic={topic}", self.schema)
+            self._open[key] = target
+        return target
+
+    def _close(self, key: tuple[str, str]) -> None:
+        target = self._open.pop(key)
+        self.written_bytes += target.close()
+        self.files.append(target.final)
+
+    def _table(self, rows: list[Row]) -> pa.Table:
+        import pyarrow as pa
+
+        columns: list[Any] = list(zip(*rows, strict=True))
+        columns[6] = [[{"key": k, "value": v} for k, v in headers] for headers in columns[6]]
+        return pa.Table.from_arrays(
+            [pa.array(col, type=field.type) for col, field in zip(columns, self.schema,
+                                                                   strict=True)],
+            schema=self.schema,
+        )
+
+
+def _date(row: Row) -> str:
+    ms = row[3] if row[3] is not None else row[9]
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d")
+
+
+class CaptureInterceptor:
+    """The side-effect interceptor the engine runs for a `capture` rule."""
+
+    def __init__(self, spec: CaptureSpec, root: Path, *, row_group_rows: int = ROW_GROUP_ROWS,
+                 flush_seconds: float = FLUSH_SECONDS, roll_seconds: float = ROLL_SECONDS,
+                 max_buffered_rows: int | None = None) -> None:
+        self.spec = spec
+        self.writer = CaptureWriter(root, max_bytes=spec.max_bytes,
+                                    rotate_bytes=spec.rotate_bytes, roll_seconds=roll_seconds)
+        self.row_group_rows = row_group_rows
+        self.flush_seconds = flush_seconds
+        self.max_buffered_rows = max_buffered_rows or row_group_rows * 8
+        self.shed = 0  # records not captured because the writer fell behind
+        self.errors = 0
+        self._buffer: list[Row] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._full = self.writer.full
+        self._thread = threading.Thread(target=self._loop, name="keg-capture", daemon=True)
+        self._thread.start()
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Built from its rule; nothing to configure."""
+
+    def intercept(self, record: InterceptedRecord) -> InterceptedRecord:
+        if self._full or self._closed:
+            return record
+        if self.spec.sample < 1.0 and sample_point(record) >= self.spec.sample:
+            return record
+        row = to_row(record, include_value=self.spec.include_values,
+                     now_ms=int(time.time() * 1000))
+        with self._lock:
+            if len(self._buffer) >= self.max_buffered_rows:
+                self.shed += 1
+                return record
+            self._buffer.append(row)
+            ready = len(self._buffer) >= self.row_group_rows
+        if ready:
+            self._wake.set()
+        return record
+
+    def flush(self) -> int:
+        """Write what is buffered now (tests, close); returns how many rows."""
+        with self._lock:
+            rows, self._buffer = self._buffer, []
+        if rows:
+            self._write(rows)
+        return len(rows)
+
+    def close(self) -> None:
+        """Write the buffer, close every file (renamed: readable) and stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.flush()
+        self.writer.close()
+
+    @property
+    def files(self) -> list[Path]:
+        return list(self.writer.files)
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_seconds)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                if self.flush():
+                    self.writer.roll()
+                else:  # idle for a while: close the files so readers see them now
+                    self.writer.close()
+            except Exception as exc:
+                self._failed(exc)
+
+    def _write(self, rows: list[Row]) -> None:
+        try:
+            self.writer.write(rows)
+        except Exception as exc:  # never into the data path
+            self._failed(exc)
+        if self.writer.full and not self._full:
+            self._full = True
+            log.warning("capture %s reached max_bytes (%d): capture stopped",
+                        self.writer.root, self.spec.max_bytes)
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            log.warning("capture %s: write failed (%s); further failures are only counted",
+                        self.writer.root, exc)
+
+
+def build_capture(spec: CaptureSpec, ctx: BuildContext) -> CaptureInterceptor:
+    """The `capture` builder: the directory resolves against the rule file's folder."""
+    root = ctx.resolve(spec.path)
+    try:
+        return CaptureInterceptor(spec, root)
+    except ImportError as exc:
+        raise InterceptorConfigError(f"capture needs pyarrow ({exc})") from None
+    except OSError as exc:
+        raise InterceptorConfigError(f"capture directory {root}: {exc.strerror or exc}") from None
+
+
+def read_capture(path: str | os.PathLike[str]) -> pa.Table:
+    """Every capture file under `path` (a file or a directory), one Arrow table."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset(os.fspath(path), format="parquet", schema=capture_schema()).to_table()
+
+
+__all__ = [
+    "COLUMNS",
+    "CaptureInterceptor",
+    "CaptureWriter",
+    "build_capture",
+    "capture_schema",
+    "read_capture",
+    "sample_point",
+]

@@ -1,0 +1,380 @@
+"""The record engine: a rule set's record rules compiled to stages, run over records.
+
+One `RecordEngine` per rule-set version. `plan(direction, topic, ctx)` picks the
+stages (rules) that apply to a topic for a connection, in evaluation order; `run`
+passes a list of records through them, stage by stage; `process_batch` does that
+for one v2 record batch and says what became of it. The gateway (Produce requests,
+Fetch responses) and backtests (`evaluate`, one record) run exactly this code.
+
+Per stage and record: the interceptor returns the record (changed or not), None
+(drop), or raises RecordRejected (the record is invalid) or anything else (the
+interceptor failed). A custom interceptor runs in a worker thread under its time
+budget per batch; after `retries` timed-out attempts the stage fails with a timeout.
+Dry-run rules run on a copy and only report what they would have done.
+
+"Unchanged" is decided without comparing bytes: an interceptor that leaves a record
+alone returns the same key and value objects and equal headers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleError, RuleSetInvalid
+from filter_rules.record_actions import RECORD_KINDS, record_spec
+from interceptors.contract import (
+    BuildContext,
+    InterceptedRecord,
+    Interceptor,
+    InterceptorConfigError,
+    RecordDirection,
+    RecordRejected,
+)
+from interceptors.custom import build_custom
+from kafka_wire.records import BatchView, Record, decode_records
+
+log = logging.getLogger(__name__)
+
+PRODUCE_API: Final = 0
+FETCH_API: Final = 1
+# The versions record rules are matched at (rules may restrict versions; records do
+# not change with them): what the gateway lets clients speak (CLIENT_MAX_VERSION).
+PLAN_VERSIONS: Final = {"produce": 9, "consume": 12}
+
+Effect = Literal["unchanged", "modified", "dropped", "rejected", "failed", "timeout"]
+Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]
+
+# Custom interceptors run here so a slow one costs its budget, not the event loop.
+_WORKERS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
+                                                 thread_name_prefix="keg-interceptor")
+
+
+class StageTimeout(Exception):
+    """A custom interceptor ran past its budget on every attempt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One record rule, built: its interceptor and, for custom ones, the budget."""
+
+    rule: CompiledRule
+    interceptor: Interceptor
+    timeout_s: float | None = None  # None: runs inline (built-ins)
+    retries: int = 0
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one stage did to one record."""
+
+    rule_id: str
+    kind: str
+    effect: Effect
+    reason: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(slots=True)
+class RecordOutcome:
+    """What became of one record: its final form (None: dropped) and each step."""
+
+    record: InterceptedRecord | None
+    status: Status = "unchanged"
+    reason: str | None = None
+    steps: list[StepResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    index: int  # the record's position in its batch (Produce's record_errors BatchIndex)
+    rule_id: str
+    reason: str
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """What became of one batch.
+
+    `records` is None when the batch passes as its bytes; otherwise the records to
+    encode (each keeps its offset delta; [] when every record was dropped).
+    `rejections` (invalid records) and `failure` (an interceptor error or timeout)
+    mean the batch must not be forwarded.
+    """
+
+    records: list[Record] | None = None
+    modified: int = 0
+    dropped: int = 0
+    rejections: list[Rejection] = field(default_factory=list)
+    failure: StepResult | None = None
+    # (rule id, effect) -> records, dry-run effects included: for metrics and audit.
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.rejections) or self.failure is not None
+
+
+Builders = Mapping[str, Callable[[Any, BuildContext], Interceptor]]
+
+
+def default_builders() -> dict[str, Callable[[Any, BuildContext], Interceptor]]:
+    """The built-in actions (interceptors.builtin) and capture."""
+    from interceptors.builtin import BUILDERS
+    from interceptors.capture import build_capture
+
+    return {**BUILDERS, "capture": build_capture}
+
+
+class RecordEngine:
+    """The record rules of one compiled rule set, built and ready to run.
+
+    Building reads keys and schemas and imports custom interceptors; any rule that
+    cannot be built makes the constructor raise RuleSetInvalid (file:line of each such
+    rule), so whoever installs rule sets keeps the last good one.
+    """
+
+    def __init__(self, compiled: CompiledRuleSet, context: BuildContext | None = None,
+                 builders: Builders | None = None) -> None:
+        self.context = context or BuildContext()
+        self.version = compiled.version
+        self.rules = compiled.subset(RECORD_KINDS)
+        builders = default_builders() if builders is None else builders
+        self._stages: dict[str, Stage] = {}
+        errors = []
+        for rule in self.rules.rules:
+            try:
+                self._stages[rule.id] = self._build(rule, builders)
+            except InterceptorConfigError as err:
+                source = rule.source
+                errors.append(RuleError(source.file if source else "<rules>",
+                                        source.line if source else None,
+                                        source.column if source else None,
+                                        f"{rule.id}.action.{rule.kind}", str(err)))
+        if errors:
+            self.close()
+            raise RuleSetInvalid(errors)
+        # A custom interceptor may block: the data path must call run() off its loop.
+        self.blocking = any(s.timeout_s is not None for s in self._stages.values())
+        self._plans: dict[tuple[Any, ...], tuple[Stage, ...]] = {}
+
+    def _build(self, rule: CompiledRule, builders: Builders) -> Stage:
+        spec = record_spec(rule.action)
+        base_dir = self.context.base_dir
+        if rule.source is not None and rule.source.file:
+            base_dir = Path(rule.source.file).parent
+        context = BuildContext(self.context.side_effects, base_dir, self.context.environ)
+        if rule.kind == "interceptor":
+            return Stage(rule, build_custom(spec, context), spec.timeout_ms / 1000, spec.retries)
+        builder = builders.get(rule.kind)
+        if builder is None:
+            raise InterceptorConfigError(f"no implementation of action '{rule.kind}'")
+        return Stage(rule, builder(spec, context))
+
+    def close(self) -> None:
+        """Release what built interceptors hold (capture files, sinks)."""
+        for stage in self._stages.values():
+            close = getattr(stage.interceptor, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing %s failed", stage.rule_id)
+
+    # -- which stages ----------------------------------------------------------------
+
+    def interested(self, api_key: int, api_version: int) -> bool:
+        """Whether any record rule may apply to this Produce (request) or Fetch
+        (response): if not, the frame is never decoded for records."""
+        direction = "request" if api_key == PRODUCE_API else "response"
+        return self.rules.interested(api_key, api_version, direction)
+
+    def plan(self, direction: RecordDirection, topic: str, ctx: MatchContext) -> tuple[Stage, ...]:
+        """The stages for `topic`'s records on a connection described by `ctx`."""
+        key = (direction, topic, ctx.principal, ctx.client_id, ctx.client_host, ctx.listener,
+               ctx.broker_id, ctx.api_version)
+        stages = self._plans.get(key)
+        if stages is None:
+            api, frame = (PRODUCE_API, "request") if direction == "produce" else (FETCH_API,
+                                                                                   "response")
+            frame_ctx = ctx.for_frame(api, ctx.api_version, frame)  # type: ignore[arg-type]
+            stages = tuple(self._stages[r.id]
+                           for r in self.rules.candidates(api, ctx.api_version, frame)
+                           if r.matches(frame_ctx, topic))
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            self._plans[key] = stages
+        return stages
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, records: Sequence[InterceptedRecord],
+            stages: Sequence[Stage]) -> list[RecordOutcome]:
+        """Pass `records` through `stages`; one outcome per record, in order.
+
+        A rejected or failed record stops there (later stages do not see it).
+        """
+        outcomes = [RecordOutcome(r) for r in records]
+        for stage in stages:
+            live = [o for o in outcomes if o.record is not None and o.status not in
+                    ("rejected", "failed")]
+            if not live:
+                break
+            if stage.rule.dry_run:
+                self._dry_run(stage, live)
+            elif stage.timeout_s is None:
+                _apply(stage, live)
+            else:
+                self._apply_budgeted(stage, live)
+        return outcomes
+
+    def _dry_run(self, stage: Stage, live: list[RecordOutcome]) -> None:
+        probes = [RecordOutcome(_copy(o.record)) for o in live]  # type: ignore[arg-type]
+        if stage.timeout_s is None:
+            _apply(stage, probes)
+        else:
+            self._apply_budgeted(stage, probes)
+        for outcome, probe in zip(live, probes, strict=True):
+            step = probe.steps[-1]
+            outcome.steps.append(StepResult(step.rule_id, step.kind, step.effect, step.reason,
+                                            dry_run=True))
+
+    def _apply_budgeted(self, stage: Stage, live: list[RecordOutcome]) -> None:
+        assert stage.timeout_s is not None
+        for _attempt in range(stage.retries + 1):
+            # Each attempt gets copies: a timed-out worker may still be changing its own.
+            attempt = [RecordOutcome(_copy(o.record)) for o in live]  # type: ignore[arg-type]
+            future = _WORKERS.submit(_apply, stage, attempt)
+            try:
+                future.result(timeout=stage.timeout_s)
+            except concurrent.futures.TimeoutError:
+                log.warning("interceptor %s ran past its %.0f ms budget", stage.rule_id,
+                            stage.timeout_s * 1000)
+                continue
+            for outcome, done in zip(live, attempt, strict=True):
+                outcome.record, outcome.steps = done.record, outcome.steps + done.steps
+                _settle(outcome, done.steps[-1])
+            return
+        reason = (f"interceptor timed out ({stage.retries + 1} attempts of "
+                  f"{stage.timeout_s * 1000:.0f} ms)")
+        for outcome in live:
+            step = StepResult(stage.rule_id, stage.kind, "timeout", reason)
+            outcome.steps.append(step)
+            outcome.status, outcome.reason = "failed", reason
+
+    def evaluate(self, record: InterceptedRecord, client_id: str | None = None,
+                 client_host: str | None = None) -> RecordOutcome:
+        """One record as the gateway would treat it (backtests, dry runs)."""
+        api_version = PLAN_VERSIONS[record.direction]
+        ctx = MatchContext(api_key=PRODUCE_API if record.direction == "produce" else FETCH_API,
+                           api_version=api_version, principal=record.principal,
+                           client_id=client_id, client_host=client_host)
+        return self.run([record], self.plan(record.direction, record.topic, ctx))[0]
+
+    def process_batch(self, batch: BatchView, stages: Sequence[Stage], *, topic: str,
+                      partition: int, direction: RecordDirection,
+                      principal: str | None) -> BatchOutcome:
+        """Run `stages` over one batch's records (see BatchOutcome)."""
+        records = decode_records(batch)
+        base_ts = batch.base_timestamp
+        base_offset = batch.base_offset if direction == "consume" else None
+        intercepted = [
+            InterceptedRecord(topic, partition, r.key, r.value, r.headers,
+                              base_ts + r.timestamp_delta,
+                              None if base_offset is None else base_offset + r.offset_delta,
+                              principal, direction)
+            for r in records
+        ]
+        outcomes = self.run(intercepted, stages)
+        result = BatchOutcome()
+        for index, outcome in enumerate(outcomes):
+            if outcome.status == "rejected" and direction == "consume":
+                # A fetched record was accepted long ago: withhold it, refuse nothing.
+                outcome.record, outcome.status = None, "dropped"
+            for step in outcome.steps:
+                key = (step.rule_id, f"would-{step.effect}" if step.dry_run else step.effect)
+                result.counts[key] = result.counts.get(key, 0) + 1
+            if outcome.status == "rejected":
+                step = outcome.steps[-1]
+                result.rejections.append(Rejection(index, step.rule_id, step.reason or ""))
+            elif outcome.status == "failed" and result.failure is None:
+                result.failure = outcome.steps[-1]
+            elif outcome.status == "dropped":
+                result.dropped += 1
+            elif outcome.status == "modified":
+                result.modified += 1
+        if result.refused or not (result.modified or result.dropped):
+            return result
+        kept = []
+        for original, outcome in zip(records, outcomes, strict=True):
+            final = outcome.record
+            if final is None:
+                continue
+            if outcome.status == "unchanged":
+                kept.append(original)
+                continue
+            kept.append(Record(original.offset_delta, final.timestamp - base_ts
+                               if final.timestamp >= 0 else original.timestamp_delta,
+                               final.key, final.value, list(final.headers)))
+        result.records = kept
+        return result
+
+
+def _copy(record: InterceptedRecord) -> InterceptedRecord:
+    clone = copy.copy(record)
+    clone.headers = list(record.headers)
+    return clone
+
+
+def _apply(stage: Stage, live: list[RecordOutcome]) -> None:
+    """One stage over live records, inline: outcomes updated in place."""
+    intercept = stage.interceptor.intercept
+    for outcome in live:
+        record = outcome.record
+        assert record is not None
+        key, value, headers = record.key, record.value, list(record.headers)
+        try:
+            result = intercept(record)
+        except RecordRejected as err:
+            step = StepResult(stage.rule_id, stage.kind, "rejected", err.reason)
+        except Exception as err:  # a failing interceptor fails its batch, never the gateway
+            log.warning("interceptor %s failed: %s: %s", stage.rule_id, type(err).__name__, err)
+            step = StepResult(stage.rule_id, stage.kind, "failed",
+                              f"interceptor failed: {type(err).__name__}: {err}"[:500])
+        else:
+            if result is None:
+                step = StepResult(stage.rule_id, stage.kind, "dropped")
+            elif (result is record and result.key is key and result.value is value
+                  and result.headers == headers):
+                step = StepResult(stage.rule_id, stage.kind, "unchanged")
+            else:
+                step = StepResult(stage.rule_id, stage.kind, "modified")
+            outcome.record = result
+        outcome.steps.append(step)
+        _settle(outcome, step)
+
+
+def _settle(outcome: RecordOutcome, step: StepResult) -> None:
+    """Fold one step into the record's status (the worst so far wins)."""
+    if step.dry_run:
+        return
+    if step.effect == "dropped":
+        outcome.record, outcome.status = None, "dropped"
+    elif step.effect in ("rejected", "failed", "timeout"):
+        outcome.status = "rejected" if step.effect == "rejected" else "failed"
+        outcome.reason = step.reason
+    elif step.effect == "modified" and outcome.status == "unchanged":
+        outcome.status = "modified"

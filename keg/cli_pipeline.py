@@ -1,0 +1,207 @@
+"""`keg capture`, `keg backtest`, `keg analyze`: the data pipeline's commands.
+
+Registered on keg's app by importing this module (the last line of keg/cli.py).
+Exit codes: 0 done, 1 a `--fail-on` threshold was crossed, 2 the job could not run
+(bad input, invalid rules, no Java...): one clear line each, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from keg.cli import app
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+console = Console(stderr=True)
+out_console = Console()
+
+Master = Annotated[str, typer.Option(
+    help="Spark master: local[*] (this machine), local[N], spark://host:port, yarn, k8s://...")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+@contextlib.contextmanager
+def _job() -> Iterator[None]:
+    """PipelineError -> one red line and exit 2."""
+    from pipeline.errors import PipelineError
+
+    try:
+        yield
+    except PipelineError as err:
+        for line in str(err).splitlines():
+            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _session(master: str, kafka: bool = False) -> SparkSession:
+    from pipeline.spark import build_session
+
+    with console.status(f"starting Spark ({master})"):
+        return build_session(master, kafka=kafka)
+
+
+def _parse_time(value: str | None, option: str) -> int | None:
+    """Milliseconds since the epoch, or an ISO 8601 date/time (UTC unless it says)."""
+    if value is None:
+        return None
+    if value.isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"'{value}' is neither ms since the epoch nor ISO 8601",
+                                 param_hint=option) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+@app.command("capture")
+def capture_cmd(
+    topic: Annotated[str, typer.Option(help="Topic to snapshot.")],
+    bootstrap_servers: Annotated[str, typer.Option(help="Kafka (or the gateway): host:port.")]
+        = "127.0.0.1:19092",
+    out: Annotated[Path, typer.Option(help="Capture directory (date=/topic= partitions).")]
+        = Path("keg-capture"),
+    partition: Annotated[list[int] | None, typer.Option(
+        help="Only these partitions (repeat the option); default: all.")] = None,
+    from_offset: Annotated[int | None, typer.Option(help="First offset (default: earliest).")]
+        = None,
+    to_offset: Annotated[int | None, typer.Option(
+        help="Stop before this offset (default: the end when the snapshot starts).")] = None,
+    from_time: Annotated[str | None, typer.Option(
+        help="Start at the first record at or after this time (ms or ISO 8601).")] = None,
+    to_time: Annotated[str | None, typer.Option(
+        help="Stop at the first record at or after this time (ms or ISO 8601).")] = None,
+    direction: Annotated[str, typer.Option(
+        help="produce: backtest as if produced again; consume: as fetched.")] = "produce",
+    values: Annotated[bool, typer.Option(help="Keep record values (--no-values: keys, "
+                                              "headers and sizes only).")] = True,
+    max_bytes: Annotated[int, typer.Option(help="Stop when the directory holds this much.")]
+        = 1 << 30,
+    rotate_bytes: Annotated[int, typer.Option(help="Start a new file after this size.")]
+        = 64 << 20,
+    quiet: Quiet = False,
+) -> None:
+    """Snapshot a topic range from Kafka into capture files (Parquet) for `keg backtest`."""
+    from pipeline.snapshot import snapshot
+
+    if direction not in ("produce", "consume"):
+        raise typer.BadParameter("produce or consume", param_hint="--direction")
+    if from_offset is not None and from_time is not None:
+        raise typer.BadParameter("give --from-offset or --from-time, not both")
+    if to_offset is not None and to_time is not None:
+        raise typer.BadParameter("give --to-offset or --to-time, not both")
+    start_ms, end_ms = _parse_time(from_time, "--from-time"), _parse_time(to_time, "--to-time")
+    progress = Progress(TextColumn(f"[bold]capture {topic}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("offsets"), TimeElapsedColumn(), console=console,
+                        disable=quiet)
+    task = progress.add_task("capture", total=None)
+    with _job(), progress:
+        result = snapshot(
+            bootstrap_servers, topic, out, partitions=partition, from_offset=from_offset,
+            to_offset=to_offset, from_time_ms=start_ms, to_time_ms=end_ms,
+            direction=direction,  # type: ignore[arg-type]
+            include_values=values, max_bytes=max_bytes, rotate_bytes=rotate_bytes,
+            on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    ranges = ", ".join(f"{r.partition}:{r.start}..{r.end}" for r in result.ranges)
+    typer.echo(f"{result.records} records from {topic} [{ranges}] -> {out} "
+               f"({len(result.files)} file(s))" + (" — stopped at --max-bytes" if result.full
+                                                   else ""))
+
+
+@app.command("backtest")
+def backtest_cmd(
+    rules: Annotated[Path, typer.Option(help="Candidate rule directory (YAML).")],
+    input_: Annotated[str, typer.Option(
+        "--input", help="Capture directory/file, or kafka://host:port/topic.")],
+    live_rules: Annotated[Path | None, typer.Option(
+        help="The rules live now: the report shows records whose outcome differs.")] = None,
+    out: Annotated[Path, typer.Option(help="Result directory.")] = Path("keg-backtest"),
+    fail_on: Annotated[list[str] | None, typer.Option(
+        help="Exit 1 when crossed: 'dropped>0.1', 'rejected>=1', 'differs>5%', "
+             "'RULE:modified==0' (repeat the option).")] = None,
+    master: Master = "local[*]",
+    method: Annotated[str, typer.Option(help="arrow (mapInArrow) or pandas (mapInPandas).")]
+        = "arrow",
+    quiet: Quiet = False,
+) -> None:
+    """Run a candidate rule set over captured records with the gateway's own engine."""
+    from pipeline.backtest import load_rules, run_backtest
+    from pipeline.inputs import KafkaInput, parse_input, read_records
+    from pipeline.progress import spark_progress
+    from pipeline.reports import backtest_report
+    from pipeline.thresholds import check, parse_threshold
+
+    if method not in ("arrow", "pandas"):
+        raise typer.BadParameter("arrow or pandas", param_hint="--method")
+    with _job():
+        thresholds = [parse_threshold(t) for t in fail_on or []]
+        candidate = load_rules(rules)
+        live = load_rules(live_rules) if live_rules is not None else None
+        source = parse_input(input_)
+        spark = _session(master, kafka=isinstance(source, KafkaInput))
+        with spark_progress(spark, "backtest", console, enabled=not quiet):
+            result = run_backtest(spark, read_records(spark, source), candidate, live, out,
+                                  method)  # type: ignore[arg-type]
+        crossed = check(thresholds, result.summary)
+        report = backtest_report(result.summary, crossed, out / "report.html")
+    _print_backtest(result.summary, result.seconds)
+    typer.echo(f"results: {out}/records (Parquet), {out}/summary.json; report: {report}")
+    for line in crossed:
+        console.print(f"[red]threshold crossed:[/red] {line}", highlight=False)
+    if crossed:
+        raise typer.Exit(1)
+
+
+def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
+    totals = summary["totals"]
+    table = Table(title=f"backtest: {totals['records']:,} records in {seconds:.1f} s")
+    for column in ("rule", "kind", "matched", "modified", "dropped", "rejected", "failed"):
+        table.add_column(column, justify="left" if column in ("rule", "kind") else "right")
+    for r in summary["rules"]:
+        table.add_row(r["rule_id"], r["kind"], *(f"{r[c]:,}" for c in
+                                                 ("matched", "modified", "dropped", "rejected",
+                                                  "failed")))
+    table.add_row("[bold]all records", "", f"{totals['records']:,}",
+                  *(f"{totals[c]:,}" for c in ("modified", "dropped", "rejected", "failed")))
+    out_console.print(table)
+    out_console.print(f"differ from the live rules: {totals['differs']:,}; bytes "
+                      f"{totals['bytes_before']:,} -> {totals['bytes_after']:,}")
+
+
+@app.command("analyze")
+def analyze_cmd(
+    audit: Annotated[Path, typer.Option(help="Audit log (JSON Lines) or a directory of them.")],
+    out: Annotated[Path, typer.Option(help="Result directory.")] = Path("keg-analyze"),
+    master: Master = "local[*]",
+    quiet: Quiet = False,
+) -> None:
+    """Aggregate the gateway's audit log: who did what, what was denied, how fast."""
+    from pipeline.analyze import audit_files, run_analyze
+    from pipeline.progress import spark_progress
+    from pipeline.reports import analyze_report
+
+    with _job():
+        audit_files(audit)  # bad paths fail before Spark starts
+        spark = _session(master)
+        with spark_progress(spark, "analyze", console, enabled=not quiet):
+            result = run_analyze(spark, audit, out)
+        report = analyze_report(result.summary, out / "report.html")
+    totals = result.summary["totals"]
+    typer.echo(json.dumps({k: totals[k] for k in ("events", "bytes", "denied", "rejected",
+                                                  "malformed")}))
+    typer.echo(f"results: {out}/*.parquet, {out}/summary.json; report: {report}")

@@ -1,0 +1,302 @@
+"""GitOps commands: `keg diff DIR` and `keg apply DIR [--watch]` against a control plane.
+
+The directory is the source of truth for the rules it holds: `apply` uploads its
+files (the control plane loads them with the same loader as `keg validate`) as the
+owner `dir:<name>`, in one new version, and the control plane refuses REST writes to
+those rules. Exit codes, for CI:
+
+    0  done (apply: applied or nothing to change; diff: no differences, or any
+       differences without --exit-code)
+    1  the rule directory is invalid (file:line errors, as `keg validate`)
+    2  usage error
+    3  diff --exit-code: there are differences
+    4  the control plane refused (token, ownership conflict, invalid on its side)
+    5  the control plane cannot be reached or failed
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
+from rich.syntax import Syntax
+
+from filter_rules import RuleSetInvalid, load_rule_dir
+from filter_rules.loader import RULE_FILE_SUFFIXES
+from keg.cli import app
+
+TOKEN_ENV: Final = "KEG_API_TOKEN"
+API_ENV: Final = "KEG_API_URL"
+console = Console(stderr=True, highlight=False)
+
+
+class Exit(IntEnum):
+    OK = 0
+    INVALID = 1
+    USAGE = 2
+    CHANGES = 3
+    REFUSED = 4
+    UNREACHABLE = 5
+
+
+class ApiFailure(Exception):
+    def __init__(self, code: Exit, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.errors = errors or []
+
+
+Directory = Annotated[Path, typer.Argument(help="Rule directory (YAML files).",
+                                           file_okay=False)]
+ApiUrl = Annotated[str, typer.Option("--api", envvar=API_ENV,
+                                     help="Control-plane API, e.g. http://127.0.0.1:8080.")]
+TokenFile = Annotated[Path | None, typer.Option(
+    "--token-file", help=f"File holding the API token (or set {TOKEN_ENV}).", dir_okay=False)]
+Owner = Annotated[str | None, typer.Option(
+    help="Owner of the directory's rules (default: dir:<directory name>).")]
+
+
+# --- talking to the control plane ----------------------------------------------------
+
+
+def _token(token_file: Path | None) -> str | None:
+    if token_file is not None:
+        try:
+            lines = token_file.read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise ApiFailure(Exit.USAGE, f"cannot read token file {token_file}: "
+                             f"{err.strerror}") from None
+        token = next((t.strip() for t in lines if t.strip() and not t.startswith("#")), "")
+        if not token:
+            raise ApiFailure(Exit.USAGE, f"token file {token_file} holds no token")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+@dataclass
+class Client:
+    api: str
+    token: str | None
+
+    def apply(self, owner: str, files: dict[str, str], *, dry_run: bool, adopt: bool = False,
+              reason: str = "") -> dict[str, Any]:
+        import httpx2
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        body = {"owner": owner, "files": files, "adopt": adopt, "reason": reason}
+        url = f"{self.api.rstrip('/')}/v1/apply"
+        try:
+            response = httpx2.post(url, json=body, headers=headers, timeout=60.0,
+                                   params={"dry_run": "true"} if dry_run else None)
+        except httpx2.HTTPError as err:
+            raise ApiFailure(Exit.UNREACHABLE, f"cannot reach the control plane at "
+                             f"{self.api}: {err}") from None
+        if response.status_code >= 400:
+            raise _failure(response)
+        result: dict[str, Any] = response.json()
+        return result
+
+
+def _failure(response: Any) -> ApiFailure:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {}
+    detail = problem.get("detail") if isinstance(problem, dict) else None
+    message = f"control plane answered {response.status_code}: {detail or response.text[:300]}"
+    errors = []
+    for e in problem.get("errors") or [] if isinstance(problem, dict) else []:
+        where = e.get("file") or ""
+        if e.get("line") is not None:
+            where += f":{e['line']}:{e.get('column') or 1}"
+        field = f" {e['field']}:" if e.get("field") else ""
+        errors.append(f"{where}:{field} {e.get('message', '')}")
+    code = Exit.UNREACHABLE if response.status_code >= 500 else Exit.REFUSED
+    return ApiFailure(code, message, errors)
+
+
+# --- the directory --------------------------------------------------------------------
+
+
+def _rule_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir()
+                  if p.suffix in RULE_FILE_SUFFIXES and not p.name.startswith(".")
+                  and p.is_file())
+
+
+def _read(directory: Path, progress: Progress | None = None) -> dict[str, str]:
+    """The directory's files (path -> text), after checking them as `keg validate` does.
+
+    Raises RuleSetInvalid: nothing invalid is ever uploaded.
+    """
+    load_rule_dir(directory)
+    files = _rule_files(directory)
+    task = progress.add_task("reading rule files", total=len(files)) if progress else None
+    contents = {}
+    for path in files:
+        contents[str(path)] = path.read_text(encoding="utf-8-sig")
+        if progress is not None and task is not None:
+            progress.advance(task)
+    return contents
+
+
+def _owner(directory: Path, owner: str | None) -> str:
+    return owner or f"dir:{directory.resolve().name}"
+
+
+def _print_invalid(directory: Path, err: RuleSetInvalid) -> None:
+    for error in err.errors:
+        typer.echo(str(error), err=True)
+    typer.echo(f"{directory}: {len(err.errors)} problem(s); nothing applied", err=True)
+
+
+def _print_failure(failure: ApiFailure) -> None:
+    console.print(f"[red]error:[/] {failure}", soft_wrap=True)
+    for line in failure.errors:
+        typer.echo(line, err=True)
+
+
+def _summary(diff: dict[str, Any]) -> str:
+    parts = [f"[green]+{len(diff['added'])} added[/]", f"[yellow]~{len(diff['changed'])} "
+             f"changed[/]", f"[red]-{len(diff['removed'])} removed[/]"]
+    if diff.get("owners_changed"):
+        parts.append(f"{len(diff['owners_changed'])} adopted")
+    return ", ".join(parts)
+
+
+def _differs(diff: dict[str, Any]) -> bool:
+    return bool(diff["added"] or diff["changed"] or diff["removed"] or diff["reordered"]
+                or diff["owners_changed"])
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    TaskProgressColumn(), console=console, transient=True)
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+@app.command()
+def diff(
+    directory: Directory, api: ApiUrl, token_file: TokenFile = None, owner: Owner = None,
+    exit_code: Annotated[bool, typer.Option(
+        "--exit-code", help="Exit 3 when the directory differs from what is live.")] = False,
+) -> None:
+    """Show what `keg apply DIR` would change against the live rules.
+
+    Lists the rules added, changed and removed, then a unified diff of the rule set
+    as YAML. Needs a token only if the control plane protects reads.
+    """
+    try:
+        files = _read(directory)
+        client = Client(api, _token(token_file))
+        result = client.apply(_owner(directory, owner), files, dry_run=True)
+    except RuleSetInvalid as err:
+        _print_invalid(directory, err)
+        raise typer.Exit(int(Exit.INVALID)) from None
+    except ApiFailure as failure:
+        _print_failure(failure)
+        raise typer.Exit(int(failure.code)) from None
+    changes = result["diff"]
+    if not _differs(changes):
+        typer.echo(f"no differences: {directory} is live (version {result['version']})")
+        raise typer.Exit(int(Exit.OK))
+    for kind, sign in (("added", "+"), ("changed", "~"), ("removed", "-")):
+        for rule_id in changes[kind]:
+            typer.echo(f"{sign} {rule_id}")
+    for rule_id in changes["owners_changed"]:
+        typer.echo(f"@ {rule_id} (taken over by {result['owner']})")
+    if changes["unified"]:
+        Console().print(Syntax(changes["unified"], "diff", theme="ansi_dark",
+                               background_color="default"))
+    console.print(f"{directory} vs version {result['version']}: {_summary(changes)}")
+    raise typer.Exit(int(Exit.CHANGES if exit_code else Exit.OK))
+
+
+@app.command()
+def apply(
+    directory: Directory, api: ApiUrl, token_file: TokenFile = None, owner: Owner = None,
+    reason: Annotated[str | None, typer.Option(
+        help="Why (recorded with the version), e.g. the commit.")] = None,
+    adopt: Annotated[bool, typer.Option(
+        help="Take over rules with the same ids that nobody owns (written through REST).")]
+        = False,
+    watch: Annotated[bool, typer.Option(
+        help="Keep running: apply again whenever the files change (valid sets only).")]
+        = False,
+) -> None:
+    """Make the live rules match a rule directory (GitOps), with a progress bar.
+
+    Uploads the directory's rule set as the owner of its rules: one new version with
+    what was added, changed and removed (none when it is already live). With --watch,
+    applies again whenever the files change; invalid files are reported and skipped.
+    """
+    try:
+        client = Client(api, _token(token_file))
+    except ApiFailure as failure:
+        _print_failure(failure)
+        raise typer.Exit(int(failure.code)) from None
+    who = _owner(directory, owner)
+    why = reason or f"keg apply {directory}"
+    code = _apply_once(client, directory, who, why, adopt)
+    if not watch:
+        raise typer.Exit(int(code))
+    if code in (Exit.REFUSED, Exit.USAGE):
+        raise typer.Exit(int(code))  # a wrong token or a conflict will not fix itself
+    _watch(client, directory, who, why, adopt)
+
+
+def _apply_once(client: Client, directory: Path, owner: str, reason: str,
+                adopt: bool) -> Exit:
+    try:
+        with _progress() as progress:
+            files = _read(directory, progress)
+            step = progress.add_task(f"applying to {client.api}", total=1)
+            result = client.apply(owner, files, dry_run=False, adopt=adopt, reason=reason)
+            progress.advance(step)
+    except RuleSetInvalid as err:
+        _print_invalid(directory, err)
+        return Exit.INVALID
+    except ApiFailure as failure:
+        _print_failure(failure)
+        return failure.code
+    version = result["new_version"]
+    if version is None:
+        console.print(f"nothing to change: {directory} is live (version {result['version']})")
+    else:
+        console.print(f"[bold green]applied[/] {directory} as {owner}: version "
+                      f"{version['number']} ({_summary(result['diff'])})")
+    return Exit.OK
+
+
+def _changes(directory: Path, stop: threading.Event) -> Iterator[None]:
+    """One item per batch of file changes in `directory` (debounced)."""
+    import watchfiles
+
+    def relevant(_: watchfiles.Change, path: str) -> bool:
+        name = Path(path).name
+        return Path(path).suffix in RULE_FILE_SUFFIXES and not name.startswith(".")
+
+    for _ in watchfiles.watch(directory, watch_filter=relevant, stop_event=stop,
+                              debounce=300, recursive=False, raise_interrupt=False):
+        yield None
+
+
+def _watch(client: Client, directory: Path, owner: str, reason: str, adopt: bool,
+           stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()
+    console.print(f"watching {directory} (Ctrl-C stops)")
+    for _ in _changes(directory, stop):
+        code = _apply_once(client, directory, owner, reason, adopt)
+        if code == Exit.INVALID:
+            console.print("[yellow]the live rules are unchanged until the files are valid[/]")
+    console.print("stopped watching")

@@ -1,0 +1,242 @@
+"""`keg backtest`: a candidate rule set over captured records, on Spark.
+
+Every record goes through `RecordEngine.evaluate` (pipeline.evaluate) inside
+`mapInArrow` — measured faster than the pandas route on local[2] (docs/pipeline.md);
+`method="pandas"` keeps that route for comparison. The per-record results are
+written as Parquet (`records/`), then aggregated by Spark into the summary
+(`summary.json`, `rules.parquet`, `topics.parquet`) the report and thresholds read.
+
+Bytes: `bytes_before` is a record's key + value + headers as captured;
+`bytes_after` is the same for what would be forwarded (0 when dropped, rejected or
+failed: those never reach the broker or consumer).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
+from interceptors.contract import InterceptorConfigError
+from pipeline.arrow_types import to_spark_schema
+from pipeline.errors import PipelineError
+from pipeline.evaluate import RuleFiles, backtest_engine, evaluate_batches, result_schema
+from pipeline.spark import spark_errors
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+Method = Literal["arrow", "pandas"]
+STATUSES: Final = ("unchanged", "modified", "dropped", "rejected", "failed")
+SAMPLE_REASONS: Final = 5
+SAMPLE_DIFFS: Final = 20
+
+
+class RulesInvalid(PipelineError):
+    """A rule directory does not load: `lines` are file:line:column messages."""
+
+    def __init__(self, directory: Path, lines: list[str]) -> None:
+        super().__init__("\n".join([*lines, f"{directory}: {len(lines)} problem(s)"]))
+        self.lines = lines
+
+
+def load_rules(directory: Path) -> RuleFiles:
+    """Check a rule directory as the gateway would (loaded, compiled, built) and read it."""
+    if not directory.is_dir():
+        raise PipelineError(f"rule directory {directory} does not exist")
+    try:
+        engine = backtest_engine(CompiledRuleSet(load_rule_dir(directory)))
+    except RuleSetInvalid as err:
+        raise RulesInvalid(directory, [str(e) for e in err.errors]) from None
+    except InterceptorConfigError as err:
+        raise RulesInvalid(directory, [str(err)]) from None
+    engine.close()
+    try:
+        return RuleFiles.read(directory)
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"cannot read {directory}: {err}") from None
+
+
+def evaluate_frame(records: DataFrame, rules: RuleFiles, live: RuleFiles | None,
+                   method: Method = "arrow") -> DataFrame:
+    """One result row per record (pipeline.evaluate.result_schema), lazily."""
+    schema = to_spark_schema(result_schema())
+    if method == "arrow":
+        def run_arrow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return evaluate_batches(batches, rules, live)
+
+        return records.mapInArrow(run_arrow, schema)
+
+    def run_pandas(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import pyarrow as pa
+
+        tables = (pa.RecordBatch.from_pandas(f, preserve_index=False) for f in frames)
+        for batch in evaluate_batches(tables, rules, live):
+            yield batch.to_pandas()
+
+    return records.mapInPandas(run_pandas, schema)
+
+
+@dataclass
+class BacktestResult:
+    out: Path
+    summary: dict[str, Any]
+    seconds: float
+    crossed: list[str] = field(default_factory=list)
+
+
+def run_backtest(spark: SparkSession, records: DataFrame, rules: RuleFiles,
+                 live: RuleFiles | None, out: Path, method: Method = "arrow") -> BacktestResult:
+    """Evaluate, write `out/records`, aggregate; returns the summary (also as JSON)."""
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    with spark_errors("the backtest"):
+        evaluate_frame(records, rules, live, method).write.mode("overwrite").parquet(
+            str(out / "records"))
+        # Read back once and kept in memory: every aggregate below scans it.
+        results = spark.read.parquet(str(out / "records")).cache()
+        summary = summarize(results, out)
+        results.unpersist()
+    summary["rules_dir"] = rules.name
+    summary["live_rules_dir"] = live.name if live else None
+    summary["method"] = method
+    seconds = time.perf_counter() - start
+    summary["seconds"] = round(seconds, 3)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return BacktestResult(out, summary, seconds)
+
+
+# --- aggregation ------------------------------------------------------------------
+
+
+def _status_counts(prefix: str = "") -> list[Any]:
+    from pyspark.sql import functions as F
+
+    return [F.sum(F.when(F.col(f"{prefix}status") == s, 1).otherwise(0)).alias(s)
+            for s in STATUSES]
+
+
+def _rules_frame(results: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    steps = results.select(F.explode("steps").alias("s"), "bytes_before", "bytes_after")
+
+    def effect(name: str, dry_run: bool) -> Any:
+        hit = (F.col("s.effect") == name) & (F.col("s.dry_run") == F.lit(dry_run))
+        return F.sum(F.when(hit, 1).otherwise(0))
+
+    effects = ("unchanged", "modified", "dropped", "rejected")
+    failed = F.col("s.effect").isin("failed", "timeout")
+    reasons = F.slice(F.array_sort(F.collect_set("s.reason")), 1, SAMPLE_REASONS)
+    return (steps.groupBy(F.col("s.rule_id").alias("rule_id"), F.col("s.kind").alias("kind"))
+            .agg(F.count(F.lit(1)).alias("matched"),
+                 F.sum(F.when(F.col("s.effect") == "unchanged", 1).otherwise(0))
+                 .alias("unchanged"),
+                 *(effect(e, False).alias(e) for e in effects[1:]),
+                 F.sum(F.when(failed & ~F.col("s.dry_run"), 1).otherwise(0)).alias("failed"),
+                 *(effect(e, True).alias(f"would_{e}") for e in effects[1:]),
+                 F.sum("bytes_before").alias("bytes_before"),
+                 F.sum("bytes_after").alias("bytes_after"),
+                 reasons.alias("sample_reasons"))
+            .orderBy("rule_id"))
+
+
+def _topics_frame(results: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (results.groupBy("topic")
+            .agg(F.count(F.lit(1)).alias("records"), *_status_counts(),
+                 F.sum("bytes_before").alias("bytes_before"),
+                 F.sum("bytes_after").alias("bytes_after"),
+                 F.sum(F.col("differs").cast("int")).alias("differs"))
+            .orderBy("topic"))
+
+
+def _collect(frame: DataFrame, out: Path | None, name: str) -> list[dict[str, Any]]:
+    """A small aggregate as rows, also written as `out/<name>.parquet` (from the driver)."""
+    import pyarrow.parquet as pq
+
+    table = frame.toArrow()
+    if out is not None:
+        target = out / f"{name}.parquet"
+        if target.is_dir():
+            shutil.rmtree(target)
+        pq.write_table(table, target)
+    return table.to_pylist()
+
+
+def summarize(results: DataFrame, out: Path | None = None) -> dict[str, Any]:
+    """Totals, per rule, per topic and the diff against the live rules, as plain data
+    (per rule and per topic also as Parquet under `out`)."""
+    from pyspark.sql import functions as F
+
+    totals_row = results.agg(
+        F.count(F.lit(1)).alias("records"), *_status_counts(),
+        *(c.alias(f"live_{s}") for c, s in zip(_status_counts("live_"), STATUSES, strict=True)),
+        F.coalesce(F.sum("bytes_before"), F.lit(0)).alias("bytes_before"),
+        F.coalesce(F.sum("bytes_after"), F.lit(0)).alias("bytes_after"),
+        F.coalesce(F.sum("live_bytes_after"), F.lit(0)).alias("live_bytes_after"),
+        F.coalesce(F.sum(F.col("differs").cast("int")), F.lit(0)).alias("differs"),
+        F.min("timestamp").alias("first_timestamp"), F.max("timestamp").alias("last_timestamp"),
+    ).first()
+    assert totals_row is not None
+    totals = {k: (v if v is not None else 0) for k, v in totals_row.asDict().items()}
+    totals["changed"] = totals["records"] - totals["unchanged"]
+    diffs = results.where("differs")
+    transitions = [
+        {"live_status": r["live_status"], "status": r["status"], "records": r["count"]}
+        for r in diffs.groupBy("live_status", "status").count()
+        .orderBy(F.desc("count")).collect()
+    ]
+    samples = [
+        {"topic": r["topic"], "partition": r["partition"], "offset": r["offset"],
+         "key": _text(r["key"]), "live_status": r["live_status"], "status": r["status"],
+         "reason": r["reason"], "live_reason": r["live_reason"]}
+        for r in diffs.orderBy("topic", "partition", "offset").limit(SAMPLE_DIFFS).collect()
+    ]
+    return {
+        "totals": totals,
+        "rules": _collect(_rules_frame(results), out, "rules"),
+        "topics": _collect(_topics_frame(results), out, "topics"),
+        "diff": {"transitions": transitions, "samples": samples},
+        "timeline": _timeline(results, totals_row["first_timestamp"],
+                              totals_row["last_timestamp"]),
+    }
+
+
+def _timeline(results: DataFrame, low: int | None, high: int | None) -> list[dict[str, Any]]:
+    """Records per status over time (record timestamps), about 60 buckets."""
+    from pyspark.sql import functions as F
+
+    if low is None or high is None:
+        return []
+    width = max(1000, (high - low) // 60 + 1)
+    bucket = (F.floor((F.col("timestamp") - low) / width) * width + low).cast("long")
+    rows = (results.where(F.col("timestamp").isNotNull())
+            .groupBy(bucket.alias("bucket_ms")).agg(*_status_counts())
+            .orderBy("bucket_ms").collect())
+    return [r.asDict() for r in rows]
+
+
+def _text(key: bytes | bytearray | None) -> str | None:
+    if key is None:
+        return None
+    return bytes(key).decode("utf-8", "backslashreplace")[:200]
+
+
+__all__ = [
+    "BacktestResult",
+    "Method",
+    "RulesInvalid",
+    "evaluate_frame",
+    "load_rules",
+    "run_backtest",
+    "summarize",
+]

@@ -1,0 +1,204 @@
+"""A SparkSession for keg's jobs: tuned for one machine, or pointed at a cluster.
+
+Local mode (`local[*]`) is the default: few shuffle partitions, no UI, no console
+progress (rich draws ours), UTC, Arrow on, quiet logs. `master` points anywhere
+Spark can go (`spark://`, `yarn`, `k8s://`); then keg's own packages ship to the
+executors as one zip (`addPyFile`) built from the installed sources, and the
+executors need keg's third-party dependencies installed (docs/pipeline.md).
+
+Java problems and Spark's JVM errors are turned into `PipelineError` with the first
+meaningful line, never a Java stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MASTER: Final = "local[*]"
+MIN_JAVA: Final = 17
+# What executors import: the rule engine, its codec and the job functions.
+SHIPPED_PACKAGES: Final = ("kafka_wire", "filter_rules", "interceptors", "pipeline")
+ENGINE_ZIP: Final = "keg-engine.zip"
+KAFKA_PACKAGE: Final = "org.apache.spark:spark-sql-kafka-0-10_{scala}:{spark}"
+
+_LOG4J2: Final = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = spark: %p %c{1}: %m%n
+# PySpark counts as a REPL: Spark announces the REPL logger's level unless it matches.
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+"""
+
+
+def java_version() -> int:
+    """The major version of the `java` Spark will start; PipelineError when unusable."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise PipelineError(
+            "Spark needs Java 17 or newer and none was found: install a JDK or JRE "
+            "(Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PipelineError(f"cannot run {java}: {exc}") from None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not found:
+        raise PipelineError(f"cannot tell the version of {java}: {out.stderr.strip()[:200]}")
+    major = int(found.group(1))
+    if major == 1 and found.group(2):  # "1.8.0" is Java 8
+        major = int(found.group(2))
+    if major < MIN_JAVA:
+        raise PipelineError(f"Spark needs Java {MIN_JAVA} or newer; {java} is Java {major}")
+    return major
+
+
+def kafka_package() -> str:
+    """The Maven coordinate of Spark's Kafka source matching the installed PySpark
+    (KEG_SPARK_KAFKA_PACKAGE overrides it, e.g. for a mirror or another build)."""
+    import pyspark
+
+    override = os.environ.get("KEG_SPARK_KAFKA_PACKAGE")
+    if override:
+        return override
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    scala = "2.13"
+    for jar in jars.glob("spark-core_*.jar"):
+        scala = jar.name.split("_", 1)[1].split("-", 1)[0]
+    return KAFKA_PACKAGE.format(scala=scala, spark=pyspark.__version__)
+
+
+def package_zip(directory: Path) -> Path:
+    """keg's engine packages (sources and their data files) as one zip for executors."""
+    target = directory / ENGINE_ZIP
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in SHIPPED_PACKAGES:
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.submodule_search_locations:
+                raise PipelineError(f"cannot find package {name} to ship to executors")
+            root = Path(next(iter(spec.submodule_search_locations)))
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                    archive.write(path, Path(name) / path.relative_to(root))
+    return target
+
+
+def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
+                  kafka: bool = False, driver_memory: str = "2g",
+                  shuffle_partitions: int | None = None) -> SparkSession:
+    """Start (or reuse) the SparkSession; `kafka` adds Spark's Kafka source from Maven."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise PipelineError(
+            "the data pipeline needs PySpark: pip install 'keg[pipeline]'"
+        ) from None
+    java_version()
+    work = Path(tempfile.mkdtemp(prefix="keg-spark-"))
+    (work / "log4j2.properties").write_text(_LOG4J2)
+    java_opts = f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"
+    local = master.startswith("local")
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions",
+                str(shuffle_partitions or (4 if local else 200)))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        .config("spark.local.dir", str(work))
+        .config("spark.jars.ivy", str(Path.home() / ".ivy2"))
+    )
+    if local:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    if kafka:
+        jars = os.environ.get("KEG_SPARK_JARS")  # local jars instead of Maven resolution
+        builder = (builder.config("spark.jars", jars) if jars
+                   else builder.config("spark.jars.packages", kafka_package()))
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:
+        if kafka:
+            raise PipelineError(
+                f"Spark did not start with its Kafka source ({kafka_package()}): "
+                f"{first_line(exc)}; if Maven could not resolve it (see 'unresolved "
+                "dependency' above), set KEG_SPARK_JARS to the jars or read a capture "
+                "made with `keg capture`") from None
+        raise PipelineError(f"Spark did not start: {first_line(exc)}") from None
+    context = session.sparkContext
+    context.setLogLevel("ERROR")
+    # Once per SparkContext: Spark refuses a second file of the same name.
+    if not any(f.endswith("/" + ENGINE_ZIP) for f in context.listFiles):
+        context.addPyFile(str(package_zip(work)))
+    return session
+
+
+@contextlib.contextmanager
+def spark_errors(doing: str) -> Iterator[None]:
+    """Turn Spark's errors (JVM or Python worker) into one PipelineError line."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if type(exc).__module__.startswith(("pyspark", "py4j")):
+            raise PipelineError(f"{doing} failed: {first_line(exc)}") from None
+        raise
+
+
+_NOISE = re.compile(r"^(Traceback|\s+File |\s+at |Caused by|org\.apache|java\.|py4j|JVM stack|"
+                    r"\s*\^|\s*$)")
+
+
+def first_line(exc: BaseException) -> str:
+    """The message that explains `exc`: a Python worker's last error line when the
+    JVM wrapped one, else the first line that is not a stack frame."""
+    text = str(exc)
+    worker = re.findall(r"^(\w+(?:\.\w+)*(?:Error|Exception|Invalid)\b: .+)$", text, re.M)
+    if worker:
+        return worker[-1].strip()[:500]
+    for line in text.splitlines():
+        if not _NOISE.match(line):
+            return line.strip()[:500]
+    return type(exc).__name__
+
+
+__all__ = [
+    "DEFAULT_MASTER",
+    "PipelineError",
+    "build_session",
+    "first_line",
+    "java_version",
+    "kafka_package",
+    "package_zip",
+    "spark_errors",
+]

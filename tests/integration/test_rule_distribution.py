@@ -1,0 +1,140 @@
+"""Rule rollout to 100 ext_proc subscribers (real gRPC clients) with 10 real Envoys on the
+same control plane: every round converges; the times are printed (benchmarks/fleet_rollout.py
+has the details), never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from benchmarks.fleet_rollout import run
+from control_plane.service import ControlPlaneSettings, free_port
+from filter_rules import load_rule_dir
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway, GatewaySettings
+from tests.integration.conftest import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+def test_rule_write_to_last_ack_with_100_subscribers_and_10_envoys() -> None:
+    lines: list[str] = []
+    results = run(subscribers=100, envoys=10, rounds=3, report=lines.append)
+    print("\n" + "\n".join(lines))
+    # Each round waited for every subscriber's ACK (and every Envoy's) or raised.
+    assert len(results.rules_s) == 3 and len(results.topology_s) == 3
+
+
+def test_rest_and_directory_changes_reach_every_ext_proc_process(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """The control plane process as deployed: store + REST API + xDS; two `keg ext-proc
+    --control-plane` processes. A REST write and a rule-directory change (GitOps) each
+    become a store version that both instances ACK."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "base.yaml").write_text(
+        "rules:\n  - id: from-git\n    action: {observe: {audit: false}}\n")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("ci:s3cret-token-of-the-ci\n")
+    loop = BackgroundLoop()
+    process = ControlPlaneApp(
+        ControlPlaneSettings(bootstrap_servers=kafka.bootstrap, ext_proc_host="127.0.0.1",
+                             ext_proc_port=1, listen_port_base=0),
+        ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tokens, public_reads=True,
+                   rules_dir=rules_dir))
+    children = []
+    try:
+        plane = loop.run(process.start(), timeout=60)
+        api = f"http://127.0.0.1:{process.api_server.port}"
+        for name in ("xp-a", "xp-b"):
+            children.append(subprocess.Popen([
+                sys.executable, "-m", "keg", "ext-proc", "--port", str(free_port()),
+                "--control-plane", f"127.0.0.1:{plane.xds_port}", "--node-id", name,
+                "--rules-cache", str(tmp_path / f"{name}.json"), "--log-level", "WARNING"]))
+
+        def applied() -> dict[str, str]:
+            with urllib.request.urlopen(f"{api}/v1/fleet", timeout=5) as response:
+                body = json.loads(response.read())
+            nodes = body if isinstance(body, list) else body.get("nodes", [])
+            return {n["node_id"]: n["types"].get("keg.v1.RuleSet", {}).get("applied_version")
+                    for n in nodes if n["role"] == "ext_proc" and n["connected"]}
+
+        def wait_for(version: str) -> float:
+            started = time.monotonic()
+            while applied() != {"xp-a": version, "xp-b": version}:
+                assert time.monotonic() - started < 30, applied()
+                time.sleep(0.02)
+            return time.monotonic() - started
+
+        first = loop.run(_current(process))
+        wait_for(first)
+
+        rule = json.dumps({"id": "from-rest", "match": {"apis": ["Produce"],
+                           "topics": {"prefix": ["rest."]}}, "action": {"deny": {}}}).encode()
+        request = urllib.request.Request(
+            f"{api}/v1/rules/from-rest", data=rule, method="PUT",
+            headers={"Authorization": "Bearer s3cret-token-of-the-ci", "If-None-Match": "*",
+                     "Content-Type": "application/json"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 201
+        second = loop.run(_current(process))
+        assert second != first
+        wait_for(second)
+        print(f"\nREST write -> both ext_proc processes ACKed: {time.monotonic() - started:.2f} s")
+
+        (rules_dir / "base.yaml").write_text(
+            "rules:\n  - id: from-git\n    action: {observe: {audit: true}}\n")
+        started = time.monotonic()
+        while loop.run(_current(process)) == second:
+            assert time.monotonic() - started < 30
+            time.sleep(0.05)
+        third = loop.run(_current(process))
+        wait_for(third)
+        print(f"rule directory write -> both ACKed: {time.monotonic() - started:.2f} s "
+              f"(1 s directory poll included)")
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait(10)
+        loop.run(process.stop(), timeout=30)
+        loop.close()
+
+
+async def _current(process: ControlPlaneApp) -> str:
+    number, _ = process.store.current()
+    return str(number)
+
+
+def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`keg up`'s default: the ext_proc child subscribes to the in-process control plane,
+    and Envoy starts only once it has ACKed the rule set."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "deny.yaml").write_text(
+        "rules:\n  - id: no-up-topics\n    match: {apis: [Produce], topics: {prefix: [up.]}}\n"
+        "    action: {deny: {}}\n")
+    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+                               rules_dir=rules_dir, rules_delivery="control-plane",
+                               work_dir=tmp_path / "envoy", ext_proc_log_level="WARNING")
+    with Gateway(settings) as gateway:
+        (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
+        version = load_rule_dir(rules_dir).version
+        assert node["types"]["keg.v1.RuleSet"]["applied_version"] == version
+        assert (tmp_path / "envoy" / f"keg-rules-{gateway.xds_port}.json").exists()
+        denied = create_topic(kafka.bootstrap, name=f"up.{time.monotonic_ns()}")
+        errors: list[str | None] = []
+        producer = Producer({"bootstrap.servers": gateway.bootstrap, "retries": 0})
+        producer.produce(denied, b"v", on_delivery=lambda err, _m: errors.append(
+            None if err is None else err.name()))
+        producer.flush(15)
+        del producer  # before the gateway goes: no reconnect attempts into the void
+        assert errors == ["TOPIC_AUTHORIZATION_FAILED"]

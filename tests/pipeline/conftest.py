@@ -1,0 +1,112 @@
+"""The pipeline tests' SparkSession (one per test session, local[2]) and sample data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from interceptors.capture import CaptureWriter, to_row
+from interceptors.contract import InterceptedRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CANDIDATE_RULES = """\
+apiVersion: keg/v1
+kind: RuleSet
+rules:
+  - id: mask-email
+    match: {topics: {exact: [orders]}}
+    action:
+      mask: {fields: ["$.customer.email"]}
+  - id: drop-test-keys
+    order: 5
+    match: {topics: {prefix: [ord]}}
+    action:
+      drop: {when: {key: {prefix: [test-]}}}
+  - id: require-id
+    match: {topics: {exact: [events]}}
+    action:
+      validate: {json_schema: {type: object, required: [id]}, allow_null: true}
+  - id: tag-bob
+    match: {principals: {exact: ["User:bob"]}}
+    action:
+      headers: {set: {x-reviewed: "yes"}}
+  - id: would-drop-tombstones
+    mode: dry-run
+    match: {topics: {exact: [orders]}}
+    action:
+      drop: {when: {tombstone: true}}
+  - id: capture-events
+    match: {topics: {exact: [events]}}
+    action:
+      capture: {path: /nonexistent/never-written}
+  - id: consume-side
+    match: {topics: {exact: [orders]}, direction: response}
+    action:
+      headers: {remove: [secret-ish]}
+"""
+
+LIVE_RULES = """\
+apiVersion: keg/v1
+kind: RuleSet
+rules:
+  - id: drop-test-keys
+    match: {topics: {prefix: [ord]}}
+    action:
+      drop: {when: {key: {prefix: [test-]}}}
+"""
+
+
+def sample_records(n: int = 240) -> list[InterceptedRecord]:
+    """Varied records: two topics, JSON with and without the masked field, invalid
+    events, tombstones, null keys, headers, two principals, both directions."""
+    records = []
+    for i in range(n):
+        topic = "orders" if i % 2 else "events"
+        doc: dict[str, object] = {"id": i, "customer": {"name": f"n{i}"}}
+        if i % 3 == 0:
+            doc["customer"] = {"name": f"n{i}", "email": f"user{i}@example.com"}
+        if i % 7 == 0:
+            doc.pop("id")
+        value: bytes | None = json.dumps(doc).encode()
+        if i % 17 == 0:
+            value = None
+        elif i % 29 == 0:
+            value = b"not json {"
+        key = None if i % 13 == 0 else (b"test-%d" if i % 11 == 0 else b"k-%d") % i
+        headers: list[tuple[str, bytes | None]] = [("trace", b"%d" % i)]
+        if i % 5 == 0:
+            headers.append(("secret-ish", None))
+        records.append(InterceptedRecord(
+            topic, i % 3, key, value, headers, 1_700_000_000_000 + i * 1000, i,
+            "User:bob" if i % 4 == 0 else "User:alice",
+            "consume" if i % 9 == 0 else "produce"))
+    return records
+
+
+def write_capture(directory: Path, records: list[InterceptedRecord]) -> Path:
+    writer = CaptureWriter(directory)
+    writer.write([to_row(r, include_value=True, now_ms=1_800_000_000_000) for r in records])
+    writer.close()
+    return directory
+
+
+def rule_dir(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "rules.yaml").write_text(text)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from pipeline.spark import build_session
+
+    session = build_session("local[2]", app_name="keg-tests", shuffle_partitions=2,
+                            driver_memory="1g")
+    yield session
+    session.stop()

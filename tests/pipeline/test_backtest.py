@@ -1,0 +1,219 @@
+"""keg backtest on a local SparkSession equals a plain-Python run of the same engine."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from filter_rules import CompiledRuleSet, load_rule_dir
+from interceptors.contract import BuildContext, InterceptedRecord
+from interceptors.engine import RecordEngine, RecordOutcome
+from keg.cli import app
+from pipeline.backtest import RulesInvalid, load_rules, run_backtest
+from pipeline.errors import PipelineError
+from pipeline.evaluate import record_bytes, record_digest
+from pipeline.inputs import KafkaInput, parse_input, read_records
+from tests.pipeline.conftest import (
+    CANDIDATE_RULES,
+    LIVE_RULES,
+    rule_dir,
+    sample_records,
+    write_capture,
+)
+
+
+def _plain(records: list[InterceptedRecord], rules: Path) -> dict[tuple[Any, ...], RecordOutcome]:
+    """The reference: RecordEngine.evaluate in a loop, the engine as the gateway builds it."""
+    engine = RecordEngine(CompiledRuleSet(load_rule_dir(rules)), BuildContext())
+    try:
+        return {(r.topic, r.partition, r.offset): engine.evaluate(r) for r in records}
+    finally:
+        engine.close()
+
+
+def _expected(outcome: RecordOutcome) -> dict[str, Any]:
+    kept = outcome.status in ("unchanged", "modified")
+    return {
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "bytes_after": record_bytes(outcome.record) if kept else 0,
+        "digest": record_digest(outcome.record) if kept else None,
+        "steps": [(s.rule_id, s.kind, s.effect, s.reason, s.dry_run) for s in outcome.steps],
+    }
+
+
+def _actual(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    return {
+        "status": row[f"{prefix}status"],
+        "reason": row[f"{prefix}reason"],
+        "bytes_after": row[f"{prefix}bytes_after"],
+        "digest": row[f"{prefix}digest"],
+        "steps": [(s["rule_id"], s["kind"], s["effect"], s["reason"], s["dry_run"])
+                  for s in row[f"{prefix}steps"]],
+    }
+
+
+@pytest.mark.parametrize("method", ["arrow", "pandas"])
+def test_backtest_equals_plain_python_record_for_record(spark: Any, tmp_path: Path,
+                                                         method: str) -> None:
+    records = sample_records()
+    capture = write_capture(tmp_path / "capture", sample_records())
+    never = tmp_path / "never-written"
+    candidate_dir = rule_dir(tmp_path / "candidate",
+                             CANDIDATE_RULES.replace("/nonexistent/never-written", str(never)))
+    live_dir = rule_dir(tmp_path / "live", LIVE_RULES)
+
+    result = run_backtest(spark, read_records(spark, parse_input(str(capture))),
+                          load_rules(candidate_dir), load_rules(live_dir), tmp_path / "out",
+                          method)  # type: ignore[arg-type]
+    assert not never.exists(), "a backtest must not write captures"
+
+    rows = pq.read_table(tmp_path / "out" / "records").to_pylist()
+    assert len(rows) == len(records)
+    by_id = {(r["topic"], r["partition"], r["offset"]): r for r in rows}
+    candidate = _plain(sample_records(), candidate_dir)
+    live = _plain(sample_records(), live_dir)
+    for record in records:
+        rid = (record.topic, record.partition, record.offset)
+        row = by_id[rid]
+        assert _actual(row) == _expected(candidate[rid]), rid
+        assert _actual(row, "live_") == _expected(live[rid]), rid
+        assert row["bytes_before"] == record_bytes(record)
+        assert row["differs"] == (candidate[rid].status != live[rid].status or
+                                  record_digest(candidate[rid].record)
+                                  != record_digest(live[rid].record))
+
+    # The summary counts what the reference says.
+    statuses = Counter(o.status for o in candidate.values())
+    totals = result.summary["totals"]
+    assert totals["records"] == len(records)
+    for status in ("unchanged", "modified", "dropped", "rejected", "failed"):
+        assert totals[status] == statuses[status], status
+    steps = Counter((s.rule_id, s.effect, s.dry_run) for o in candidate.values() for s in o.steps)
+    per_rule = {r["rule_id"]: r for r in result.summary["rules"]}
+    expected: Counter[tuple[str, str]] = Counter()
+    for (rule_id, effect, dry_run), count in steps.items():
+        column = f"would_{effect}" if dry_run and effect != "unchanged" else effect
+        expected[rule_id, column] += count
+    for (rule_id, column), count in expected.items():
+        assert per_rule[rule_id][column] == count, (rule_id, column)
+    matched = Counter(s.rule_id for o in candidate.values() for s in o.steps)
+    assert {r: v["matched"] for r, v in per_rule.items()} == dict(matched)
+    # Sample reasons come from the records the rule rejected.
+    assert per_rule["require-id"]["rejected"] > 0
+    assert per_rule["require-id"]["sample_reasons"]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"] == totals
+
+
+def test_backtest_without_live_rules_counts_changes_as_differences(spark: Any,
+                                                                   tmp_path: Path) -> None:
+    records = sample_records(60)
+    capture = write_capture(tmp_path / "capture", records)
+    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    result = run_backtest(spark, read_records(spark, parse_input(str(capture))),
+                          load_rules(rules), None, tmp_path / "out")
+    reference = _plain(sample_records(60), rules)
+    dropped = sum(o.status == "dropped" for o in reference.values())
+    assert dropped > 0
+    assert result.summary["totals"]["dropped"] == dropped
+    assert result.summary["totals"]["differs"] == dropped
+
+
+def test_invalid_rules_report_file_and_line(tmp_path: Path) -> None:
+    rules = rule_dir(tmp_path / "bad", "apiVersion: keg/v1\nkind: RuleSet\nrules:\n"
+                     "  - id: x\n    action:\n      mask: {fields: [\"email\"]}\n")
+    with pytest.raises(RulesInvalid) as err:
+        load_rules(rules)
+    assert any(str(rules / "rules.yaml") + ":6:" in line for line in err.value.lines)
+
+
+def test_rules_that_cannot_be_built_are_invalid(tmp_path: Path) -> None:
+    rules = rule_dir(tmp_path / "bad", "apiVersion: keg/v1\nkind: RuleSet\nrules:\n"
+                     "  - id: h\n    action:\n      mask: {fields: [$.a], method: hash, "
+                     "hash_key: {env: KEG_TEST_NO_SUCH_KEY}}\n")
+    with pytest.raises(RulesInvalid) as err:
+        load_rules(rules)
+    assert err.value.lines[0].startswith(f"{rules / 'rules.yaml'}:4:")
+    assert "KEG_TEST_NO_SUCH_KEY" in err.value.lines[0]
+
+
+def test_missing_rule_directory(tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="does not exist"):
+        load_rules(tmp_path / "nope")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("/definitely/not/here", "does not exist"),
+    ("kafka://localhost/topic", "expected kafka://host:port/topic"),
+    ("kafka://localhost:9092/", "expected kafka://host:port/topic"),
+    ("s3://bucket/x", "unsupported input"),
+])
+def test_bad_inputs(value: str, message: str) -> None:
+    with pytest.raises(PipelineError, match=message):
+        parse_input(value)
+
+
+def test_input_directory_without_parquet(tmp_path: Path) -> None:
+    (tmp_path / "x.txt").write_text("hello")
+    with pytest.raises(PipelineError, match="holds no Parquet files"):
+        parse_input(str(tmp_path))
+
+
+def test_kafka_input_parses() -> None:
+    assert parse_input("kafka://127.0.0.1:9092/orders.v1") == KafkaInput("127.0.0.1:9092",
+                                                                          "orders.v1")
+
+
+def test_unreadable_parquet_is_one_clear_error(spark: Any, tmp_path: Path) -> None:
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "part-0.parquet").write_bytes(b"this is not parquet")
+    rules = load_rules(rule_dir(tmp_path / "rules", LIVE_RULES))
+    with pytest.raises(PipelineError) as err:
+        run_backtest(spark, read_records(spark, parse_input(str(capture))), rules, None,
+                     tmp_path / "out")
+    message = str(err.value)
+    assert message.startswith("the backtest failed:")
+    assert "\n" not in message and "\tat " not in message
+
+
+runner = CliRunner()
+
+
+def test_cli_backtest_exit_codes_and_report(spark: Any, tmp_path: Path) -> None:
+    capture = write_capture(tmp_path / "capture", sample_records(80))
+    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    out = tmp_path / "out"
+    ok = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                             "--out", str(out), "--fail-on", "dropped>0.5", "-q"])
+    assert ok.exit_code == 0, ok.output
+    assert "drop-test-keys" in ok.output
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<script" not in page and "http" not in page
+
+    crossed = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                                  "--out", str(out), "--fail-on", "dropped>=1", "-q"])
+    assert crossed.exit_code == 1, crossed.output
+    assert "threshold crossed: dropped>=1" in crossed.output
+
+
+def test_cli_backtest_invalid_rules_exit_2_without_stack_trace(tmp_path: Path) -> None:
+    rules = rule_dir(tmp_path / "bad", "apiVersion: keg/v1\nkind: RuleSet\nrules:\n"
+                     "  - id: x\n    order: \"10\"\n    action: {drop: {when: {}}}\n")
+    result = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{rules / 'rules.yaml'}:5:" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_bad_threshold_exit_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["backtest", "--rules", str(tmp_path), "--input", str(tmp_path),
+                                 "--fail-on", "dropped~1"])
+    assert result.exit_code == 2
+    assert "invalid --fail-on 'dropped~1'" in result.output
