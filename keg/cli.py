@@ -88,13 +88,14 @@ def up(
     metrics_port: MetricsPort = 9464,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API on this port, the rules kept in a SQLite store in the user "
-             "cache (the rule directory applied to it and watched).")] = None,
+             "cache (the rule directory applied to it and watched); 0: no API.")] = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
+    api_port = api_port or None
     setup_logging(log_level, log_format)
     if rules_delivery not in ("control-plane", "directory"):
         console.print(f"[red]error:[/] --rules-delivery is control-plane or directory, "
@@ -138,6 +139,9 @@ def up(
             s = gateway.settings
             console.print(f"rules: {s.rules_dir}   audit log: {s.audit_log}   "
                           f"metrics: http://127.0.0.1:{s.metrics_port}/metrics")
+            if api_port is not None:
+                console.print(f"REST API: http://127.0.0.1:{api_port}/docs (writes need a "
+                              "token: --api-tokens or KEG_API_TOKENS)")
             if gateway.app is not None and gateway.app.api_server is not None:
                 console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs")
             _wait_for_ctrl_c()

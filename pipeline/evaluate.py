@@ -45,7 +45,7 @@ class RuleFiles:
         files = []
         total = 0
         for path in sorted(directory.rglob("*")):
-            if path.is_file() and not any(p.startswith(".") for p in path.parts[-1:]):
+            if path.is_file() and not path.name.startswith("."):
                 data = path.read_bytes()
                 total += len(data)
                 if total > MAX_RULE_DIR_BYTES:

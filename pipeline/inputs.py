@@ -9,6 +9,7 @@ rows are put in the capture schema (principal unknown, direction produce).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,8 +36,6 @@ def parse_input(value: str) -> Path | KafkaInput:
     if value.startswith(KAFKA_SCHEME):
         url = urlsplit(value)
         topic = url.path.lstrip("/")
-        import re
-
         if not url.hostname or not url.port or not re.match(TOPIC_NAME_PATTERN, topic):
             raise PipelineError(
                 f"invalid Kafka input '{value}' (expected kafka://host:port/topic)")

@@ -27,7 +27,7 @@ border-bottom:1px solid #ddd;padding-bottom:.2em}
 .card.bad{border-color:#c0392b;background:#fdecea}
 table{border-collapse:collapse;font-size:.88em;margin:.6em 0}
 th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4}td.none{color:#999}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .wide{overflow-x:auto}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
 .fail{color:#c0392b;font-weight:600}.pass{color:#1e8449;font-weight:600}
 """
@@ -44,7 +44,9 @@ def _cell(value: Any) -> str:
         return "<td>" + "<br>".join(html.escape(str(v)) for v in value) + "</td>"
     if isinstance(value, bytes | bytearray):
         value = bytes(value).decode("utf-8", "backslashreplace")
-    return f"<td>{'' if value is None else html.escape(str(value))}</td>"
+    if value is None:
+        return '<td class="none">—</td>'
+    return f"<td>{html.escape(str(value))}</td>"
 
 
 class HtmlReport:

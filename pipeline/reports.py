@@ -113,7 +113,7 @@ def analyze_report(summary: Mapping[str, Any], path: Path) -> Path:
         report.table(rows[:50])
         if rows:
             top = rows[:20]
-            report.figure(bar_chart([str(r[key]) for r in top],
+            report.figure(bar_chart([_name(r[key]) for r in top],
                                     {"events": [r["events"] for r in top]},
                                     f"Events {title.lower()}", "events"),
                           f"events {title.lower()}")
@@ -125,13 +125,18 @@ def analyze_report(summary: Mapping[str, Any], path: Path) -> Path:
     report.table(summary["top_talkers"])
     if summary["top_talkers"]:
         top = summary["top_talkers"]
-        report.figure(bar_chart([f"{r['principal']} / {r['client_id']}" for r in top],
+        report.figure(bar_chart([f"{_name(r['principal'])} / {_name(r['client_id'])}"
+                                 for r in top],
                                 {"bytes": [r["bytes"] for r in top]}, "Top talkers", "bytes"),
                       "top talkers by bytes")
     report.heading("Latency (ms)")
     report.table([*_label(summary["latency"], "all"), *summary["latency_by_api"]],
                  empty="no event carries latency_ms")
     return report.write(path)
+
+
+def _name(value: Any) -> str:
+    return "(none)" if value is None else str(value)
 
 
 def _label(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

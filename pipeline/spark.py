@@ -12,6 +12,7 @@ meaningful line, never a Java stack trace.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import logging
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from pipeline.errors import PipelineError
+from pipeline.spark_kafka import spark_kafka_jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,7 +39,6 @@ MIN_JAVA: Final = 17
 # What executors import: the rule engine, its codec and the job functions.
 SHIPPED_PACKAGES: Final = ("kafka_wire", "filter_rules", "interceptors", "pipeline")
 ENGINE_ZIP: Final = "keg-engine.zip"
-KAFKA_PACKAGE: Final = "org.apache.spark:spark-sql-kafka-0-10_{scala}:{spark}"
 
 _LOG4J2: Final = """\
 rootLogger.level = error
@@ -50,6 +51,8 @@ appender.console.layout.pattern = spark: %p %c{1}: %m%n
 # PySpark counts as a REPL: Spark announces the REPL logger's level unless it matches.
 logger.repl.name = org.apache.spark.repl.Main
 logger.repl.level = error
+logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygateway.level = error
 """
 
 
@@ -75,22 +78,6 @@ def java_version() -> int:
     if major < MIN_JAVA:
         raise PipelineError(f"Spark needs Java {MIN_JAVA} or newer; {java} is Java {major}")
     return major
-
-
-def kafka_package() -> str:
-    """The Maven coordinate of Spark's Kafka source matching the installed PySpark
-    (KEG_SPARK_KAFKA_PACKAGE overrides it, e.g. for a mirror or another build)."""
-    import pyspark
-
-    override = os.environ.get("KEG_SPARK_KAFKA_PACKAGE")
-    if override:
-        return override
-
-    jars = Path(pyspark.__file__).parent / "jars"
-    scala = "2.13"
-    for jar in jars.glob("spark-core_*.jar"):
-        scala = jar.name.split("_", 1)[1].split("-", 1)[0]
-    return KAFKA_PACKAGE.format(scala=scala, spark=pyspark.__version__)
 
 
 def package_zip(directory: Path) -> Path:
@@ -120,6 +107,7 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
         ) from None
     java_version()
     work = Path(tempfile.mkdtemp(prefix="keg-spark-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     (work / "log4j2.properties").write_text(_LOG4J2)
     java_opts = f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"
     local = master.startswith("local")
@@ -136,23 +124,14 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.local.dir", str(work))
-        .config("spark.jars.ivy", str(Path.home() / ".ivy2"))
     )
     if local:
         builder = builder.config("spark.driver.memory", driver_memory)
     if kafka:
-        jars = os.environ.get("KEG_SPARK_JARS")  # local jars instead of Maven resolution
-        builder = (builder.config("spark.jars", jars) if jars
-                   else builder.config("spark.jars.packages", kafka_package()))
+        builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
     try:
         session = builder.getOrCreate()
     except Exception as exc:
-        if kafka:
-            raise PipelineError(
-                f"Spark did not start with its Kafka source ({kafka_package()}): "
-                f"{first_line(exc)}; if Maven could not resolve it (see 'unresolved "
-                "dependency' above), set KEG_SPARK_JARS to the jars or read a capture "
-                "made with `keg capture`") from None
         raise PipelineError(f"Spark did not start: {first_line(exc)}") from None
     context = session.sparkContext
     context.setLogLevel("ERROR")
@@ -198,7 +177,6 @@ __all__ = [
     "build_session",
     "first_line",
     "java_version",
-    "kafka_package",
     "package_zip",
     "spark_errors",
 ]

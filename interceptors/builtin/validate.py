@@ -6,7 +6,10 @@ refuses its batch with INVALID_RECORD. A valid record is returned untouched.
 
 JSON Schema: the validator class is the one the schema's `$schema` names (2020-12
 when none); `format` is an annotation, not checked, as the specification says by
-default. References to other documents are not fetched. Avro: the bytes must be
+default. Valid records are recognised by fastjsonschema's compiled check first; a
+record it refuses (or any record, for schemas using 2019-09/2020-12-only keywords)
+is judged by jsonschema, whose verdict and message count. References to other
+documents are not fetched. Avro: the bytes must be
 exactly one datum of the schema (with `framing: confluent`, after the 5-byte prefix).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import fastjsonschema
 import orjson
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
@@ -32,16 +36,26 @@ from interceptors.jsonpath import JSON_CODEC
 MAX_REASON: Final = 200  # reasons travel in ProduceResponse record_errors
 
 
+# Keywords of drafts 2019-09 and 2020-12 that fastjsonschema (drafts 4 to 7) would
+# silently ignore: a schema using one is checked by jsonschema alone.
+_NEWER_KEYWORDS: Final = ("prefixItems", "unevaluatedProperties", "unevaluatedItems",
+                          "dependentRequired", "dependentSchemas", "$dynamicRef",
+                          "$recursiveRef", "minContains", "maxContains", "2019-09", "2020-12")
+
+
 class ValidateInterceptor:
-    __slots__ = ("_avro", "_json", "allow_null", "target")
+    __slots__ = ("_avro", "_fast", "_json", "allow_null", "target")
 
     def __init__(self, spec: ValidateSpec, ctx: BuildContext) -> None:
         self.target = spec.target
         self.allow_null = spec.allow_null
         self._avro = AvroCodec(spec.avro_schema, ctx) if spec.avro_schema is not None else None
         self._json: Any = None
+        self._fast: Any = None
         if self._avro is None:
-            self._json = _json_validator(_json_schema(spec, ctx))
+            schema = _json_schema(spec, ctx)
+            self._json = _json_validator(schema)
+            self._fast = _fast_validator(schema)
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Built when the rule set is compiled; nothing to configure."""
@@ -62,6 +76,12 @@ class ValidateInterceptor:
             doc = JSON_CODEC.decode(data)
         except ValueError as exc:
             raise RecordRejected(_short(f"not valid JSON: {exc}")) from None
+        if self._fast is not None:
+            try:
+                self._fast(doc)
+                return record  # valid: the common case, at compiled-code speed
+            except fastjsonschema.JsonSchemaException:
+                pass  # jsonschema has the final word and the precise message
         error = schema_errors.best_match(self._json.iter_errors(doc))
         if error is not None:
             raise RecordRejected(_short(f"{error.json_path}: {error.message}"))
@@ -96,6 +116,29 @@ def _json_validator(schema: Any) -> Any:
             f"invalid JSON Schema at {exc.json_path}: {_short(exc.message)}"
         ) from None
     return cls(schema)
+
+
+def _fast_validator(schema: Any) -> Any:
+    """fastjsonschema's compiled check (about 12x faster than jsonschema on a 1 KiB
+    order, docs/dependencies.md), or None where it might judge differently."""
+    text = orjson.dumps(schema).decode()
+    if any(keyword in text for keyword in _NEWER_KEYWORDS) or _remote_refs(schema):
+        return None  # (fastjsonschema would fetch remote references)
+    try:
+        return fastjsonschema.compile(schema, use_default=False)
+    except (fastjsonschema.JsonSchemaDefinitionException, ValueError, TypeError):
+        return None
+
+
+def _remote_refs(node: Any) -> bool:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return True
+        return any(_remote_refs(value) for value in node.values())
+    if isinstance(node, list):
+        return any(_remote_refs(value) for value in node)
+    return False
 
 
 def _short(reason: str) -> str:

@@ -100,6 +100,25 @@ def test_rest_and_directory_changes_reach_every_ext_proc_process(
         wait_for(third)
         print(f"rule directory write -> both ACKed: {time.monotonic() - started:.2f} s "
               f"(1 s directory poll included)")
+
+        # GitOps from CI: `keg apply` of another directory, as its own owner.
+        team = tmp_path / "team-rules"
+        team.mkdir()
+        (team / "team.yaml").write_text(
+            "rules:\n  - id: from-apply\n    action: {observe: {audit: false}}\n")
+        token_file = tmp_path / "ci-token"
+        token_file.write_text("s3cret-token-of-the-ci\n")
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "keg", "apply", str(team), "--api", api,
+                               "--token-file", str(token_file), "--reason", "ci run 42"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        fourth = loop.run(_current(process))
+        assert fourth != third
+        wait_for(fourth)
+        print(f"keg apply -> both ACKed: {time.monotonic() - started:.2f} s")
+        _, live = process.store.current()
+        assert {r.id for r in live.rules} == {"from-git", "from-rest", "from-apply"}
     finally:
         for child in children:
             child.terminate()
