@@ -25,14 +25,18 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The store's tests run against a real PostgreSQL server: Debian's package, installed
-# here when missing (as root; otherwise the tests say how to install it).
+# Debian packages some tests use, installed here when missing (as root): a real
+# PostgreSQL server for the store's tests, headless Chromium to render the pipeline's
+# HTML reports. Without root the tests say what to install.
+APT_PACKAGES := $(if $(wildcard /usr/lib/postgresql/*/bin/pg_ctl),,postgresql) \
+	$(if $(shell command -v chromium),,chromium)
 system-deps:
-	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || \
-	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-	        --no-install-recommends postgresql; \
-	    else echo "PostgreSQL is missing: apt-get install postgresql (as root)"; fi; }
+	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      --no-install-recommends $(APT_PACKAGES); \
+	  else echo "missing Debian packages: apt-get install $(APT_PACKAGES) (as root)"; fi; \
+	fi
 
 # pytest exits 5 when it collected no tests: that must fail, never pass silently.
 test: setup system-deps lint

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -126,7 +127,11 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
         .config("spark.local.dir", str(work))
     )
     if local:
-        builder = builder.config("spark.driver.memory", driver_memory)
+        # Python workers must be this interpreter (keg's environment), whatever
+        # `python3` on PATH is.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = (builder.config("spark.driver.memory", driver_memory)
+                   .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"]))
     if kafka:
         builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
     try:
