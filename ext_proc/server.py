@@ -99,6 +99,7 @@ class DataPath:
         if self.side_effects is not None:
             self.side_effects.close()
         self.audit.close()
+        log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = IdentityTracker()
@@ -258,7 +259,12 @@ class ExtProcServer:
         await self.start()
         assert self._server is not None
         try:
-            await self._server.wait_for_termination()
+            # Not grpc's wait_for_termination: cancelling that cancels the very future
+            # the server's shutdown waits on, and stop() would end before flushing.
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # so the waits inside stop() are not cut short
             await self.stop()
             raise

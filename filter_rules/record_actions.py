@@ -210,7 +210,9 @@ class InterceptorSpec(_Model):
         default_factory=dict, description="Passed once to the interceptor's configure()."
     )
     timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
-        default=200, description="Budget per request (all of its records), per attempt."
+        default=200,
+        description="Budget per batch (all of its records; a Produce carries one batch per "
+                    "partition), per attempt.",
     )
     retries: Annotated[int, Field(ge=0, le=10)] = Field(
         default=1, description="Attempts after a timeout before REQUEST_TIMED_OUT."

@@ -11,7 +11,7 @@ None to drop it (KIP-905's "skip"). Raising `RecordRejected` says the record is
 invalid: the whole batch is refused with INVALID_RECORD and a `record_errors` entry
 per rejected record. Raising anything else is an interceptor failure: the partition
 is answered with UNKNOWN_SERVER_ERROR and the batch is not forwarded. A custom
-interceptor runs under a time budget per request with retries (see `budget.py`).
+interceptor runs under a time budget per batch with retries (see `engine.py`).
 
 Records are plain values: `key`, `value` (bytes or None), `headers` (a list of
 (name, value) pairs, in wire order; duplicates allowed as in Kafka), the `topic` as

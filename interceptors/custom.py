@@ -4,7 +4,7 @@
       interceptor:
         class: my_company.kafka:PiiScrubber     # module:Class
         config: {field: ssn}                    # given once to configure()
-        timeout_ms: 200                         # budget per request, per attempt
+        timeout_ms: 200                         # budget per batch, per attempt
         retries: 1                              # attempts after a timeout
 
 The module is imported normally (it must be on the ext_proc instance's Python path)

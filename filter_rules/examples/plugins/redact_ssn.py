@@ -9,7 +9,7 @@
 `record` has topic, partition, key, value (bytes or None), headers (a list of
 (name, bytes-or-None) pairs), timestamp (ms), offset (consume time), principal and
 direction ("produce" or "consume"). Keep `intercept` fast and free of blocking I/O:
-it runs under the rule's `timeout_ms` budget per request, with `retries`.
+it runs under the rule's `timeout_ms` budget per batch, with `retries`.
 """
 
 from __future__ import annotations
