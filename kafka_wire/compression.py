@@ -23,6 +23,7 @@ import enum
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import cramjam
 
@@ -67,24 +68,103 @@ def is_xerial(payload: Buffer) -> bool:
     return bytes(payload[:8]) == XERIAL_MAGIC
 
 
-def decompress(codec: Compression | int, payload: Buffer) -> bytes:
-    """The uncompressed bytes of a batch payload; DecodeError if it is not valid."""
+#: The most a batch payload may decompress to. A few KiB of zstd or gzip can expand to
+#: gigabytes ("zip bomb"); past this, decompress() stops and raises DecodeError.
+MAX_DECOMPRESSED = 64 * 1024 * 1024
+_FIRST_GUESS = 8  # a first output buffer of 8x the payload fits typical Kafka batches
+
+
+def decompress(codec: Compression | int, payload: Buffer,
+               max_size: int = MAX_DECOMPRESSED) -> bytes:
+    """The uncompressed bytes of a batch payload; DecodeError if it is not valid or
+    would exceed `max_size` bytes (checked while decompressing, never after)."""
     try:
         if codec == Compression.NONE:
             return bytes(payload)
         if codec == Compression.GZIP:
-            return bytes(cramjam.gzip.decompress(payload))
+            return _bounded(cramjam.gzip, payload, max_size, _gzip_size(payload))
         if codec == Compression.SNAPPY:
             if is_xerial(payload):
-                return _xerial_decompress(payload)
+                return _xerial_decompress(payload, max_size)
+            _check_snappy_length(payload, max_size)
             return bytes(cramjam.snappy.decompress_raw(payload))
         if codec == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(payload))
+            return _bounded(cramjam.lz4, payload, max_size, _lz4_size(payload))
         if codec == Compression.ZSTD:
-            return bytes(cramjam.zstd.decompress(payload))
+            return _bounded(cramjam.zstd, payload, max_size, _zstd_size(payload))
     except cramjam.DecompressionError as exc:
         raise DecodeError(f"bad {_name(codec)} payload: {exc}") from None
     raise DecodeError(f"unknown compression codec {int(codec)}")
+
+
+def _bounded(codec: Any, payload: Buffer, max_size: int, declared: int | None) -> bytes:
+    """Decompress into buffers that grow 4x up to `max_size`: cramjam stops as soon as
+    one is full, so a bomb costs at most about 2x `max_size` of work and memory.
+
+    The first buffer is the size the payload declares (a hint only: a bomb may lie),
+    else a guess from the payload's size.
+    """
+    if declared is not None and len(payload) <= declared:
+        size = min(max_size, declared)
+    else:
+        size = min(max_size, max(64 * 1024, _FIRST_GUESS * len(payload)))
+    while True:
+        out = bytearray(size)
+        try:
+            written = codec.decompress_into(payload, out)
+        except cramjam.DecompressionError as exc:
+            if "failed to write whole buffer" not in str(exc):
+                raise
+            if size >= max_size:
+                raise DecodeError(f"payload decompresses to more than {max_size} bytes") \
+                    from None
+            size = min(max_size, size * 4)
+            continue
+        del out[written:]
+        return bytes(out)
+
+
+def _gzip_size(payload: Buffer) -> int | None:
+    """ISIZE, the last member's uncompressed size mod 2**32 (RFC 1952)."""
+    return int.from_bytes(payload[-4:], "little") if len(payload) >= 18 else None
+
+
+def _lz4_size(payload: Buffer) -> int | None:
+    """The LZ4 frame's content size, when its FLG byte says one is there."""
+    head = bytes(payload[:14])
+    if len(head) < 14 or head[:4] != b"\x04\x22\x4d\x18" or not head[4] & 0x08:
+        return None
+    return int.from_bytes(head[6:14], "little")
+
+
+def _zstd_size(payload: Buffer) -> int | None:
+    """The zstd frame's Frame_Content_Size, when its header has one (RFC 8878 3.1.1.1)."""
+    head = bytes(payload[:18])
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = head[4]
+    single_segment = bool(descriptor & 0x20)
+    field = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    if not field:
+        return None
+    start = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 0x03]
+    if len(head) < start + field:
+        return None
+    size = int.from_bytes(head[start : start + field], "little")
+    return size + 256 if field == 2 else size
+
+
+def _check_snappy_length(block: Buffer, max_size: int, before: int = 0) -> None:
+    """Raw snappy starts with the uncompressed length (a varint): check it first
+    (`before`: bytes earlier blocks of the payload already gave)."""
+    length = shift = 0
+    for byte in bytes(block[:5]):
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    if before + length > max_size:
+        raise DecodeError(f"payload decompresses to more than {max_size} bytes")
 
 
 def compress(
@@ -125,7 +205,7 @@ def _name(codec: Compression | int) -> str:
     return Compression(codec).name.lower() if codec in _CODECS else str(int(codec))
 
 
-def _xerial_decompress(payload: Buffer) -> bytes:
+def _xerial_decompress(payload: Buffer, max_size: int = MAX_DECOMPRESSED) -> bytes:
     view = memoryview(payload)
     if len(view) < len(_XERIAL_HEADER):
         raise DecodeError("xerial snappy payload shorter than its header")
@@ -139,7 +219,9 @@ def _xerial_decompress(payload: Buffer) -> bytes:
         pos += 4
         if size < 0 or pos + size > end:
             raise DecodeError(f"xerial snappy block of {size} bytes runs past the payload")
-        out += cramjam.snappy.decompress_raw(view[pos : pos + size])
+        block = view[pos : pos + size]
+        _check_snappy_length(block, max_size, len(out))
+        out += cramjam.snappy.decompress_raw(block)
         pos += size
     return bytes(out)
 

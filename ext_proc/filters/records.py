@@ -38,6 +38,7 @@ from filter_rules.errors import error_code
 from interceptors.engine import BatchOutcome, RecordEngine, Stage
 from kafka_wire.api_keys import FETCH, PRODUCE
 from kafka_wire.error_responses import expects_response
+from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, encode_batch, iter_batches, rewrite_records
 from kafka_wire.records import with_base_sequence as _with_base_sequence
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 INVALID_RECORD: Final = error_code("INVALID_RECORD")
 REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
 UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
+CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
 
 Body = dict[str, Any]
 
@@ -71,6 +73,13 @@ def _refusal(index: int, outcome: BatchOutcome) -> Body:
     ]
     entry["ErrorMessage"] = (f"keg rule {first.rule_id} rejected record {first.index}: "
                              f"{first.reason}")[:1000]
+    return entry
+
+
+def _corrupt(index: int, err: Exception) -> Body:
+    entry = _success(index)
+    entry["ErrorCode"] = CORRUPT_MESSAGE
+    entry["ErrorMessage"] = f"keg: the batch does not decode: {err}"[:1000]
     return entry
 
 
@@ -168,8 +177,12 @@ class RecordsFilter:
             if not isinstance(entry, BatchView) or entry.is_control:
                 pieces.append(entry.raw)
                 continue
-            outcome = records.process_batch(entry, stages, topic=topic, partition=partition,
-                                            direction="produce", principal=principal)
+            try:
+                outcome = records.process_batch(entry, stages, topic=topic,
+                                                partition=partition, direction="produce",
+                                                principal=principal)
+            except KafkaWireError as err:  # corrupt, or past the decompression limit
+                return None, _corrupt(partition, err)
             self._report(outcome, header, conn, topic, partition)
             if outcome.refused:
                 return None, _refusal(partition, outcome)
@@ -231,23 +244,28 @@ class RecordsFilter:
         if not data or partition.get("ErrorCode"):
             return False
         index = partition.get("PartitionIndex", 0)
-        failure: list[BatchOutcome] = []
+        refused: list[int] = []  # the error code the partition is answered with
 
         def rewrite(batch: BatchView) -> Any:
-            if failure:
+            if refused:
                 return None
-            outcome = records.process_batch(batch, stages, topic=topic, partition=index,
-                                            direction="consume", principal=principal)
+            try:
+                outcome = records.process_batch(batch, stages, topic=topic, partition=index,
+                                                direction="consume", principal=principal)
+            except KafkaWireError as err:
+                # Never hand out records a rule could not see (fail closed).
+                log.warning("fetched batch of %s-%d does not decode: %s", topic, index, err)
+                refused.append(CORRUPT_MESSAGE)
+                return None
             self._report(outcome, header, conn, topic, index)
             if outcome.failure is not None:
-                failure.append(outcome)
+                refused.append(_refusal(index, outcome)["ErrorCode"])
             return outcome.records
 
         new = rewrite_records(data, rewrite)
-        if failure:
+        if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
-            refusal = _refusal(index, failure[0])
-            partition["ErrorCode"] = refusal["ErrorCode"]
+            partition["ErrorCode"] = refused[0]
             partition["Records"] = None
             return True
         if new is data:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+import cramjam
+import google_crc32c
 import orjson
 
 import kafka_wire
@@ -14,6 +17,7 @@ from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRuleSet, load_rule_text
 from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire.compression import MAX_DECOMPRESSED, Compression
 from kafka_wire.records import (
     BatchHeader,
     BatchView,
@@ -161,3 +165,40 @@ def test_sequence_ledger_is_deterministic_for_retries() -> None:
     ledger.dropped(key, 5, 4)  # an out-of-order arrival moves everything after it
     assert [ledger.shift(key, s) for s in (5, 6, 11)] == [2, 6, 7]
     assert ledger.shift((2, 0, "t", 0), 10) == 0
+
+
+def bomb_batch() -> bytes:
+    """A zstd batch whose payload expands past the decompression limit."""
+    header = BatchHeader(base_timestamp=1_700_000_000_000, records_count=1,
+                         attributes=int(Compression.ZSTD))
+    payload = bytes(cramjam.zstd.compress(b"\0" * (MAX_DECOMPRESSED + 1)))
+    good = encode_batch(header, [Record(0, 0, None, b"x", [])])
+    # The bomb in place of the payload, with a length and CRC to match: valid on the wire.
+    data = bytearray(good[:61]) + payload
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">I", data, 17, google_crc32c.value(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
+    f, _ = records_filter()
+    body = produce("d.x", bomb_batch())
+    verdict = f.filter_request(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 2  # CORRUPT_MESSAGE
+    assert "more than 67108864 bytes" in refused["ErrorMessage"]
+
+
+def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
+    f, _ = records_filter()
+    verdict = f.filter_request(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
+        {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "Records": bomb_batch()}]}]}
+    assert verdict.patch(response)
+    partition = response["Responses"][0]["Partitions"][0]
+    assert (partition["ErrorCode"], partition["Records"]) == (2, None)
