@@ -139,11 +139,9 @@ def up(
             s = gateway.settings
             console.print(f"rules: {s.rules_dir}   audit log: {s.audit_log}   "
                           f"metrics: http://127.0.0.1:{s.metrics_port}/metrics")
-            if api_port is not None:
-                console.print(f"REST API: http://127.0.0.1:{api_port}/docs (writes need a "
-                              "token: --api-tokens or KEG_API_TOKENS)")
             if gateway.app is not None and gateway.app.api_server is not None:
-                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs")
+                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
+                              "(writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
     except EmbeddedKafkaError as err:
