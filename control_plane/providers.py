@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ext_proc.rule_source import directory_signature
+from ext_proc.rule_source import WatchedDirectory
 from filter_rules import RuleSet, RuleSetInvalid, load_rule_dir
 
 log = logging.getLogger(__name__)
@@ -73,18 +73,16 @@ class StaticRuleProvider(_Subscribers):
         self._notify(*self._current)
 
 
-class DirectoryRuleProvider(_Subscribers):
+class DirectoryRuleProvider(_Subscribers, WatchedDirectory):
     """A rule directory, re-read when its files change; invalid changes are refused
     (errors logged with file:line, `last_error` kept) and the last good set stays."""
 
     def __init__(self, directory: Path, interval: float = 1.0) -> None:
-        super().__init__()
-        self.directory = directory
-        self.interval = interval
-        self.last_error: str | None = None
         if not directory.is_dir():
             raise FileNotFoundError(f"rule directory {directory} does not exist")
-        self._signature = directory_signature(directory)
+        _Subscribers.__init__(self)
+        WatchedDirectory.__init__(self, directory, interval)
+        self.last_error: str | None = None
         ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses to start
         self._current = (ruleset.version, ruleset)
 
@@ -93,7 +91,7 @@ class DirectoryRuleProvider(_Subscribers):
 
     def reload(self) -> bool:
         """Re-read the directory; True when a new valid rule set was published."""
-        self._signature = directory_signature(self.directory)
+        self._seen()
         try:
             ruleset = load_rule_dir(self.directory)
         except RuleSetInvalid as err:
@@ -109,12 +107,6 @@ class DirectoryRuleProvider(_Subscribers):
                  self.directory, len(ruleset.rules))
         self._notify(*self._current)
         return True
-
-    async def watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if directory_signature(self.directory) != self._signature:
-                self.reload()
 
 
 class StoreRuleProvider:

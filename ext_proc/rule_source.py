@@ -34,18 +34,39 @@ def load_compiled(directory: Path) -> CompiledRuleSet:
     return CompiledRuleSet(load_rule_dir(directory))
 
 
-class RuleDirectory:
-    def __init__(self, directory: Path, engine: RuleEngine, metrics: Metrics | None = None,
-                 interval: float = 1.0) -> None:
+class WatchedDirectory:
+    """A rule directory polled for changes: `watch()` calls `reload()` (the subclass's)
+    whenever a file was added, removed or written since the last reload."""
+
+    def __init__(self, directory: Path, interval: float = 1.0) -> None:
         self.directory = directory
-        self.engine = engine
-        self.metrics = metrics
         self.interval = interval
         self._signature = directory_signature(directory)
 
     def reload(self) -> bool:
-        """Apply the directory now; False (and the old rules kept) if it is invalid."""
+        raise NotImplementedError
+
+    def _seen(self) -> None:
+        """Called by `reload` first: what it reads is the state `watch` compares to."""
         self._signature = directory_signature(self.directory)
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if directory_signature(self.directory) != self._signature:
+                self.reload()
+
+
+class RuleDirectory(WatchedDirectory):
+    def __init__(self, directory: Path, engine: RuleEngine, metrics: Metrics | None = None,
+                 interval: float = 1.0) -> None:
+        super().__init__(directory, interval)
+        self.engine = engine
+        self.metrics = metrics
+
+    def reload(self) -> bool:
+        """Apply the directory now; False (and the old rules kept) if it is invalid."""
+        self._seen()
         try:
             compiled = load_compiled(self.directory)
         except RuleSetInvalid as err:
@@ -61,9 +82,3 @@ class RuleDirectory:
             self.metrics.rule_reload("applied")
             self.metrics.set_rule_set_version(compiled.version)
         return True
-
-    async def watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if directory_signature(self.directory) != self._signature:
-                self.reload()

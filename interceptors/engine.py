@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -176,7 +177,7 @@ class RecordEngine:
         base_dir = self.context.base_dir
         if rule.source is not None and rule.source.file:
             base_dir = Path(rule.source.file).parent
-        context = BuildContext(self.context.side_effects, base_dir, self.context.environ)
+        context = dataclasses.replace(self.context, base_dir=base_dir)
         if rule.kind == "interceptor":
             return Stage(rule, build_custom(spec, context), spec.timeout_ms / 1000, spec.retries)
         builder = builders.get(rule.kind)

@@ -13,6 +13,7 @@ list, an index past the end) names nothing there: a missing field is not an erro
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -45,10 +46,23 @@ class JsonCodec:
         )
 
     def encode(self, doc: Any, like: bytes = b"") -> bytes:
-        try:
-            return orjson.dumps(doc)
-        except TypeError:  # integers beyond 64 bits
-            return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        return dump_json(doc)
+
+
+def dump_json(value: Any) -> bytes:
+    """Compact JSON: orjson, the stdlib for integers beyond 64 bits; Avro's bytes and
+    logical types (decimal) that JSON has no word for as base64 / text."""
+    try:
+        return orjson.dumps(value, default=_fallback)
+    except TypeError:  # integers beyond 64 bits
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_fallback)
+        return text.encode()
+
+
+def _fallback(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    return str(value)
 
 
 def _not_json(name: str) -> Any:

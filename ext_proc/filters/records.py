@@ -186,10 +186,9 @@ class RecordsFilter:
             self._report(outcome, header, conn, topic, partition)
             if outcome.refused:
                 return None, _refusal(partition, outcome)
-            key: ProducerKey | None = None
-            shift = 0
+            shift = 0  # idempotent producers: what was dropped from earlier batches
             if entry.producer_id >= 0 and entry.base_sequence >= 0:
-                key = (entry.producer_id, entry.producer_epoch, topic, partition)
+                key: ProducerKey = (entry.producer_id, entry.producer_epoch, topic, partition)
                 shift = ledger.shift(key, entry.base_sequence)
                 if outcome.dropped:
                     ledger.dropped(key, entry.base_sequence, outcome.dropped)
@@ -203,10 +202,8 @@ class RecordsFilter:
             changed = True
             if not outcome.records:
                 continue  # every record dropped: nothing of this batch goes on
-            batch_header = entry.header._replace(
-                base_sequence=entry.base_sequence - shift if key is not None
-                else entry.base_sequence,
-                last_offset_delta=len(outcome.records) - 1)
+            batch_header = entry.header._replace(base_sequence=entry.base_sequence - shift,
+                                                 last_offset_delta=len(outcome.records) - 1)
             pieces.append(encode_batch(batch_header, outcome.records, renumber=True,
                                        xerial=entry.is_xerial))
         if not changed:

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-import orjson
-
 from filter_rules.record_actions import AvroSchemaRef, SecretRef
 from interceptors.avro import AvroCodec
 from interceptors.contract import BuildContext, InterceptorConfigError
-from interceptors.jsonpath import JSON_CODEC, FieldPath, PathError
+from interceptors.jsonpath import JSON_CODEC, FieldPath, PathError, dump_json
 
 AES_KEY_BYTES: Final = 32
 MIN_HASH_KEY_BYTES: Final = 16
@@ -48,21 +45,6 @@ def field_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return dump_json(value).decode()
-
-
-def dump_json(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value, default=_fallback)
-    except TypeError:  # integers beyond 64 bits
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_fallback)
-        return text.encode()
-
-
-def _fallback(value: Any) -> Any:
-    # Avro's bytes/fixed and logical types (decimal) that JSON has no word for.
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(value).decode()
-    return str(value)
 
 
 # --- secrets -----------------------------------------------------------------------
