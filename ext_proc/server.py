@@ -231,18 +231,20 @@ class ExtProcServer:
                 self.settings.node_id or default_node_id(self.port),
                 cache_file=self.settings.rules_cache, metrics=self.data_path.metrics)
             self.subscription.restore()  # serve the last good set even if the plane is down
-        await server.start()
-        self._server = server
-        if rules is not None:
-            self._watcher = asyncio.create_task(rules.watch())
-        if self.subscription is not None:
-            self._watcher = asyncio.create_task(self.subscription.run())
+        # /metrics is up before the first connection is accepted: whoever sees the
+        # gRPC port open (a supervisor, a test) can scrape at once.
         self.data_path.metrics.bind_loop(asyncio.get_running_loop())
         if self.settings.metrics_port is not None:
             self.metrics_port = self.data_path.metrics.start_http_server(
                 self.settings.metrics_port, self.settings.metrics_host)
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host,
                      self.metrics_port)
+        await server.start()
+        self._server = server
+        if rules is not None:
+            self._watcher = asyncio.create_task(rules.watch())
+        if self.subscription is not None:
+            self._watcher = asyncio.create_task(self.subscription.run())
         log.info("ext_proc listening on %s:%d", self.settings.host, self.port)
         return self.port
 

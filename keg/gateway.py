@@ -275,6 +275,8 @@ class Gateway(Service):
             env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
+        if s.metrics_port is not None:  # gRPC listens early; /metrics means started
+            wait_for_port("127.0.0.1", s.metrics_port, 30, alive=self._check_ext_proc)
 
     def _check_ext_proc(self) -> None:
         if self._ext_proc is not None and self._ext_proc.poll() is not None:

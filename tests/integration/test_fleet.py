@@ -116,7 +116,10 @@ class FleetHarness:
             "--metrics-port", str(metrics_port), "--log-level", "WARNING",
         ])
         self.ext_procs[name] = (port, metrics_port, process)
-        wait_for_port("127.0.0.1", port, 90)  # a Python start-up on a busy machine
+        # A Python start-up on a busy machine. gRPC listens from add_insecure_port on,
+        # before the process is ready; /metrics answers once the rule set is restored.
+        wait_for_port("127.0.0.1", port, 90)
+        wait_for_port("127.0.0.1", metrics_port, 90)
 
     def stop_ext_proc(self, name: str) -> None:
         port, metrics_port, process = self.ext_procs[name]
