@@ -30,6 +30,10 @@ out_console = Console()
 Master = Annotated[str, typer.Option(
     help="Spark master: local[*] (this machine), local[N], spark://host:port, yarn, k8s://...")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+SparkConfs = Annotated[list[str] | None, typer.Option(
+    "--conf", metavar="KEY=VALUE",
+    help="A Spark property, as spark-submit --conf (repeat), e.g. "
+         "spark.executor.memory=4g.")]
 
 
 @contextlib.contextmanager
@@ -45,11 +49,19 @@ def _job() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def _session(master: str, kafka: bool = False) -> SparkSession:
+def _session(master: str, confs: list[str] | None, kafka: bool = False) -> SparkSession:
+    from pipeline.errors import PipelineError
     from pipeline.spark import build_session
 
+    conf = {}
+    for item in confs or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE, e.g. "
+                                f"spark.executor.memory=4g")
+        conf[key.strip()] = value
     with console.status(f"starting Spark ({master})"):
-        return build_session(master, kafka=kafka)
+        return build_session(master, kafka=kafka, conf=conf)
 
 
 def _parse_time(value: str | None, option: str) -> int | None:
@@ -135,6 +147,7 @@ def backtest_cmd(
         help="Exit 1 when crossed: 'dropped>0.1', 'rejected>=1', 'differs>5%', "
              "'RULE:modified==0' (repeat the option).")] = None,
     master: Master = "local[*]",
+    conf: SparkConfs = None,
     method: Annotated[str, typer.Option(help="arrow (mapInArrow) or pandas (mapInPandas).")]
         = "arrow",
     quiet: Quiet = False,
@@ -153,7 +166,7 @@ def backtest_cmd(
         candidate = load_rules(rules)
         live = load_rules(live_rules) if live_rules is not None else None
         source = parse_input(input_)
-        spark = _session(master, kafka=isinstance(source, KafkaInput))
+        spark = _session(master, conf, kafka=isinstance(source, KafkaInput))
         with spark_progress(spark, "backtest", console, enabled=not quiet):
             result = run_backtest(spark, read_records(spark, source), candidate, live, out,
                                   method)  # type: ignore[arg-type]
@@ -188,6 +201,7 @@ def analyze_cmd(
     audit: Annotated[Path, typer.Option(help="Audit log (JSON Lines) or a directory of them.")],
     out: Annotated[Path, typer.Option(help="Result directory.")] = Path("keg-analyze"),
     master: Master = "local[*]",
+    conf: SparkConfs = None,
     quiet: Quiet = False,
 ) -> None:
     """Aggregate the gateway's audit log: who did what, what was denied, how fast."""
@@ -197,7 +211,7 @@ def analyze_cmd(
 
     with _job():
         audit_files(audit)  # bad paths fail before Spark starts
-        spark = _session(master)
+        spark = _session(master, conf)
         with spark_progress(spark, "analyze", console, enabled=not quiet):
             result = run_analyze(spark, audit, out)
         report = analyze_report(result.summary, out / "report.html")

@@ -12,12 +12,15 @@ those rules. Exit codes, for CI:
     3  diff --exit-code: there are differences
     4  the control plane refused (token, ownership conflict, invalid on its side)
     5  the control plane cannot be reached or failed
+    6  apply --wait: an ext_proc instance NACKed the version, or not every connected
+       instance applied it within --wait-timeout
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
@@ -29,6 +32,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 from rich.syntax import Syntax
 
+from control_plane.fleet import EXT_PROC
+from control_plane.snapshot import RULES
 from filter_rules import RuleSetInvalid, load_rule_dir
 from filter_rules.loader import RULE_FILE_SUFFIXES
 from keg.cli import app
@@ -45,6 +50,7 @@ class Exit(IntEnum):
     CHANGES = 3
     REFUSED = 4
     UNREACHABLE = 5
+    NOT_APPLIED = 6
 
 
 class ApiFailure(Exception):
@@ -88,14 +94,20 @@ class Client:
 
     def apply(self, owner: str, files: dict[str, str], *, dry_run: bool, adopt: bool = False,
               reason: str = "") -> dict[str, Any]:
+        body = {"owner": owner, "files": files, "adopt": adopt, "reason": reason}
+        return self._call("POST", "/v1/apply", json=body,
+                          params={"dry_run": "true"} if dry_run else None)
+
+    def fleet(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/fleet")
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         import httpx2
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        body = {"owner": owner, "files": files, "adopt": adopt, "reason": reason}
-        url = f"{self.api.rstrip('/')}/v1/apply"
         try:
-            response = httpx2.post(url, json=body, headers=headers, timeout=60.0,
-                                   params={"dry_run": "true"} if dry_run else None)
+            response = httpx2.request(method, f"{self.api.rstrip('/')}{path}",
+                                      headers=headers, timeout=60.0, **kwargs)
         except httpx2.HTTPError as err:
             raise ApiFailure(Exit.UNREACHABLE, f"cannot reach the control plane at "
                              f"{self.api}: {err}") from None
@@ -233,13 +245,23 @@ def apply(
     watch: Annotated[bool, typer.Option(
         help="Keep running: apply again whenever the files change (valid sets only).")]
         = False,
+    wait: Annotated[bool, typer.Option(
+        help="Then wait until every connected ext_proc instance applied the version "
+             "(exit 6 on a NACK or at --wait-timeout).")] = False,
+    wait_timeout: Annotated[float, typer.Option(
+        help="Seconds --wait waits for the fleet.", min=0.1)] = 60.0,
 ) -> None:
     """Make the live rules match a rule directory (GitOps), with a progress bar.
 
     Uploads the directory's rule set as the owner of its rules: one new version with
-    what was added, changed and removed (none when it is already live). With --watch,
-    applies again whenever the files change; invalid files are reported and skipped.
+    what was added, changed and removed (none when it is already live). With --wait,
+    returns once every ext_proc instance connected to the control plane runs that
+    version. With --watch, applies again whenever the files change; invalid files are
+    reported and skipped.
     """
+    if wait and watch:
+        console.print("[red]error:[/] --wait and --watch do not go together")
+        raise typer.Exit(int(Exit.USAGE))
     try:
         client = Client(api, _token(token_file))
     except ApiFailure as failure:
@@ -247,7 +269,10 @@ def apply(
         raise typer.Exit(int(failure.code)) from None
     who = _owner(directory, owner)
     why = reason or f"keg apply {directory}"
-    code = _apply_once(client, directory, who, why, adopt)
+    applied: list[int] = []
+    code = _apply_once(client, directory, who, why, adopt, applied)
+    if wait and code == Exit.OK:
+        code = _wait_for_fleet(client, applied[0], wait_timeout)
     if not watch:
         raise typer.Exit(int(code))
     if code in (Exit.REFUSED, Exit.USAGE):
@@ -256,7 +281,8 @@ def apply(
 
 
 def _apply_once(client: Client, directory: Path, owner: str, reason: str,
-                adopt: bool) -> Exit:
+                adopt: bool, live: list[int] | None = None) -> Exit:
+    """One apply; the version now live is appended to `live` on success."""
     try:
         with _progress() as progress:
             files = _read(directory, progress)
@@ -275,6 +301,80 @@ def _apply_once(client: Client, directory: Path, owner: str, reason: str,
     else:
         console.print(f"[bold green]applied[/] {directory} as {owner}: version "
                       f"{version['number']} ({_summary(result['diff'])})")
+    if live is not None:
+        live.append(int(result["version"] if version is None else version["number"]))
+    return Exit.OK
+
+
+RULE_SET_TYPE: Final = RULES.rsplit("/", 1)[-1]  # how /v1/fleet names the type
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where the connected ext_proc instances stand with one rule-set version."""
+
+    applied: tuple[str, ...]
+    pending: tuple[str, ...]
+    nacked: tuple[tuple[str, str], ...]  # (node id, the instance's error)
+
+    @classmethod
+    def of(cls, nodes: list[dict[str, Any]], version: int) -> Rollout:
+        applied, pending, nacked = [], [], []
+        for node in nodes:
+            if node.get("role") != EXT_PROC or not node.get("connected"):
+                continue
+            state = (node.get("types") or {}).get(RULE_SET_TYPE) or {}
+            nack = state.get("last_nack") or {}
+            if _number(state.get("applied_version")) >= version:
+                applied.append(node["node_id"])  # this version, or a later one
+            elif _number(nack.get("version")) == version:
+                nacked.append((node["node_id"], str(nack.get("error"))))
+            else:
+                pending.append(node["node_id"])
+        return cls(tuple(applied), tuple(pending), tuple(nacked))
+
+
+def _number(version: object) -> int:
+    try:
+        return int(str(version))
+    except ValueError:
+        return -1  # never applied
+
+
+def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float = 0.2) -> Exit:
+    deadline = time.monotonic() + timeout
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"ext_proc instances on version {version}", total=None)
+            while True:
+                fleet = client.fleet()
+                if not fleet.get("available"):
+                    console.print(f"[red]error:[/] {client.api} has no fleet view (an API "
+                                  f"without xDS): cannot wait for the instances")
+                    return Exit.NOT_APPLIED
+                state = Rollout.of(fleet["nodes"], version)
+                total = len(state.applied) + len(state.pending) + len(state.nacked)
+                progress.update(task, total=total, completed=len(state.applied))
+                if state.nacked or not state.pending or time.monotonic() > deadline:
+                    break
+                time.sleep(poll_s)
+    except ApiFailure as failure:
+        _print_failure(failure)
+        return failure.code
+    for node_id, error in state.nacked:
+        console.print(f"[red]NACK[/] {node_id} refused version {version}: {error}",
+                      soft_wrap=True)
+    if state.nacked:
+        return Exit.NOT_APPLIED
+    if state.pending:
+        console.print(f"[red]not applied within {timeout:g} s[/] by {len(state.pending)} "
+                      f"instance(s): {', '.join(state.pending)}")
+        return Exit.NOT_APPLIED
+    if not state.applied:
+        console.print("no ext_proc instance is connected: nothing to wait for")
+    else:
+        console.print(f"version {version} applied by all {len(state.applied)} connected "
+                      f"ext_proc instance(s)")
     return Exit.OK
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -96,10 +96,16 @@ def package_zip(directory: Path) -> Path:
     return target
 
 
-def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
+def build_session(master: str | None = DEFAULT_MASTER, *, app_name: str = "keg",
                   kafka: bool = False, driver_memory: str = "2g",
-                  shuffle_partitions: int | None = None) -> SparkSession:
-    """Start (or reuse) the SparkSession; `kafka` adds Spark's Kafka source from Maven."""
+                  shuffle_partitions: int | None = None,
+                  conf: Mapping[str, str] | None = None) -> SparkSession:
+    """Start (or reuse) the SparkSession; `kafka` adds Spark's Kafka source from Maven.
+
+    `master=None` takes the master (and driver settings) `spark-submit` was given:
+    a driver program run by spark-submit must not override them. `conf` (Spark
+    properties, as `spark-submit --conf`) comes last and wins over keg's tuning.
+    """
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -111,13 +117,13 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     (work / "log4j2.properties").write_text(_LOG4J2)
     java_opts = f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"
-    local = master.startswith("local")
+    local = master is not None and master.startswith("local")
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     builder = (
-        SparkSession.builder.master(master).appName(app_name)
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions",
-                str(shuffle_partitions or (4 if local else 200)))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
@@ -126,6 +132,9 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.local.dir", str(work))
     )
+    if local or shuffle_partitions:
+        # Spark's 200 suit a cluster; one machine runs a few tasks at a time.
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or 4))
     if local:
         # Python workers must be this interpreter (keg's environment), whatever
         # `python3` on PATH is.
@@ -134,6 +143,8 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "keg",
                    .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"]))
     if kafka:
         builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
     except Exception as exc:

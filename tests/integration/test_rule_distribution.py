@@ -110,13 +110,15 @@ def test_rest_and_directory_changes_reach_every_ext_proc_process(
         token_file.write_text("s3cret-token-of-the-ci\n")
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "keg", "apply", str(team), "--api", api,
-                               "--token-file", str(token_file), "--reason", "ci run 42"],
-                              capture_output=True, text=True, timeout=60)
+                               "--token-file", str(token_file), "--reason", "ci run 42",
+                               "--wait"], capture_output=True, text=True, timeout=90)
         assert done.returncode == 0, done.stdout + done.stderr
         fourth = loop.run(_current(process))
         assert fourth != third
-        wait_for(fourth)
-        print(f"keg apply -> both ACKed: {time.monotonic() - started:.2f} s")
+        # --wait returned once both instances ran the version: no polling here.
+        assert applied() == {"xp-a": fourth, "xp-b": fourth}
+        assert f"version {fourth} applied by all 2 connected" in done.stderr
+        print(f"keg apply --wait -> both ACKed: {time.monotonic() - started:.2f} s")
         _, live = process.store.current()
         assert {r.id for r in live.rules} == {"from-git", "from-rest", "from-apply"}
     finally:

@@ -217,3 +217,12 @@ def test_cli_bad_threshold_exit_2(tmp_path: Path) -> None:
                                  "--fail-on", "dropped~1"])
     assert result.exit_code == 2
     assert "invalid --fail-on 'dropped~1'" in result.output
+
+
+def test_cli_bad_spark_conf_exit_2(tmp_path: Path) -> None:
+    capture = write_capture(tmp_path / "capture", sample_records(5))
+    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    result = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                                 "--conf", "spark.executor.memory"])
+    assert result.exit_code == 2
+    assert "--conf 'spark.executor.memory': expected KEY=VALUE" in result.output

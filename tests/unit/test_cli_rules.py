@@ -11,16 +11,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from typer.testing import CliRunner
 
 from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+from control_plane.fleet import ENVOY, EXT_PROC, Fleet, NodeInfo, NodeStatus
+from control_plane.snapshot import RULES
 from control_plane.store import RuleStore, open_store
 from filter_rules import DEFAULT_RULES_DIR
 from keg.cli import app
+from keg.cli_rules import Rollout
 
 TOKEN = "gitops-token-0123456789"
 runner = CliRunner()
@@ -30,12 +35,21 @@ runner = CliRunner()
 class LiveApi:
     url: str
     store: RuleStore
+    fleet: Fleet  # what /v1/fleet reports (the xDS side is not running here)
 
 
 @pytest.fixture
 def live_api(tmp_path: Path) -> Iterator[LiveApi]:
     store = open_store(None, tmp_path / "cp", validator=ruleset_validator())
-    api = create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])))
+    fleet = Fleet()
+    with _serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])),
+                             fleet.status)) as url:
+        yield LiveApi(url, store, fleet)
+    store.close()
+
+
+@contextmanager
+def _serving(api: FastAPI) -> Iterator[str]:
     started = threading.Event()
     port: list[int] = []
     loop = asyncio.new_event_loop()
@@ -51,10 +65,11 @@ def live_api(tmp_path: Path) -> Iterator[LiveApi]:
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
     assert started.wait(10), "the API server did not start"
-    yield LiveApi(f"http://127.0.0.1:{port[0]}", store)
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(10)
-    store.close()
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
 
 
 @pytest.fixture
@@ -195,3 +210,94 @@ def test_watch_applies_valid_changes_and_skips_invalid_ones(
     assert code == 0, output
     assert f"{directory / 'broken.yaml'}:3:" in output
     assert TOKEN not in output
+
+
+# --- apply --wait: the fleet as the control plane's Fleet reports it -------------------
+
+
+def _instance(fleet: Fleet, node_id: str, role: str = EXT_PROC) -> NodeStatus:
+    return fleet.connected(NodeInfo(node_id, role=role))
+
+
+def test_rollout_sorts_connected_ext_proc_instances_by_version() -> None:
+    fleet = Fleet()
+    on_it, later, behind, refused = (_instance(fleet, n) for n in ("on", "later", "behind", "nack"))
+    gone = _instance(fleet, "gone")
+    _instance(fleet, "envoy-1", role=ENVOY)  # Envoys take no rule sets
+    fleet.ack(on_it, RULES, "7", None)
+    fleet.ack(later, RULES, "8", None)
+    fleet.ack(behind, RULES, "6", None)
+    fleet.ack(refused, RULES, "6", None)
+    fleet.nack(refused, RULES, "7", "plugin acme:Redact: No module named 'acme'")
+    fleet.disconnected(gone.node_id)
+
+    state = Rollout.of(fleet.status(), 7)
+    assert sorted(state.applied) == ["later", "on"]
+    assert state.pending == ("behind",)
+    assert state.nacked == (("nack", "plugin acme:Redact: No module named 'acme'"),)
+    # An older NACK does not count against a newer version.
+    assert Rollout.of(fleet.status(), 8).nacked == ()
+
+
+def test_apply_wait_returns_once_every_instance_applied(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    directory = rules_dir(tmp_path, team=ONE)
+    instances = [_instance(live_api.fleet, n) for n in ("xp-1", "xp-2")]
+    acked = threading.Event()
+
+    def ack_later() -> None:  # as instances do once the control plane pushed version 1
+        _wait_for(lambda: live_api.store.current()[0] == 1, "the apply")
+        time.sleep(0.5)
+        for status in instances:
+            live_api.fleet.ack(status, RULES, "1", None)
+        acked.set()
+
+    acker = threading.Thread(target=ack_later, daemon=True)
+    acker.start()
+    result = runner.invoke(app, ["apply", str(directory), "--api", live_api.url,
+                                 "--token-file", str(token_file), "--wait"])
+    acker.join(10)
+    assert result.exit_code == 0, result.output
+    assert acked.is_set()  # it did not return before the instances had applied
+    assert "version 1 applied by all 2 connected ext_proc instance(s)" in result.output
+
+    again = runner.invoke(app, ["apply", str(directory), "--api", live_api.url,
+                                "--token-file", str(token_file), "--wait"])
+    assert again.exit_code == 0 and "nothing to change" in again.output
+    assert "version 1 applied by all 2" in again.output
+
+
+def test_apply_wait_fails_on_a_nack_or_at_the_timeout(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    directory = rules_dir(tmp_path, team=ONE)
+    common = ["--api", live_api.url, "--token-file", str(token_file), "--wait"]
+    slow = _instance(live_api.fleet, "xp-slow")
+    result = runner.invoke(app, ["apply", str(directory), *common, "--wait-timeout", "0.5"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 6, result.output
+    assert "not applied within 0.5 s" in result.output and "xp-slow" in result.output
+    assert live_api.store.current()[0] == 1  # applied all the same: the fleet lags
+
+    live_api.fleet.ack(slow, RULES, "1", None)
+    picky = _instance(live_api.fleet, "xp-picky")
+    live_api.fleet.nack(picky, RULES, "2", "rule r: key KEG_KEY is not set")
+    (directory / "team.yaml").write_text(TWO)
+    result = runner.invoke(app, ["apply", str(directory), *common], env={"COLUMNS": "200"})
+    assert result.exit_code == 6, result.output
+    assert "NACK xp-picky refused version 2: rule r: key KEG_KEY is not set" in result.output
+
+
+def test_apply_wait_needs_a_fleet_view_and_no_watch(
+        tmp_path: Path, token_file: Path) -> None:
+    store = open_store(None, tmp_path / "cp", validator=ruleset_validator())
+    directory = rules_dir(tmp_path, team=ONE)
+    try:
+        with _serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])))) as url:
+            common = ["--api", url, "--token-file", str(token_file), "--wait"]
+            result = runner.invoke(app, ["apply", str(directory), *common],
+                                   env={"COLUMNS": "200"})
+            assert result.exit_code == 6 and "has no fleet view" in result.output
+            result = runner.invoke(app, ["apply", str(directory), *common, "--watch"])
+            assert result.exit_code == 2 and "do not go together" in result.output
+    finally:
+        store.close()
