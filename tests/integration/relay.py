@@ -63,6 +63,14 @@ def _read_frame(sock: socket.socket) -> bytes | None:
     return _read_exact(sock, _SIZE.unpack(head)[0])
 
 
+def _send(sock: socket.socket, frame: bytes) -> bool:
+    try:
+        sock.sendall(_SIZE.pack(len(frame)) + frame)
+    except OSError:
+        return False
+    return True
+
+
 class RecordingRelay:
     """Listens on one port, forwards to `upstream` frame by frame, records every frame."""
 
@@ -128,7 +136,8 @@ class RecordingRelay:
             in_flight[header.correlation_id] = (header.api_key, header.api_version)
             self._record(conn, "request", header.api_key, header.api_version,
                          header.correlation_id, frame)
-            upstream.sendall(_SIZE.pack(len(frame)) + frame)
+            if not _send(upstream, frame):
+                break
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_WR)
 
@@ -140,7 +149,8 @@ class RecordingRelay:
             self._record(conn, "response", api_key, version, correlation_id, frame)
             if api_key in self.REWRITE:
                 frame = self._point_at_relay(frame, api_key, version)
-            client.sendall(_SIZE.pack(len(frame)) + frame)
+            if not _send(client, frame):
+                break  # the client left before its answer: nothing to deliver it to
         with contextlib.suppress(OSError):
             client.shutdown(socket.SHUT_WR)
 

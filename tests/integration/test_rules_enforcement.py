@@ -214,15 +214,17 @@ def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
 
     path.write_text(RULES + "\n  - id: broken\n    match: {apis: [NoSuchApi]}\n"
                     "    action: {deny: {}}\n")
-    time.sleep(3)  # the watcher refuses it; the last good set (with freeze-other) stays
-    assert send() == 44
+    deadline = time.monotonic() + 20
+    while 'keg_rule_reloads_total{result="rejected"}' not in env.metrics():
+        assert time.monotonic() < deadline, "the broken set was never read"
+        time.sleep(0.2)
+    assert send() == 44  # refused: the last good set (with freeze-other) stays
     path.write_text(RULES)
     deadline = time.monotonic() + 20
     while send() != 0:
         assert time.monotonic() < deadline, "the valid set never applied again"
         time.sleep(0.5)
     producer.flush(10)
-    assert 'keg_rule_reloads_total{result="rejected"}' in env.metrics()
 
 
 def test_kafka_python_sasl_client_gets_the_same_answers(env: Env) -> None:
