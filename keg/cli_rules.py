@@ -269,20 +269,17 @@ def apply(
         raise typer.Exit(int(failure.code)) from None
     who = _owner(directory, owner)
     why = reason or f"keg apply {directory}"
-    applied: list[int] = []
-    code = _apply_once(client, directory, who, why, adopt, applied)
-    if wait and code == Exit.OK:
-        code = _wait_for_fleet(client, applied[0], wait_timeout)
-    if not watch:
-        raise typer.Exit(int(code))
-    if code in (Exit.REFUSED, Exit.USAGE):
-        raise typer.Exit(int(code))  # a wrong token or a conflict will not fix itself
-    _watch(client, directory, who, why, adopt)
+    if watch:
+        raise typer.Exit(int(_watch(client, directory, who, why, adopt)))
+    code, live = _apply_once(client, directory, who, why, adopt)
+    if wait and live is not None:
+        code = _wait_for_fleet(client, live, wait_timeout)
+    raise typer.Exit(int(code))
 
 
 def _apply_once(client: Client, directory: Path, owner: str, reason: str,
-                adopt: bool, live: list[int] | None = None) -> Exit:
-    """One apply; the version now live is appended to `live` on success."""
+                adopt: bool) -> tuple[Exit, int | None]:
+    """One apply: its exit code, and the version now live (None when it failed)."""
     try:
         with _progress() as progress:
             files = _read(directory, progress)
@@ -291,19 +288,17 @@ def _apply_once(client: Client, directory: Path, owner: str, reason: str,
             progress.advance(step)
     except RuleSetInvalid as err:
         _print_invalid(directory, err)
-        return Exit.INVALID
+        return Exit.INVALID, None
     except ApiFailure as failure:
         _print_failure(failure)
-        return failure.code
+        return failure.code, None
     version = result["new_version"]
     if version is None:
         console.print(f"nothing to change: {directory} is live (version {result['version']})")
     else:
         console.print(f"[bold green]applied[/] {directory} as {owner}: version "
                       f"{version['number']} ({_summary(result['diff'])})")
-    if live is not None:
-        live.append(int(result["version"] if version is None else version["number"]))
-    return Exit.OK
+    return Exit.OK, int(result["version"] if version is None else version["number"])
 
 
 RULE_SET_TYPE: Final = RULES.rsplit("/", 1)[-1]  # how /v1/fleet names the type
@@ -379,24 +374,36 @@ def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float 
 
 
 def _changes(directory: Path, stop: threading.Event) -> Iterator[None]:
-    """One item per batch of file changes in `directory` (debounced)."""
+    """One item as soon as the watcher is up, then one per batch of file changes
+    (debounced). The first comes only once changes are being seen, so nothing written
+    before it can be missed."""
     import watchfiles
 
     def relevant(_: watchfiles.Change, path: str) -> bool:
         name = Path(path).name
         return Path(path).suffix in RULE_FILE_SUFFIXES and not name.startswith(".")
 
-    for _ in watchfiles.watch(directory, watch_filter=relevant, stop_event=stop,
-                              debounce=300, recursive=False, raise_interrupt=False):
-        yield None
+    up = False
+    for changes in watchfiles.watch(directory, watch_filter=relevant, stop_event=stop,
+                                    debounce=300, recursive=False, raise_interrupt=False,
+                                    rust_timeout=200, yield_on_timeout=True):
+        if changes or not up:
+            up = True
+            yield None
 
 
 def _watch(client: Client, directory: Path, owner: str, reason: str, adopt: bool,
-           stop: threading.Event | None = None) -> None:
-    stop = stop or threading.Event()
-    console.print(f"watching {directory} (Ctrl-C stops)")
-    for _ in _changes(directory, stop):
-        code = _apply_once(client, directory, owner, reason, adopt)
+           stop: threading.Event | None = None) -> Exit:
+    """Apply once the watcher is up, then on every change, until Ctrl-C."""
+    first = True
+    for _ in _changes(directory, stop or threading.Event()):
+        code, _live = _apply_once(client, directory, owner, reason, adopt)
+        if first and code in (Exit.REFUSED, Exit.USAGE):
+            return code  # a wrong token or a conflict will not fix itself
+        if first:
+            console.print(f"watching {directory} (Ctrl-C stops)")
+            first = False
         if code == Exit.INVALID:
             console.print("[yellow]the live rules are unchanged until the files are valid[/]")
     console.print("stopped watching")
+    return Exit.OK

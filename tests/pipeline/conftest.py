@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from filter_rules import CompiledRuleSet, load_rule_dir
 from interceptors.capture import CaptureWriter, to_row
-from interceptors.contract import InterceptedRecord
+from interceptors.contract import BuildContext, InterceptedRecord
+from interceptors.engine import RecordEngine, RecordOutcome
+from pipeline.evaluate import record_bytes, record_digest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -100,6 +103,39 @@ def rule_dir(directory: Path, text: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "rules.yaml").write_text(text)
     return directory
+
+
+def plain_outcomes(records: list[InterceptedRecord], rules: Path
+                   ) -> dict[tuple[Any, ...], RecordOutcome]:
+    """The backtests' reference: RecordEngine.evaluate in a loop, the engine as the
+    gateway builds it."""
+    engine = RecordEngine(CompiledRuleSet(load_rule_dir(rules)), BuildContext())
+    try:
+        return {(r.topic, r.partition, r.offset): engine.evaluate(r) for r in records}
+    finally:
+        engine.close()
+
+
+def expected_row(outcome: RecordOutcome) -> dict[str, Any]:
+    kept = outcome.status in ("unchanged", "modified")
+    return {
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "bytes_after": record_bytes(outcome.record) if kept else 0,
+        "digest": record_digest(outcome.record) if kept else None,
+        "steps": [(s.rule_id, s.kind, s.effect, s.reason, s.dry_run) for s in outcome.steps],
+    }
+
+
+def actual_row(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    return {
+        "status": row[f"{prefix}status"],
+        "reason": row[f"{prefix}reason"],
+        "bytes_after": row[f"{prefix}bytes_after"],
+        "digest": row[f"{prefix}digest"],
+        "steps": [(s["rule_id"], s["kind"], s["effect"], s["reason"], s["dry_run"])
+                  for s in row[f"{prefix}steps"]],
+    }
 
 
 @pytest.fixture(scope="session")

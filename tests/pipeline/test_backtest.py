@@ -11,9 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from filter_rules import CompiledRuleSet, load_rule_dir
-from interceptors.contract import BuildContext, InterceptedRecord
-from interceptors.engine import RecordEngine, RecordOutcome
 from keg.cli import app
 from pipeline.backtest import RulesInvalid, load_rules, run_backtest
 from pipeline.errors import PipelineError
@@ -22,41 +19,13 @@ from pipeline.inputs import KafkaInput, parse_input, read_records
 from tests.pipeline.conftest import (
     CANDIDATE_RULES,
     LIVE_RULES,
+    actual_row,
+    expected_row,
+    plain_outcomes,
     rule_dir,
     sample_records,
     write_capture,
 )
-
-
-def _plain(records: list[InterceptedRecord], rules: Path) -> dict[tuple[Any, ...], RecordOutcome]:
-    """The reference: RecordEngine.evaluate in a loop, the engine as the gateway builds it."""
-    engine = RecordEngine(CompiledRuleSet(load_rule_dir(rules)), BuildContext())
-    try:
-        return {(r.topic, r.partition, r.offset): engine.evaluate(r) for r in records}
-    finally:
-        engine.close()
-
-
-def _expected(outcome: RecordOutcome) -> dict[str, Any]:
-    kept = outcome.status in ("unchanged", "modified")
-    return {
-        "status": outcome.status,
-        "reason": outcome.reason,
-        "bytes_after": record_bytes(outcome.record) if kept else 0,
-        "digest": record_digest(outcome.record) if kept else None,
-        "steps": [(s.rule_id, s.kind, s.effect, s.reason, s.dry_run) for s in outcome.steps],
-    }
-
-
-def _actual(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    return {
-        "status": row[f"{prefix}status"],
-        "reason": row[f"{prefix}reason"],
-        "bytes_after": row[f"{prefix}bytes_after"],
-        "digest": row[f"{prefix}digest"],
-        "steps": [(s["rule_id"], s["kind"], s["effect"], s["reason"], s["dry_run"])
-                  for s in row[f"{prefix}steps"]],
-    }
 
 
 @pytest.mark.parametrize("method", ["arrow", "pandas"])
@@ -77,13 +46,13 @@ def test_backtest_equals_plain_python_record_for_record(spark: Any, tmp_path: Pa
     rows = pq.read_table(tmp_path / "out" / "records").to_pylist()
     assert len(rows) == len(records)
     by_id = {(r["topic"], r["partition"], r["offset"]): r for r in rows}
-    candidate = _plain(sample_records(), candidate_dir)
-    live = _plain(sample_records(), live_dir)
+    candidate = plain_outcomes(sample_records(), candidate_dir)
+    live = plain_outcomes(sample_records(), live_dir)
     for record in records:
         rid = (record.topic, record.partition, record.offset)
         row = by_id[rid]
-        assert _actual(row) == _expected(candidate[rid]), rid
-        assert _actual(row, "live_") == _expected(live[rid]), rid
+        assert actual_row(row) == expected_row(candidate[rid]), rid
+        assert actual_row(row, "live_") == expected_row(live[rid]), rid
         assert row["bytes_before"] == record_bytes(record)
         assert row["differs"] == (candidate[rid].status != live[rid].status or
                                   record_digest(candidate[rid].record)
@@ -118,7 +87,7 @@ def test_backtest_without_live_rules_counts_changes_as_differences(spark: Any,
     rules = rule_dir(tmp_path / "rules", LIVE_RULES)
     result = run_backtest(spark, read_records(spark, parse_input(str(capture))),
                           load_rules(rules), None, tmp_path / "out")
-    reference = _plain(sample_records(60), rules)
+    reference = plain_outcomes(sample_records(60), rules)
     dropped = sum(o.status == "dropped" for o in reference.values())
     assert dropped > 0
     assert result.summary["totals"]["dropped"] == dropped

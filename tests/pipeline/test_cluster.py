@@ -22,8 +22,15 @@ import pytest
 
 from control_plane.service import free_port
 from pipeline.spark import ENGINE_ZIP
-from tests.pipeline.conftest import LIVE_RULES, rule_dir, sample_records, write_capture
-from tests.pipeline.test_backtest import _actual, _expected, _plain
+from tests.pipeline.conftest import (
+    LIVE_RULES,
+    actual_row,
+    expected_row,
+    plain_outcomes,
+    rule_dir,
+    sample_records,
+    write_capture,
+)
 
 CLUSTER_JOB = Path(__file__).with_name("cluster_job.py")
 SHUFFLE = 4  # a few hundred records: Spark's 200 tasks per stage would be the run
@@ -100,11 +107,11 @@ def _run(command: list[str], cluster: Cluster) -> None:
 
 def _assert_equals_plain_python(out: Path, rules: Path, count: int) -> None:
     rows = pq.read_table(out / "records").to_pylist()
-    reference = _plain(sample_records(count), rules)
+    reference = plain_outcomes(sample_records(count), rules)
     assert len(rows) == count
     for row in rows:
         rid = (row["topic"], row["partition"], row["offset"])
-        assert _actual(row) == _expected(reference[rid]), rid
+        assert actual_row(row) == expected_row(reference[rid]), rid
     summary = json.loads((out / "summary.json").read_text())
     assert summary["totals"]["dropped"] == sum(o.status == "dropped"
                                                for o in reference.values()) > 0

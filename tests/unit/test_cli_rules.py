@@ -202,6 +202,9 @@ def test_watch_applies_valid_changes_and_skips_invalid_ones(
         (directory / "broken.yaml").unlink()
         (directory / "more.yaml").write_text("rules:\n  - id: c\n    action: {observe: {}}\n")
         _wait_for(lambda: live_api.store.current()[0] == 3, "the fixed set to be applied")
+        # Stored is not yet answered: Ctrl-C before the reply interrupts the request.
+        _wait_for(lambda: "version 3" in (tmp_path / "watch.log").read_text(),
+                  "the watcher to report the apply")
     finally:
         process.send_signal(signal.SIGINT)
         code = process.wait(20)
