@@ -15,17 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from keg.cli import app
+from keg.console import error_line, make_console, plain_column, styled
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-console = Console(stderr=True)
-out_console = Console()
+console = make_console()
+out_console = make_console(stderr=False)
 
 Master = Annotated[str, typer.Option(
     help="Spark master: local[*] (this machine), local[N], spark://host:port, yarn, k8s://...")]
@@ -45,7 +46,7 @@ def _job() -> Iterator[None]:
         yield
     except PipelineError as err:
         for line in str(err).splitlines():
-            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+            console.print(error_line(line))
         raise typer.Exit(2) from None
 
 
@@ -60,7 +61,7 @@ def _session(master: str, confs: list[str] | None, kafka: bool = False) -> Spark
             raise PipelineError(f"--conf {item!r}: expected KEY=VALUE, e.g. "
                                 f"spark.executor.memory=4g")
         conf[key.strip()] = value
-    with console.status(f"starting Spark ({master})"):
+    with console.status(Text(f"starting Spark ({master})")):
         return build_session(master, kafka=kafka, conf=conf)
 
 
@@ -117,10 +118,10 @@ def capture_cmd(
     if to_offset is not None and to_time is not None:
         raise typer.BadParameter("give --to-offset or --to-time, not both")
     start_ms, end_ms = _parse_time(from_time, "--from-time"), _parse_time(to_time, "--to-time")
-    progress = Progress(TextColumn(f"[bold]capture {topic}"), BarColumn(), MofNCompleteColumn(),
+    progress = Progress(plain_column("bold"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("offsets"), TimeElapsedColumn(), console=console,
                         disable=quiet)
-    task = progress.add_task("capture", total=None)
+    task = progress.add_task(f"capture {topic}", total=None)
     with _job(), progress:
         result = snapshot(
             bootstrap_servers, topic, out, partitions=partition, from_offset=from_offset,
@@ -175,7 +176,7 @@ def backtest_cmd(
     _print_backtest(result.summary, result.seconds)
     typer.echo(f"results: {out}/records (Parquet), {out}/summary.json; report: {report}")
     for line in crossed:
-        console.print(f"[red]threshold crossed:[/red] {line}", highlight=False)
+        console.print(styled(("threshold crossed:", "red"), f" {line}"))
     if crossed:
         raise typer.Exit(1)
 
@@ -189,7 +190,7 @@ def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
         table.add_row(r["rule_id"], r["kind"], *(f"{r[c]:,}" for c in
                                                  ("matched", "modified", "dropped", "rejected",
                                                   "failed")))
-    table.add_row("[bold]all records", "", f"{totals['records']:,}",
+    table.add_row(Text("all records", style="bold"), "", f"{totals['records']:,}",
                   *(f"{totals[c]:,}" for c in ("modified", "dropped", "rejected", "failed")))
     out_console.print(table)
     out_console.print(f"differ from the live rules: {totals['differs']:,}; bytes "

@@ -25,7 +25,9 @@ def spark_progress(spark: SparkSession, label: str, console: Console | None = No
         return
     tracker = spark.sparkContext.statusTracker()
     stop = threading.Event()
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+    # markup off: the label is shown as written.
+    progress = Progress(TextColumn("{task.description}", style="bold", markup=False),
+                        BarColumn(),
                         MofNCompleteColumn(), TextColumn("tasks"), TimeElapsedColumn(),
                         console=console or Console(stderr=True), transient=False)
     task = progress.add_task(label, total=None)
