@@ -132,7 +132,8 @@ class NodeStatus:
         }
 
 
-Verdict = Callable[[NodeStatus, str], None]
+# (the node, the type URL, the version it answered, its error: None for an ACK)
+Verdict = Callable[[NodeStatus, str, str, str | None], None]
 
 
 class Fleet:
@@ -142,7 +143,7 @@ class Fleet:
         self.nodes: dict[str, NodeStatus] = {}
         # Called with a node's status when it connects, before it is served anything.
         self.on_connect: list[Callable[[NodeStatus], None]] = []
-        # Called after a node ACKed or NACKed a type (status, type URL).
+        # Called after a node ACKed or NACKed a version of a type.
         self.on_verdict: list[Verdict] = []
 
     def connected(self, info: NodeInfo, transport: str = "sotw") -> NodeStatus:
@@ -185,7 +186,7 @@ class Fleet:
         type_status.acked_version, type_status.last_ack_at = version, time.time()
         type_status.accepted = snapshot
         log.info("node %s ACKed %s version %s", status.node_id, _short(type_url), version)
-        self._verdict(status, type_url)
+        self._verdict(status, type_url, version, None)
 
     def nack(self, status: NodeStatus, type_url: str, version: str, error: str) -> None:
         type_status = status.of(type_url)
@@ -193,11 +194,12 @@ class Fleet:
         type_status.last_nack_at = time.time()
         log.warning("node %s NACKed %s version %s: %s", status.node_id, _short(type_url),
                     version, error)
-        self._verdict(status, type_url)
+        self._verdict(status, type_url, version, error)
 
-    def _verdict(self, status: NodeStatus, type_url: str) -> None:
+    def _verdict(self, status: NodeStatus, type_url: str, version: str,
+                 error: str | None) -> None:
         for callback in self.on_verdict:
-            callback(status, type_url)
+            callback(status, type_url, version, error)
 
     def status(self) -> list[dict[str, Any]]:
         """Every node, grouped by role, cluster and locality (the REST API's fleet view)."""

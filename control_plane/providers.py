@@ -4,7 +4,9 @@ Two sources exist: a rule directory, watched (GitOps without a store), and the
 store behind the REST API, which has the same face (`current()` and
 `subscribe(callback)`). The control plane reads `current()` whenever a provider
 calls back, so callbacks carry no arguments it relies on, and may come from any
-thread (the service hops back onto its event loop).
+thread (the service hops back onto its event loop). A provider that has
+`verdict(version, node_id, error)` hears every ext_proc instance's ACK (`error` None)
+and NACK of its versions: the store keeps them and stops serving a rejected version.
 """
 
 from __future__ import annotations
@@ -125,6 +127,12 @@ class StoreRuleProvider:
 
     def subscribe(self, callback: Listener) -> Any:
         return self.store.subscribe(callback)
+
+    def verdict(self, version: str, node_id: str, error: str | None) -> None:
+        """An ext_proc instance applied (`error` None) or refused a version: kept in the
+        store, where a refusal makes it serve the last good version again."""
+        if version.isdigit():
+            self.store.record_verdict(int(version), node_id, error)
 
     async def watch(self) -> None:
         while True:

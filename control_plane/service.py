@@ -324,10 +324,20 @@ class ControlPlane:
             log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
         self._publish_node(status)
 
-    def _node_verdict(self, status: NodeStatus, type_url: str) -> None:
+    def _node_verdict(self, status: NodeStatus, type_url: str, version: str,
+                      error: str | None) -> None:
         # Once new listeners are accepted, clusters only the old ones used can go.
         if type_url == LISTENER and status.role != EXT_PROC:
             self._publish_node(status)
+        # The rule source learns what the fleet made of its versions (the store marks
+        # a refused one rejected and serves the last good one again).
+        report = getattr(self.rules, "verdict", None)
+        if type_url == RULES and status.role == EXT_PROC and report is not None:
+            try:
+                report(version, status.node_id, error)
+            except Exception:  # a store hiccup must not break the node's stream
+                log.exception("could not record %s's answer to rules version %s",
+                              status.node_id, version)
 
     # -- rules -------------------------------------------------------------------------
 

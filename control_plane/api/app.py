@@ -18,7 +18,6 @@ from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
 from control_plane.api.settings import ApiSettings
 from control_plane.store import RuleStore
-from filter_rules import RuleSet
 from filter_rules.schema import rule_file_schema
 
 log = logging.getLogger(__name__)
@@ -50,15 +49,7 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
     app.middleware("http")(_body_limit(settings.max_body_bytes))
     app.middleware("http")(metrics.middleware)
 
-    def published(number: int, ruleset: RuleSet) -> None:
-        metrics.published(number, len(ruleset.rules))
-
-    store.subscribe(published)
-    try:
-        number, rules = store.rules()
-        metrics.published(number, len(rules))
-    except Exception as err:  # readiness reports it; the app still starts
-        log.warning("rule store not readable at start: %s", err)
+    metrics.watch_live(store.live)
     if not settings.tokens:
         log.warning("no API tokens configured (--api-token-file or KEG_API_TOKENS): "
                     "every write will be refused")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
+
+from control_plane.store import StoreError, VersionInfo
 
 
 class ApiMetrics:
@@ -27,13 +30,24 @@ class ApiMetrics:
             "keg_rule_changes", "New rule-set versions written, by operation.",
             ["operation"], registry=registry)
         self.live_version = Gauge(
-            "keg_rules_live_version", "The live rule-set version number.", registry=registry)
+            "keg_rules_live_version", "The rule-set version the fleet runs: the newest it "
+            "applied and nobody rejected (0: none yet).", registry=registry)
         self.live_rules = Gauge(
             "keg_rules_live_count", "Rules in the live rule-set version.", registry=registry)
 
-    def published(self, number: int, rule_count: int) -> None:
-        self.live_version.set(number)
-        self.live_rules.set(rule_count)
+    def watch_live(self, live: Callable[[], VersionInfo | None]) -> None:
+        """Read the live version from `live()` at every scrape (the fleet's answers come
+        in on the xDS side, any time); NaN while the store cannot be read."""
+
+        def read(attribute: str) -> float:
+            try:
+                info = live()
+            except StoreError:
+                return math.nan
+            return 0.0 if info is None else float(getattr(info, attribute))
+
+        self.live_version.set_function(lambda: read("number"))
+        self.live_rules.set_function(lambda: read("rule_count"))
 
     async def middleware(self, request: Request,
                          call_next: Callable[[Request], Awaitable[Response]]) -> Response:

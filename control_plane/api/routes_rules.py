@@ -54,9 +54,14 @@ def _quoted(etag: str) -> str:
 
 @router.get("/v1/rules", response_model=RuleList, responses=problem_responses(401, 403, 503))
 def list_rules(ctx: Context, _: Reader) -> RuleList:
-    """Every live rule, in rule-set order, with its ETag, owner and source."""
+    """The latest version's rules, in rule-set order, with their ETags, owners and
+    sources; its status, and the version the fleet runs (`live_version`)."""
     number, rules = ctx.store.rules()
-    return RuleList(version=number, rules=[RuleEntry.of(r) for r in rules])
+    verdict = ctx.store.verdict(number) if number else None
+    live = ctx.store.live()
+    return RuleList(version=number, status=verdict.status if verdict else "pending",
+                    live_version=live.number if live else None,
+                    rules=[RuleEntry.of(r) for r in rules])
 
 
 @router.get("/v1/rules/{rule_id}", response_model=RuleEntry, responses={
@@ -98,10 +103,11 @@ def put_rule(rule_id: RuleId, body: RawBody, ctx: Context, who: Writer, why: Rea
     if result.created:
         response.status_code = 201
         response.headers["Location"] = f"/v1/rules/{rule_id}"
-    live = result.version.number if result.version else ctx.store.rules()[0]
-    return RuleWriteOut(version=live, changed=result.version is not None,
+    latest = result.version.number if result.version else ctx.store.rules()[0]
+    return RuleWriteOut(version=latest, changed=result.version is not None,
                         created=result.created, rule=RuleEntry.of(result.rule),
-                        new_version=VersionOut.of(result.version) if result.version else None)
+                        new_version=VersionOut.of(result.version, None) if result.version
+                        else None)
 
 
 @router.delete("/v1/rules/{rule_id}", response_model=DeleteOut,
@@ -111,7 +117,7 @@ def delete_rule(rule_id: RuleId, ctx: Context, who: Writer, why: Reason,
     """Delete one rule; If-Match with its ETag (or *) is required."""
     info = ctx.store.delete_rule(rule_id, change(who, why), if_match=_etags(if_match))
     ctx.metrics.rule_changes.labels(info.operation).inc()
-    return DeleteOut(version=info.number, new_version=VersionOut.of(info))
+    return DeleteOut(version=info.number, new_version=VersionOut.of(info, None))
 
 
 @router.post("/v1/apply", response_model=ApplyOut, tags=["gitops"],
@@ -134,9 +140,14 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
                              adopt=body.adopt, dry_run=dry_run)
     if result.version is not None:
         ctx.metrics.rule_changes.labels(result.version.operation).inc()
+    verdict = ctx.store.verdict(result.current) if result.current else None
+    live = ctx.store.live()
     return ApplyOut(
         owner=body.owner, dry_run=dry_run, version=result.current,
-        new_version=VersionOut.of(result.version) if result.version else None,
+        status=verdict.status if verdict else "pending",
+        status_detail=verdict.describe() if verdict else None,
+        live_version=live.number if live else None,
+        new_version=VersionOut.of(result.version, None) if result.version else None,
         diff=DiffOut.of(result.diff, f"version {result.current - (1 if result.version else 0)}",
                         body.owner),
     )

@@ -24,10 +24,12 @@ def list_versions(
     before: Annotated[int | None, Query(ge=1, le=2**62,
                                         description="Only versions below this one.")] = None,
 ) -> VersionList:
-    """Versions, newest first: who made each, when, why, and what it did."""
+    """Versions, newest first: who made each, when, why, what it did, and what the
+    fleet made of it (pending, applied, rejected)."""
     infos = ctx.store.versions(limit=limit, before=before)
     more = len(infos) == limit and infos[-1].number > 1
-    return VersionList(versions=[VersionOut.of(i) for i in infos],
+    verdicts = ctx.store.verdicts([i.number for i in infos])
+    return VersionList(versions=[VersionOut.of(i, verdicts.get(i.number)) for i in infos],
                        next_before=infos[-1].number if more else None)
 
 
@@ -36,7 +38,7 @@ def list_versions(
 def get_version(number: Number, ctx: Context, _: Reader) -> VersionDetail:
     """One version: its record and its whole rule set."""
     version = ctx.store.version(number)
-    return VersionDetail(info=VersionOut.of(version.info),
+    return VersionDetail(info=VersionOut.of(version.info, ctx.store.verdict(number)),
                          rules=[RuleEntry.of(r) for r in version.rules])
 
 
@@ -63,4 +65,4 @@ def rollback(number: Number, ctx: Context, who: Writer, why: Reason,
     info = ctx.store.rollback(number, change(who, why or f"rollback to version {number}"))
     ctx.metrics.rule_changes.labels(info.operation).inc()
     response.headers["Location"] = f"/v1/versions/{info.number}"
-    return VersionOut.of(info)
+    return VersionOut.of(info, None)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from control_plane.api.dry_run import SampleRecord, SampleRequest
-from control_plane.store import RuleDiff, StoredRule, VersionInfo
+from control_plane.store import RuleDiff, StoredRule, Verdict, VersionInfo
 
 RULE_REF = {"$ref": "#/components/schemas/Rule"}
 RULE_FILE_REF = {"$ref": "#/components/schemas/RuleFileDocument"}
@@ -47,6 +47,12 @@ class RuleEntry(_Out):
                    rule=stored.body)
 
 
+Status = Literal["pending", "applied", "rejected"]
+STATUS_DESCRIPTION = ("What the fleet made of the version: pending (no ext_proc instance "
+                      "answered yet), applied (ACKed) or rejected (an instance NACKed it: it "
+                      "is never served again and the fleet keeps the last good version).")
+
+
 class VersionOut(_Out):
     number: int
     created_at: datetime
@@ -56,22 +62,34 @@ class VersionOut(_Out):
     ruleset_hash: str = Field(description="Content hash of the rules (what instances report).")
     rule_count: int
     parent: int | None = Field(description="For a rollback: the version it restored.")
+    status: Status = Field(description=STATUS_DESCRIPTION)
+    status_detail: str | None = Field(description=(
+        "Which instance answered first; for a rejected version its error."))
+    status_at: datetime | None = Field(description="When that answer came.")
 
     @classmethod
-    def of(cls, info: VersionInfo) -> VersionOut:
+    def of(cls, info: VersionInfo, verdict: Verdict | None) -> VersionOut:
         return cls(number=info.number, created_at=info.created_at, author=info.author,
                    reason=info.reason, operation=info.operation,
                    ruleset_hash=info.ruleset_hash, rule_count=info.rule_count,
-                   parent=info.parent)
+                   parent=info.parent, status=verdict.status if verdict else "pending",
+                   status_detail=verdict.describe() if verdict else None,
+                   status_at=verdict.at if verdict else None)
 
 
 class RuleList(_Out):
-    version: int = Field(description="The live version (0: no rules stored yet).")
+    version: int = Field(description=(
+        "The latest version, whose rules these are and on which writes build (0: no "
+        "rules stored yet). It is not necessarily what the fleet runs: see status."))
+    status: Status = Field(description=STATUS_DESCRIPTION)
+    live_version: int | None = Field(description=(
+        "The version the fleet runs: the newest one it applied and nobody rejected "
+        "(null: none applied yet)."))
     rules: list[RuleEntry]
 
 
 class RuleWriteOut(_Out):
-    version: int = Field(description="The live version after the write.")
+    version: int = Field(description="The latest version after the write.")
     changed: bool = Field(description="False when the rule was already so (no new version).")
     created: bool
     new_version: VersionOut | None
@@ -130,7 +148,11 @@ class ApplyIn(BaseModel):
 class ApplyOut(_Out):
     owner: str
     dry_run: bool
-    version: int = Field(description="The live version after the call.")
+    version: int = Field(description="The latest version after the call.")
+    status: Status = Field(description=f"Of the latest version. {STATUS_DESCRIPTION}")
+    status_detail: str | None = Field(description="For a rejected version: who and why.")
+    live_version: int | None = Field(description=(
+        "The version the fleet runs (applied, not rejected); null: none yet."))
     new_version: VersionOut | None
     diff: DiffOut
 
@@ -154,7 +176,8 @@ class DryRunIn(BaseModel):
 
 class DryRunRuleset(_Out):
     source: Literal["live", "candidate"]
-    version: int | None = Field(description="The live version the dry run used, if live.")
+    version: int | None = Field(description=(
+        "live: the version the fleet is served (never a rejected one)."))
     ruleset_hash: str
 
 

@@ -2,8 +2,9 @@
 
     store = open_store(None, data_dir)                 # SQLite file, zero config
     store = open_store("postgresql://keg@db/keg", data_dir)   # highly available
-    number, ruleset = store.current()
-    store.subscribe(lambda number, ruleset: ...)       # every new version, in order
+    number, ruleset = store.current()                  # the version the fleet is to run
+    store.subscribe(lambda number, ruleset: ...)       # whenever that version changes
+    store.record_verdict(number, node_id, error)       # the fleet's ACK (None) or NACK
 
 Every change (REST write, `keg apply`, rollback) appends a version of the whole rule
 set with who, when and why; rules carry ETags (content hashes) for optimistic
@@ -22,8 +23,10 @@ from control_plane.store.entries import (
     Operation,
     RuleDiff,
     StoredRule,
+    Verdict,
     Version,
     VersionInfo,
+    VersionStatus,
     diff_rules,
     etag_of,
     plan_apply,
@@ -69,9 +72,11 @@ __all__ = [
     "StoredRule",
     "Subscriber",
     "Validator",
+    "Verdict",
     "Version",
     "VersionInfo",
     "VersionNotFound",
+    "VersionStatus",
     "describe_url",
     "diff_rules",
     "etag_of",

@@ -75,6 +75,29 @@ class VersionInfo:
     parent: int | None = None  # for a rollback: the version it restores
 
 
+VersionStatus = Literal["pending", "applied", "rejected"]
+PENDING: VersionStatus = "pending"
+APPLIED: VersionStatus = "applied"
+REJECTED: VersionStatus = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the fleet answered to a version: `applied` (an ext_proc instance ACKed it)
+    or `rejected` (an instance NACKed it: `node` said `detail`). Rejected is final, and
+    wins over applied: a rejected version is never served again. A version without a
+    verdict is pending."""
+
+    number: int
+    status: VersionStatus
+    node: str
+    detail: str
+    at: datetime
+
+    def describe(self) -> str:
+        return f"{self.node}: {self.detail}" if self.detail else self.node
+
+
 @dataclass(frozen=True, slots=True)
 class Version:
     info: VersionInfo

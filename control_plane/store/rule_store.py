@@ -5,24 +5,36 @@ the caller's preconditions against it (ETags, ownership), validates the resultin
 rule set and appends it; so two writers -- threads or control-plane instances on
 one PostgreSQL -- can never both win a race on the same rule.
 
-Subscribers hear of every new version once, in order: `subscribe(cb)` with
-`cb(version_number, ruleset)`, called on the writer's thread after the commit (hand
-work over to your own loop from there). Another instance's writes are picked up by
-`poll()`.
+Which version is which (docs/control-plane-api.md, "Versions and the fleet"):
+- the latest version (`head()`, `rules()`): the newest one written; writes build on it;
+- the served version (`current()`): the newest one no ext_proc instance rejected; the
+  control plane distributes it, so a rejected version never reaches the fleet again and
+  the fleet goes on with the last good one;
+- the live version (`live()`): the newest one the fleet applied (ACKed) and nobody
+  rejected. A new version is pending until the fleet answers (`record_verdict`).
+
+Subscribers hear whenever the served version changes -- a new version, or a rejection
+that takes the fleet back to an older one: `subscribe(cb)` with `cb(number, ruleset)`,
+called on the writer's thread after the commit (hand work over to your own loop from
+there). Another instance's writes and verdicts are picked up by `poll()`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from control_plane.store.entries import (
+    APPLIED,
+    REJECTED,
     Change,
     Operation,
     RuleDiff,
     StoredRule,
+    Verdict,
     Version,
     VersionInfo,
     diff_rules,
@@ -69,7 +81,7 @@ class RuleStore:
         self._backend = backend
         self._validator = validator
         self._subscribers: list[Subscriber] = []
-        self._publish_lock = threading.Lock()
+        self._publish_lock = threading.RLock()
         self._published = 0
 
     # --- reads ----------------------------------------------------------------------
@@ -78,11 +90,27 @@ class RuleStore:
         return self._backend.head()
 
     def current(self) -> tuple[int, RuleSet]:
-        """The live version number (0: nothing stored yet) and its rule set."""
-        head = self._backend.head()
-        return (0, RuleSet()) if head is None else (head.number, head.ruleset())
+        """The served version -- the newest one no ext_proc instance rejected -- and its
+        rule set; (0, empty) when there is none."""
+        number = self._backend.served_number()
+        version = self._backend.version(number) if number else None
+        return (0, RuleSet()) if version is None else (number, version.ruleset())
+
+    def live(self) -> VersionInfo | None:
+        """The newest version the fleet applied and nobody rejected; None before any."""
+        number = self._backend.live_number()
+        version = self._backend.version(number) if number else None
+        return None if version is None else version.info
+
+    def verdict(self, number: int) -> Verdict | None:
+        """The fleet's answer to a version; None: pending."""
+        return self._backend.verdicts([number]).get(number)
+
+    def verdicts(self, numbers: Sequence[int]) -> dict[int, Verdict]:
+        return self._backend.verdicts(numbers)
 
     def rules(self) -> tuple[int, tuple[StoredRule, ...]]:
+        """The latest version's number and rules (what writes build on)."""
         head = self._backend.head()
         return (0, ()) if head is None else (head.number, head.rules)
 
@@ -153,12 +181,14 @@ class RuleStore:
         return version.info
 
     def apply(self, owner: str, ruleset: RuleSet, change: Change, *, adopt: bool = False,
-              dry_run: bool = False) -> ApplyResult:
+              dry_run: bool = False, retry_rejected: bool = False) -> ApplyResult:
         """Make the rules `owner` (a rule directory) owns exactly `ruleset` (GitOps).
 
         Rules another directory owns are refused; rules nobody owns (written through
         REST) are refused unless `adopt`. Rules the directory no longer has are
-        removed. One new version, or none when nothing changes.
+        removed. One new version, or none when nothing changes -- unless the latest
+        version was rejected and `retry_rejected`: then the same rules become a new
+        version, served again (what changed may be the instances' environment).
         """
         if not owner.strip():
             raise InvalidChange("an owner is required (e.g. 'dir:rules')", "owner")
@@ -181,12 +211,13 @@ class RuleStore:
                                 writer=owner)
             new_rules = plan_apply(rules, owner, incoming)
             number = head.number if head else 0
-            diff = diff_rules(rules, new_rules, f"version {number} (live)", owner)
+            diff = diff_rules(rules, new_rules, f"version {number}", owner)
             outcome.append(ApplyResult(owner, diff, None, number))
             if dry_run:
                 self._validate(new_rules)
                 return None
-            if new_rules == rules:
+            if new_rules == rules and not (retry_rejected and head is not None
+                                           and self._rejected(head.number)):
                 return None
             return self._pending(new_rules, change, "apply")
 
@@ -207,23 +238,50 @@ class RuleStore:
         assert version is not None
         return version.info
 
+    # --- the fleet's answers -----------------------------------------------------------
+
+    def record_verdict(self, number: int, node: str, error: str | None = None) -> bool:
+        """An ext_proc instance (`node`) applied version `number` (`error` None) or
+        refused it. A refusal marks the version rejected for good and, when it was the
+        served version, makes subscribers hear the one served now. Returns whether it
+        changed what is known."""
+        status = APPLIED if error is None else REJECTED
+        verdict = Verdict(number, status, node, error or "", datetime.now(UTC))
+        if number <= 0 or not self._backend.record_verdict(verdict):
+            return False
+        if status == REJECTED:
+            log.error("rules version %d rejected by %s: %s; it will not be served again",
+                      number, node, error)
+            self.poll()
+        return True
+
     # --- publication ----------------------------------------------------------------
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback(number, ruleset)` for every new version; returns unsubscribe."""
+        """Call `callback(number, ruleset)` whenever the served version changes; returns
+        unsubscribe."""
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback)
 
     def poll(self) -> bool:
-        """Publish the live version if it is newer than the last one published (another
-        control-plane instance wrote it). Returns whether it published."""
-        head = self._backend.head()
-        return head is not None and self._publish(head)
+        """Publish the served version if it is not the last one published (another
+        control-plane instance wrote a version, or the fleet rejected one). Returns
+        whether it published."""
+        # Read under the lock: two writers publishing at once cannot publish the older
+        # version last.
+        with self._publish_lock:
+            number = self._backend.served_number()
+            version = self._backend.version(number) if number else None
+            return version is not None and self._publish(version)
 
     def close(self) -> None:
         self._backend.close()
 
     # --- helpers --------------------------------------------------------------------
+
+    def _rejected(self, number: int) -> bool:
+        verdict = self.verdict(number)
+        return verdict is not None and verdict.status == REJECTED
 
     def _pending(self, rules: tuple[StoredRule, ...], change: Change, operation: Operation,
                  parent: int | None = None) -> Pending:
@@ -240,21 +298,22 @@ class RuleStore:
             log.info("rules version %d: %s by %s (%d rules)%s", version.number,
                      version.info.operation, version.info.author, version.info.rule_count,
                      f": {version.info.reason}" if version.info.reason else "")
-            self._publish(version)
+            self.poll()
         return version
 
     def _publish(self, version: Version) -> bool:
-        with self._publish_lock:
-            if version.number <= self._published:
-                return False
-            self._published = version.number
-            ruleset = version.ruleset()
-            for callback in list(self._subscribers):
-                try:
-                    callback(version.number, ruleset)
-                except Exception:  # one subscriber must not stop the others
-                    log.exception("rule-set subscriber failed on version %d", version.number)
-            return True
+        """Tell subscribers about `version` unless it is the last one they heard of
+        (called under the publish lock)."""
+        if version.number == self._published:
+            return False
+        self._published = version.number
+        ruleset = version.ruleset()
+        for callback in list(self._subscribers):
+            try:
+                callback(version.number, ruleset)
+            except Exception:  # one subscriber must not stop the others
+                log.exception("rule-set subscriber failed on version %d", version.number)
+        return True
 
 
 def _check_preconditions(existing: StoredRule | None, rule_id: str,

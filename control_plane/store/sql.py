@@ -8,9 +8,13 @@ Tables (every name prefixed `keg_`):
   so a thousand versions of a large rule set cost a thousand manifests, not copies;
 - `keg_head`: the single row naming the current version. A write locks it
   (`SELECT ... FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`), so control-plane instances
-  sharing one PostgreSQL database serialise their writes and never lose one.
+  sharing one PostgreSQL database serialise their writes and never lose one;
+- `keg_verdicts`: what the fleet answered to a version (applied or rejected, which
+  node, its error), one row per version that has an answer. A store written before
+  verdicts existed gets the table on first use; its versions are pending.
 
-Rows are immutable, so versions and bodies read once are cached in memory.
+Version rows are immutable, so versions and bodies read once are cached in memory;
+verdicts change (pending -> applied -> rejected) and are always read from the database.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from control_plane.store.entries import (
+    APPLIED,
+    REJECTED,
     Change,
     Operation,
     StoredRule,
+    Verdict,
     Version,
     VersionInfo,
     canonical_json,
@@ -65,6 +72,14 @@ class Backend(Protocol):
     def versions(self, limit: int, before: int | None) -> list[VersionInfo]: ...
 
     def commit(self, build: Builder) -> Version | None: ...
+
+    def verdicts(self, numbers: Sequence[int]) -> dict[int, Verdict]: ...
+
+    def record_verdict(self, verdict: Verdict) -> bool: ...
+
+    def served_number(self) -> int: ...
+
+    def live_number(self) -> int: ...
 
     def close(self) -> None: ...
 
@@ -102,6 +117,12 @@ CREATE TABLE IF NOT EXISTS keg_versions (
 CREATE TABLE IF NOT EXISTS keg_head (
     id INTEGER PRIMARY KEY CHECK (id = 1), number BIGINT NOT NULL);
 INSERT INTO keg_head (id, number) VALUES (1, 0) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS keg_verdicts (
+    number BIGINT PRIMARY KEY,
+    status TEXT NOT NULL,
+    node TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    at TEXT NOT NULL);
 """
 
 
@@ -318,6 +339,55 @@ class SqlBackend:
             self._remember(version)
             return version
 
+    # --- verdicts -----------------------------------------------------------------------
+
+    def verdicts(self, numbers: Sequence[int]) -> dict[int, Verdict]:
+        found: dict[int, Verdict] = {}
+        wanted = sorted(set(numbers))
+        with self._connection() as conn:
+            for start in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[start:start + _IN_CHUNK]
+                marks = ", ".join("?" for _ in chunk)
+                for row in self._all(conn, f"SELECT {_VERDICT_COLUMNS} FROM keg_verdicts "
+                                           f"WHERE number IN ({marks})", chunk):
+                    verdict = _verdict(row)
+                    found[verdict.number] = verdict
+        return found
+
+    def record_verdict(self, verdict: Verdict) -> bool:
+        """Keep the fleet's answer to a version; True when it changed what is known.
+
+        The first `applied` is kept (later ACKs change nothing); `rejected` replaces
+        `applied` and is never replaced itself."""
+        if verdict.status == APPLIED:
+            statement = ("INSERT INTO keg_verdicts ({c}) VALUES (?, ?, ?, ?, ?) "
+                         "ON CONFLICT (number) DO NOTHING")
+        else:
+            statement = ("INSERT INTO keg_verdicts ({c}) VALUES (?, ?, ?, ?, ?) "
+                         "ON CONFLICT (number) DO UPDATE SET status = excluded.status, "
+                         "node = excluded.node, detail = excluded.detail, at = excluded.at "
+                         f"WHERE keg_verdicts.status <> '{REJECTED}'")
+        with self._connection() as conn:
+            cursor = conn.execute(self._sql(statement.format(c=_VERDICT_COLUMNS)), (
+                verdict.number, verdict.status, verdict.node, verdict.detail,
+                verdict.at.isoformat()))
+            return bool(cursor.rowcount and cursor.rowcount > 0)
+
+    def served_number(self) -> int:
+        """The newest version no instance rejected (0: none)."""
+        with self._connection() as conn:
+            row = self._one(conn, "SELECT MAX(v.number) FROM keg_versions v WHERE NOT EXISTS "
+                                  "(SELECT 1 FROM keg_verdicts r WHERE r.number = v.number "
+                                  f"AND r.status = '{REJECTED}')")
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def live_number(self) -> int:
+        """The newest version the fleet applied and nobody rejected (0: none yet)."""
+        with self._connection() as conn:
+            row = self._one(conn, "SELECT MAX(number) FROM keg_verdicts "
+                                  f"WHERE status = '{APPLIED}'")
+        return int(row[0]) if row and row[0] is not None else 0
+
     def _insert(self, conn: Any, number: int, pending: Pending) -> Version:
         for rule in pending.rules:
             if rule.etag not in self._bodies:
@@ -371,6 +441,14 @@ def _info(row: Sequence[Any]) -> VersionInfo:
         ruleset_hash=digest,
         rule_count=int(count),
     )
+
+
+_VERDICT_COLUMNS = "number, status, node, detail, at"
+
+
+def _verdict(row: Sequence[Any]) -> Verdict:
+    number, status, node, detail, at = row
+    return Verdict(int(number), status, node, detail, datetime.fromisoformat(at))
 
 
 def _driver_message(err: BaseException) -> str:

@@ -150,12 +150,15 @@ def test_health_readiness_and_metrics_are_public(client: TestClient, store: Rule
     client.put("/v1/rules/b", headers={"Authorization": "Bearer wrong-token-xxxxxxxx"},
                json={"action": {"observe": {}}})
     text = client.get("/metrics").text
-    assert "keg_rules_live_version 1.0" in text
+    assert "keg_rules_live_version 0.0" in text, "no ext_proc instance applied version 1"
     assert 'keg_rule_changes_total{operation="create"} 1.0' in text
     assert 'keg_api_auth_failures_total{reason="invalid"} 1.0' in text
     assert ('keg_api_requests_total{method="PUT",route="/v1/rules/{rule_id}",status="201"} 1.0'
             in text)
     assert "wrong-token" not in text
+    store.record_verdict(1, "xp-1")
+    text = client.get("/metrics").text
+    assert "keg_rules_live_version 1.0" in text and "keg_rules_live_count 1.0" in text
 
     not_ready = make_client(store, ready=lambda: False).get("/readyz")
     assert not_ready.status_code == 503 and not_ready.headers["Retry-After"] == "5"

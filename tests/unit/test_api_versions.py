@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from control_plane.store import RuleStore
 from tests.unit.test_api_fixtures import ADMIN, client, rule_json, store
 
 __all__ = ["client", "store"]
@@ -63,3 +64,31 @@ def test_rollback_makes_a_new_version_equal_to_an_old_one(client: TestClient) ->
     assert client.post("/v1/versions/99/rollback", headers=ADMIN).status_code == 404
     default_reason = client.post("/v1/versions/1/rollback", headers=ADMIN).json()["reason"]
     assert default_reason == "rollback to version 1"
+
+
+def test_a_version_the_fleet_rejected_is_never_reported_live(client: TestClient,
+                                                               store: RuleStore) -> None:
+    write_history(client)  # v1..v3, none answered yet
+    listed = client.get("/v1/rules", headers=ADMIN).json()
+    assert (listed["version"], listed["status"], listed["live_version"]) == (3, "pending", None)
+    store.record_verdict(2, "xp-1")
+    store.record_verdict(3, "xp-1", "rule b: key k: environment variable K is not set")
+
+    listed = client.get("/v1/rules", headers=ADMIN).json()
+    assert (listed["version"], listed["status"], listed["live_version"]) == (3, "rejected", 2)
+    history = {v["number"]: v for v in client.get("/v1/versions", headers=ADMIN).json()[
+        "versions"]}
+    assert [history[n]["status"] for n in (3, 2, 1)] == ["rejected", "applied", "pending"]
+    assert history[3]["status_detail"] == ("xp-1: rule b: key k: environment variable K is "
+                                           "not set")
+    assert history[3]["status_at"] is not None and history[1]["status_at"] is None
+    assert client.get("/v1/versions/3", headers=ADMIN).json()["info"]["status"] == "rejected"
+    live = client.post("/v1/dry-run", json={}, headers=ADMIN).json()["ruleset"]
+    assert (live["source"], live["version"]) == ("live", 2), "dry runs use the served set"
+    metrics = client.get("/metrics").text
+    assert "keg_rules_live_version 2.0" in metrics and "keg_rules_live_count 2.0" in metrics
+    applied = client.post("/v1/apply?dry_run=true", headers=ADMIN,
+                          json={"owner": "dir:x", "files": {}}).json()
+    assert (applied["version"], applied["status"], applied["live_version"]) == (
+        3, "rejected", 2)
+    assert applied["status_detail"].startswith("xp-1: rule b:")

@@ -233,6 +233,54 @@ def test_subscribers_hear_every_version_in_order(opener: Callable[..., RuleStore
     assert store.current()[0] == other.current()[0] == 2
 
 
+def test_a_rejected_version_is_never_served_and_the_last_good_one_is(
+        opener: Callable[..., RuleStore]) -> None:
+    """The fleet's answers: a NACKed version stays in the history, marked rejected, and
+    the store serves the last good version again; live is what the fleet applied."""
+    store, other = opener(), opener()
+    heard: list[int] = []
+    store.subscribe(lambda number, _rules: heard.append(number))
+    store.put_rule(rule("a"), ALICE)
+    assert store.live() is None and store.verdict(1) is None, "pending until answered"
+    assert store.record_verdict(1, "xp-1") and not store.record_verdict(1, "xp-2")
+    store.put_rule(rule("b"), ALICE)
+    assert store.current()[0] == 2
+    live = store.live()
+    assert live is not None and live.number == 1, "version 2 is not applied yet"
+
+    assert store.record_verdict(2, "xp-1", "key k1: environment variable K is not set")
+    verdict = store.verdict(2)
+    assert verdict is not None and verdict.status == "rejected"
+    assert verdict.describe() == "xp-1: key k1: environment variable K is not set"
+    number, served = store.current()
+    assert (number, [r.id for r in served.rules]) == (1, ["a"])
+    assert heard == [1, 2, 1], "subscribers (the control plane) serve version 1 again"
+    live = store.live()
+    assert live is not None and live.number == 1
+    assert store.rules()[0] == 2, "the history keeps it: writes build on the latest"
+    assert not store.record_verdict(2, "xp-2"), "a late ACK does not undo a rejection"
+    assert store.verdicts([1, 2])[2].status == "rejected"
+    assert other.poll() and other.current()[0] == 1, "other instances see the rejection"
+
+    fixed = store.put_rule(rule("b", description="fixed"), ALICE,
+                           if_match=[store.rule("b").etag])
+    assert fixed.version is not None and store.current()[0] == 3
+    store.record_verdict(3, "xp-1", "still broken")
+    assert store.current()[0] == 1 and heard[-1] == 1
+
+
+def test_applying_a_rejected_set_again_retries_it_only_when_asked(store: RuleStore) -> None:
+    directory = ruleset(rule("a"))
+    store.apply("dir:x", directory, ALICE)
+    store.record_verdict(1, "xp-1", "module acme missing")
+    assert store.apply("dir:x", directory, ALICE).version is None
+    retried = store.apply("dir:x", directory, ALICE, retry_rejected=True)
+    assert retried.version is not None and retried.current == 2
+    assert store.current()[0] == 2 and store.verdict(2) is None
+    assert store.apply("dir:x", directory, ALICE, retry_rejected=True).version is None, (
+        "a pending version is not retried")
+
+
 def test_concurrent_writers_with_one_etag_only_one_wins(
     opener: Callable[..., RuleStore],
 ) -> None:
