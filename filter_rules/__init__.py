@@ -23,6 +23,7 @@ from filter_rules.loader import (
     load_rule_dir,
     load_rule_file,
     load_rule_text,
+    locate_in_rule,
 )
 from filter_rules.model import (
     ACTION_KINDS,
@@ -88,6 +89,7 @@ __all__ = [
     "load_rule_dir",
     "load_rule_file",
     "load_rule_text",
+    "locate_in_rule",
     "normalize_principal",
     "parse_host",
     "resolve_api",

@@ -305,6 +305,33 @@ def _field_names() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+# --- locations after loading --------------------------------------------------------
+
+
+def locate_in_rule(source: RuleSource, path: tuple[str | int, ...]) -> RuleSource:
+    """Where a field of a loaded rule was written: `path` leads from the rule (written
+    at `source`, the position of its `id`) to the field, e.g. ("action", "encrypt",
+    "key", "secret", "env"). For problems found after loading (a key that is not set).
+
+    The loader keeps no positions, so the file is read again; when it cannot be, or no
+    longer holds that rule there, the rule's own position is the answer.
+    """
+    if source.line is None:
+        return source
+    try:
+        text = _decode(Path(source.file).read_bytes())
+        documents = list(_yaml.documents(text))
+    except (OSError, _yaml.YamlProblem, RecursionError):
+        return source
+    for document in documents:
+        rules = document.data.get("rules") if isinstance(document.data, dict) else None
+        for index in range(len(rules) if isinstance(rules, list) else 0):
+            if document.positions.get(("rules", index, "id")) == (source.line, source.column):
+                line, column = document.locate(("rules", index, *path))
+                return RuleSource(file=source.file, line=line, column=column)
+    return source
+
+
 # --- the set -----------------------------------------------------------------------
 
 

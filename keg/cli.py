@@ -8,11 +8,11 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 import typer
-from rich.console import Console
 
+from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
@@ -21,16 +21,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console(stderr=True)
+console = make_console()
 
 LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")]
 LogFormat = Annotated[str, typer.Option("--log-format", help="text or json (one object a line).")]
 RulesDir = Annotated[Path | None, typer.Option(
     help="Rule directory (YAML files), watched: valid changes apply to live connections.")]
+AUDIT_LOG_OFF: Final = ("none", "off")
 AuditLogPath = Annotated[Path | None, typer.Option(
-    help="Audit log file (JSON Lines, rotated); none: no audit log.")]
+    help="Audit log file (JSON Lines, rotated); none or off: no audit log (a file of that "
+         "name: ./none).")]
 MetricsPort = Annotated[int | None, typer.Option(
-    help="Serve Prometheus metrics on this port (0: a free one).")]
+    help="Serve Prometheus metrics on this port (0: a free one, printed).")]
+
+
+def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
+    """The audit log file an --audit-log value means: None is off ("none", "off")."""
+    if value is None:
+        return default
+    return None if str(value) in AUDIT_LOG_OFF else value
 
 
 def _default_data_dir() -> Path:
@@ -44,6 +53,32 @@ def _wait_for_ctrl_c() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    console.print(error_line(message))
+    return typer.Exit(code)
+
+
+def _dim(message: str) -> None:
+    console.print(message, style="dim")
+
+
+def _ports_in_use(host: str, ports: list[tuple[str, int | None]]) -> list[str]:
+    """The options whose port something already listens on (0 and None: nothing asked)."""
+    import socket
+
+    taken = []
+    for option, port in ports:
+        if not port:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                taken.append(f"{option} {port}")
+    return taken
 
 
 @app.command()
@@ -87,28 +122,52 @@ def up(
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = 9464,
     api_port: Annotated[int | None, typer.Option(
-        help="Serve the REST API on this port, the rules kept in a SQLite store in the user "
-             "cache (the rule directory applied to it and watched); 0: no API.")] = 8080,
+        help="Serve the REST API on this port, the rules kept in a SQLite store of this "
+             "rule directory's own (the directory applied to it and watched); 0: no API.")]
+        = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
-    """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
+    """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C.
+
+    It serves exactly the rule directory it is given (--rules, default filter_rules/rules).
+    Its state (rule store, audit log, Envoy's files) lives in the user cache, one
+    directory per rule directory; a second keg up on the same rule directory refuses to
+    start while the first runs.
+    """
     api_port = api_port or None
     setup_logging(log_level, log_format)
     if rules_delivery not in ("control-plane", "directory"):
-        console.print(f"[red]error:[/] --rules-delivery is control-plane or directory, "
-                      f"not {rules_delivery!r}")
-        raise typer.Exit(2)
-    from filter_rules import DEFAULT_RULES_DIR
+        raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
+    from control_plane.store import StoreError
+    from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
-    from keg.gateway import ApiOptions, Gateway, GatewaySettings
+    from keg.gateway import ApiOptions, Gateway, GatewayError, GatewaySettings
+    from keg.state import DirectoryLock, StateInUse, up_state_dir
 
+    rules_dir = (rules or DEFAULT_RULES_DIR).resolve()
+    try:
+        ruleset = load_rule_dir(rules_dir)
+    except RuleSetInvalid as err:
+        for error in err.errors:
+            typer.echo(str(error), err=True)
+        raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
+                    f"only (keg validate {rules_dir})") from None
+    taken = _ports_in_use(listen_host, [("--listen-port-base", listen_port_base),
+                                        ("--api-port", api_port),
+                                        ("--metrics-port", metrics_port)])
+    if taken:
+        raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
+                    f"others, 0 for free ones (--api-port 0: no API)")
+    state = up_state_dir(cache_dir(), rules_dir)
+    lock = DirectoryLock(state, f"keg up's state for the rules in {rules_dir}")
     kafka = None
     try:
+        lock.start()
         if bootstrap_servers is None:
-            ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
+            ensure_kafka(progress=_dim)
             kafka = EmbeddedKafka(data_dir=data_dir or _default_data_dir()).start()
             bootstrap_servers = kafka.bootstrap
             console.print(f"embedded Kafka broker on {bootstrap_servers} (data: {kafka.data_dir})")
@@ -122,34 +181,53 @@ def up(
                 failure_mode_allow=failure_mode_allow,
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
-                rules_dir=rules or DEFAULT_RULES_DIR,
-                audit_log=audit_log or cache_dir() / "up" / "audit.jsonl",
+                rules_dir=rules_dir,
+                audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
-                work_dir=cache_dir() / "up",
+                work_dir=state,
                 api=None if api_port is None else ApiOptions(
-                    data_dir=cache_dir() / "up", port=api_port, tokens_file=api_tokens),
+                    data_dir=state, port=api_port, tokens_file=api_tokens),
             )
         )
         with gateway:
-            console.print(
-                f"[bold green]keg is up.[/] Kafka clients: "
-                f"bootstrap.servers=[bold]{gateway.bootstrap}[/]   (Ctrl-C stops)"
-            )
+            console.print(styled(("keg is up.", "bold green"),
+                                 " Kafka clients: bootstrap.servers=",
+                                 (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
+            console.print(_serving(gateway, rules_dir, ruleset))
             s = gateway.settings
-            console.print(f"rules: {s.rules_dir}   audit log: {s.audit_log}   "
-                          f"metrics: http://127.0.0.1:{s.metrics_port}/metrics")
+            metrics = ("off" if gateway.metrics_port is None
+                       else f"http://127.0.0.1:{gateway.metrics_port}/metrics")
+            console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
+                          f"state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:
                 console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
                               "(writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
-    except EmbeddedKafkaError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
+    except StateInUse as err:
+        raise _fail(f"{err}: stop it first") from None
+    except (EmbeddedKafkaError, GatewayError, StoreError) as err:
+        raise _fail(str(err)) from None
     finally:
         if kafka is not None:
             kafka.stop()
+        lock.stop()
+
+
+def _serving(gateway: Any, rules_dir: Path, ruleset: Any) -> str:
+    """The start-up line naming the rules served: the directory, its rule count and
+    version, and with the store the store version and any rules written through REST."""
+    line = (f"rules: {rules_dir} ({len(ruleset.rules)} rules, version {ruleset.version})")
+    store = gateway.app.store if gateway.app is not None else None
+    if store is None:
+        return line
+    number, served = store.current()
+    others = len(served.rules) - len(ruleset.rules)
+    line += f", store version {number}"
+    if others > 0:
+        line += f", plus {others} rule(s) written through the REST API"
+    return line
 
 
 @app.command("ext-proc")
@@ -189,21 +267,20 @@ def ext_proc_cmd(
     from ext_proc import ExtProcServer, ProcessorSettings
 
     if control_plane is not None and rules is not None:
-        console.print("[red]error:[/] give --rules or --control-plane, not both")
-        raise typer.Exit(2)
+        raise _fail("give --rules or --control-plane, not both")
     producer_config: list[tuple[str, str]] = []
     for item in side_effects_config or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
-            console.print(f"[red]error:[/] --side-effects-config wants key=value, not {item!r}")
-            raise typer.Exit(2)
+            raise _fail(f"--side-effects-config wants key=value, not {item!r}")
         producer_config.append((key, value))
     password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
     if password:
         producer_config.append(("sasl.password", password))
     server = ExtProcServer(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, rules_dir=rules,
-        audit_log=audit_log, metrics_port=metrics_port, metrics_host=metrics_host,
+        audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
+        metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
@@ -284,8 +361,7 @@ def control_plane_cmd(
             refresh_interval_s=refresh_interval,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
+        raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
         store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
@@ -303,8 +379,7 @@ def control_plane_cmd(
             asyncio.run(main())
     except (RuleSetInvalid, ValueError, RuntimeError, OSError, StoreError) as err:
         # Invalid rules, a bad token file, an unreachable store, a taken port.
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
+        raise _fail(str(err)) from None
 
 
 @app.command()
@@ -315,12 +390,16 @@ def kafka(
 ) -> None:
     """Run the embedded Kafka broker alone, until Ctrl-C."""
     setup_logging(log_level)
-    from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+    from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, ensure_kafka
 
-    ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
-    with EmbeddedKafka(data_dir=data_dir or _default_data_dir(), port=port) as broker:
-        console.print(f"Kafka broker on [bold]{broker.bootstrap}[/] (Ctrl-C stops)")
-        _wait_for_ctrl_c()
+    try:
+        ensure_kafka(progress=_dim)
+        with EmbeddedKafka(data_dir=data_dir or _default_data_dir(), port=port) as broker:
+            console.print(styled("Kafka broker on ", (broker.bootstrap, "bold"),
+                                 " (Ctrl-C stops)"))
+            _wait_for_ctrl_c()
+    except EmbeddedKafkaError as err:
+        raise _fail(str(err)) from None
 
 
 @app.command()
@@ -331,10 +410,9 @@ def setup() -> None:
     from keg.embedded.kafka import EmbeddedKafkaError, ensure_kafka
 
     try:
-        libs = ensure_kafka(progress=lambda m: console.print(f"[dim]{m}[/]"))
+        libs = ensure_kafka(progress=_dim)
     except EmbeddedKafkaError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
+        raise _fail(str(err)) from None
     console.print(f"Kafka jars: {libs}")
     console.print(f"Envoy: {envoy_binary()}")
 
@@ -343,22 +421,36 @@ def setup() -> None:
 def validate(
     directory: Annotated[Path, typer.Argument(help="Rule directory (YAML files).")]
         = Path("filter_rules/rules"),
+    secrets: Annotated[bool, typer.Option(
+        "--secrets/--no-secrets",
+        help="Also read every secret the rules name (encryption and hash keys: environment "
+             "variables, key files) as the ext_proc service will, and report each missing "
+             "or unusable one at its line. --no-secrets where rules are validated without "
+             "the secrets (a CI job): only the files are checked.")] = True,
 ) -> None:
     """Check a rule directory against the rule schema; exit 1 with file:line errors.
 
     Usable in any CI: prints one line per problem and exits 0 only when every file
-    in the directory validates.
+    in the directory validates and every secret it names is there (--no-secrets: the
+    files only).
     """
     from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
+    from interceptors.secrets import check_secrets
 
     try:
         compiled = CompiledRuleSet(load_rule_dir(directory))
+        checked, missing = check_secrets(compiled.ruleset) if secrets else (0, [])
+        if missing:
+            raise RuleSetInvalid(missing)
     except RuleSetInvalid as err:
         for error in err.errors:
             typer.echo(str(error), err=True)
         typer.echo(f"{directory}: {len(err.errors)} problem(s)", err=True)
         raise typer.Exit(1) from None
+    checked_text = f"{checked} secret(s) found" if secrets else "secrets not checked"
     typer.echo(f"{directory}: {len(compiled.ruleset.rules)} rules valid "
-               f"({len(compiled.rules)} enabled), version {compiled.version}")
+               f"({len(compiled.rules)} enabled), version {compiled.version}; {checked_text}")
+
+
 from keg import cli_pipeline as _cli_pipeline  # noqa: E402,F401  (registers capture, backtest, analyze)
 from keg import cli_rules as _cli_rules  # noqa: E402,F401  (registers diff, apply)

@@ -12,8 +12,13 @@ those rules. Exit codes, for CI:
     3  diff --exit-code: there are differences
     4  the control plane refused (token, ownership conflict, invalid on its side)
     5  the control plane cannot be reached or failed
-    6  apply --wait: an ext_proc instance NACKed the version, or not every connected
-       instance applied it within --wait-timeout
+    6  the fleet rejected the directory's version (an ext_proc instance NACKed it: it
+       is not served, the fleet runs the last good version), or apply --wait: not
+       every connected instance applied it within --wait-timeout
+
+Output never calls a version live unless the fleet applied it: the control plane
+answers with the latest version's status (pending, applied, rejected) and the live
+version (docs/control-plane-api.md, "Versions and the fleet").
 """
 
 from __future__ import annotations
@@ -28,19 +33,20 @@ from pathlib import Path
 from typing import Annotated, Any, Final
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
-from rich.syntax import Syntax
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
+from rich.text import Text
 
 from control_plane.fleet import EXT_PROC
 from control_plane.snapshot import RULES
 from filter_rules import RuleSetInvalid, load_rule_dir
 from filter_rules.loader import RULE_FILE_SUFFIXES
 from keg.cli import app
+from keg.console import error_line, make_console, plain_column, styled
 
 TOKEN_ENV: Final = "KEG_API_TOKEN"
 API_ENV: Final = "KEG_API_URL"
-console = Console(stderr=True, highlight=False)
+console = make_console()
+out = make_console(stderr=False)
 
 
 class Exit(IntEnum):
@@ -171,17 +177,46 @@ def _print_invalid(directory: Path, err: RuleSetInvalid) -> None:
 
 
 def _print_failure(failure: ApiFailure) -> None:
-    console.print(f"[red]error:[/] {failure}", soft_wrap=True)
+    console.print(error_line(str(failure)))
     for line in failure.errors:
         typer.echo(line, err=True)
 
 
-def _summary(diff: dict[str, Any]) -> str:
-    parts = [f"[green]+{len(diff['added'])} added[/]", f"[yellow]~{len(diff['changed'])} "
-             f"changed[/]", f"[red]-{len(diff['removed'])} removed[/]"]
+def _summary(diff: dict[str, Any]) -> Text:
+    parts: list[str | tuple[str, str]] = [
+        (f"+{len(diff['added'])} added", "green"), ", ",
+        (f"~{len(diff['changed'])} changed", "yellow"), ", ",
+        (f"-{len(diff['removed'])} removed", "red")]
     if diff.get("owners_changed"):
-        parts.append(f"{len(diff['owners_changed'])} adopted")
-    return ", ".join(parts)
+        parts.append(f", {len(diff['owners_changed'])} adopted")
+    return styled(*parts)
+
+
+def _standing(result: dict[str, Any]) -> str:
+    """What the fleet made of the latest version an apply or diff answer names."""
+    version, live = result["version"], result.get("live_version")
+    runs = f"the fleet runs version {live}" if live else "the fleet runs no version yet"
+    status = result.get("status")
+    if status == "rejected":
+        return (f"version {version} was REJECTED by the fleet ({result.get('status_detail')}); "
+                f"it is not served, {runs}")
+    if status == "applied" and live == version:
+        return f"version {version} is live"
+    if status == "applied":
+        return f"version {version} was applied; {runs}"
+    return f"version {version} is not applied by the fleet yet; {runs}"
+
+
+def _rejected(result: dict[str, Any]) -> bool:
+    return result.get("status") == "rejected"
+
+
+def _print_diff(unified: str) -> None:
+    """A unified diff on stdout: coloured on a terminal, always every line whole."""
+    styles = {"+": "green", "-": "red", "@": "cyan"}
+    for line in unified.splitlines():
+        style = "bold" if line.startswith(("+++", "---")) else styles.get(line[:1], "")
+        out.print(line, style=style)
 
 
 def _differs(diff: dict[str, Any]) -> bool:
@@ -190,7 +225,7 @@ def _differs(diff: dict[str, Any]) -> bool:
 
 
 def _progress() -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+    return Progress(SpinnerColumn(), plain_column(), BarColumn(),
                     TaskProgressColumn(), console=console, transient=True)
 
 
@@ -220,17 +255,18 @@ def diff(
         raise typer.Exit(int(failure.code)) from None
     changes = result["diff"]
     if not _differs(changes):
-        typer.echo(f"no differences: {directory} is live (version {result['version']})")
-        raise typer.Exit(int(Exit.OK))
+        typer.echo(f"no differences: {directory} is version {result['version']}; "
+                   f"{_standing(result)}")
+        raise typer.Exit(int(Exit.NOT_APPLIED if _rejected(result) else Exit.OK))
     for kind, sign in (("added", "+"), ("changed", "~"), ("removed", "-")):
         for rule_id in changes[kind]:
             typer.echo(f"{sign} {rule_id}")
     for rule_id in changes["owners_changed"]:
         typer.echo(f"@ {rule_id} (taken over by {result['owner']})")
     if changes["unified"]:
-        Console().print(Syntax(changes["unified"], "diff", theme="ansi_dark",
-                               background_color="default"))
-    console.print(f"{directory} vs version {result['version']}: {_summary(changes)}")
+        _print_diff(changes["unified"])
+    console.print(styled(f"{directory} vs version {result['version']}: ",
+                         _summary(changes), f" ({_standing(result)})"))
     raise typer.Exit(int(Exit.CHANGES if exit_code else Exit.OK))
 
 
@@ -260,7 +296,7 @@ def apply(
     reported and skipped.
     """
     if wait and watch:
-        console.print("[red]error:[/] --wait and --watch do not go together")
+        console.print(error_line("--wait and --watch do not go together"))
         raise typer.Exit(int(Exit.USAGE))
     try:
         client = Client(api, _token(token_file))
@@ -294,10 +330,13 @@ def _apply_once(client: Client, directory: Path, owner: str, reason: str,
         return failure.code, None
     version = result["new_version"]
     if version is None:
-        console.print(f"nothing to change: {directory} is live (version {result['version']})")
+        console.print(f"nothing to change: {directory} is version {result['version']}; "
+                      f"{_standing(result)}")
+        if _rejected(result):
+            return Exit.NOT_APPLIED, None
     else:
-        console.print(f"[bold green]applied[/] {directory} as {owner}: version "
-                      f"{version['number']} ({_summary(result['diff'])})")
+        console.print(styled(("applied", "bold green"), f" {directory} as {owner}: version "
+                             f"{version['number']} (", _summary(result["diff"]), ")"))
     return Exit.OK, int(result["version"] if version is None else version["number"])
 
 
@@ -344,8 +383,8 @@ def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float 
             while True:
                 fleet = client.fleet()
                 if not fleet.get("available"):
-                    console.print(f"[red]error:[/] {client.api} has no fleet view (an API "
-                                  f"without xDS): cannot wait for the instances")
+                    console.print(error_line(f"{client.api} has no fleet view (an API "
+                                             f"without xDS): cannot wait for the instances"))
                     return Exit.NOT_APPLIED
                 state = Rollout.of(fleet["nodes"], version)
                 total = len(state.applied) + len(state.pending) + len(state.nacked)
@@ -357,13 +396,14 @@ def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float 
         _print_failure(failure)
         return failure.code
     for node_id, error in state.nacked:
-        console.print(f"[red]NACK[/] {node_id} refused version {version}: {error}",
-                      soft_wrap=True)
+        console.print(styled(("NACK", "red"), f" {node_id} refused version {version}: "
+                             f"{error}"))
     if state.nacked:
         return Exit.NOT_APPLIED
     if state.pending:
-        console.print(f"[red]not applied within {timeout:g} s[/] by {len(state.pending)} "
-                      f"instance(s): {', '.join(state.pending)}")
+        console.print(styled((f"not applied within {timeout:g} s", "red"),
+                             f" by {len(state.pending)} instance(s): "
+                             f"{', '.join(state.pending)}"))
         return Exit.NOT_APPLIED
     if not state.applied:
         console.print("no ext_proc instance is connected: nothing to wait for")
@@ -404,6 +444,6 @@ def _watch(client: Client, directory: Path, owner: str, reason: str, adopt: bool
             console.print(f"watching {directory} (Ctrl-C stops)")
             first = False
         if code == Exit.INVALID:
-            console.print("[yellow]the live rules are unchanged until the files are valid[/]")
+            console.print("the rules are unchanged until the files are valid", style="yellow")
     console.print("stopped watching")
     return Exit.OK

@@ -27,15 +27,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from control_plane.fleet import EXT_PROC
+from control_plane.fleet import EXT_PROC, NodeStatus
 from control_plane.providers import RuleProvider
 from control_plane.service import ControlPlane, ControlPlaneSettings, free_port
-from control_plane.topology import SaslPlain
+from control_plane.snapshot import RULES
+from control_plane.topology import DiscoveryError, SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
 log = logging.getLogger(__name__)
+
+
+class GatewayError(RuntimeError):
+    """The gateway could not start: a part exited, did not come up, or refused the rules."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class ControlPlaneApp:
         self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
-            self._apply_directory()
+            self._apply_directory(at_start=True)
             self._directory.subscribe(lambda *_: self._apply_directory())
             self._watch = asyncio.create_task(self._directory.watch())
         settings = replace(self.settings, rules_dir=None)
@@ -94,16 +99,24 @@ class ControlPlaneApp:
         self.api_server = await serve_api(app, api.host, api.port)
         return plane
 
-    def _apply_directory(self) -> None:
+    def _apply_directory(self, at_start: bool = False) -> None:
+        """Make the store hold the directory's rules. At start a refusal stops the start
+        (serving other rules than the directory's would mislead); later it is logged and
+        the last applied set stays."""
         from control_plane.store import Change, StoreError
 
         assert self.api is not None and self.api.rules_dir is not None
         _, ruleset = self._directory.current()
         owner = f"dir:{self.api.rules_dir}"
         try:
+            # At start a version the fleet once rejected is tried again: the ext_proc
+            # environment (a key, a module) may be fixed since.
             result = self.store.apply(owner, ruleset, Change("keg", "rule directory changed"),
-                                      adopt=True)
+                                      adopt=True, retry_rejected=at_start)
         except StoreError as err:
+            if at_start:
+                raise StoreError(f"cannot apply {self.api.rules_dir} to the rule store: "
+                                 f"{err}") from None
             log.error("could not apply %s to the store: %s", self.api.rules_dir, err)
             return
         if result.version is not None:
@@ -197,6 +210,7 @@ class Gateway(Service):
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.ext_proc_port = 0
+        self.metrics_port: int | None = None  # the port /metrics is on (0 resolved)
         self._ext_proc: subprocess.Popen[bytes] | None = None
         self._loop: BackgroundLoop | None = None
         self.xds_port = 0
@@ -234,8 +248,10 @@ class Gateway(Service):
             if s.rules_from_control_plane and self.control_plane.rules is not None:
                 self.wait_for_rules()
             self.start_envoy()
-        except BaseException:
+        except BaseException as err:
             self.stop()
+            if isinstance(err, TimeoutError | DiscoveryError):
+                raise GatewayError(str(err)) from err
             raise
 
     def start_ext_proc(self) -> None:
@@ -264,7 +280,9 @@ class Gateway(Service):
         if s.audit_log is not None:
             cmd += ["--audit-log", str(s.audit_log)]
         if s.metrics_port is not None:
-            cmd += ["--metrics-port", str(s.metrics_port)]
+            # Port 0 is resolved here: this process waits for /metrics and says where it is.
+            self.metrics_port = s.metrics_port or self.metrics_port or free_port()
+            cmd += ["--metrics-port", str(self.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
         env = {**os.environ, **s.extra_env}
@@ -275,12 +293,13 @@ class Gateway(Service):
             env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
-        if s.metrics_port is not None:  # gRPC listens early; /metrics means started
-            wait_for_port("127.0.0.1", s.metrics_port, 30, alive=self._check_ext_proc)
+        if self.metrics_port is not None:  # gRPC listens early; /metrics means started
+            wait_for_port("127.0.0.1", self.metrics_port, 30, alive=self._check_ext_proc)
 
     def _check_ext_proc(self) -> None:
         if self._ext_proc is not None and self._ext_proc.poll() is not None:
-            raise RuntimeError(f"ext_proc service exited with {self._ext_proc.returncode}")
+            raise GatewayError(f"the ext_proc service exited with {self._ext_proc.returncode} "
+                               "(its log is above)")
 
     def stop_ext_proc(self) -> None:
         if self._ext_proc is not None and self._ext_proc.poll() is None:
@@ -293,20 +312,43 @@ class Gateway(Service):
         self._ext_proc = None
 
     def wait_for_rules(self, timeout: float = 30.0) -> None:
-        """Until the ext_proc service runs the control plane's rule set."""
+        """Until the ext_proc service runs the control plane's rule set; GatewayError when
+        it refused the rule set the gateway starts with (then the gateway must not serve:
+        it would serve other rules than it was given)."""
+        assert self.control_plane is not None
+        wanted = self.control_plane.rules_version
         deadline = time.monotonic() + timeout
         while not self.call(self._ext_proc_has_rules):
             self._check_ext_proc()
+            refusal = self.call(self._refusal, wanted)
+            if refusal is not None:
+                raise GatewayError(f"the ext_proc service refused the rule set (version "
+                                   f"{wanted}): {refusal}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the ext_proc service did not apply the rule set in "
                                    f"{timeout}s")
             time.sleep(0.05)
+        refusal = self.call(self._refusal, wanted)  # refused, then served the last good one
+        if refusal is not None:
+            raise GatewayError(f"the ext_proc service refused the rule set (version "
+                               f"{wanted}): {refusal}")
+
+    def _ext_proc_nodes(self) -> list[NodeStatus]:
+        assert self.control_plane is not None
+        return [n for n in self.control_plane.fleet.nodes.values()
+                if n.role == EXT_PROC and n.connected]
 
     def _ext_proc_has_rules(self) -> bool:
-        plane = self.control_plane
-        assert plane is not None
-        nodes = [n for n in plane.fleet.nodes.values() if n.role == EXT_PROC and n.connected]
-        return bool(nodes) and plane.nodes_converged(EXT_PROC)
+        assert self.control_plane is not None
+        return bool(self._ext_proc_nodes()) and self.control_plane.nodes_converged(EXT_PROC)
+
+    def _refusal(self, version: str | None) -> str | None:
+        """The error of an ext_proc instance that NACKed rule-set `version`, if one did."""
+        for node in self._ext_proc_nodes():
+            state = node.of(RULES)
+            if version is not None and state.last_nack_version == version:
+                return f"{node.node_id}: {state.last_nack}"
+        return None
 
     def call(self, function: Any, *args: Any) -> Any:
         """Run `function(*args)` on the control plane's loop (its state lives there)."""

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from keg.lifecycle import Service
+from keg.state import DirectoryLock, StateInUse
 
 log = logging.getLogger(__name__)
 
@@ -492,6 +493,7 @@ class EmbeddedKafka(Service):
         self._heap = heap
         self._proc: subprocess.Popen[bytes] | None = None
         self._console: IO[bytes] | None = None
+        self._lock: DirectoryLock | None = None
 
     # ---- properties
 
@@ -567,6 +569,10 @@ class EmbeddedKafka(Service):
         if self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix="keg-kafka-")).resolve()
             self._owns_data_dir = True
+        try:
+            self._lock = DirectoryLock(self.data_dir, "a Kafka data directory").start()
+        except StateInUse as err:
+            raise EmbeddedKafkaError(f"{err}: stop it, or give another data directory") from None
         try:
             self._start(java, libs)
         except BaseException:
@@ -825,6 +831,9 @@ class EmbeddedKafka(Service):
         if self._console is not None:
             self._console.close()
             self._console = None
+        if self._lock is not None:
+            self._lock.stop()
+            self._lock = None
         if remove_data and self._owns_data_dir and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
             self._data_dir = None

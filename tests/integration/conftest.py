@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
@@ -52,6 +53,20 @@ def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
     futures[topic].result(30)
     return topic
+
+
+def produce_one(bootstrap: str, topic: str) -> str | None:
+    """The delivery error of one record produced through `bootstrap` by librdkafka,
+    without retries (None: stored)."""
+    errors: list[str | None] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "retries": 0,
+                         "message.timeout.ms": 15000})
+    producer.produce(topic, b"v", on_delivery=lambda err, _m: errors.append(
+        None if err is None else err.name()))
+    producer.flush(20)
+    del producer  # before the gateway goes: no reconnect attempts into the void
+    assert len(errors) == 1, errors
+    return errors[0]
 
 
 @pytest.fixture

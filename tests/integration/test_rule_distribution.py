@@ -10,16 +10,16 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from benchmarks.fleet_rollout import run
 from control_plane.service import ControlPlaneSettings, free_port
 from filter_rules import load_rule_dir
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, produce_one
 
 pytestmark = pytest.mark.integration
 
@@ -152,10 +152,92 @@ def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
         assert node["types"]["keg.v1.RuleSet"]["applied_version"] == version
         assert (tmp_path / "envoy" / f"keg-rules-{gateway.xds_port}.json").exists()
         denied = create_topic(kafka.bootstrap, name=f"up.{time.monotonic_ns()}")
-        errors: list[str | None] = []
-        producer = Producer({"bootstrap.servers": gateway.bootstrap, "retries": 0})
-        producer.produce(denied, b"v", on_delivery=lambda err, _m: errors.append(
-            None if err is None else err.name()))
-        producer.flush(15)
-        del producer  # before the gateway goes: no reconnect attempts into the void
-        assert errors == ["TOPIC_AUTHORIZATION_FAILED"]
+        assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`keg up`'s control plane (store, REST API, xDS) and its real ext_proc child. The
+    directory's second version names a key the ext_proc service does not have: it NACKs
+    it. The store marks it rejected, serves the first version again -- a fresh instance
+    gets that, not the rejected one -- and the API and `keg diff` never call it live."""
+    monkeypatch.delenv("KEG_TEST_ABSENT_KEY", raising=False)  # the ext_proc child's env
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    deny = ("rules:\n  - id: no-nack-topics\n    match: {apis: [Produce], topics: "
+            "{prefix: [nack.]}}\n    action: {deny: {}}\n")
+    (rules_dir / "rules.yaml").write_text(deny)
+    token = "reader-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ci:{token}\n")
+    (tmp_path / "token").write_text(f"{token}\n")
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules_dir,
+        work_dir=tmp_path / "work", ext_proc_log_level="WARNING",
+        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
+    topic = create_topic(kafka.bootstrap, name=f"nack.{time.monotonic_ns()}")
+    with Gateway(settings) as gateway:
+        assert gateway.app is not None and gateway.app.store is not None
+        store = gateway.app.store
+        api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+
+        def get(path: str) -> Any:
+            request = urllib.request.Request(f"{api}{path}",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+
+        def ext_proc_runs() -> str | None:
+            (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
+            return node["types"]["keg.v1.RuleSet"]["applied_version"]
+
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        # Version 2 drops the deny and encrypts with a key the ext_proc host lacks.
+        (rules_dir / "rules.yaml").write_text(
+            "rules:\n  - id: encrypt-nack\n    match: {topics: {prefix: [nack.]}}\n"
+            "    action:\n      encrypt:\n        key: {id: k1, secret: {env: "
+            "KEG_TEST_ABSENT_KEY}}\n")
+        deadline = time.monotonic() + 30
+        while (verdict := store.verdict(2)) is None:  # the directory is polled each second
+            assert time.monotonic() < deadline, "version 2 was never answered"
+            time.sleep(0.1)
+        assert verdict.status == "rejected" and "KEG_TEST_ABSENT_KEY" in verdict.detail
+        assert store.current()[0] == 1
+
+        # A fresh ext_proc instance, without the rule cache of the old one, is served
+        # the last good version: the deny holds for a real client through Envoy.
+        gateway.stop_ext_proc()
+        for cache in (tmp_path / "work").glob("keg-rules-*.json"):
+            cache.unlink()
+        gateway.start_ext_proc()
+        gateway.wait_for_rules()
+        assert ext_proc_runs() == "1"
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+
+        listed = get("/v1/rules")
+        assert (listed["version"], listed["status"], listed["live_version"]) == (
+            2, "rejected", 1)
+        version = get("/v1/versions/2")["info"]
+        assert version["status"] == "rejected"
+        assert version["status_detail"].startswith("ext-proc-gateway: ")
+        assert get("/v1/versions/1")["info"]["status"] == "applied"
+        diff = subprocess.run(
+            [sys.executable, "-m", "keg", "diff", str(rules_dir), "--api", api,
+             "--token-file", str(tmp_path / "token"), "--owner", f"dir:{rules_dir}"],
+            capture_output=True, text=True, timeout=60)
+        output = diff.stdout + diff.stderr
+        assert diff.returncode == 6, output
+        assert "version 2 was REJECTED by the fleet" in output
+        assert "the fleet runs version 1" in output and "is live" not in output
+
+        # Fixed on the host and applied again (as `keg up` does at start): served, live.
+        gateway.stop_ext_proc()
+        gateway.settings.extra_env["KEG_TEST_ABSENT_KEY"] = "11" * 32
+        gateway.start_ext_proc()
+        gateway.wait_for_rules()
+        (rules_dir / "rules.yaml").write_text(deny)
+        deadline = time.monotonic() + 30
+        while store.live() is None or store.live().number != 3:
+            assert time.monotonic() < deadline, get("/v1/versions")
+            time.sleep(0.1)
+        assert ext_proc_runs() == "3"
+

@@ -304,3 +304,53 @@ def test_apply_wait_needs_a_fleet_view_and_no_watch(
             assert result.exit_code == 2 and "do not go together" in result.output
     finally:
         store.close()
+
+
+# --- what the fleet made of a version, as the commands say it ----------------------------
+
+
+def test_a_version_the_fleet_rejected_is_never_called_live(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    directory = rules_dir(tmp_path, team=ONE)
+    common = ["--api", live_api.url, "--token-file", str(token_file)]
+    assert runner.invoke(app, ["apply", str(directory), *common]).exit_code == 0
+    pending = runner.invoke(app, ["diff", str(directory), *common])
+    assert pending.exit_code == 0
+    assert "version 1 is not applied by the fleet yet" in pending.output
+    live_api.store.record_verdict(1, "xp-1")
+    live = runner.invoke(app, ["diff", str(directory), *common])
+    assert live.exit_code == 0 and "version 1 is live" in live.output
+
+    (directory / "team.yaml").write_text(TWO)
+    assert runner.invoke(app, ["apply", str(directory), *common]).exit_code == 0
+    live_api.store.record_verdict(2, "xp-1", "rule b: key k: environment variable K is not set")
+    for command in ("diff", "apply"):
+        result = runner.invoke(app, [command, str(directory), *common])
+        assert result.exit_code == 6, (command, result.output)
+        assert ("version 2 was REJECTED by the fleet (xp-1: rule b: key k: environment "
+                "variable K is not set); it is not served, the fleet runs version 1"
+                in result.output), result.output
+        assert "is live" not in result.output
+
+
+def test_output_off_a_terminal_is_whole_and_as_written(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    """Piped output (CI logs): no line cut at 80 columns, no rich markup or emoji codes
+    taken from rule ids, owners, paths or rule text."""
+    directory = rules_dir(tmp_path / "x", team=ONE).rename(tmp_path / "watch")
+    common = ["--api", live_api.url, "--token-file", str(token_file)]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+    def keg(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "keg", *args, *common], env=env,
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout + done.stderr
+
+    applied = keg("apply", str(directory))
+    assert f"applied {directory} as dir:watch: version 1" in applied, applied
+    description = "[red]not-markup[/red]:watch:" + "x" * 150  # one word: YAML keeps it whole
+    (directory / "team.yaml").write_text(ONE.replace(
+        "action:", f"description: '{description}'\n    action:"))
+    diff = keg("diff", str(directory))
+    assert f"+  description: '{description}'\n" in diff, diff
+    assert "\u231a" not in applied + diff  # rich's :watch: emoji

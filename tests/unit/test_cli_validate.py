@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from filter_rules import DEFAULT_RULES_DIR
@@ -32,3 +33,76 @@ def test_broken_rules_exit_1_with_file_and_line(tmp_path: Path) -> None:
 def test_missing_directory_is_an_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "nope")])
     assert result.exit_code == 1
+
+
+def _with_keys(tmp_path: Path) -> Path:
+    """Rules naming three secrets: two by environment variable, one by file."""
+    (tmp_path / "pii.yaml").write_text(
+        "rules:\n"
+        "  - id: encrypt-card\n"
+        "    match: {topics: {exact: [payments]}}\n"
+        "    action:\n"
+        "      encrypt:\n"
+        "        fields: [$.card]\n"
+        "        key: {id: k1, secret: {env: KEG_TEST_CARD_KEY}}\n"
+        "  - id: hash-email\n"
+        "    match: {topics: {exact: [users]}}\n"
+        "    action:\n"
+        "      mask:\n"
+        "        fields: [$.email]\n"
+        "        method: hash\n"
+        "        hash_key: {env: KEG_TEST_HASH_KEY}\n"
+        "  - id: decrypt-card\n"
+        "    match: {topics: {exact: [payments]}, direction: response}\n"
+        "    action:\n"
+        "      decrypt:\n"
+        "        fields: [$.card]\n"
+        "        keys:\n"
+        "          - {id: k0, secret: {file: keys/k0}}\n"
+        "          - {id: k1, secret: {env: KEG_TEST_CARD_KEY}}\n")
+    return tmp_path
+
+
+def test_secrets_the_rules_name_must_exist(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = _with_keys(tmp_path)
+    for name in ("KEG_TEST_CARD_KEY", "KEG_TEST_HASH_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    result = runner.invoke(app, ["validate", str(directory)])
+    assert result.exit_code == 1, result.output
+    pii = directory / "pii.yaml"
+    lines = [line for line in result.output.splitlines() if line.startswith(str(pii))]
+    assert lines == [
+        f"{pii}:7:32: encrypt-card.action.encrypt.key.secret.env: key k1: environment "
+        "variable KEG_TEST_CARD_KEY is not set",
+        f"{pii}:14:20: hash-email.action.mask.hash_key.env: hash_key: environment variable "
+        "KEG_TEST_HASH_KEY is not set",
+        f"{pii}:21:31: decrypt-card.action.decrypt.keys[0].secret.file: key k0: cannot read "
+        f"{directory / 'keys' / 'k0'}: No such file or directory",
+        f"{pii}:22:31: decrypt-card.action.decrypt.keys[1].secret.env: key k1: environment "
+        "variable KEG_TEST_CARD_KEY is not set",
+    ], result.output
+    assert "4 problem(s)" in result.output
+
+    # Set, but not a key: reported as the ext_proc service would refuse it; no value shown.
+    monkeypatch.setenv("KEG_TEST_CARD_KEY", "not-a-key-at-all")
+    monkeypatch.setenv("KEG_TEST_HASH_KEY", "a-long-enough-hash-key-for-hmac")
+    (directory / "keys").mkdir()
+    (directory / "keys" / "k0").write_text("00" * 32)
+    result = runner.invoke(app, ["validate", str(directory)])
+    assert result.exit_code == 1
+    assert "KEG_TEST_CARD_KEY does not hold a 32-byte AES-256 key" in result.output
+    assert "not-a-key-at-all" not in result.output
+
+    monkeypatch.setenv("KEG_TEST_CARD_KEY", "11" * 32)
+    result = runner.invoke(app, ["validate", str(directory)])
+    assert result.exit_code == 0, result.output
+    assert "4 secret(s) found" in result.output
+
+
+def test_no_secrets_validates_the_files_only(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KEG_TEST_CARD_KEY", raising=False)
+    result = runner.invoke(app, ["validate", str(_with_keys(tmp_path)), "--no-secrets"])
+    assert result.exit_code == 0, result.output
+    assert "3 rules valid" in result.output and "secrets not checked" in result.output
