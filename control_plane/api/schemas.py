@@ -192,9 +192,37 @@ class DryRunOut(_Out):
     side_effects: list[dict[str, Any]] = Field(description="Copies and captures, not sent.")
 
 
+class NackOut(_Out):
+    version: str | None
+    error: str
+    at: datetime | None
+
+
+class TypeStateOut(_Out):
+    sent_version: str = Field(description="The version last sent to the node.")
+    applied_version: str = Field(description="The version the node ACKed last (it runs it).")
+    last_ack_at: datetime | None
+    last_nack: NackOut | None = Field(description="Its last refusal: version and error.")
+    in_sync: bool = Field(description="It ACKed what was sent last.")
+
+
+class NodeOut(_Out):
+    node_id: str
+    role: Literal["envoy", "ext_proc"]
+    cluster: str = Field(description="The node's group (node.cluster).")
+    locality: str
+    user_agent: str
+    transport: str = Field(description="sotw or delta (ADS).")
+    connected: bool
+    connected_at: datetime | None
+    last_seen: datetime | None
+    types: dict[str, TypeStateOut] = Field(description=(
+        "Per resource type (Listener, Cluster, RuleSet): what was sent and applied."))
+
+
 class FleetOut(_Out):
     available: bool = Field(description="False when this process has no fleet view.")
-    nodes: list[dict[str, Any]]
+    nodes: list[NodeOut]
 
 
 class HealthOut(_Out):

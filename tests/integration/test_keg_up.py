@@ -147,3 +147,20 @@ def test_each_keg_up_serves_exactly_the_rule_directory_it_is_given(
             assert "in use by another keg process" in twice.output
             assert "Traceback" not in twice.output
         assert produce_one(up.bootstrap, in_b) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_keg_up_refuses_to_start_with_rules_its_ext_proc_service_refuses(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serving other rules than the directory's would mislead: a rule set the ext_proc
+    service NACKs (a key it does not have) stops the start, with the reason."""
+    monkeypatch.delenv("KEG_TEST_ABSENT_KEY", raising=False)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "encrypt.yaml").write_text(
+        "rules:\n  - id: encrypt-all\n    action:\n      encrypt:\n"
+        "        key: {id: k1, secret: {env: KEG_TEST_ABSENT_KEY}}\n")
+    with keg_up(kafka, tmp_path, tmp_path / "cache", rules) as up:
+        assert up.process.wait(120) == 2, up.output
+        assert "error: the ext_proc service refused the rule set (version 1)" in up.output
+        assert "KEG_TEST_ABSENT_KEY" in up.output
+        assert "keg is up" not in up.output and "Traceback" not in up.output

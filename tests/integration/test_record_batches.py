@@ -240,7 +240,7 @@ class Written:
 
 @pytest.fixture(scope="module")
 def compacted(kafka: EmbeddedKafka) -> str:
-    """Started first (see test order) so the log cleaner works while other tests run."""
+    """Started first (`_compaction_starts_first`) so the log cleaner works meanwhile."""
     topic = make_topic(kafka.bootstrap, **{
         "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01",
         "segment.ms": "100", "min.compaction.lag.ms": "0", "delete.retention.ms": "100",
@@ -303,9 +303,10 @@ def check_round_trip(field: bytes) -> list[tuple[BatchView, list[Record]]]:
     return out
 
 
-def test_compaction_starts_early(compacted: str) -> None:
-    """Requests the compacted topic first; its check is the last test of the module."""
-    assert compacted
+@pytest.fixture(scope="module", autouse=True)
+def _compaction_starts_first(compacted: str) -> None:
+    """The compacted topic is made before the module's first test, so the log cleaner
+    works while the others run; its check is the module's last test."""
 
 
 @pytest.mark.parametrize("codec", CODECS)

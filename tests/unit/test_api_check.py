@@ -11,7 +11,8 @@ import kafka_wire
 from control_plane.store import RuleStore, StoreUnavailable
 from filter_rules import DEFAULT_RULES_DIR
 from kafka_wire.api_keys import PRODUCE
-from tests.unit.test_api_fixtures import ADMIN, FLEET, client, make_client, public_client, store
+from keg.cli_rules import Rollout
+from tests.unit.test_api_fixtures import ADMIN, client, make_client, public_client, store
 
 __all__ = ["client", "public_client", "store"]
 
@@ -136,7 +137,27 @@ def test_dry_run_is_bounded(store: RuleStore) -> None:
 
 
 def test_fleet_status_comes_from_the_xds_side(client: TestClient, store: RuleStore) -> None:
-    assert client.get("/v1/fleet", headers=ADMIN).json() == {"available": True, "nodes": FLEET}
+    """The fleet view as the xDS side reports it, in the documented shape, read back by
+    `keg apply --wait` as the fleet stands."""
+    answer = client.get("/v1/fleet", headers=ADMIN).json()
+    assert answer["available"] is True
+    nodes = {n["node_id"]: n for n in answer["nodes"]}
+    assert set(nodes) == {"envoy-1", "xp-refusing", "xp-waiting", "xp-gone"}
+    refused = nodes["xp-refusing"]["types"]["keg.v1.RuleSet"]
+    assert (refused["applied_version"], refused["sent_version"], refused["in_sync"]) == (
+        "2", "3", False)
+    assert refused["last_nack"]["version"] == "3"
+    assert "K is not set" in refused["last_nack"]["error"]
+    assert nodes["envoy-1"]["types"]["envoy.config.listener.v3.Listener"]["in_sync"] is True
+    assert not nodes["xp-gone"]["connected"]
+    rollout = Rollout.of(answer["nodes"], 3)
+    assert rollout.pending == ("xp-waiting",) and rollout.applied == ()
+    assert rollout.nacked == (("xp-refusing", "rule r: key k1: environment variable K is not set"),)
+    # The shape is the API's contract: documented, so clients can rely on it.
+    document = client.get("/openapi.json").json()["components"]["schemas"]
+    assert document["FleetOut"]["properties"]["nodes"]["items"] == {
+        "$ref": "#/components/schemas/NodeOut"}
+    assert {"node_id", "role", "connected", "types"} <= set(document["NodeOut"]["required"])
     from control_plane.api import create_app
 
     alone = TestClient(create_app(store))

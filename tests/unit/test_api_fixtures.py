@@ -11,6 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
+from control_plane.fleet import EXT_PROC, Fleet, NodeInfo
+from control_plane.snapshot import LISTENER, RULES
 from control_plane.store import RuleStore, open_store
 
 ADMIN_TOKEN = "admin-token-0123456789"
@@ -19,8 +21,27 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CI = {"Authorization": f"Bearer {CI_TOKEN}"}
 TOKENS = Tokens.of([("admin", ADMIN_TOKEN), ("ci", CI_TOKEN)])
 
-FLEET = [{"node": "envoy-1", "kind": "envoy", "rules_version": None, "last_ack": "v3",
-          "last_nack": None, "last_seen": "2026-01-01T00:00:00Z"}]
+
+
+def sample_fleet() -> Fleet:
+    """A real fleet view: an Envoy in sync, an ext_proc instance on version 2 that
+    NACKed version 3, one still waiting for version 3, one gone."""
+    fleet = Fleet()
+    envoy = fleet.connected(NodeInfo("envoy-1", cluster="keg"))
+    fleet.sent(envoy, LISTENER, "l-1")
+    fleet.ack(envoy, LISTENER, "l-1", None)
+    refusing, waiting, gone = (fleet.connected(NodeInfo(name, role=EXT_PROC))
+                               for name in ("xp-refusing", "xp-waiting", "xp-gone"))
+    for node in (refusing, waiting, gone):
+        fleet.sent(node, RULES, "2")
+        fleet.ack(node, RULES, "2", None)
+        fleet.sent(node, RULES, "3")
+    fleet.nack(refusing, RULES, "3", "rule r: key k1: environment variable K is not set")
+    fleet.disconnected(gone.node_id)
+    return fleet
+
+
+FLEET = sample_fleet()
 
 
 def rule_json(rule_id: str, **extra: Any) -> str:
@@ -35,7 +56,7 @@ def store(tmp_path: Path) -> Iterator[RuleStore]:
 
 
 def make_client(store: RuleStore, **settings: Any) -> TestClient:
-    app = create_app(store, ApiSettings(tokens=TOKENS, **settings), fleet_status=lambda: FLEET)
+    app = create_app(store, ApiSettings(tokens=TOKENS, **settings), fleet_status=FLEET.status)
     return TestClient(app)
 
 

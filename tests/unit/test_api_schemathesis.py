@@ -11,11 +11,12 @@ from schemathesis.checks import positive_data_acceptance
 
 from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
 from control_plane.store import open_store
+from tests.unit.test_api_fixtures import sample_fleet
 
 TOKEN = "fuzz-token-0123456789abcdef"
 STORE = open_store("sqlite://:memory:", validator=ruleset_validator(build_record_rules=True))
 APP = create_app(STORE, ApiSettings(tokens=Tokens.of([("fuzz", TOKEN)])),
-                 fleet_status=lambda: [{"node": "envoy-1", "acked": "3"}])
+                 fleet_status=sample_fleet().status)
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
 # The coverage phase enumerates the rule language's large schema for minutes; random
 # generation (positive and negative) covers it in seconds. Unknown query parameters

@@ -12,11 +12,12 @@ from envoy.config.listener.v3 import listener_pb2
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import EXT_PROC, Fleet, NodeInfo
 from control_plane.kafka_broker import FILTER_NAME
-from control_plane.providers import StaticRuleProvider
+from control_plane.providers import StaticRuleProvider, StoreRuleProvider
 from control_plane.service import ControlPlane, ControlPlaneSettings, EnvoyGroup, load_groups
 from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, RULES, SnapshotCache
+from control_plane.store import Change, open_store
 from control_plane.topology import Broker, Topology
-from filter_rules import load_rule_text
+from filter_rules import Rule, load_rule_text
 
 RULES_YAML = """
 rules:
@@ -213,3 +214,39 @@ def test_long_gone_nodes_leave_the_view() -> None:
     assert fleet.forget(3600) == []
     assert fleet.forget(0) == ["old"]
     assert set(fleet.nodes) == {"live"}
+
+
+def test_a_rules_version_an_instance_nacks_is_rejected_and_the_last_good_one_served(
+        tmp_path: Path) -> None:
+    """The store as the rule source: an ext_proc NACK marks the version rejected in the
+    store, and every ext_proc node -- the refusing one, a new one -- is served the last
+    good version again; ACKs make a version live."""
+    store = open_store(None, tmp_path)
+    store.put_rule(Rule.model_validate({"id": "a", "action": {"observe": {}}}), Change("t"))
+    settings = ControlPlaneSettings(bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1",
+                                    ext_proc_port=1)
+    cp = ControlPlane(settings, rules=StoreRuleProvider(store))
+    cp._rules_changed()  # what start() does, minus the hop onto the event loop
+    store.subscribe(lambda *_: cp._rules_changed())
+    ext_proc(cp, "xp-1")
+    xp = cp.fleet.nodes["xp-1"]
+    cp.fleet.ack(xp, RULES, "1", cp.cache.get("xp-1"))
+    live = store.live()
+    assert live is not None and live.number == 1
+
+    store.put_rule(Rule.model_validate({"id": "b", "action": {"observe": {}}}), Change("t"))
+    assert cp.rules_version == "2"
+    cp.fleet.nack(xp, RULES, "2", "rule b: cannot build")
+    verdict = store.verdict(2)
+    assert verdict is not None and verdict.status == "rejected"
+    assert verdict.detail == "rule b: cannot build" and verdict.node == "xp-1"
+    assert cp.rules_version == "1"
+    served = cp.cache.get("xp-1")
+    assert served is not None and served.version(RULES) == "1"
+    ext_proc(cp, "xp-new")
+    fresh = cp.cache.get("xp-new")
+    assert fresh is not None and fresh.version(RULES) == "1"
+    cp.fleet.ack(xp, RULES, "1", served)  # the refusing node runs version 1 again
+    live = store.live()
+    assert live is not None and live.number == 1
+    store.close()

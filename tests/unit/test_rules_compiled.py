@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.rule_lookup import thousand_rules
 from filter_rules import (
     CompiledRuleSet,
     MatchContext,
@@ -298,34 +298,20 @@ def test_lookups_are_precomputed_dict_hits() -> None:
 
 
 def test_a_thousand_rules_compile_and_lookup_stays_a_dict_hit() -> None:
-    rules = []
-    for n in range(1000):
-        match: dict[str, Any] = {"topics": {"prefix": [f"tenant-{n}."], "regex": [f"t{n}-.*"]}}
-        if n % 5:  # one in five rules applies to every API
-            match["apis"] = [["Produce", "Fetch", "Metadata", "CreateTopics"][n % 4]]
-        if n % 10 == 0:
-            match["versions"] = {"min": n % 11}
-        if n % 3 == 0:
-            match["principals"] = {"exact": [f"user-{n}"]}
-        rules.append(rule(f"r{n:04d}", match, order=n % 13))
-    started = time.perf_counter()
-    c = compiled(*rules)
-    compile_seconds = time.perf_counter() - started
+    """Lookups are precomputed: every call returns the very tuple built at compile time
+    (how fast that is: python -m benchmarks.rule_lookup)."""
+    c = compiled(*thousand_rules())
     assert len(c) == 1000
-    assert compile_seconds < 5, compile_seconds
     produce = c.candidates(PRODUCE, 9, "request")
     assert {r.id for r in produce} == {
         f"r{n:04d}" for n in range(1000)
         if (n % 5 == 0 or n % 4 == 0) and not (n % 10 == 0 and n % 11 > 9)
     }
     assert all(produce[i].order <= produce[i + 1].order for i in range(len(produce) - 1))
-    assert c.candidates(PRODUCE, 9, "request") is produce
-    started = time.perf_counter()
-    for _ in range(20_000):
-        c.candidates(PRODUCE, 9, "request")
-        c.candidates(FETCH, 12, "request")
-    per_lookup = (time.perf_counter() - started) / 40_000
-    assert per_lookup < 20e-6, per_lookup  # a dict hit: well under a microsecond normally
+    fetch = c.candidates(FETCH, 12, "request")
+    for _ in range(1000):  # nothing is computed per call: the same objects come back
+        assert c.candidates(PRODUCE, 9, "request") is produce
+        assert c.candidates(FETCH, 12, "request") is fetch
     assert ids(c.matching(ctx(PRODUCE, 9, principal="user-4"), topic="tenant-4.x")) == ["r0004"]
     assert ids(c.matching(ctx(PRODUCE, 9), topic="t8-x")) == ["r0008"]
     assert ids(c.matching(ctx(PRODUCE, 9), topic="tenant-12.x")) == [], "r0012 needs user-12"
