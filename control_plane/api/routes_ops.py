@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from control_plane.api.deps import Context, Reader
 from control_plane.api.problems import Problem, problem_responses
-from control_plane.api.schemas import FleetOut, HealthOut
+from control_plane.api.schemas import FleetOut, HealthOut, NodeOut
 from control_plane.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,8 @@ def fleet(ctx: Context, _: Reader) -> FleetOut:
     applied, its last ACK/NACK (with the error), when it was last seen."""
     if ctx.fleet_status is None:
         return FleetOut(available=False, nodes=[])
-    return FleetOut(available=True, nodes=ctx.fleet_status())
+    return FleetOut(available=True,
+                    nodes=[NodeOut.model_validate(node) for node in ctx.fleet_status()])
 
 
 @router.get("/healthz", response_model=HealthOut)
