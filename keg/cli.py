@@ -8,13 +8,17 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+
+if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
+    from filter_rules import RuleSet
+    from keg.gateway import Gateway
 
 app = typer.Typer(
     help="keg, the Kafka Envoy Gateway: govern Kafka traffic without touching brokers or clients.",
@@ -64,12 +68,13 @@ def _dim(message: str) -> None:
     console.print(message, style="dim")
 
 
-def _ports_in_use(host: str, ports: list[tuple[str, int | None]]) -> list[str]:
-    """The options whose port something already listens on (0 and None: nothing asked)."""
+def _ports_in_use(ports: list[tuple[str, str, int | None]]) -> list[str]:
+    """Of (option, host, port), the options whose port something already holds (port 0
+    and None ask for nothing): said up front, before anything starts."""
     import socket
 
     taken = []
-    for option, port in ports:
+    for option, host, port in ports:
         if not port:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -155,9 +160,9 @@ def up(
             typer.echo(str(error), err=True)
         raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
                     f"only (keg validate {rules_dir})") from None
-    taken = _ports_in_use(listen_host, [("--listen-port-base", listen_port_base),
-                                        ("--api-port", api_port),
-                                        ("--metrics-port", metrics_port)])
+    taken = _ports_in_use([("--listen-port-base", listen_host, listen_port_base),
+                           ("--api-port", "127.0.0.1", api_port),
+                           ("--metrics-port", "127.0.0.1", metrics_port)])
     if taken:
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
                     f"others, 0 for free ones (--api-port 0: no API)")
@@ -215,10 +220,10 @@ def up(
         lock.stop()
 
 
-def _serving(gateway: Any, rules_dir: Path, ruleset: Any) -> str:
+def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
     """The start-up line naming the rules served: the directory, its rule count and
     version, and with the store the store version and any rules written through REST."""
-    line = (f"rules: {rules_dir} ({len(ruleset.rules)} rules, version {ruleset.version})")
+    line = f"rules: {rules_dir} ({len(ruleset.rules)} rules, version {ruleset.version})"
     store = gateway.app.store if gateway.app is not None else None
     if store is None:
         return line
