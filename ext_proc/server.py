@@ -30,6 +30,7 @@ from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.identity import IdentityObserver
 from ext_proc.filters.records import RecordsFilter
 from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
+from ext_proc.filters.topic_ids import TopicIdLearner
 from ext_proc.filters.virtual_topics import VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
@@ -105,6 +106,7 @@ class DataPath:
         identity = IdentityTracker()
         # Virtual topics first: every later filter (and rule) sees the broker's names.
         filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
+                   TopicIdLearner(self.engine.topic_ids),
                    (groups := GroupProtocolObserver()), groups.guard(),
                    VirtualTopicsFilter(self.engine, identity),
                    RulesFilter(self.engine, identity), RecordsFilter(self.engine, identity)]

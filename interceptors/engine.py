@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 
 PRODUCE_API: Final = 0
 FETCH_API: Final = 1
-# The versions record rules are matched at (rules may restrict versions; records do
-# not change with them): what the gateway lets clients speak (CLIENT_MAX_VERSION).
-PLAN_VERSIONS: Final = {"produce": 9, "consume": 12}
+# The versions a record is judged at outside the data path (backtests, dry runs): the
+# newest a client speaks. Records do not change with versions; rules may restrict them.
+PLAN_VERSIONS: Final = {"produce": 13, "consume": 18}
 
 Effect = Literal["unchanged", "modified", "dropped", "rejected", "failed", "timeout"]
 Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]

@@ -41,6 +41,7 @@ from kafka_wire.error_responses import expects_response
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, encode_batch, iter_batches, rewrite_records
 from kafka_wire.records import with_base_sequence as _with_base_sequence
+from kafka_wire.topic_ids import topic_name
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ INVALID_RECORD: Final = error_code("INVALID_RECORD")
 REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
 UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
 CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
+UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 Body = dict[str, Any]
 
@@ -83,18 +85,45 @@ def _corrupt(index: int, err: Exception) -> Body:
     return entry
 
 
-def _merge_partitions(response: Body, answered: dict[str, list[Body]]) -> bool:
+def _unknown_topic(index: int) -> Body:
+    entry = _success(index)
+    entry["ErrorCode"] = UNKNOWN_TOPIC_ID
+    entry["ErrorMessage"] = "keg: topic id not seen in a Metadata answer yet; refresh metadata"
+    return entry
+
+
+# A Produce topic entry's key in its answer: the name (v0-12) or the id (v13+).
+TopicKey = tuple[str, Any]
+
+
+def _topic_key(topic: Body) -> TopicKey:
+    return ("TopicId", topic["TopicId"]) if "TopicId" in topic else ("Name", topic.get("Name"))
+
+
+def _merge_partitions(response: Body, answered: dict[TopicKey, list[Body]]) -> bool:
     """Put the gateway's partition answers into the broker's Produce response."""
     topics = response.setdefault("Responses", [])
-    by_name = {t.get("Name"): t for t in topics}
-    for name, partitions in answered.items():
-        topic = by_name.get(name)
+    by_key = {_topic_key(t): t for t in topics}
+    for key, partitions in answered.items():
+        topic = by_key.get(key)
         if topic is None:
-            topics.append({"Name": name, "PartitionResponses": list(partitions)})
+            field, value = key
+            topics.append({field: value, "PartitionResponses": list(partitions)})
         else:
             topic["PartitionResponses"] = [*(topic.get("PartitionResponses") or []),
                                            *partitions]
     return bool(answered)
+
+
+def _withhold(partitions: Any, code: int) -> bool:
+    """Answer fetched partitions with an error instead of their records."""
+    changed = False
+    for partition in partitions:
+        if partition.get("Records") or not partition.get("ErrorCode"):
+            partition["ErrorCode"] = code
+            partition["Records"] = None
+            changed = True
+    return changed
 
 
 class RecordsFilter:
@@ -123,11 +152,16 @@ class RecordsFilter:
 
     def _produce(self, records: RecordEngine, header: kafka_wire.RequestHeader, body: Body,
                  conn: ConnectionInfo, ctx: MatchContext) -> RequestVerdict | None:
-        answered: dict[str, list[Body]] = {}
+        answered: dict[TopicKey, list[Body]] = {}
         changed = False
         kept_topics = []
         for topic in body.get("TopicData") or ():
-            name = topic.get("Name") or ""
+            name = topic_name(topic, self._engine.topic_ids)
+            if name is None:  # v13+: an id the gateway has not seen named yet
+                answered[_topic_key(topic)] = [
+                    _unknown_topic(p.get("Index", 0)) for p in topic.get("PartitionData") or ()]
+                changed = True
+                continue
             stages = records.plan("produce", name, ctx)
             if not stages:
                 kept_topics.append(topic)
@@ -139,7 +173,7 @@ class RecordsFilter:
                                                       partition.get("Records"), header, conn,
                                                       ctx.principal)
                 if answer is not None:
-                    answered.setdefault(name, []).append(answer)
+                    answered.setdefault(_topic_key(topic), []).append(answer)
                     changed = True
                     continue
                 if new is not partition.get("Records"):
@@ -221,9 +255,10 @@ class RecordsFilter:
         def transform(response: Body) -> bool:
             changed = False
             for topic in response.get("Responses") or ():
-                name = topic.get("Topic")
-                if not isinstance(name, str):
-                    continue  # v13+: topic ids only (the gateway caps Fetch below that)
+                name = topic_name(topic, self._engine.topic_ids)
+                if name is None:  # v13+: an id not seen named yet: hand out nothing
+                    changed |= _withhold(topic.get("Partitions") or (), UNKNOWN_TOPIC_ID)
+                    continue
                 stages = records.plan("consume", name, ctx)
                 if not stages:
                     continue
@@ -262,9 +297,7 @@ class RecordsFilter:
         new = rewrite_records(data, rewrite)
         if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
-            partition["ErrorCode"] = refused[0]
-            partition["Records"] = None
-            return True
+            return _withhold((partition,), refused[0])
         if new is data:
             return False
         partition["Records"] = new

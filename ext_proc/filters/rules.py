@@ -15,6 +15,7 @@ version (a dict lookup), decodes it, and decides per topic:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,8 @@ from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
 from interceptors import BuildContext
 from interceptors.engine import RecordEngine
-from kafka_wire.api_keys import ENVELOPE, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.api_keys import ENVELOPE, FETCH, METADATA, PRODUCE
+from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
     error_response,
@@ -39,9 +41,13 @@ from kafka_wire.error_responses import (
     remove_topics,
 )
 from kafka_wire.errors import KafkaWireError
+from kafka_wire.topic_ids import TopicIds
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_TOPIC_ID = error_code("UNKNOWN_TOPIC_ID")
+TOPIC_AUTHORIZATION_FAILED = error_code("TOPIC_AUTHORIZATION_FAILED")
+GROUP_AUTHORIZATION_FAILED = error_code("GROUP_AUTHORIZATION_FAILED")
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
@@ -71,28 +77,23 @@ class RuleDecision:
 DecisionSink = Callable[[RuleDecision], None]
 
 
-def request_topics(body: dict[str, Any]) -> list[str]:
-    """Topic names a request carries, wherever the schema puts them."""
-    names: list[str] = []
-    for key in ("Topics", "TopicData"):
-        for entry in body.get(key) or ():
-            name = entry.get("Name", entry.get("Topic"))
-            if isinstance(name, str):
-                names.append(name)
-    names.extend(n for n in body.get("TopicNames") or () if isinstance(n, str))
-    for group in body.get("Groups") or ():  # OffsetFetch v8+
-        names.extend(request_topics(group))
-    return list(dict.fromkeys(names))
+@dataclass(frozen=True, slots=True)
+class RequestEntities:
+    """What a request names, for matching: topics (ids mapped to names), groups, and
+    the topic ids the gateway cannot name yet."""
+
+    topics: list[str]
+    groups: list[str]
+    unknown_topic_ids: list[uuid.UUID]
 
 
-def request_group(api_key: int, body: dict[str, Any]) -> str | None:
-    group = body.get("GroupId")
-    if isinstance(group, str):
-        return group
-    if api_key == FIND_COORDINATOR and body.get("KeyType", 0) == 0:
-        key = body.get("Key")
-        return key if isinstance(key, str) else None
-    return None
+def request_entities(api_key: int, api_version: int, body: dict[str, Any],
+                     topic_ids: TopicIds) -> RequestEntities:
+    """Every topic and group a request names, wherever Kafka's schemas put them."""
+    named = named_entities(api_key, api_version, "request", body)
+    by_id, unknown = topic_ids.resolve(named.topic_ids)
+    return RequestEntities(list(dict.fromkeys(named.topics + by_id)),
+                           list(dict.fromkeys(named.groups)), unknown)
 
 
 class RuleEngine:
@@ -109,6 +110,7 @@ class RuleEngine:
         self.sink = sink or (lambda decision: None)
         self.rates = RateLimiter()
         self.sequences = SequenceLedger()
+        self.topic_ids = TopicIds()  # learned from the answers every connection sees
         self.context = context or BuildContext()
         self.records = RecordEngine(CompiledRuleSet(RuleSet()), self.context, builders={})
         self.compiled = compiled
@@ -204,8 +206,16 @@ class RulesFilter:
             client_id=header.client_id, client_host=client_host,
             listener=conn.gateway_address or None, broker_id=conn.broker_id,
         )
-        topics = request_topics(body)
-        group = request_group(api_key, body)
+        named = request_entities(api_key, version, body, self._engine.topic_ids)
+        topics = named.topics
+        groups: list[str | None] = [*named.groups] or [None]
+        if named.unknown_topic_ids and any(
+                r.uses_topics and not r.dry_run for r in compiled.candidates(api_key, version)):
+            # A topic rule may concern a topic the gateway cannot name: refuse with the
+            # retriable error that makes the client refresh its metadata (through here).
+            log.info("%s names topic ids the gateway has not seen (%s): UNKNOWN_TOPIC_ID",
+                     kafka_wire.api_name(api_key), named.unknown_topic_ids[0])
+            return self._answer(header, body, UNKNOWN_TOPIC_ID)
         rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
         denied: dict[str, int] = {}
         changed = False
@@ -214,10 +224,11 @@ class RulesFilter:
             if rule.kind not in ENFORCED_KINDS:
                 continue
             if rule.uses_topics and topics:
-                hits: list[str | None] = [t for t in topics
-                                          if t not in denied and rule.matches(ctx, t, group)]
+                hits: list[str | None] = [
+                    t for t in topics
+                    if t not in denied and any(rule.matches(ctx, t, g) for g in groups)]
             else:
-                hits = [None] if rule.matches(ctx, None, group) else []
+                hits = [None] if any(rule.matches(ctx, None, g) for g in groups) else []
             if not hits:
                 continue
             if rule.kind == "observe":
@@ -240,7 +251,7 @@ class RulesFilter:
                     return self._answer(header, body, code, throttle_s)
                 denied.update(dict.fromkeys((t for t in bad if t is not None), code))
                 continue
-            code = self._deny_error(rule, api_key)
+            code = self._deny_error(rule, api_key, hits, named.groups)
             if rule.dry_run:
                 self._record(rule, "would-deny", header, conn, hits, code)
                 continue
@@ -253,7 +264,8 @@ class RulesFilter:
             verdict = (self._hide_topics(ctx) if api_key == METADATA
                        and body.get("Topics") is None else None)
         elif set(denied) >= set(topics) or api_key not in _PARTIAL_DENIAL_APIS:
-            return self._answer(header, body, next(iter(denied.values())), throttle_s)
+            return self._answer(header, body, next(iter(denied.values())), throttle_s,
+                                per_topic=True)
         else:
             verdict = self._partial(header, body, denied)
         if changed or throttle_s:
@@ -273,7 +285,7 @@ class RulesFilter:
         bad: list[str | None] = []
         code = 0
         for topic in hits:
-            found = produce_violations(spec, body, topic)
+            found = produce_violations(spec, body, topic, self._engine.topic_ids)
             if not found:
                 continue
             code = found[0].error_code
@@ -319,10 +331,10 @@ class RulesFilter:
         return RequestVerdict(patch=hide)
 
     def _answer(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                code: int, throttle_s: float = 0.0) -> RequestVerdict:
+                code: int, throttle_s: float = 0.0, per_topic: bool = False) -> RequestVerdict:
         expects = expects_response(header.api_key, header.api_version, body)
         answer = error_response(header.api_key, header.api_version, body, code,
-                                throttle_time_ms=int(throttle_s * 1000))
+                                throttle_time_ms=int(throttle_s * 1000), per_topic=per_topic)
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
 
     def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
@@ -343,10 +355,19 @@ class RulesFilter:
         return RequestVerdict(changed=True, patch=merge, expects_response=expects)
 
     @staticmethod
-    def _deny_error(rule: CompiledRule, api_key: int) -> int:
+    def _deny_error(rule: CompiledRule, api_key: int, hits: list[str | None],
+                    groups: list[str]) -> int:
+        """The rule's error, else the authorization error of what the rule refused, as
+        Kafka's authorizer answers: the topic, the group, or the API's own resource."""
         spec = getattr(rule.action, "deny", None)
         name = getattr(spec, "error", None)
-        return error_code(name) if name else default_deny_error(api_key)
+        if name:
+            return error_code(name)
+        if rule.uses_topics and None not in hits:
+            return TOPIC_AUTHORIZATION_FAILED
+        if rule.uses_groups and groups:
+            return GROUP_AUTHORIZATION_FAILED
+        return default_deny_error(api_key)
 
     def _record(self, rule: CompiledRule, outcome: str, header: kafka_wire.RequestHeader,
                 conn: ConnectionInfo, topics: list[str | None], code: int | None = None,

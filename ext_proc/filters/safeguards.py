@@ -18,6 +18,7 @@ from filter_rules.errors import SAFEGUARD_ERRORS, error_code
 from filter_rules.model import RateSpec, SafeguardSpec
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, decode_records, iter_batches
+from kafka_wire.topic_ids import TopicIds, topic_name
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,10 @@ class Violation:
     reason: str
 
 
-def _batches(body: dict[str, Any], topic: str | None) -> Iterator[BatchView]:
+def _batches(body: dict[str, Any], topic: str | None,
+             topic_ids: TopicIds) -> Iterator[BatchView]:
     for entry in body.get("TopicData") or ():
-        if topic is not None and entry.get("Name") != topic:
+        if topic is not None and topic_name(entry, topic_ids) != topic:
             continue
         for partition in entry.get("PartitionData") or ():
             for batch in iter_batches(partition.get("Records")):
@@ -41,9 +43,10 @@ def _error(spec: SafeguardSpec, check: str) -> int:
     return error_code(spec.error) if spec.error else SAFEGUARD_ERRORS[check]
 
 
-def produce_violations(spec: SafeguardSpec, body: dict[str, Any],
-                       topic: str | None) -> list[Violation]:
-    """What a Produce request (or its part for `topic`) breaks of `spec`."""
+def produce_violations(spec: SafeguardSpec, body: dict[str, Any], topic: str | None,
+                       topic_ids: TopicIds) -> list[Violation]:
+    """What a Produce request (or its part for `topic`) breaks of `spec`; v13+ names
+    topics by id (`topic_ids`)."""
     found: list[Violation] = []
 
     def fail(check: str, reason: str) -> None:
@@ -58,7 +61,7 @@ def produce_violations(spec: SafeguardSpec, body: dict[str, Any],
     needs_records = spec.max_record_bytes is not None or spec.max_headers is not None \
         or spec.require_headers is not None
     try:
-        for batch in _batches(body, topic):
+        for batch in _batches(body, topic, topic_ids):
             if spec.require_idempotence and batch.producer_id < 0:
                 fail("require_idempotence", "an idempotent producer is required")
             if spec.max_batch_bytes is not None and len(batch.raw) > spec.max_batch_bytes:

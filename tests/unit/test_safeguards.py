@@ -16,6 +16,7 @@ from ext_proc.filters.safeguards import (
 from filter_rules.model import RateSpec, SafeguardSpec
 from kafka_wire.compression import Compression
 from kafka_wire.records import BatchHeader, Record, encode_batch
+from kafka_wire.topic_ids import TopicIds
 
 
 def batch(n: int = 3, *, idempotent: bool = False, compression: Compression = Compression.NONE,
@@ -37,7 +38,7 @@ def produce(*batches: bytes, topic: str = "t", acks: int = -1,
 
 
 def checks(spec: SafeguardSpec, body: dict[str, Any]) -> list[str]:
-    return [v.check for v in produce_violations(spec, body, "t")]
+    return [v.check for v in produce_violations(spec, body, "t", TopicIds())]
 
 
 def test_idempotence_and_transactions() -> None:
@@ -54,7 +55,7 @@ def test_acks_zero_read_only_and_error_override() -> None:
         ["forbid_acks_zero"]
     assert checks(SafeguardSpec(forbid_acks_zero=True), produce(batch(), acks=1)) == []
     found = produce_violations(SafeguardSpec(read_only=True, error="POLICY_VIOLATION"),
-                               produce(batch()), "t")
+                               produce(batch()), "t", TopicIds())
     assert [(v.check, v.error_code) for v in found] == [("read_only", 44)]
 
 
@@ -85,12 +86,12 @@ def test_sizes_and_headers_look_inside_compressed_batches() -> None:
 
 def test_other_topics_are_not_checked() -> None:
     body = produce(batch(), topic="elsewhere")
-    assert produce_violations(SafeguardSpec(require_idempotence=True), body, "t") == []
+    assert produce_violations(SafeguardSpec(require_idempotence=True), body, "t", TopicIds()) == []
 
 
 def test_garbage_records_are_a_violation_not_a_crash() -> None:
     body = produce(b"\x00" * 70)
-    found = produce_violations(SafeguardSpec(max_headers=3), body, "t")
+    found = produce_violations(SafeguardSpec(max_headers=3), body, "t", TopicIds())
     assert found and found[0].check == "records"
 
 
