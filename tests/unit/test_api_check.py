@@ -102,6 +102,24 @@ def test_dry_run_of_a_candidate_on_requests_and_records(client: TestClient) -> N
         ("copy-to-topic", "audit.payments")]
 
 
+def test_dry_run_of_requests_naming_groups_with_the_safeguards_example(
+        client: TestClient) -> None:
+    """A rule with `topics:` and no `apis:` used to crash on DescribeGroups (its Groups
+    are group ids, not topic entries): the dry run answered 500."""
+    example = (DEFAULT_RULES_DIR.parent / "examples" / "safeguards.yaml").read_text()
+    result = client.post("/v1/dry-run", headers=ADMIN, json={"rules": example, "requests": [
+        {"api": "DescribeGroups", "version": 5,
+         "body": {"Groups": ["orders-app", "billing"], "IncludeAuthorizedOperations": False}},
+        {"api": "DeleteGroups", "version": 2, "body": {"GroupsNames": ["orders-app"]}},
+        {"api": "Produce", "version": 9, "body": produce("archive.2024")},
+    ]})
+    assert result.status_code == 200, result.text
+    groups, deleted, archive = result.json()["requests"]
+    assert groups["verdict"] == deleted["verdict"] == "forward"
+    assert archive["verdict"] == "answer"
+    assert archive["decisions"][0]["error"] == "TOPIC_AUTHORIZATION_FAILED"
+
+
 def test_dry_run_of_the_live_rules(client: TestClient) -> None:
     client.put("/v1/rules/deny-all-produce", headers=ADMIN,
                json={"match": {"apis": ["Produce"]}, "action": {"deny": {}}})
