@@ -10,7 +10,9 @@ Per stage and record: the interceptor returns the record (changed or not), None
 (drop), or raises RecordRejected (the record is invalid) or anything else (the
 interceptor failed). A custom interceptor runs in a worker thread under its time
 budget per batch; after `retries` timed-out attempts the stage fails with a timeout.
-Dry-run rules run on a copy and only report what they would have done.
+Dry-run rules run on a copy and only report what they would have done: their
+copies go nowhere and a dry-run capture writes nothing (a custom interceptor's own
+I/O is its author's business).
 
 "Unchanged" is decided without comparing bytes: an interceptor that leaves a record
 alone returns the same key and value objects and equal headers.
@@ -178,6 +180,10 @@ class RecordEngine:
         if rule.source is not None and rule.source.file:
             base_dir = Path(rule.source.file).parent
         context = dataclasses.replace(self.context, base_dir=base_dir)
+        if rule.dry_run:  # changes nothing outside the record either
+            if rule.kind == "capture":
+                return Stage(rule, _CapturesNothing())
+            context = dataclasses.replace(context, side_effects=_DISCARDED)
         if rule.kind == "interceptor":
             return Stage(rule, build_custom(spec, context), spec.timeout_ms / 1000, spec.retries)
         builder = builders.get(rule.kind)
@@ -332,6 +338,29 @@ class RecordEngine:
                                final.key, final.value, list(final.headers)))
         result.records = kept
         return result
+
+
+class _DiscardedSideEffects:
+    """Where a dry-run rule's copies go: nowhere (its steps say what it would do)."""
+
+    def to_topic(self, topic: str, record: InterceptedRecord) -> bool:
+        return True
+
+    def to_http(self, url: str, record: InterceptedRecord, queue_size: int) -> bool:
+        return True
+
+
+_DISCARDED: Final = _DiscardedSideEffects()
+
+
+class _CapturesNothing:
+    """A dry-run capture: sees every record, writes none."""
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Nothing to configure."""
+
+    def intercept(self, record: InterceptedRecord) -> InterceptedRecord:
+        return record
 
 
 def _copy(record: InterceptedRecord) -> InterceptedRecord:

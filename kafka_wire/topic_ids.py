@@ -64,6 +64,11 @@ class TopicIds:
             return None
         return self._names.get(topic_id)
 
+    def names_of(self, topic_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """The known ones of `topic_ids`, with their names."""
+        names = self._names
+        return {i: names[i] for i in topic_ids if i in names}
+
     def resolve(self, topic_ids: Iterable[uuid.UUID]) -> tuple[list[str], list[uuid.UUID]]:
         """(names of the known ids, the unknown ids)."""
         names: list[str] = []

@@ -52,6 +52,7 @@ CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
 UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 Body = dict[str, Any]
+_REFUSING_EFFECTS: Final = frozenset({"rejected", "failed", "timeout"})
 
 
 def _success(index: int) -> Body:
@@ -59,16 +60,22 @@ def _success(index: int) -> Body:
             "LogStartOffset": -1, "RecordErrors": [], "ErrorMessage": None}
 
 
+def _refusal_code(outcome: BatchOutcome) -> int:
+    """The error a refused batch (or fetched partition) is answered with."""
+    failure = outcome.failure
+    if failure is None:
+        return INVALID_RECORD
+    return REQUEST_TIMED_OUT if failure.effect == "timeout" else UNKNOWN_SERVER_ERROR
+
+
 def _refusal(index: int, outcome: BatchOutcome) -> Body:
     entry = _success(index)
+    entry["ErrorCode"] = _refusal_code(outcome)
     if outcome.failure is not None:
         failure = outcome.failure
-        entry["ErrorCode"] = (REQUEST_TIMED_OUT if failure.effect == "timeout"
-                              else UNKNOWN_SERVER_ERROR)
         entry["ErrorMessage"] = f"keg rule {failure.rule_id}: {failure.reason}"[:1000]
         return entry
     first = outcome.rejections[0]
-    entry["ErrorCode"] = INVALID_RECORD
     entry["RecordErrors"] = [
         {"BatchIndex": r.index, "BatchIndexErrorMessage": f"keg rule {r.rule_id}: {r.reason}"}
         for r in outcome.rejections
@@ -155,6 +162,7 @@ class RecordsFilter:
         answered: dict[TopicKey, list[Body]] = {}
         changed = False
         kept_topics = []
+        expects = expects_response(header.api_key, header.api_version, body)
         for topic in body.get("TopicData") or ():
             name = topic_name(topic, self._engine.topic_ids)
             if name is None:  # v13+: an id the gateway has not seen named yet
@@ -171,7 +179,7 @@ class RecordsFilter:
                 index = partition.get("Index", 0)
                 new, answer = self._produce_partition(records, stages, name, index,
                                                       partition.get("Records"), header, conn,
-                                                      ctx.principal)
+                                                      ctx.principal, expects)
                 if answer is not None:
                     answered.setdefault(_topic_key(topic), []).append(answer)
                     changed = True
@@ -186,7 +194,6 @@ class RecordsFilter:
         if not changed:
             return None
         body["TopicData"] = kept_topics
-        expects = expects_response(header.api_key, header.api_version, body)
         if not kept_topics:
             whole: Body = {"Responses": [], "ThrottleTimeMs": 0}
             _merge_partitions(whole, answered)
@@ -199,9 +206,10 @@ class RecordsFilter:
     def _produce_partition(
         self, records: RecordEngine, stages: tuple[Stage, ...], topic: str, partition: int,
         data: Any, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
-        principal: str | None,
+        principal: str | None, expects_answer: bool = True,
     ) -> tuple[Any, Body | None]:
-        """The partition's new records field, or the gateway's answer for it."""
+        """The partition's new records field, or the gateway's answer for it (which
+        reaches no one when the producer asked for none: acks=0)."""
         if data is None:
             return data, None
         pieces: list[bytes | memoryview] = []
@@ -217,7 +225,7 @@ class RecordsFilter:
                                                 principal=principal)
             except KafkaWireError as err:  # corrupt, or past the decompression limit
                 return None, _corrupt(partition, err)
-            self._report(outcome, header, conn, topic, partition)
+            self._report(outcome, header, conn, topic, partition, answered=expects_answer)
             if outcome.refused:
                 return None, _refusal(partition, outcome)
             shift = 0  # idempotent producers: what was dropped from earlier batches
@@ -291,7 +299,7 @@ class RecordsFilter:
                 return None
             self._report(outcome, header, conn, topic, index)
             if outcome.failure is not None:
-                refused.append(_refusal(index, outcome)["ErrorCode"])
+                refused.append(_refusal_code(outcome))
             return outcome.records
 
         new = rewrite_records(data, rewrite)
@@ -306,9 +314,13 @@ class RecordsFilter:
     # -- what happened -------------------------------------------------------------------
 
     def _report(self, outcome: BatchOutcome, header: kafka_wire.RequestHeader,
-                conn: ConnectionInfo, topic: str, partition: int) -> None:
+                conn: ConnectionInfo, topic: str, partition: int,
+                answered: bool = True) -> None:
+        """One decision per (rule, effect) of the batch; refusals carry the error code the
+        client is answered with (`answered=False`: no answer reaches it, acks=0)."""
         if not outcome.counts:
             return
+        produce = header.api_key == PRODUCE
         rejected = {r.rule_id: r.reason for r in outcome.rejections}
         for (rule_id, effect), count in outcome.counts.items():
             if effect == "unchanged":
@@ -319,7 +331,10 @@ class RecordsFilter:
             reason = rejected.get(rule_id)
             if outcome.failure is not None and outcome.failure.rule_id == rule_id:
                 reason = outcome.failure.reason
+            # A fetched record that fails validation is withheld, not refused: no error.
+            refusing = effect in _REFUSING_EFFECTS and (produce or outcome.failure is not None)
+            code = _refusal_code(outcome) if refusing else None
             self._engine.sink(RuleDecision(
                 rule, effect, header, conn, self._identity.principal,
-                self._identity.security_protocol, topic, reason=reason, partition=partition,
-                records=count))
+                self._identity.security_protocol, topic, code, reason, partition=partition,
+                records=count, answered=answered or code is None))

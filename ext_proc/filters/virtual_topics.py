@@ -130,7 +130,7 @@ class VirtualTopicsFilter:
     def filter_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
-        ns = self._namespace(header, conn)
+        ns = self.namespace(header, conn)
         if ns is None:
             return None
         key, version = header.api_key, header.api_version
@@ -147,8 +147,9 @@ class VirtualTopicsFilter:
 
     # -- who is a tenant -------------------------------------------------------------
 
-    def _namespace(self, header: kafka_wire.RequestHeader,
-                   conn: ConnectionInfo) -> Namespace | None:
+    def namespace(self, header: kafka_wire.RequestHeader,
+                  conn: ConnectionInfo) -> Namespace | None:
+        """The namespace of the connection's first matching virtual-topics rule, if any."""
         compiled = self._engine.compiled
         ctx = MatchContext(
             api_key=header.api_key, api_version=header.api_version,

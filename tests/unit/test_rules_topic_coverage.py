@@ -125,3 +125,24 @@ def test_describe_groups_names_groups_not_topics() -> None:
     assert f.filter_request(RequestHeader(15, 5, 1, "c", {}), body, CONN) is None
     named = request_entities(15, 5, body, TopicIds())
     assert named.groups == ["g1", "g2"] and named.topics == []
+
+
+def test_a_produce_by_topic_id_is_split_by_topic_like_by_name() -> None:
+    """Produce v13 names topics by id: a partial denial removes the denied id and
+    answers it, the other topic goes on."""
+    f, engine = rules_filter("secret.a")
+    secret, public = uuid.uuid4(), uuid.uuid4()
+    engine.topic_ids.add(secret, "secret.a")
+    engine.topic_ids.add(public, "orders")
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"TopicId": tid, "PartitionData": [{"Index": 0, "Records": b""}]}
+        for tid in (secret, public)]}
+    verdict = f.filter_request(RequestHeader(0, 13, 1, "c", {}), body, CONN)
+    assert verdict is not None and verdict.changed and verdict.patch is not None
+    assert [t["TopicId"] for t in body["TopicData"]] == [public]
+    response = {"Responses": [{"TopicId": public, "PartitionResponses": [
+        {"Index": 0, "ErrorCode": 0, "BaseOffset": 5}]}]}
+    assert verdict.patch(response)
+    codes = {t["TopicId"]: t["PartitionResponses"][0]["ErrorCode"]
+             for t in response["Responses"]}
+    assert codes == {public: 0, secret: 29}

@@ -10,6 +10,7 @@ from ext_proc.filters.safeguards import (
     RateLimiter,
     TokenBucket,
     clamp_fetch,
+    fetch_over_limit,
     produce_bytes,
     produce_violations,
 )
@@ -95,6 +96,40 @@ def test_garbage_records_are_a_violation_not_a_crash() -> None:
     assert found and found[0].check == "records"
 
 
+def test_small_uncompressed_batches_pass_a_compression_policy() -> None:
+    """librdkafka sends a batch uncompressed when compressing would not shrink it."""
+    small = produce(batch(1, value=b"tiny"))
+    large = produce(batch(20, value=b"x" * 100))
+    for policy in ({"require": ["lz4", "zstd"]}, {"forbid": ["none"]}):
+        spec = SafeguardSpec.model_validate({"compression": policy})
+        assert spec.compression is not None and spec.compression.allow_uncompressed_below_bytes \
+            == 1024
+        assert checks(spec, small) == []
+        (found,) = produce_violations(spec, large, "t", TopicIds())
+        assert found.reason.startswith("compression none is not allowed for a batch of ")
+        strict = SafeguardSpec.model_validate(
+            {"compression": {**policy, "allow_uncompressed_below_bytes": 0}})
+        assert checks(strict, small) == ["compression"]
+    # A compressed batch of a forbidden codec is refused whatever its size.
+    spec = SafeguardSpec.model_validate({"compression": {"forbid": ["gzip"]}})
+    assert checks(spec, produce(batch(1, compression=Compression.GZIP))) == ["compression"]
+
+
+def test_the_uncompressed_threshold_only_where_uncompressed_is_refused() -> None:
+    for policy in ({"require": ["none", "lz4"]}, {"forbid": ["gzip"]}):
+        with pytest.raises(ValueError, match="allow_uncompressed_below_bytes only applies"):
+            SafeguardSpec.model_validate(
+                {"compression": {**policy, "allow_uncompressed_below_bytes": 10}})
+
+
+def test_record_checks_name_the_offending_record() -> None:
+    spec = SafeguardSpec(require_headers=["schema-id"])
+    body = produce(batch(1, headers=[("schema-id", b"1")]), batch(3))
+    (found,) = produce_violations(spec, body, "t", TopicIds())
+    assert (found.check, found.record, found.reason) == (
+        "require_headers", ("t", 1, 0), "record 0: lacks header(s) schema-id")
+
+
 def test_fetch_limits_are_clamped() -> None:
     body: dict[str, Any] = {"MaxBytes": 50_000_000, "Topics": [{"Topic": "t", "Partitions": [
         {"Partition": 0, "PartitionMaxBytes": 10_000_000},
@@ -103,6 +138,9 @@ def test_fetch_limits_are_clamped() -> None:
     assert body["MaxBytes"] == 1_000_000
     assert [p["PartitionMaxBytes"] for p in body["Topics"][0]["Partitions"]] == [1_000_000, 100]
     assert not clamp_fetch(SafeguardSpec(max_fetch_bytes=1_000_000), body)
+    assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=1_000_000), body) is None
+    assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=100), body) == 1_000_000
+    assert body["MaxBytes"] == 1_000_000  # only read
 
 
 def test_token_bucket_allows_the_burst_then_asks_to_wait() -> None:
