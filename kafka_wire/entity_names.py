@@ -220,6 +220,14 @@ def entity_types(api_key: int, version: int, kind: MessageKind) -> frozenset[str
     return found | _SPECIAL_ENTITIES.get(api_key, frozenset())
 
 
+def names_topic_ids(api_key: int, version: int, kind: MessageKind) -> bool:
+    """Whether a message version names topics by id anywhere."""
+    def has_ids(plan: _Plan) -> bool:
+        return bool(plan.ids) or any(has_ids(sub) for _, sub, _, _ in plan.structs)
+
+    return has_ids(_message_plan(api_key, version, kind))
+
+
 def names_entities(api_key: int, version: int) -> bool:
     """Whether the request or the response of this API version names any entity."""
     return bool(entity_types(api_key, version, "request")

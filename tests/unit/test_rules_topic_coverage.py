@@ -134,13 +134,13 @@ def test_a_produce_by_topic_id_is_split_by_topic_like_by_name() -> None:
     secret, public = uuid.uuid4(), uuid.uuid4()
     engine.topic_ids.add(secret, "secret.a")
     engine.topic_ids.add(public, "orders")
-    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+    body: dict[str, Any] = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
         {"TopicId": tid, "PartitionData": [{"Index": 0, "Records": b""}]}
         for tid in (secret, public)]}
     verdict = f.filter_request(RequestHeader(0, 13, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.changed and verdict.patch is not None
     assert [t["TopicId"] for t in body["TopicData"]] == [public]
-    response = {"Responses": [{"TopicId": public, "PartitionResponses": [
+    response: dict[str, Any] = {"Responses": [{"TopicId": public, "PartitionResponses": [
         {"Index": 0, "ErrorCode": 0, "BaseOffset": 5}]}]}
     assert verdict.patch(response)
     codes = {t["TopicId"]: t["PartitionResponses"][0]["ErrorCode"]
