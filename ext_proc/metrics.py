@@ -9,6 +9,7 @@ Series:
     keg_requests_total{api,version,principal,topic}   requests seen
     keg_request_bytes_total{api,direction}             frame bytes, request/response
     keg_decisions_total{rule,action,mode,outcome}      rule decisions
+    keg_unanswered_refusals_total{api,rule}            refusals no answer can carry (acks=0)
     keg_decode_errors_total{api,direction}             frames that did not decode
     keg_connections_active                             open client connections
     keg_connections_total                              client connections opened
@@ -107,6 +108,12 @@ class Metrics:
         self.decisions = Counter(
             "keg_decisions", "Rule decisions", ["rule", "action", "mode", "outcome"], registry=r,
         )
+        self.unanswered_refusals = Counter(
+            "keg_unanswered_refusals",
+            "Requests (or batches) a rule refused that no answer can tell the client of: "
+            "a Produce with acks=0",
+            ["api", "rule"], registry=r,
+        )
         self.decode_errors = Counter(
             "keg_decode_errors", "Frames that did not decode", ["api", "direction"], registry=r,
         )
@@ -152,6 +159,9 @@ class Metrics:
 
     def decision(self, rule: str, action: str, mode: str, outcome: str, count: int = 1) -> None:
         self.decisions.labels(rule, action, mode, outcome).inc(count)
+
+    def unanswered_refusal(self, api_key: int, rule: str) -> None:
+        self.unanswered_refusals.labels(api_label(api_key), rule).inc()
 
     def decode_error(self, api_key: int, direction: str) -> None:
         self.decode_errors.labels(api_label(api_key), direction).inc()

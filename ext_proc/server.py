@@ -30,6 +30,7 @@ from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.identity import IdentityObserver
 from ext_proc.filters.records import RecordsFilter
 from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
+from ext_proc.filters.topic_ids import TopicIdLearner
 from ext_proc.filters.virtual_topics import VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
@@ -105,6 +106,7 @@ class DataPath:
         identity = IdentityTracker()
         # Virtual topics first: every later filter (and rule) sees the broker's names.
         filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
+                   TopicIdLearner(self.engine.topic_ids),
                    (groups := GroupProtocolObserver()), groups.guard(),
                    VirtualTopicsFilter(self.engine, identity),
                    RulesFilter(self.engine, identity), RecordsFilter(self.engine, identity)]
@@ -114,7 +116,12 @@ class DataPath:
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
         self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records)
-        if d.rule.audited:
+        extra: dict[str, object] = {"records": d.records} if d.rule.kind in RECORD_KINDS else {}
+        if not d.answered:
+            # Nothing tells the client (Produce acks=0): never let it pass unseen.
+            self.metrics.unanswered_refusal(d.header.api_key, d.rule.id)
+            extra["answered"] = False
+        if d.rule.audited or not d.answered:
             self.audit.emit(AuditEvent.for_connection(
                 d.conn, principal=d.principal, client_id=d.header.client_id,
                 security_protocol=d.security_protocol, api_key=d.header.api_key,
@@ -123,7 +130,7 @@ class DataPath:
                 topic=d.topic, rule_id=d.rule.id, action=d.rule.kind, mode=mode,
                 outcome=d.outcome, error_code=d.error_code, reason=d.reason,
                 partition=d.partition,
-                extra={"records": d.records} if d.rule.kind in RECORD_KINDS else None,
+                extra=extra or None,
             ))
 
 

@@ -66,7 +66,8 @@ class KafkaSession:
         self._observers = [f for f in filters if isinstance(f, RequestObserver)]
         self._request_filters = [f for f in filters if isinstance(f, RequestFilter)]
         self._tracker = CorrelationTracker()
-        self._held: deque[InFlight] = deque()
+        self._held_requests: deque[InFlight] = deque()  # slots of requests being held
+        self._held: deque[InFlight] = deque()  # requests whose held response is coming
         # Response filters and observers are fixed for a connection: cache their interest.
         # Request filters (rules) can change under a live connection: asked every time.
         self._wanted: dict[tuple[int, int], bool] = {}
@@ -137,10 +138,12 @@ class KafkaSession:
             )
         if self._meter is not None:
             self._meter.request(head.api_key, head.api_version, head.size + 4)
+        # The answer order is fixed here, before any filter runs (see InFlight).
+        slot = self._tracker.reserve(head)
         if self._holds_request(head.api_key, head.api_version):
-            return Decision.HOLD  # tracked once its fate is known (_process_request)
-        self._tracker.sent(head, hold_response=self._wants_response(head.api_key,
-                                                                    head.api_version))
+            self._held_requests.append(slot)  # its fate is decided in _process_request
+            return Decision.HOLD
+        slot.forward(hold_response=self._wants_response(head.api_key, head.api_version))
         if self._meter is not None:
             self._meter.forwarded()
         return Decision.PASS
@@ -179,6 +182,7 @@ class KafkaSession:
     # -- held frames ---------------------------------------------------------------
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
+        slot = self._held_requests.popleft()
         try:
             header, body = kafka_wire.decode_request(frame.data, trailing=True)
         except KafkaWireError:
@@ -187,8 +191,8 @@ class KafkaSession:
                 raise  # a rule must see this request: never let it through unread
             log.info("request forwarded unobserved: api %d v%d (%s)", head.api_key,
                      head.api_version, self.conn.describe())
-            self._tracker.sent(head, self._wants_response(head.api_key, head.api_version))
-            return frame_bytes(frame.data)
+            slot.forward(self._wants_response(head.api_key, head.api_version))
+            return frame.raw
         for o in self._observers:
             if o.wants_request(header.api_key, header.api_version):
                 o.observe_request(header, body, self.conn)
@@ -204,18 +208,22 @@ class KafkaSession:
         if verdict.answer is not None:
             self.requests_answered += 1
             if verdict.expects_response:
-                self._tracker.answered_by_gateway(head, kafka_wire.encode_response(
+                slot.answer_with(kafka_wire.encode_response(
                     header.correlation_id, header.api_key, header.api_version, verdict.answer))
+            else:
+                slot.drop_answer()
             return b""
         if self._meter is not None:
             self._meter.forwarded()
         if verdict.expects_response:
             wanted = verdict.patch is not None or self._wants_response(head.api_key,
                                                                         head.api_version)
-            self._tracker.sent(head, wanted, patch=verdict.patch)
+            slot.forward(wanted, patch=verdict.patch)
+        else:
+            slot.drop_answer()
         if verdict.changed:
             return kafka_wire.encode_request(header, body)
-        return frame_bytes(frame.data)
+        return frame.raw
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
         data = frame.data
@@ -234,7 +242,7 @@ class KafkaSession:
         if callable(entry.patch):
             changed |= bool(entry.patch(body))
         if not changed:
-            return frame_bytes(data)
+            return frame.raw
         self.frames_rewritten += 1
         header = kafka_wire.write_response_header(correlation_id, api_key, version, tags)
         return frame_bytes(header + kafka_wire.encode_body(api_key, version, "response", body))

@@ -213,15 +213,49 @@ class DenySpec(_Model):
     message: Annotated[str, Field(max_length=1024)] | None = None
 
 
+# librdkafka sends a batch uncompressed whenever compressing would not shrink it, which
+# for typical payloads happens below a few hundred bytes; a batch this small saves at
+# most a few hundred bytes by compression (and lz4/zstd frames add 10-20 of their own).
+DEFAULT_UNCOMPRESSED_BELOW_BYTES: Final = 1024
+
+
 class CompressionPolicy(_Model):
     require: Annotated[list[Codec], Field(min_length=1)] | None = None
     forbid: Annotated[list[Codec], Field(min_length=1)] | None = None
+    allow_uncompressed_below_bytes: Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(
+        default=DEFAULT_UNCOMPRESSED_BELOW_BYTES,
+        description=(
+            "An uncompressed batch smaller than this (bytes on the wire, batch header "
+            "included) passes a policy that refuses uncompressed batches: librdkafka sends "
+            "small batches uncompressed when compressing would not shrink them. "
+            "0: every batch must be compressed."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one(self) -> CompressionPolicy:
         if (self.require is None) == (self.forbid is None):
             raise ValueError("give exactly one of require, forbid")
+        if "allow_uncompressed_below_bytes" in self.model_fields_set and \
+                not self.refuses_uncompressed:
+            raise ValueError("allow_uncompressed_below_bytes only applies when uncompressed "
+                             "batches are refused (require without none, or forbid with none)")
         return self
+
+    @property
+    def refuses_uncompressed(self) -> bool:
+        """Whether the policy refuses codec `none` (require without it, forbid with it)."""
+        if self.require is not None:
+            return "none" not in self.require
+        return "none" in (self.forbid or ())
+
+    def refuses(self, codec: str, batch_bytes: int) -> bool:
+        """Whether a batch of `batch_bytes` written with `codec` breaks the policy."""
+        if codec == "none" and batch_bytes < self.allow_uncompressed_below_bytes:
+            return False
+        if self.require is not None:
+            return codec not in self.require
+        return codec in (self.forbid or ())
 
 
 class SafeguardSpec(_Model):

@@ -10,7 +10,9 @@ Per stage and record: the interceptor returns the record (changed or not), None
 (drop), or raises RecordRejected (the record is invalid) or anything else (the
 interceptor failed). A custom interceptor runs in a worker thread under its time
 budget per batch; after `retries` timed-out attempts the stage fails with a timeout.
-Dry-run rules run on a copy and only report what they would have done.
+Dry-run rules run on a copy and only report what they would have done: their
+copies go nowhere and a dry-run capture writes nothing (a custom interceptor's own
+I/O is its author's business).
 
 "Unchanged" is decided without comparing bytes: an interceptor that leaves a record
 alone returns the same key and value objects and equal headers.
@@ -44,9 +46,9 @@ log = logging.getLogger(__name__)
 
 PRODUCE_API: Final = 0
 FETCH_API: Final = 1
-# The versions record rules are matched at (rules may restrict versions; records do
-# not change with them): what the gateway lets clients speak (CLIENT_MAX_VERSION).
-PLAN_VERSIONS: Final = {"produce": 9, "consume": 12}
+# The versions a record is judged at outside the data path (backtests, dry runs): the
+# newest a client speaks. Records do not change with versions; rules may restrict them.
+PLAN_VERSIONS: Final = {"produce": 13, "consume": 18}
 
 Effect = Literal["unchanged", "modified", "dropped", "rejected", "failed", "timeout"]
 Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]
@@ -178,6 +180,10 @@ class RecordEngine:
         if rule.source is not None and rule.source.file:
             base_dir = Path(rule.source.file).parent
         context = dataclasses.replace(self.context, base_dir=base_dir)
+        if rule.dry_run:  # changes nothing outside the record either
+            if rule.kind == "capture":
+                return Stage(rule, _CapturesNothing())
+            context = dataclasses.replace(context, side_effects=_DISCARDED)
         if rule.kind == "interceptor":
             return Stage(rule, build_custom(spec, context), spec.timeout_ms / 1000, spec.retries)
         builder = builders.get(rule.kind)
@@ -332,6 +338,29 @@ class RecordEngine:
                                final.key, final.value, list(final.headers)))
         result.records = kept
         return result
+
+
+class _DiscardedSideEffects:
+    """Where a dry-run rule's copies go: nowhere (its steps say what it would do)."""
+
+    def to_topic(self, topic: str, record: InterceptedRecord) -> bool:
+        return True
+
+    def to_http(self, url: str, record: InterceptedRecord, queue_size: int) -> bool:
+        return True
+
+
+_DISCARDED: Final = _DiscardedSideEffects()
+
+
+class _CapturesNothing:
+    """A dry-run capture: sees every record, writes none."""
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Nothing to configure."""
+
+    def intercept(self, record: InterceptedRecord) -> InterceptedRecord:
+        return record
 
 
 def _copy(record: InterceptedRecord) -> InterceptedRecord:

@@ -1,8 +1,11 @@
-"""Kafka's JSON message schemas: loading, and the registry merged from two schema sets.
+"""Kafka's JSON message schemas: loading, and the registry merged from three schema sets.
 
-`schemas/*.json` is Apache Kafka's set of late 2024 (every pre-4.0 version);
-`schemas/newer/*.json` comes from kafka-python 3.x (newer versions, some old ones
-dropped). For a given version the newer file wins when its validVersions contain it.
+`schemas/kafka-4.1.1/*.json` is Apache Kafka 4.1.1's own set, the broker keg runs
+(share groups, Produce v13, Fetch v18; no versions 4.0 removed); `schemas/newer/*.json`
+comes from kafka-python 3.x; `schemas/*.json` is Apache Kafka's set of late 2024
+(every pre-4.0 version). For a given version the first set whose file's validVersions
+contain it wins, in that order: the codec follows the broker, and still reads the
+versions older clients and brokers speak.
 
 Only the heads of the files (name, apiKey, type, versions) are read to build the
 registry; a file's fields are parsed the first time one of its versions is needed.
@@ -48,6 +51,7 @@ _HEAD_KEY = re.compile(
 )
 
 Versions = tuple[int, int]
+BROKER_SET = "kafka-4.1.1"  # the schema set of the broker keg runs, preferred over the others
 
 
 def strip_comments(text: str) -> str:
@@ -132,7 +136,7 @@ class SchemaFile:
     valid: Versions
     flexible: Versions
     resource: Traversable
-    source: str  # "newer" or "2024"
+    source: str  # "kafka-4.1.1", "newer" or "2024"
     _spec: MessageSpec | None = field(default=None, repr=False)
 
     def spec(self) -> MessageSpec:
@@ -237,6 +241,8 @@ class Registry:
                 if not resource.name.endswith(".json"):
                     continue
                 head = _read_head(resource, source)
+                if head.valid == NO_VERSIONS:  # an API the set removed ("validVersions": "none")
+                    continue
                 self.by_name.setdefault(head.name, []).append(head)
                 if head.api_key is not None:
                     self.by_key.setdefault((head.api_key, head.kind), []).append(head)
@@ -279,5 +285,6 @@ def registry() -> Registry:
     global _registry
     if _registry is None:
         base = resources.files("kafka_wire").joinpath("schemas")
-        _registry = Registry([("newer", base.joinpath("newer")), ("2024", base)])
+        _registry = Registry([(BROKER_SET, base.joinpath(BROKER_SET)),
+                              ("newer", base.joinpath("newer")), ("2024", base)])
     return _registry

@@ -26,14 +26,17 @@ The schemas do not tag every name; these are handled here too:
 - DescribeGroups member metadata and assignments of "consumer" groups: the topic
   names inside the ConsumerProtocol bytes (`rename_group_payload`, KIP-559).
 
-Topic ids are never touched. Regular expressions (ConsumerGroupHeartbeat
-SubscribedTopicRegex, ListTransactions TransactionalIdPattern) are not names: the
-caller decides what to do with them.
+Topic ids are never renamed (a tenant's id is its broker topic's id); `named_entities`
+reports them with the names, for callers that map ids to names. Regular expressions
+(ConsumerGroupHeartbeat SubscribedTopicRegex, ListTransactions TransactionalIdPattern)
+are not names: the caller decides what to do with them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -82,12 +85,14 @@ class EntityNameError(KafkaWireError):
 class _Plan:
     """Where the entity fields of one struct at one version are.
 
-    `names`: (field, entity type, is a []string); `structs`: (field, plan, is an
-    array, nullable) for nested structs that hold entity fields somewhere below.
+    `names`: (field, entity type, is a []string); `ids`: (field, is an array) of the
+    topic-id (uuid `TopicId`) fields; `structs`: (field, plan, is an array, nullable)
+    for nested structs that hold entity or topic-id fields somewhere below.
     """
 
     names: tuple[tuple[str, str, bool], ...]
     structs: tuple[tuple[str, _Plan, bool, bool], ...]
+    ids: tuple[tuple[str, bool], ...] = ()
 
     @property
     def entities(self) -> frozenset[str]:
@@ -98,6 +103,8 @@ class _Plan:
 
 
 _EMPTY = _Plan((), ())
+# Kafka's schemas tag topic names but not topic ids; every topic id field has this name.
+_TOPIC_ID_FIELD: Final = "TopicId"
 
 
 # Names Kafka's schemas leave untagged: (schema, top-level field) -> entity type.
@@ -111,6 +118,7 @@ def _compile(fields: list[dict[str, Any]], common: Mapping[str, list[dict[str, A
              version: int, schema: str = "") -> _Plan:
     names: list[tuple[str, str, bool]] = []
     structs: list[tuple[str, _Plan, bool, bool]] = []
+    ids: list[tuple[str, bool]] = []
     for f in fields:
         if not in_versions(version, parse_versions(f.get("versions"))):
             continue
@@ -121,14 +129,17 @@ def _compile(fields: list[dict[str, Any]], common: Mapping[str, list[dict[str, A
         if entity in ENTITY_TYPES and elem == "string":
             names.append((f["name"], entity, is_array))
             continue
+        if elem == "uuid" and f["name"] == _TOPIC_ID_FIELD:
+            ids.append((f["name"], is_array))
+            continue
         inner = f.get("fields") if "fields" in f else common.get(elem)
         if inner is None:
             continue
         sub = _compile(inner, common, version)
-        if sub.names or sub.structs:
+        if sub.names or sub.structs or sub.ids:
             nullable = in_versions(version, parse_versions(f.get("nullableVersions")))
             structs.append((f["name"], sub, is_array, nullable))
-    return _Plan(tuple(names), tuple(structs))
+    return _Plan(tuple(names), tuple(structs), tuple(ids))
 
 
 def _document(resource: Any) -> dict[str, Any]:
@@ -158,6 +169,8 @@ def _walk(plan: _Plan, value: dict[str, Any], renames: Renames) -> tuple[bool, b
     """Rename in place; returns (changed, keep): keep is False when one of the
     struct's own names is outside the namespace."""
     changed, keep = False, True
+    if not plan.names and not plan.structs:
+        return changed, keep
     for field, entity, is_array in plan.names:
         fn = renames.get(entity)
         current = value.get(field)
@@ -207,6 +220,14 @@ def entity_types(api_key: int, version: int, kind: MessageKind) -> frozenset[str
     return found | _SPECIAL_ENTITIES.get(api_key, frozenset())
 
 
+def names_topic_ids(api_key: int, version: int, kind: MessageKind) -> bool:
+    """Whether a message version names topics by id anywhere."""
+    def has_ids(plan: _Plan) -> bool:
+        return bool(plan.ids) or any(has_ids(sub) for _, sub, _, _ in plan.structs)
+
+    return has_ids(_message_plan(api_key, version, kind))
+
+
 def names_entities(api_key: int, version: int) -> bool:
     """Whether the request or the response of this API version names any entity."""
     return bool(entity_types(api_key, version, "request")
@@ -224,6 +245,83 @@ def rename_entities(api_key: int, version: int, kind: MessageKind, body: dict[st
     if special is not None:
         changed |= special(version, kind, body, renames)
     return changed
+
+
+@dataclass(slots=True)
+class Named:
+    """The entities one message names, in the order they appear (repeats kept)."""
+
+    topics: list[str] = dataclasses.field(default_factory=list)
+    topic_ids: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    groups: list[str] = dataclasses.field(default_factory=list)
+    transactional_ids: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, entity: str, name: Any) -> None:
+        if isinstance(name, str):
+            self._of(entity).append(name)
+
+    def _of(self, entity: str) -> list[str]:
+        if entity == TOPIC:
+            return self.topics
+        return self.groups if entity == GROUP else self.transactional_ids
+
+
+def named_entities(api_key: int, version: int, kind: MessageKind,
+                   body: dict[str, Any]) -> Named:
+    """Every topic (name or id), group and transactional id a decoded body names,
+    without changing it: the schema-tagged fields, topic-id fields, and the names
+    the schemas leave untagged (config and ACL resources, FindCoordinator keys)."""
+    found = Named()
+    _collect(_message_plan(api_key, version, kind), body, found)
+    collect = _COLLECT_SPECIAL.get(api_key)
+    if collect is not None:
+        collect(kind, body, found)
+    return found
+
+
+def topic_id_pairs(api_key: int, version: int, kind: MessageKind,
+                   body: dict[str, Any]) -> list[tuple[str, uuid.UUID]]:
+    """(name, id) for every struct of a decoded body that names a topic both ways
+    (Metadata, CreateTopics, DescribeTopicPartitions, DeleteTopics answers)."""
+    pairs: list[tuple[str, uuid.UUID]] = []
+    _pair(_message_plan(api_key, version, kind), body, pairs)
+    return pairs
+
+
+def _pair(plan: _Plan, value: dict[str, Any], pairs: list[tuple[str, uuid.UUID]]) -> None:
+    name = next((value.get(f) for f, entity, is_array in plan.names
+                 if entity == TOPIC and not is_array), None)
+    topic_id = next((value.get(f) for f, is_array in plan.ids if not is_array), None)
+    if isinstance(name, str) and isinstance(topic_id, uuid.UUID) and topic_id.int:
+        pairs.append((name, topic_id))
+    for field_name, sub, is_array, _ in plan.structs:
+        current = value.get(field_name)
+        if current is None:
+            continue
+        for item in (current if is_array else (current,)):
+            _pair(sub, item, pairs)
+
+
+def _collect(plan: _Plan, value: dict[str, Any], found: Named) -> None:
+    for name, entity, is_array in plan.names:
+        current = value.get(name)
+        if current is None:
+            continue
+        for item in (current if is_array else (current,)):
+            found.add(entity, item)
+    for name, is_array in plan.ids:
+        current = value.get(name)
+        if current is None:
+            continue
+        for item in (current if is_array else (current,)):
+            if isinstance(item, uuid.UUID) and item.int:
+                found.topic_ids.append(item)
+    for name, sub, is_array, _ in plan.structs:
+        current = value.get(name)
+        if current is None:
+            continue
+        for item in (current if is_array else (current,)):
+            _collect(sub, item, found)
 
 
 def rename_struct(name: str, version: int, value: dict[str, Any], renames: Renames) -> bool:
@@ -454,6 +552,65 @@ def _describe_groups(version: int, kind: str, body: dict[str, Any], renames: Ren
     return changed
 
 
+def _collect_config_resources(kind: str, body: dict[str, Any], found: Named) -> None:
+    field = "Resources" if kind == "request" else next(
+        (f for f in ("Results", "Responses", "ConfigResources") if f in body), "Results")
+    for resource in body.get(field) or ():
+        entity = _CONFIG_ENTITY.get(resource.get("ResourceType", -1))
+        if entity is not None:
+            found.add(entity, resource.get("ResourceName"))
+
+
+def _collect_acls(entries: Any, type_f: str, name_f: str, found: Named) -> None:
+    for entry in entries or ():
+        entity = _ACL_ENTITY.get(entry.get(type_f, -1))
+        if entity is not None:  # a null filter name (every resource) names nothing
+            found.add(entity, entry.get(name_f))
+
+
+def _collect_create_acls(kind: str, body: dict[str, Any], found: Named) -> None:
+    if kind == "request":
+        _collect_acls(body.get("Creations"), "ResourceType", "ResourceName", found)
+
+
+def _collect_describe_acls(kind: str, body: dict[str, Any], found: Named) -> None:
+    if kind == "request":
+        _collect_acls((body,), "ResourceTypeFilter", "ResourceNameFilter", found)
+    else:
+        _collect_acls(body.get("Resources"), "ResourceType", "ResourceName", found)
+
+
+def _collect_delete_acls(kind: str, body: dict[str, Any], found: Named) -> None:
+    if kind == "request":
+        _collect_acls(body.get("Filters"), "ResourceTypeFilter", "ResourceNameFilter", found)
+        return
+    for result in body.get("FilterResults") or ():
+        _collect_acls(result.get("MatchingAcls"), "ResourceType", "ResourceName", found)
+
+
+def _collect_coordinator_keys(kind: str, body: dict[str, Any], found: Named) -> None:
+    if kind != "request":
+        return
+    entity = _COORDINATOR_ENTITY.get(body.get("KeyType", 0))
+    if entity is None:
+        return
+    found.add(entity, body.get("Key"))
+    for key in body.get("CoordinatorKeys") or ():
+        found.add(entity, key)
+
+
+_Collect = Callable[[str, dict[str, Any], Named], None]
+_COLLECT_SPECIAL: Final[dict[int, _Collect]] = {
+    DESCRIBE_CONFIGS: _collect_config_resources,
+    ALTER_CONFIGS: _collect_config_resources,
+    INCREMENTAL_ALTER_CONFIGS: _collect_config_resources,
+    LIST_CONFIG_RESOURCES: _collect_config_resources,
+    DESCRIBE_ACLS: _collect_describe_acls,
+    CREATE_ACLS: _collect_create_acls,
+    DELETE_ACLS: _collect_delete_acls,
+    FIND_COORDINATOR: _collect_coordinator_keys,
+}
+
 _Special = Callable[[int, str, dict[str, Any], Renames], bool]
 _SPECIAL: Final[dict[int, _Special]] = {
     DESCRIBE_CONFIGS: _config_resources,
@@ -487,11 +644,14 @@ __all__ = [
     "TRANSACTIONAL_ID",
     "Entity",
     "EntityNameError",
+    "Named",
     "Rename",
     "Renames",
     "entity_types",
+    "named_entities",
     "names_entities",
     "rename_entities",
     "rename_group_payload",
     "rename_struct",
+    "topic_id_pairs",
 ]

@@ -66,6 +66,7 @@ class _Ctx:
     error: int
     message: str | None
     throttle: int
+    per_topic: bool = False  # the refusal is about the topics, not the request
 
 
 # --- helpers -------------------------------------------------------------------------
@@ -467,11 +468,17 @@ def _produce(c: _Ctx, r: Body) -> Body:
 
 
 def _fetch(c: _Ctx, r: Body) -> Body:
-    # v13+: the top-level error alone; before, every partition too (and top-level v7+).
-    responses = [] if c.version >= 13 else _all_entries(c, _topics(1, c), r)
+    # The whole request: v13+ the top-level error alone; before, every partition too
+    # (and top-level v7+). Its topics (an authorizer's answer): every partition, by
+    # name or id, and no top-level error, at every version.
+    if c.per_topic:
+        responses, top_error = _all_entries(c, _topics(1, c), r), 0
+    else:
+        responses = [] if c.version >= 13 else _all_entries(c, _topics(1, c), r)
+        top_error = c.error
     return {
         "ThrottleTimeMs": c.throttle,
-        "ErrorCode": c.error,
+        "ErrorCode": top_error,
         "SessionId": r.get("SessionId", 0),
         "Responses": responses,
     }
@@ -958,17 +965,21 @@ def error_response(
     message: str | None = None,
     *,
     throttle_time_ms: int = 0,
+    per_topic: bool = False,
 ) -> Body:
     """The response body Kafka's broker sends when it refuses the whole request.
 
     `request` is the decoded request body (missing fields read as their defaults).
+    `per_topic`: the refusal is about every topic the request names (as an authorizer
+    refuses them), not the request as such; it matters where Kafka answers the two
+    differently (Fetch v13+: per partition instead of the top-level error).
     Raises UnsupportedErrorResponse for an API without a builder (the caller closes
     the connection instead), UnknownApiError for a version the schemas lack.
     """
     builder = _BUILDERS.get(api_key)
     if builder is None:
         raise UnsupportedErrorResponse(api_key)
-    ctx = _Ctx(api_version, error_code, message, throttle_time_ms)
+    ctx = _Ctx(api_version, error_code, message, throttle_time_ms, per_topic)
     return _fit_response(api_key, api_version, builder(ctx, dict(request)))
 
 

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kafka_wire.api_keys import PRODUCE
 from kafka_wire.errors import FrameError
 
 _INT32 = struct.Struct(">i")
@@ -61,10 +62,15 @@ class ResponseHead:
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A complete held frame: `data` is the frame without its 4-byte size prefix."""
+    """A complete held frame: `raw` is the whole frame as it arrived, size prefix
+    included; `data` a zero-copy view of it without the prefix."""
 
     head: RequestHead | ResponseHead
-    data: bytes
+    raw: bytes
+
+    @property
+    def data(self) -> memoryview:
+        return memoryview(self.raw)[4:]
 
 
 Piece = bytes | memoryview | Frame
@@ -105,7 +111,9 @@ class FrameSplitter:
         self._head_buf = bytearray()  # a head split across chunks
         self._pass_remaining = 0  # bytes of the current PASS frame not yet seen
         self._hold_head: Head | None = None
-        self._hold_buf = bytearray()
+        # The pieces of the frame being held, joined once when it is complete (one copy,
+        # and the result is immutable bytes that decoders can slice without copying).
+        self._hold_parts: list[bytes | memoryview] = []
         self._hold_remaining = 0
         self._injected: list[bytes] = []
         self.frames_seen = 0
@@ -135,7 +143,7 @@ class FrameSplitter:
                 continue
             if self._hold_remaining:
                 take = min(self._hold_remaining, n - pos)
-                self._hold_buf += view[pos : pos + take]
+                self._hold_parts.append(view[pos : pos + take])
                 pos += take
                 self._hold_remaining -= take
                 if not self._hold_remaining:
@@ -189,7 +197,7 @@ class FrameSplitter:
                         out.append(view[pass_start:end])
                     pass_start = -1
                 self._hold_head = head
-                self._hold_buf = bytearray(head_bytes[4:])
+                self._hold_parts = [head_bytes]
                 self._hold_remaining = body_left
                 if not body_left:
                     self._emit_held(out)
@@ -211,35 +219,56 @@ class FrameSplitter:
 
     def _emit_held(self, out: list[Piece]) -> None:
         assert self._hold_head is not None
-        out.append(Frame(self._hold_head, bytes(self._hold_buf)))
+        out.append(Frame(self._hold_head, b"".join(self._hold_parts)))
         self._hold_head = None
-        self._hold_buf = bytearray()
+        self._hold_parts = []
 
 
-@dataclass(frozen=True, slots=True)
+class Fate(enum.Enum):
+    """What became of a request, as far as its answer is concerned."""
+
+    PENDING = "pending"  # held: a filter has not decided yet
+    FORWARDED = "forwarded"  # went to the broker, which owes an answer (unless acks=0)
+    ANSWERED = "answered"  # the gateway answers it itself
+    UNANSWERED = "unanswered"  # no answer comes (an acks=0 Produce, forwarded or refused)
+
+
+@dataclass(slots=True)
 class InFlight:
-    """What a response needs to be read: the request it answers.
+    """A request's place in the connection's answer order, and what its answer needs.
 
-    `answer` is set for a request the gateway answered itself (it never reached the
-    broker): those bytes go to the client in the place the broker's answer would have.
+    A slot is reserved when the request's head is read, before any filter runs, so the
+    order of answers is the order of requests whatever is held, answered or forwarded:
+    it cannot be inverted by the order in which held requests are decided.
+    `answer` holds the gateway's own response (it never reached the broker);
     `patch` is opaque to framing: the session's note of what to change in the answer.
     """
 
     correlation_id: int
     api_key: int
     api_version: int
-    hold_response: bool
+    fate: Fate = Fate.PENDING
+    hold_response: bool = False
     answer: bytes | None = None
     patch: object = None
 
+    def forward(self, hold_response: bool, patch: object = None) -> None:
+        self.fate, self.hold_response, self.patch = Fate.FORWARDED, hold_response, patch
+
+    def answer_with(self, answer: bytes) -> None:
+        self.fate, self.answer = Fate.ANSWERED, answer
+
+    def drop_answer(self) -> None:
+        self.fate = Fate.UNANSWERED
+
 
 class CorrelationTracker:
-    """Remembers in-flight requests so responses (which carry no api key) can be decoded.
+    """The connection's requests in order, so responses (which carry no api key) can be
+    read, and so the gateway's own answers go out in their place.
 
-    Kafka answers requests on a connection in order. Some requests get no answer
-    (Produce with acks=0), so a response may skip entries; a response whose
-    correlation id was never sent means the stream is out of sync. Answers the
-    gateway makes itself queue in the same order as the broker's.
+    Kafka answers requests on a connection in order. A Produce with acks=0 gets no
+    answer, and whether it is one is only known from its body: a forwarded Produce a
+    response skips is taken as such. Any other mismatch means the stream is out of sync.
     """
 
     def __init__(self, max_in_flight: int = 100_000) -> None:
@@ -249,37 +278,43 @@ class CorrelationTracker:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def sent(self, head: RequestHead, hold_response: bool, patch: object = None) -> None:
-        self._add(InFlight(head.correlation_id, head.api_key, head.api_version, hold_response,
-                           patch=patch))
-
-    def answered_by_gateway(self, head: RequestHead, answer: bytes) -> None:
-        self._add(InFlight(head.correlation_id, head.api_key, head.api_version, False, answer))
-
-    def _add(self, entry: InFlight) -> None:
+    def reserve(self, head: RequestHead) -> InFlight:
+        """The request's slot, taken in stream order when its head is read."""
         if len(self._pending) >= self._max_in_flight:
             raise FrameError(f"more than {self._max_in_flight} requests in flight")
-        self._pending.append(entry)
+        slot = InFlight(head.correlation_id, head.api_key, head.api_version)
+        self._pending.append(slot)
+        return slot
 
     def answered(self, correlation_id: int) -> tuple[InFlight, list[bytes]]:
         """The request this response answers, and the gateway's own answers due before it."""
         pending = self._pending
         due: list[bytes] = []
         while pending:
-            entry = pending.popleft()
-            if entry.correlation_id == correlation_id and entry.answer is None:
-                return entry, due
-            if entry.answer is not None:
+            entry = pending[0]
+            if entry.fate is Fate.PENDING:
+                raise FrameError(f"response with correlation id {correlation_id} arrived "
+                                 f"before request {entry.correlation_id} was forwarded")
+            pending.popleft()
+            if entry.fate is Fate.ANSWERED:
+                assert entry.answer is not None
                 due.append(entry.answer)
+            elif entry.fate is Fate.FORWARDED:
+                if entry.correlation_id == correlation_id:
+                    return entry, due
+                if entry.api_key != PRODUCE:  # only an acks=0 Produce goes unanswered
+                    raise FrameError(f"response with correlation id {correlation_id} where "
+                                     f"request {entry.correlation_id} was due")
         raise FrameError(f"response with correlation id {correlation_id} matches no request")
 
     def take_due_answers(self) -> list[bytes]:
         """Gateway answers at the head of the queue: nothing from the broker comes first."""
+        pending = self._pending
         due: list[bytes] = []
-        while self._pending and self._pending[0].answer is not None:
-            answer = self._pending.popleft().answer
-            assert answer is not None
-            due.append(answer)
+        while pending and pending[0].fate in (Fate.ANSWERED, Fate.UNANSWERED):
+            entry = pending.popleft()
+            if entry.answer is not None:
+                due.append(entry.answer)
         return due
 
 

@@ -1,9 +1,12 @@
 """Dry runs: a rule set applied to sample requests and records, by the data path's code.
 
-Requests go through `ext_proc.filters.rules.RulesFilter` (what a gateway does to a
-decoded request: forward, forward changed, answer from the gateway) and records
-through `interceptors.engine.RecordEngine` (mask, encrypt, validate, drop, ...), so
-a dry run decides exactly what the data path would. Nothing leaves the process:
+Requests go through the data path's own filters in its order: virtual topics first
+(a tenant's `orders` becomes the broker's `tenant-a.orders`, so rules see broker
+names, and answers are renamed back), then `ext_proc.filters.rules.RulesFilter` (what
+a gateway does to a decoded request: forward, forward changed, answer from the
+gateway). Records go through `interceptors.engine.RecordEngine` (mask, encrypt,
+validate, drop, ...) under the broker's name of their topic, so a dry run decides
+exactly what the data path would. Nothing leaves the process:
 copies are collected, not sent, and `capture` writes nothing (both are reported as
 side effects). Rate limits start empty for each dry run.
 """
@@ -21,12 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 import kafka_wire
 from control_plane.api.problems import Problem
 from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RequestFilter, decide
 from ext_proc.filters.rules import ENFORCED_KINDS, RuleDecision, RuleEngine, RulesFilter
+from ext_proc.filters.virtual_topics import VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, RuleSet, normalize_principal, resolve_api
 from filter_rules.errors import error_name
 from interceptors import BuildContext, InterceptedRecord, NoSideEffects
-from interceptors.engine import RecordEngine, RecordOutcome, default_builders
+from interceptors.engine import PLAN_VERSIONS, RecordEngine, RecordOutcome, default_builders
+from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire.entity_names import TOPIC
 
 
 class _Sample(BaseModel):
@@ -88,20 +95,24 @@ def dry_run(ruleset: RuleSet, requests: Sequence[SampleRequest],
     sample that cannot be read."""
     compiled = CompiledRuleSet(ruleset)
     result = DryRunResult()
-    if requests:
-        decisions: list[RuleDecision] = []
-        engine = RuleEngine(compiled.subset(ENFORCED_KINDS), decisions.append)
-        for index, sample in enumerate(requests):
-            decisions.clear()
-            result.requests.append(_run_request(engine, sample, index, decisions))
+    decisions: list[RuleDecision] = []
+    # Request rules and virtual topics (record rules are built below, side effects kept).
+    engine = RuleEngine(compiled.subset(ENFORCED_KINDS | {"virtual_topics"}), decisions.append)
+    for index, sample in enumerate(requests):
+        decisions.clear()
+        result.requests.append(_run_request(engine, sample, index, decisions))
     if records:
         effects = _DryRunEffects()
         engine_r = record_engine(compiled, effects)
         try:
             for index, given in enumerate(records):
                 record = _record(given, index)
+                client_topic = record.topic
+                broker_topic = record.topic = _broker_topic(engine, given, client_topic)
                 outcome = engine_r.evaluate(record, given.client_id, given.client_host)
-                result.records.append(_record_outcome(index, outcome))
+                if outcome.record is not None:
+                    outcome.record.topic = client_topic  # the client's view, as it wrote it
+                result.records.append(_record_outcome(index, outcome, broker_topic))
         finally:
             engine_r.close()
         result.side_effects = effects.reported
@@ -142,14 +153,17 @@ def _run_request(engine: RuleEngine, sample: SampleRequest, index: int,
     header, body = _decode_sample(sample, index)
     conn = ConnectionInfo(client_host=sample.client_host, gateway_address=sample.listener or "",
                           connection_id=f"dry-run-{index}", broker_id=sample.broker_id)
-    rules_filter = RulesFilter(engine, _GivenIdentity(sample.principal))
+    identity = _GivenIdentity(sample.principal)
+    # The order of DataPath.session: virtual topics first, so rules see broker names.
+    filters: list[RequestFilter] = [VirtualTopicsFilter(engine, identity),
+                                    RulesFilter(engine, identity)]
     out: dict[str, Any] = {
         "index": index, "api": kafka_wire.api_name(header.api_key), "api_key": header.api_key,
         "version": header.api_version,
     }
-    if not rules_filter.wants_request(header.api_key, header.api_version):
+    if not any(f.wants_request(header.api_key, header.api_version) for f in filters):
         return {**out, "verdict": "forward", "decisions": []}
-    verdict = rules_filter.filter_request(header, body, conn)
+    verdict = decide(filters, header, body, conn)
     if verdict is None:
         out["verdict"] = "forward"
     elif verdict.answer is not None:
@@ -186,6 +200,19 @@ def _decode_sample(sample: SampleRequest, index: int) -> tuple[kafka_wire.Reques
         return header, kafka_wire.decode_body(api_key, sample.version, "request", data)[0]
     except Exception as err:
         raise _bad(where, f"cannot read the request: {err}") from None
+
+
+def _broker_topic(engine: RuleEngine, sample: SampleRecord, topic: str) -> str:
+    """The broker's name of a record's topic: what record rules see on the data path
+    (renamed by the virtual-topics rule that matches the sample's connection, if any)."""
+    api_key = PRODUCE if sample.direction == "produce" else FETCH
+    header = kafka_wire.RequestHeader(api_key, PLAN_VERSIONS[sample.direction], 0,
+                                      sample.client_id, {})
+    conn = ConnectionInfo(client_host=sample.client_host or "127.0.0.1")
+    namespace = VirtualTopicsFilter(engine, _GivenIdentity(sample.principal)).namespace(
+        header, conn)
+    renamed = None if namespace is None else namespace.to_broker[TOPIC](topic)
+    return renamed or topic
 
 
 def _decision(decision: RuleDecision) -> dict[str, Any]:
@@ -248,9 +275,10 @@ def _record(sample: SampleRecord, index: int) -> InterceptedRecord:
     )
 
 
-def _record_outcome(index: int, outcome: RecordOutcome) -> dict[str, Any]:
+def _record_outcome(index: int, outcome: RecordOutcome, broker_topic: str) -> dict[str, Any]:
     return {
         "index": index, "status": outcome.status, "reason": outcome.reason,
+        "broker_topic": broker_topic,
         "record": _record_json(outcome.record) if outcome.record is not None else None,
         "steps": [{"rule": s.rule_id, "kind": s.kind, "effect": s.effect, "reason": s.reason,
                    "dry_run": s.dry_run} for s in outcome.steps],

@@ -21,7 +21,7 @@ keep references to bodies after returning.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -114,3 +114,21 @@ def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
         expects_response=earlier.expects_response and later.expects_response,
         delay_s=max(earlier.delay_s, later.delay_s),
     )
+
+
+def decide(filters: Iterable[RequestFilter], header: kafka_wire.RequestHeader,
+           body: dict[str, Any], conn: ConnectionInfo) -> RequestVerdict | None:
+    """One request through request filters in order, as the data path runs them: each
+    filter that wants it sees the body the earlier ones left, verdicts `combine`, and an
+    answer ends the chain. None when no filter had a verdict."""
+    verdict: RequestVerdict | None = None
+    for f in filters:
+        if not f.wants_request(header.api_key, header.api_version):
+            continue
+        decided = f.filter_request(header, body, conn)
+        if decided is None:
+            continue
+        verdict = decided if verdict is None else combine(verdict, decided)
+        if decided.answer is not None:
+            break
+    return verdict

@@ -1,32 +1,31 @@
-"""Version negotiation: clients only use API versions the gateway can read.
+"""Version negotiation: the broker's ApiVersions answer reaches clients as it was sent.
 
-The ApiVersions response is narrowed (the approach Kroxylicious takes): for every
-API key the codec knows, the advertised range is clipped to the codec's range;
-keys the codec does not know pass through untouched, so a newer broker's extra
-APIs are never fatal.
+keg never hides or downgrades an API, a version or a feature the broker offers because
+keg cannot read it: a frame the gateway does not need to read passes untouched, and
+the codec follows the broker (kafka_wire reads Kafka 4.1.1's own schemas, share groups
+and the KIP-890 transaction protocol included). Clipping a version while the broker's
+finalized features (transaction.version, group.version, share.version) stay advertised
+would make clients mix protocols the broker then refuses.
 
-Some versions are clipped further:
-- Produce v10+ and Fetch v16+ add `NodeEndpoints` (KIP-951 leader hints) as a tagged
-  field at the end of the body, after all records, and share-group fetches carry
-  them too: broker addresses in places a pass-through frame cannot be rewritten
-  cheaply. Holding every Produce/Fetch response to rewrite a field present only
-  after a leader change would cost the data path its pass-through speed.
-- Fetch v13+ names topics by id (KIP-516) instead of by name; topic rules must see
-  names, so clients stay on v12, which every Kafka 2.7+ broker serves.
+One exception keeps clients on the gateway: an API whose answers carry broker
+addresses (Metadata, FindCoordinator, DescribeCluster, the KIP-951 leader hints of
+Produce and Fetch, ...) must be read to rewrite them. A broker newer than keg's schemas
+may offer versions of those that keg cannot decode yet; only those are clipped to what
+keg reads, with a warning, since a client on such a version would learn the brokers'
+own addresses. With the brokers keg is built for, nothing is changed.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from kafka_wire.api_keys import API_VERSIONS, FETCH, PRODUCE
+from ext_proc.filters.broker_address import endpoint_api_keys
+from kafka_wire.api_keys import API_VERSIONS
 
-# API key -> highest version the gateway lets clients use (reasons above).
-CLIENT_MAX_VERSION = {PRODUCE: 9, FETCH: 12}
-SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
-HIDDEN_API_KEYS = frozenset({SHARE_FETCH, SHARE_ACKNOWLEDGE})
+log = logging.getLogger(__name__)
 
 
 class ApiVersionsNarrower:
@@ -38,21 +37,17 @@ class ApiVersionsNarrower:
     def filter_response(
         self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
     ) -> bool:
-        entries = body.get("ApiKeys") or []
-        before = [(e["ApiKey"], e["MinVersion"], e["MaxVersion"]) for e in entries]
-        kept: list[dict[str, Any]] = []
-        for entry in entries:
+        changed = False
+        for entry in body.get("ApiKeys") or ():
             key = entry["ApiKey"]
-            if key in HIDDEN_API_KEYS:
+            if key not in endpoint_api_keys():
                 continue
             known = kafka_wire.supported_versions(key)
-            if known is not None:
-                low = max(entry["MinVersion"], known[0])
-                safe = CLIENT_MAX_VERSION.get(key, known[1])
-                high = min(entry["MaxVersion"], known[1], safe)
-                if low > high:
-                    continue
-                entry["MinVersion"], entry["MaxVersion"] = low, high
-            kept.append(entry)
-        body["ApiKeys"] = kept
-        return before != [(e["ApiKey"], e["MinVersion"], e["MaxVersion"]) for e in kept]
+            if known is None or entry["MaxVersion"] <= known[1]:
+                continue
+            log.warning("the broker offers %s up to v%d, keg reads up to v%d: clients are "
+                        "kept at v%d so broker addresses in its answers can be rewritten",
+                        kafka_wire.api_name(key), entry["MaxVersion"], known[1], known[1])
+            entry["MaxVersion"] = max(known[1], entry["MinVersion"])
+            changed = True
+        return changed

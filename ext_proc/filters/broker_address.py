@@ -1,66 +1,67 @@
 """Send clients back through the gateway: rewrite broker addresses in responses.
 
-This is what Envoy's contrib kafka_broker filter does with
-`id_based_broker_address_rewrite_spec`: every broker address a client learns
-(Metadata, FindCoordinator, DescribeCluster) becomes the gateway listener that
-fronts that broker. A broker the gateway has no listener for yet (a new node
-before the control plane's next topology refresh) is pointed at the listener the
-client is on, never at the broker itself: the client then gets NOT_LEADER errors
-and refreshes metadata, instead of silently bypassing the gateway.
+What Envoy's contrib kafka_broker filter does with `id_based_broker_address_rewrite_spec`,
+for every answer that can carry an address (kafka_wire.endpoints finds them in the
+schemas): Metadata, FindCoordinator and DescribeCluster brokers, the KIP-951 leader
+hints of Produce, Fetch and the share-group APIs, become the gateway listener that
+fronts that broker; controller endpoints (DescribeQuorum) and address-valued broker
+configs (DescribeConfigs) are redacted.
+
+A broker the gateway has no listener for yet (a new node before the control plane's
+next topology refresh) is pointed at the listener the client is on, never at the
+broker itself: the client then gets NOT_LEADER errors and refreshes metadata,
+instead of silently bypassing the gateway.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import cache
 from typing import Any
 
+import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from kafka_wire.api_keys import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA
+from kafka_wire.endpoints import carries_endpoints, rewrite_endpoints
 
 log = logging.getLogger(__name__)
 
 
-class BrokerAddressRewriter:
-    api_keys = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+@cache
+def endpoint_api_keys() -> frozenset[int]:
+    """The API keys some version of which carries endpoints in its answers."""
+    def versions(api_key: int) -> range:
+        low, high = kafka_wire.supported_versions(api_key) or (0, -1)
+        return range(low, high + 1)
 
+    return frozenset(key for key in kafka_wire.known_api_keys()
+                     if any(carries_endpoints(key, v) for v in versions(key)))
+
+
+class BrokerAddressRewriter:
     def __init__(self) -> None:
+        self.api_keys = endpoint_api_keys()
         self.unknown_brokers = 0
+        self._wanted: dict[tuple[int, int], bool] = {}
 
     def wants(self, api_key: int, api_version: int) -> bool:
-        return api_key in self.api_keys
+        key = (api_key, api_version)
+        wanted = self._wanted.get(key)
+        if wanted is None:
+            wanted = self._wanted[key] = carries_endpoints(api_key, api_version)
+        return wanted
 
     def filter_response(
         self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
     ) -> bool:
-        if api_key == METADATA:
-            return self._rewrite_all(body.get("Brokers") or [], "NodeId", conn)
-        if api_key == DESCRIBE_CLUSTER:
-            return self._rewrite_all(body.get("Brokers") or [], "BrokerId", conn)
-        if "Coordinators" in body:  # FindCoordinator v4+: one entry per key
-            return self._rewrite_all(body["Coordinators"] or [], "NodeId", conn)
-        if body.get("NodeId", -1) < 0:  # an error answer carries no coordinator
-            return False
-        return self._rewrite(body, "NodeId", conn)
+        return rewrite_endpoints(api_key, api_version, body, lambda node: self._route(node, conn))
 
-    def _rewrite_all(self, entries: list[dict[str, Any]], id_field: str,
-                     conn: ConnectionInfo) -> bool:
-        changed = False
-        for entry in entries:
-            changed |= self._rewrite(entry, id_field, conn)
-        return changed
-
-    def _rewrite(self, entry: dict[str, Any], id_field: str, conn: ConnectionInfo) -> bool:
-        node = entry[id_field]
+    def _route(self, node: int, conn: ConnectionInfo) -> tuple[str, int]:
         route = conn.routes.get(node)
-        if route is None:
-            route = conn.gateway_route
-            self.unknown_brokers += 1
-            log.warning("broker %s has no gateway listener yet; %s sent to its own listener",
-                        node, conn.describe())
-            if route is None:
-                raise LookupError(f"no gateway route for broker {node} and no listener address")
-        host, port = route
-        if entry["Host"] == host and entry["Port"] == port:
-            return False
-        entry["Host"], entry["Port"] = host, port
-        return True
+        if route is not None:
+            return route
+        self.unknown_brokers += 1
+        log.warning("broker %s has no gateway listener yet; %s sent to its own listener",
+                    node, conn.describe())
+        if conn.gateway_route is None:
+            raise LookupError(f"no gateway route for broker {node} and no listener address")
+        return conn.gateway_route

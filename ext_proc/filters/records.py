@@ -41,6 +41,7 @@ from kafka_wire.error_responses import expects_response
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, encode_batch, iter_batches, rewrite_records
 from kafka_wire.records import with_base_sequence as _with_base_sequence
+from kafka_wire.topic_ids import topic_name
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ INVALID_RECORD: Final = error_code("INVALID_RECORD")
 REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
 UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
 CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
+UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 Body = dict[str, Any]
+_REFUSING_EFFECTS: Final = frozenset({"rejected", "failed", "timeout"})
 
 
 def _success(index: int) -> Body:
@@ -57,16 +60,22 @@ def _success(index: int) -> Body:
             "LogStartOffset": -1, "RecordErrors": [], "ErrorMessage": None}
 
 
+def _refusal_code(outcome: BatchOutcome) -> int:
+    """The error a refused batch (or fetched partition) is answered with."""
+    failure = outcome.failure
+    if failure is None:
+        return INVALID_RECORD
+    return REQUEST_TIMED_OUT if failure.effect == "timeout" else UNKNOWN_SERVER_ERROR
+
+
 def _refusal(index: int, outcome: BatchOutcome) -> Body:
     entry = _success(index)
+    entry["ErrorCode"] = _refusal_code(outcome)
     if outcome.failure is not None:
         failure = outcome.failure
-        entry["ErrorCode"] = (REQUEST_TIMED_OUT if failure.effect == "timeout"
-                              else UNKNOWN_SERVER_ERROR)
         entry["ErrorMessage"] = f"keg rule {failure.rule_id}: {failure.reason}"[:1000]
         return entry
     first = outcome.rejections[0]
-    entry["ErrorCode"] = INVALID_RECORD
     entry["RecordErrors"] = [
         {"BatchIndex": r.index, "BatchIndexErrorMessage": f"keg rule {r.rule_id}: {r.reason}"}
         for r in outcome.rejections
@@ -83,18 +92,45 @@ def _corrupt(index: int, err: Exception) -> Body:
     return entry
 
 
-def _merge_partitions(response: Body, answered: dict[str, list[Body]]) -> bool:
+def _unknown_topic(index: int) -> Body:
+    entry = _success(index)
+    entry["ErrorCode"] = UNKNOWN_TOPIC_ID
+    entry["ErrorMessage"] = "keg: topic id not seen in a Metadata answer yet; refresh metadata"
+    return entry
+
+
+# A Produce topic entry's key in its answer: the name (v0-12) or the id (v13+).
+TopicKey = tuple[str, Any]
+
+
+def _topic_key(topic: Body) -> TopicKey:
+    return ("TopicId", topic["TopicId"]) if "TopicId" in topic else ("Name", topic.get("Name"))
+
+
+def _merge_partitions(response: Body, answered: dict[TopicKey, list[Body]]) -> bool:
     """Put the gateway's partition answers into the broker's Produce response."""
     topics = response.setdefault("Responses", [])
-    by_name = {t.get("Name"): t for t in topics}
-    for name, partitions in answered.items():
-        topic = by_name.get(name)
+    by_key = {_topic_key(t): t for t in topics}
+    for key, partitions in answered.items():
+        topic = by_key.get(key)
         if topic is None:
-            topics.append({"Name": name, "PartitionResponses": list(partitions)})
+            field, value = key
+            topics.append({field: value, "PartitionResponses": list(partitions)})
         else:
             topic["PartitionResponses"] = [*(topic.get("PartitionResponses") or []),
                                            *partitions]
     return bool(answered)
+
+
+def _withhold(partitions: Any, code: int) -> bool:
+    """Answer fetched partitions with an error instead of their records."""
+    changed = False
+    for partition in partitions:
+        if partition.get("Records") or not partition.get("ErrorCode"):
+            partition["ErrorCode"] = code
+            partition["Records"] = None
+            changed = True
+    return changed
 
 
 class RecordsFilter:
@@ -123,11 +159,17 @@ class RecordsFilter:
 
     def _produce(self, records: RecordEngine, header: kafka_wire.RequestHeader, body: Body,
                  conn: ConnectionInfo, ctx: MatchContext) -> RequestVerdict | None:
-        answered: dict[str, list[Body]] = {}
+        answered: dict[TopicKey, list[Body]] = {}
         changed = False
         kept_topics = []
+        expects = expects_response(header.api_key, header.api_version, body)
         for topic in body.get("TopicData") or ():
-            name = topic.get("Name") or ""
+            name = topic_name(topic, self._engine.topic_ids)
+            if name is None:  # v13+: an id the gateway has not seen named yet
+                answered[_topic_key(topic)] = [
+                    _unknown_topic(p.get("Index", 0)) for p in topic.get("PartitionData") or ()]
+                changed = True
+                continue
             stages = records.plan("produce", name, ctx)
             if not stages:
                 kept_topics.append(topic)
@@ -137,9 +179,9 @@ class RecordsFilter:
                 index = partition.get("Index", 0)
                 new, answer = self._produce_partition(records, stages, name, index,
                                                       partition.get("Records"), header, conn,
-                                                      ctx.principal)
+                                                      ctx.principal, expects)
                 if answer is not None:
-                    answered.setdefault(name, []).append(answer)
+                    answered.setdefault(_topic_key(topic), []).append(answer)
                     changed = True
                     continue
                 if new is not partition.get("Records"):
@@ -152,7 +194,6 @@ class RecordsFilter:
         if not changed:
             return None
         body["TopicData"] = kept_topics
-        expects = expects_response(header.api_key, header.api_version, body)
         if not kept_topics:
             whole: Body = {"Responses": [], "ThrottleTimeMs": 0}
             _merge_partitions(whole, answered)
@@ -165,9 +206,10 @@ class RecordsFilter:
     def _produce_partition(
         self, records: RecordEngine, stages: tuple[Stage, ...], topic: str, partition: int,
         data: Any, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
-        principal: str | None,
+        principal: str | None, expects_answer: bool = True,
     ) -> tuple[Any, Body | None]:
-        """The partition's new records field, or the gateway's answer for it."""
+        """The partition's new records field, or the gateway's answer for it (which
+        reaches no one when the producer asked for none: acks=0)."""
         if data is None:
             return data, None
         pieces: list[bytes | memoryview] = []
@@ -183,7 +225,7 @@ class RecordsFilter:
                                                 principal=principal)
             except KafkaWireError as err:  # corrupt, or past the decompression limit
                 return None, _corrupt(partition, err)
-            self._report(outcome, header, conn, topic, partition)
+            self._report(outcome, header, conn, topic, partition, answered=expects_answer)
             if outcome.refused:
                 return None, _refusal(partition, outcome)
             shift = 0  # idempotent producers: what was dropped from earlier batches
@@ -221,9 +263,10 @@ class RecordsFilter:
         def transform(response: Body) -> bool:
             changed = False
             for topic in response.get("Responses") or ():
-                name = topic.get("Topic")
-                if not isinstance(name, str):
-                    continue  # v13+: topic ids only (the gateway caps Fetch below that)
+                name = topic_name(topic, self._engine.topic_ids)
+                if name is None:  # v13+: an id not seen named yet: hand out nothing
+                    changed |= _withhold(topic.get("Partitions") or (), UNKNOWN_TOPIC_ID)
+                    continue
                 stages = records.plan("consume", name, ctx)
                 if not stages:
                     continue
@@ -256,15 +299,13 @@ class RecordsFilter:
                 return None
             self._report(outcome, header, conn, topic, index)
             if outcome.failure is not None:
-                refused.append(_refusal(index, outcome)["ErrorCode"])
+                refused.append(_refusal_code(outcome))
             return outcome.records
 
         new = rewrite_records(data, rewrite)
         if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
-            partition["ErrorCode"] = refused[0]
-            partition["Records"] = None
-            return True
+            return _withhold((partition,), refused[0])
         if new is data:
             return False
         partition["Records"] = new
@@ -273,9 +314,13 @@ class RecordsFilter:
     # -- what happened -------------------------------------------------------------------
 
     def _report(self, outcome: BatchOutcome, header: kafka_wire.RequestHeader,
-                conn: ConnectionInfo, topic: str, partition: int) -> None:
+                conn: ConnectionInfo, topic: str, partition: int,
+                answered: bool = True) -> None:
+        """One decision per (rule, effect) of the batch; refusals carry the error code the
+        client is answered with (`answered=False`: no answer reaches it, acks=0)."""
         if not outcome.counts:
             return
+        produce = header.api_key == PRODUCE
         rejected = {r.rule_id: r.reason for r in outcome.rejections}
         for (rule_id, effect), count in outcome.counts.items():
             if effect == "unchanged":
@@ -286,7 +331,10 @@ class RecordsFilter:
             reason = rejected.get(rule_id)
             if outcome.failure is not None and outcome.failure.rule_id == rule_id:
                 reason = outcome.failure.reason
+            # A fetched record that fails validation is withheld, not refused: no error.
+            refusing = effect in _REFUSING_EFFECTS and (produce or outcome.failure is not None)
+            code = _refusal_code(outcome) if refusing else None
             self._engine.sink(RuleDecision(
                 rule, effect, header, conn, self._identity.principal,
-                self._identity.security_protocol, topic, reason=reason, partition=partition,
-                records=count))
+                self._identity.security_protocol, topic, code, reason, partition=partition,
+                records=count, answered=answered or code is None))

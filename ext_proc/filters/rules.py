@@ -9,27 +9,43 @@ version (a dict lookup), decodes it, and decides per topic:
   API's error and the broker never sees the request;
 - some topics denied: they are removed from the request, the rest is forwarded,
   and their error entries are merged into the broker's answer;
-- dry-run rules only record what they would have done.
+- dry-run rules only record what they would have done: they never change a
+  request (a dry-run `max_fetch_bytes` reports "would-limit", the Fetch goes on as
+  the client wrote it) and never answer one.
+
+A refusal tells the client which rule refused and why: "keg rule <id>: <reason>" in
+every ErrorMessage field of the answer, and for a Produce refused for one record, that
+record in RecordErrors (v8+). A Produce with acks=0 cannot be answered at all (Kafka
+never answers one): its refusals are marked `answered=False`, so they are counted and
+audited whatever the rule's audit setting.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RequestVerdict
-from ext_proc.filters.safeguards import RateLimiter, clamp_fetch, produce_bytes, produce_violations
+from ext_proc.filters.safeguards import (
+    RateLimiter,
+    clamp_fetch,
+    fetch_over_limit,
+    produce_bytes,
+    produce_violations,
+)
 from ext_proc.identity import IdentityTracker, principal_for_envelope
 from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
 from interceptors import BuildContext
 from interceptors.engine import RecordEngine
-from kafka_wire.api_keys import ENVELOPE, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire.api_keys import ENVELOPE, FETCH, METADATA, PRODUCE
+from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
     error_response,
@@ -39,9 +55,13 @@ from kafka_wire.error_responses import (
     remove_topics,
 )
 from kafka_wire.errors import KafkaWireError
+from kafka_wire.topic_ids import TopicIds, topic_name
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_TOPIC_ID = error_code("UNKNOWN_TOPIC_ID")
+TOPIC_AUTHORIZATION_FAILED = error_code("TOPIC_AUTHORIZATION_FAILED")
+GROUP_AUTHORIZATION_FAILED = error_code("GROUP_AUTHORIZATION_FAILED")
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
@@ -56,7 +76,7 @@ class RuleDecision:
     """One rule's effect on one request (and topic): what audit and metrics record."""
 
     rule: CompiledRule
-    outcome: str  # observed | denied | would-deny
+    outcome: str  # observed | denied | would-deny | limited | would-limit | ...
     header: kafka_wire.RequestHeader
     conn: ConnectionInfo
     principal: str
@@ -66,33 +86,46 @@ class RuleDecision:
     reason: str | None = None
     partition: int | None = None
     records: int = 1  # record rules report per batch: how many records had this outcome
+    # False: a refusal no answer can carry (Produce acks=0); the client never learns.
+    answered: bool = True
 
 
 DecisionSink = Callable[[RuleDecision], None]
 
 
-def request_topics(body: dict[str, Any]) -> list[str]:
-    """Topic names a request carries, wherever the schema puts them."""
-    names: list[str] = []
-    for key in ("Topics", "TopicData"):
-        for entry in body.get(key) or ():
-            name = entry.get("Name", entry.get("Topic"))
-            if isinstance(name, str):
-                names.append(name)
-    names.extend(n for n in body.get("TopicNames") or () if isinstance(n, str))
-    for group in body.get("Groups") or ():  # OffsetFetch v8+
-        names.extend(request_topics(group))
-    return list(dict.fromkeys(names))
+@dataclass(frozen=True, slots=True)
+class RequestEntities:
+    """What a request names, for matching: topics (ids mapped to names), groups, and
+    the topic ids the gateway cannot name yet."""
+
+    topics: list[str]
+    groups: list[str]
+    unknown_topic_ids: list[uuid.UUID]
 
 
-def request_group(api_key: int, body: dict[str, Any]) -> str | None:
-    group = body.get("GroupId")
-    if isinstance(group, str):
-        return group
-    if api_key == FIND_COORDINATOR and body.get("KeyType", 0) == 0:
-        key = body.get("Key")
-        return key if isinstance(key, str) else None
-    return None
+@dataclass(frozen=True)
+class Refusal:
+    """What the client is told of a rule's refusal: the error code, a message naming the
+    rule and its reason and, for a Produce refused for a record, that record
+    (topic, partition, index in its batch, message) for RecordErrors."""
+
+    code: int
+    message: str
+    records: tuple[tuple[str, int, int, str], ...] = ()
+
+
+def _refusal_message(rule: CompiledRule, reason: str) -> str:
+    """The text a client sees for a rule's refusal (Kafka's ErrorMessage fields)."""
+    return f"keg rule {rule.id}: {reason}"[:1000]
+
+
+def request_entities(api_key: int, api_version: int, body: dict[str, Any],
+                     topic_ids: TopicIds) -> RequestEntities:
+    """Every topic and group a request names, wherever Kafka's schemas put them."""
+    named = named_entities(api_key, api_version, "request", body)
+    by_id, unknown = topic_ids.resolve(named.topic_ids)
+    return RequestEntities(list(dict.fromkeys(named.topics + by_id)),
+                           list(dict.fromkeys(named.groups)), unknown)
 
 
 class RuleEngine:
@@ -109,6 +142,7 @@ class RuleEngine:
         self.sink = sink or (lambda decision: None)
         self.rates = RateLimiter()
         self.sequences = SequenceLedger()
+        self.topic_ids = TopicIds()  # learned from the answers every connection sees
         self.context = context or BuildContext()
         self.records = RecordEngine(CompiledRuleSet(RuleSet()), self.context, builders={})
         self.compiled = compiled
@@ -131,6 +165,7 @@ class RulesFilter:
         self._engine = engine
         self._identity = identity
         self._audit_principal = identity.principal
+        self._acks_zero = False  # the request being judged is a Produce with acks=0
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
         compiled = self._engine.requests
@@ -199,25 +234,37 @@ class RulesFilter:
         if not compiled.interested(api_key, version, "request"):
             return None
         self._audit_principal = principal or self._identity.principal
+        self._acks_zero = not expects_response(api_key, version, body)
         ctx = MatchContext(
             api_key=api_key, api_version=version, principal=principal,
             client_id=header.client_id, client_host=client_host,
             listener=conn.gateway_address or None, broker_id=conn.broker_id,
         )
-        topics = request_topics(body)
-        group = request_group(api_key, body)
+        named = request_entities(api_key, version, body, self._engine.topic_ids)
+        topics = named.topics
+        groups: list[str | None] = [*named.groups] or [None]
+        if named.unknown_topic_ids and any(
+                r.uses_topics and not r.dry_run for r in compiled.candidates(api_key, version)):
+            # A topic rule may concern a topic the gateway cannot name: refuse with the
+            # retriable error that makes the client refresh its metadata (through here).
+            log.info("%s names topic ids the gateway has not seen (%s): UNKNOWN_TOPIC_ID",
+                     kafka_wire.api_name(api_key), named.unknown_topic_ids[0])
+            return self._answer(header, body, Refusal(
+                UNKNOWN_TOPIC_ID, "keg: a topic id this gateway has not seen named yet; "
+                "refresh metadata"), per_topic=True)
         rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
-        denied: dict[str, int] = {}
+        denied: dict[str, Refusal] = {}
         changed = False
         throttle_s = 0.0
         for rule in rules:
             if rule.kind not in ENFORCED_KINDS:
                 continue
             if rule.uses_topics and topics:
-                hits: list[str | None] = [t for t in topics
-                                          if t not in denied and rule.matches(ctx, t, group)]
+                hits: list[str | None] = [
+                    t for t in topics
+                    if t not in denied and any(rule.matches(ctx, t, g) for g in groups)]
             else:
-                hits = [None] if rule.matches(ctx, None, group) else []
+                hits = [None] if any(rule.matches(ctx, None, g) for g in groups) else []
             if not hits:
                 continue
             if rule.kind == "observe":
@@ -228,32 +275,30 @@ class RulesFilter:
                 continue
             if rule.kind == "safeguard":
                 if api_key == FETCH:
-                    if clamp_fetch(rule.action.safeguard, body) and not rule.dry_run:  # type: ignore[union-attr]
-                        changed = True
-                        self._record(rule, "limited", header, conn, hits)
+                    changed |= self._limit_fetch(rule, header, conn, body, hits)
                     continue
-                outcome = self._safeguard(rule, header, conn, body, hits)
-                if outcome is None:
-                    continue
-                code, bad = outcome
-                if None in bad:
-                    return self._answer(header, body, code, throttle_s)
-                denied.update(dict.fromkeys((t for t in bad if t is not None), code))
+                refused = self._safeguard(rule, header, conn, body, hits)
+                if None in refused:
+                    return self._answer(header, body, refused[None], throttle_s)
+                denied.update((t, r) for t, r in refused.items() if t is not None)
                 continue
-            code = self._deny_error(rule, api_key)
+            code = self._deny_error(rule, api_key, hits, named.groups)
+            reason = self._deny_reason(rule, api_key)
             if rule.dry_run:
-                self._record(rule, "would-deny", header, conn, hits, code)
+                self._record(rule, "would-deny", header, conn, hits, code, reason)
                 continue
-            self._record(rule, "denied", header, conn, hits, code)
+            self._record(rule, "denied", header, conn, hits, code, reason)
+            refusal = Refusal(code, _refusal_message(rule, reason))
             if None in hits:  # the request as a whole
-                return self._answer(header, body, code, throttle_s)
-            denied.update(dict.fromkeys((t for t in hits if t is not None), code))
+                return self._answer(header, body, refusal, throttle_s)
+            denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
         verdict: RequestVerdict | None
         if not denied:
             verdict = (self._hide_topics(ctx) if api_key == METADATA
                        and body.get("Topics") is None else None)
         elif set(denied) >= set(topics) or api_key not in _PARTIAL_DENIAL_APIS:
-            return self._answer(header, body, next(iter(denied.values())), throttle_s)
+            return self._answer(header, body, next(iter(denied.values())), throttle_s,
+                                per_topic=True)
         else:
             verdict = self._partial(header, body, denied)
         if changed or throttle_s:
@@ -263,26 +308,42 @@ class RulesFilter:
                 _throttle(verdict, throttle_s)
         return verdict
 
+    def _limit_fetch(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
+                     conn: ConnectionInfo, body: dict[str, Any], hits: list[str | None]) -> bool:
+        """A `max_fetch_bytes` safeguard: caps the Fetch's byte limits (True: changed); in
+        dry-run it only reports the cap it would apply and leaves the request alone."""
+        spec = rule.action.safeguard  # type: ignore[union-attr]
+        asked = fetch_over_limit(spec, body)
+        if asked is None:
+            return False
+        reason = f"fetch of up to {asked} bytes capped at {spec.max_fetch_bytes}"
+        if rule.dry_run:
+            self._record(rule, "would-limit", header, conn, hits, reason=reason)
+            return False
+        clamp_fetch(spec, body)
+        self._record(rule, "limited", header, conn, hits, reason=reason)
+        return True
+
     def _safeguard(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
                    conn: ConnectionInfo, body: dict[str, Any],
-                   hits: list[str | None]) -> tuple[int, list[str | None]] | None:
-        """The error and the topics (None: the request) a Produce safeguard refuses."""
+                   hits: list[str | None]) -> dict[str | None, Refusal]:
+        """The topics (None: the request) a Produce safeguard refuses, and why."""
         if header.api_key != PRODUCE:
-            return None
+            return {}
         spec = rule.action.safeguard  # type: ignore[union-attr]
-        bad: list[str | None] = []
-        code = 0
+        refused: dict[str | None, Refusal] = {}
         for topic in hits:
-            found = produce_violations(spec, body, topic)
+            found = produce_violations(spec, body, topic, self._engine.topic_ids)
             if not found:
                 continue
-            code = found[0].error_code
+            first = found[0]
             outcome = "would-deny" if rule.dry_run else "denied"
-            self._record(rule, outcome, header, conn, [topic], code, found[0].reason)
-            bad.append(topic)
-        if rule.dry_run or not bad:
-            return None
-        return code, bad
+            self._record(rule, outcome, header, conn, [topic], first.error_code, first.reason)
+            records = tuple((*v.record, _refusal_message(rule, v.reason)) for v in found
+                            if v.record is not None and v.check == first.check)
+            refused[topic] = Refusal(first.error_code, _refusal_message(rule, first.reason),
+                                     records)
+        return {} if rule.dry_run else refused
 
     def _rate(self, rule: CompiledRule, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
               body: dict[str, Any], hits: list[str | None]) -> float:
@@ -319,20 +380,32 @@ class RulesFilter:
         return RequestVerdict(patch=hide)
 
     def _answer(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                code: int, throttle_s: float = 0.0) -> RequestVerdict:
+                refusal: Refusal, throttle_s: float = 0.0,
+                per_topic: bool = False) -> RequestVerdict:
         expects = expects_response(header.api_key, header.api_version, body)
-        answer = error_response(header.api_key, header.api_version, body, code,
-                                throttle_time_ms=int(throttle_s * 1000))
+        answer = error_response(header.api_key, header.api_version, body, refusal.code,
+                                refusal.message, throttle_time_ms=int(throttle_s * 1000),
+                                per_topic=per_topic)
+        if header.api_key == PRODUCE:
+            _name_records(answer.get("Responses") or (), refusal.records,
+                          self._engine.topic_ids)
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
 
     def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                 denied: dict[str, int]) -> RequestVerdict:
+                 denied: dict[str, Refusal]) -> RequestVerdict:
         api_key, version = header.api_key, header.api_version
+        ids = self._engine.topic_ids
+        # The request's topic ids with their names: entries named by id match too.
+        id_names = ids.names_of(named_entities(api_key, version, "request", body).topic_ids)
         entries: list[dict[str, Any]] = []
-        for code in set(denied.values()):
-            names = {t for t, c in denied.items() if c == code}
-            entries += partial_error_entries(api_key, version, body, names, code)
-        forwarded = remove_topics(api_key, version, body, set(denied))
+        for refusal in dict.fromkeys(denied.values()):
+            names = {t for t, r in denied.items() if r == refusal}
+            found = partial_error_entries(api_key, version, body, names, refusal.code,
+                                          refusal.message, topic_ids=id_names)
+            if api_key == PRODUCE:
+                _name_records(found, refusal.records, ids)
+            entries += found
+        forwarded = remove_topics(api_key, version, body, set(denied), topic_ids=id_names)
         body.clear()
         body.update(forwarded)
 
@@ -343,19 +416,54 @@ class RulesFilter:
         return RequestVerdict(changed=True, patch=merge, expects_response=expects)
 
     @staticmethod
-    def _deny_error(rule: CompiledRule, api_key: int) -> int:
+    def _deny_error(rule: CompiledRule, api_key: int, hits: list[str | None],
+                    groups: list[str]) -> int:
+        """The rule's error, else the authorization error of what the rule refused, as
+        Kafka's authorizer answers: the topic, the group, or the API's own resource."""
         spec = getattr(rule.action, "deny", None)
         name = getattr(spec, "error", None)
-        return error_code(name) if name else default_deny_error(api_key)
+        if name:
+            return error_code(name)
+        if rule.uses_topics and None not in hits:
+            return TOPIC_AUTHORIZATION_FAILED
+        if rule.uses_groups and groups:
+            return GROUP_AUTHORIZATION_FAILED
+        return default_deny_error(api_key)
+
+    @staticmethod
+    def _deny_reason(rule: CompiledRule, api_key: int) -> str:
+        message = getattr(getattr(rule.action, "deny", None), "message", None)
+        if message:
+            return str(message)
+        if rule.kind == "deny":
+            return "denied"
+        return f"{kafka_wire.api_name(api_key) or f'API {api_key}'} is not allowed"
 
     def _record(self, rule: CompiledRule, outcome: str, header: kafka_wire.RequestHeader,
                 conn: ConnectionInfo, topics: list[str | None], code: int | None = None,
                 reason: str | None = None) -> None:
+        answered = not (self._acks_zero and outcome == "denied")
         for topic in topics:
             self._engine.sink(RuleDecision(
                 rule, outcome, header, conn, self._audit_principal,
-                self._identity.security_protocol, topic, code, reason,
+                self._identity.security_protocol, topic, code, reason, answered=answered,
             ))
+
+
+def _name_records(topics: Iterable[dict[str, Any]],
+                  records: tuple[tuple[str, int, int, str], ...], topic_ids: TopicIds) -> None:
+    """Name the refused records in a Produce answer's RecordErrors (the field is there
+    from v8 on, with ErrorMessage; older answers carry the error code alone)."""
+    if not records:
+        return
+    by_partition: dict[tuple[Any, Any], tuple[int, str]] = {
+        (topic, partition): (index, message) for topic, partition, index, message in records}
+    for topic in topics:
+        for answer in topic.get("PartitionResponses") or ():
+            found = by_partition.get((topic_name(topic, topic_ids), answer.get("Index")))
+            if found is not None and "RecordErrors" in answer:
+                answer["RecordErrors"] = [{"BatchIndex": found[0],
+                                           "BatchIndexErrorMessage": found[1]}]
 
 
 def _throttle(verdict: RequestVerdict, seconds: float) -> None:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from filter_rules.errors import SAFEGUARD_ERRORS, error_code
-from filter_rules.model import RateSpec, SafeguardSpec
+from filter_rules.model import CompressionPolicy, RateSpec, SafeguardSpec
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, decode_records, iter_batches
+from kafka_wire.topic_ids import TopicIds, topic_name
 
 
 @dataclass(frozen=True)
@@ -25,25 +26,31 @@ class Violation:
     check: str
     error_code: int
     reason: str
+    # Where, for a check of one record: its topic, partition and index in its batch
+    # (what Produce v8+ answers in RecordErrors). None for request and batch checks.
+    record: tuple[str, int, int] | None = None
 
 
-def _batches(body: dict[str, Any], topic: str | None) -> Iterator[BatchView]:
+def _batches(body: dict[str, Any], topic: str | None,
+             topic_ids: TopicIds) -> Iterator[tuple[str, int, BatchView]]:
     for entry in body.get("TopicData") or ():
-        if topic is not None and entry.get("Name") != topic:
+        name = topic_name(entry, topic_ids)
+        if topic is not None and name != topic:
             continue
         for partition in entry.get("PartitionData") or ():
             for batch in iter_batches(partition.get("Records")):
                 if isinstance(batch, BatchView):
-                    yield batch
+                    yield name or "", partition.get("Index", 0), batch
 
 
 def _error(spec: SafeguardSpec, check: str) -> int:
     return error_code(spec.error) if spec.error else SAFEGUARD_ERRORS[check]
 
 
-def produce_violations(spec: SafeguardSpec, body: dict[str, Any],
-                       topic: str | None) -> list[Violation]:
-    """What a Produce request (or its part for `topic`) breaks of `spec`."""
+def produce_violations(spec: SafeguardSpec, body: dict[str, Any], topic: str | None,
+                       topic_ids: TopicIds) -> list[Violation]:
+    """What a Produce request (or its part for `topic`) breaks of `spec`; v13+ names
+    topics by id (`topic_ids`)."""
     found: list[Violation] = []
 
     def fail(check: str, reason: str) -> None:
@@ -58,7 +65,7 @@ def produce_violations(spec: SafeguardSpec, body: dict[str, Any],
     needs_records = spec.max_record_bytes is not None or spec.max_headers is not None \
         or spec.require_headers is not None
     try:
-        for batch in _batches(body, topic):
+        for name, partition, batch in _batches(body, topic, topic_ids):
             if spec.require_idempotence and batch.producer_id < 0:
                 fail("require_idempotence", "an idempotent producer is required")
             if spec.max_batch_bytes is not None and len(batch.raw) > spec.max_batch_bytes:
@@ -66,37 +73,67 @@ def produce_violations(spec: SafeguardSpec, body: dict[str, Any],
                      f"batch of {len(batch.raw)} bytes exceeds {spec.max_batch_bytes}")
             if spec.compression is not None:
                 codec = batch.compression.name.lower()
-                if (spec.compression.require is not None
-                        and codec not in spec.compression.require) or (
-                        spec.compression.forbid is not None and codec in spec.compression.forbid):
-                    fail("compression", f"compression {codec} is not allowed")
+                if spec.compression.refuses(codec, len(batch.raw)):
+                    fail("compression", _compression_reason(spec.compression, codec,
+                                                            len(batch.raw)))
             if needs_records:
-                found += _record_violations(spec, batch)
+                found += _record_violations(spec, name, partition, batch)
     except KafkaWireError as err:
         found.append(Violation("records", _error(spec, "max_headers"), f"unreadable batch: {err}"))
     return found
 
 
-def _record_violations(spec: SafeguardSpec, batch: BatchView) -> list[Violation]:
-    found = []
-    for record in decode_records(batch):
+def _compression_reason(policy: CompressionPolicy, codec: str, size: int) -> str:
+    if codec == "none" and policy.allow_uncompressed_below_bytes:
+        return (f"compression none is not allowed for a batch of {size} bytes "
+                f"(uncompressed only below {policy.allow_uncompressed_below_bytes})")
+    return f"compression {codec} is not allowed"
+
+
+def _record_violations(spec: SafeguardSpec, topic: str, partition: int,
+                       batch: BatchView) -> list[Violation]:
+    """What the batch's first offending record breaks (none: []).
+
+    One offending record refuses the batch. Naming only it keeps the partition's error
+    code for it in clients (KIP-467: with several record errors librdkafka and Java
+    report INVALID_RECORD for each instead)."""
+    for index, record in enumerate(decode_records(batch)):
+        problems: list[tuple[str, str]] = []
         size = len(record.key or b"") + len(record.value or b"") + sum(
             len(k) + len(v or b"") for k, v in record.headers)
         if spec.max_record_bytes is not None and size > spec.max_record_bytes:
-            found.append(Violation("max_record_bytes", _error(spec, "max_record_bytes"),
-                                   f"record of {size} bytes exceeds {spec.max_record_bytes}"))
+            problems.append(("max_record_bytes",
+                             f"{size} bytes exceed {spec.max_record_bytes}"))
         if spec.max_headers is not None and len(record.headers) > spec.max_headers:
-            found.append(Violation("max_headers", _error(spec, "max_headers"),
-                                   f"{len(record.headers)} headers exceed {spec.max_headers}"))
+            problems.append(("max_headers",
+                             f"{len(record.headers)} headers exceed {spec.max_headers}"))
         if spec.require_headers is not None:
             names = {k for k, _ in record.headers}
             missing = [h for h in spec.require_headers if h not in names]
             if missing:
-                found.append(Violation("require_headers", _error(spec, "require_headers"),
-                                       f"record lacks header(s) {', '.join(missing)}"))
-        if found:
-            break  # one offending record is enough to refuse the batch
-    return found
+                problems.append(("require_headers", f"lacks header(s) {', '.join(missing)}"))
+        if problems:
+            return [Violation(check, _error(spec, check), f"record {index}: {reason}",
+                              (topic, partition, index)) for check, reason in problems]
+    return []
+
+
+def _fetch_limits(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every byte limit of a Fetch request: (the struct holding it, its field)."""
+    yield body, "MaxBytes"
+    for topic in body.get("Topics") or ():
+        for partition in topic.get("Partitions") or ():
+            yield partition, "PartitionMaxBytes"
+
+
+def fetch_over_limit(spec: SafeguardSpec, body: dict[str, Any]) -> int | None:
+    """The largest byte limit a Fetch asks for above `max_fetch_bytes`; None when it
+    asks for no more. Reads only: what a dry-run rule reports."""
+    limit = spec.max_fetch_bytes
+    if limit is None:
+        return None
+    asked = max((holder.get(name, 0) for holder, name in _fetch_limits(body)), default=0)
+    return asked if asked > limit else None
 
 
 def clamp_fetch(spec: SafeguardSpec, body: dict[str, Any]) -> bool:
@@ -105,16 +142,11 @@ def clamp_fetch(spec: SafeguardSpec, body: dict[str, Any]) -> bool:
     if limit is None:
         return False
     changed = False
-    if body.get("MaxBytes", 0) > limit:
-        body["MaxBytes"] = limit
-        changed = True
-    for topic in body.get("Topics") or ():
-        for partition in topic.get("Partitions") or ():
-            if partition.get("PartitionMaxBytes", 0) > limit:
-                partition["PartitionMaxBytes"] = limit
-                changed = True
+    for holder, name in _fetch_limits(body):
+        if holder.get(name, 0) > limit:
+            holder[name] = limit
+            changed = True
     return changed
-
 
 
 def produce_bytes(body: dict[str, Any]) -> int:

@@ -48,13 +48,21 @@ from kafka_wire.entity_names import (
     TRANSACTIONAL_ID,
     EntityNameError,
     Rename,
+    named_entities,
     names_entities,
+    names_topic_ids,
     rename_entities,
     rename_group_payload,
 )
 from kafka_wire.error_responses import error_response
 
 log = logging.getLogger(__name__)
+
+UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
+
+
+class ForeignTopicId(EntityNameError):
+    """A request names a topic id outside the connection's namespace (or unknown)."""
 
 CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE, LIST_TRANSACTIONS = 68, 69, 66
 DELETE_TOPICS = 20
@@ -130,7 +138,7 @@ class VirtualTopicsFilter:
     def filter_request(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
-        ns = self._namespace(header, conn)
+        ns = self.namespace(header, conn)
         if ns is None:
             return None
         key, version = header.api_key, header.api_version
@@ -147,8 +155,9 @@ class VirtualTopicsFilter:
 
     # -- who is a tenant -------------------------------------------------------------
 
-    def _namespace(self, header: kafka_wire.RequestHeader,
-                   conn: ConnectionInfo) -> Namespace | None:
+    def namespace(self, header: kafka_wire.RequestHeader,
+                  conn: ConnectionInfo) -> Namespace | None:
+        """The namespace of the connection's first matching virtual-topics rule, if any."""
         compiled = self._engine.compiled
         ctx = MatchContext(
             api_key=header.api_key, api_version=header.api_version,
@@ -176,6 +185,7 @@ class VirtualTopicsFilter:
             # The answer would hide a foreign topic, but only after the broker deleted it.
             raise EntityNameError("virtual topics: DeleteTopics by topic id is not supported; "
                                   "name the topics")
+        self._confine_topic_ids(key, version, body, ns)
         changed = self._anchor_patterns(key, body, ns)  # may refuse: before any rename
         changed |= rename_entities(key, version, "request", body, ns.to_broker)
         if key == JOIN_GROUP:
@@ -195,6 +205,19 @@ class VirtualTopicsFilter:
                 if new is not None:
                     a["Assignment"], changed = new, True
         return changed
+
+    def _confine_topic_ids(self, key: int, version: int, body: dict[str, Any],
+                           ns: Namespace) -> None:
+        """Ids are not renamed (a tenant's id is its broker topic's): an id must name a
+        topic of the namespace. One the gateway cannot name, or another tenant's, is
+        answered as unknown (a foreign topic's existence is not confirmed)."""
+        if not names_topic_ids(key, version, "request"):
+            return
+        topic_ids = self._engine.topic_ids
+        for topic_id in named_entities(key, version, "request", body).topic_ids:
+            name = topic_ids.name(topic_id)
+            if name is None or ns.to_client[TOPIC](name) is None:
+                raise ForeignTopicId(f"topic id {topic_id} is not a topic of this namespace")
 
     def _anchor_patterns(self, key: int, body: dict[str, Any], ns: Namespace) -> bool:
         if key == CONSUMER_GROUP_HEARTBEAT:
@@ -228,8 +251,12 @@ class VirtualTopicsFilter:
 
     def _refuse(self, header: kafka_wire.RequestHeader, body: dict[str, Any], ns: Namespace,
                 err: Exception) -> RequestVerdict:
-        code = INVALID_REGULAR_EXPRESSION if isinstance(err, PatternError) else INVALID_REQUEST
-        what = "regular expression" if isinstance(err, PatternError) else "request"
+        if isinstance(err, ForeignTopicId):
+            code, what = UNKNOWN_TOPIC_ID, "topic id"
+        elif isinstance(err, PatternError):
+            code, what = INVALID_REGULAR_EXPRESSION, "regular expression"
+        else:
+            code, what = INVALID_REQUEST, "request"
         message = f"virtual topics: {what} refused: {err}"
         log.info("%s (%s)", message, header.client_id)
         answer = error_response(header.api_key, header.api_version, body, code, message)
@@ -278,5 +305,6 @@ def _names_anything(api_key: int, api_version: int) -> bool:
     if found is None:
         versions = kafka_wire.supported_versions(api_key)
         known = versions is not None and versions[0] <= api_version <= versions[1]
-        found = _NAMING[slot] = (not known) or names_entities(api_key, api_version)
+        found = _NAMING[slot] = (not known) or names_entities(api_key, api_version) or \
+            names_topic_ids(api_key, api_version, "request")
     return found

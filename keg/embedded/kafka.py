@@ -456,6 +456,10 @@ def probe_broker(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+# Features finalized when a data dir is formatted (see EmbeddedKafka).
+DEFAULT_FEATURES: dict[str, int] = {"share.version": 1}
+
+
 class EmbeddedKafka(Service):
     """A single-node Apache Kafka (KRaft, combined broker+controller) in a child JVM.
 
@@ -465,7 +469,9 @@ class EmbeddedKafka(Service):
     ``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener accepting PLAIN,
     SCRAM-SHA-256 and SCRAM-SHA-512 for those users (SCRAM credentials are written when the
     storage is formatted, i.e. on the first start of a data dir). ``extra_config`` entries
-    override the generated ``server.properties``.
+    override the generated ``server.properties``. ``features`` are finalized when the
+    storage is formatted: by default share groups (KIP-932, `share.version=1`), which
+    Kafka 4.1 ships but leaves off, so every group protocol works against this broker.
     """
 
     def __init__(
@@ -477,6 +483,7 @@ class EmbeddedKafka(Service):
         *,
         start_timeout: float = 60.0,
         heap: str = "1g",
+        features: dict[str, int] | None = None,
     ) -> None:
         for name in sasl_users or {}:
             if not _USER_RE.match(name):
@@ -489,6 +496,7 @@ class EmbeddedKafka(Service):
         self._sasl_port = 0
         self._sasl_users = dict(sasl_users or {})
         self._extra_config = dict(extra_config or {})
+        self._features = dict(DEFAULT_FEATURES if features is None else features)
         self._start_timeout = start_timeout
         self._heap = heap
         self._proc: subprocess.Popen[bytes] | None = None
@@ -759,6 +767,8 @@ class EmbeddedKafka(Service):
             str(self.config_path),
             "--standalone",
         ]
+        for feature, level in sorted(self._features.items()):
+            cmd += ["--feature", f"{feature}={level}"]
         for name, password in sorted(self._sasl_users.items()):
             for mechanism in _SCRAM_MECHANISMS:
                 cmd += ["--add-scram", scram_credential_spec(mechanism, name, password)]

@@ -170,7 +170,7 @@ def _streams(payload: bytes, out: Outcome) -> None:
 
     def on_request(head: Head) -> Decision:
         assert isinstance(head, RequestHead)
-        tracker.sent(head, hold_response=True)
+        tracker.reserve(head).forward(hold_response=True)
         return Decision.HOLD
 
     splitter = FrameSplitter(requests=True, decide=on_request, max_frame_size=MAX_FRAME)
@@ -178,7 +178,7 @@ def _streams(payload: bytes, out: Outcome) -> None:
         for chunk in _chunks(requests, seed):
             for piece in splitter.feed(chunk):
                 assert isinstance(piece, Frame)
-                _request_frame(piece.data, groups, envelopes, out)
+                _request_frame(piece.raw[4:], groups, envelopes, out)
     except KafkaWireError:
         out.streams_cut += 1
 
@@ -193,7 +193,7 @@ def _streams(payload: bytes, out: Outcome) -> None:
         for chunk in _chunks(responses, seed):
             for piece in splitter.feed(chunk):
                 assert isinstance(piece, Frame)
-                _response_frame(piece.data, answered.popleft(), groups, envelopes, out)
+                _response_frame(piece.raw[4:], answered.popleft(), groups, envelopes, out)
     except KafkaWireError:
         out.streams_cut += 1
 

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
+from keg.embedded.kafka import EmbeddedKafka, ensure_kafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
 
@@ -32,6 +32,24 @@ def sasl_conf(bootstrap: str, user: str, mechanism: str = "PLAIN") -> dict[str, 
     return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": mechanism, "sasl.username": user,
             "sasl.password": SASL_USERS[user]}
+
+
+def java_sasl(user: str) -> list[str]:
+    """Kafka Java client properties for `user` of SASL_USERS (PLAIN)."""
+    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{user}" password="{SASL_USERS[user]}";')
+    return ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"]
+
+
+def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
+    """The codecs of the batches the broker wrote for `topic` (Kafka's DumpLogSegments)."""
+    segments = sorted((kafka.data_dir).rglob(f"{topic}-0/*.log"))
+    assert segments, f"no log segment for {topic}"
+    done = run_java_tool("kafka.tools.DumpLogSegments", "--files", str(segments[0]),
+                         check=True)
+    # Lines read "baseOffset: 0 ... compresscodec: lz4 crc: ...".
+    return {line.split("compresscodec: ", 1)[1].split()[0] for line in done.stdout.splitlines()
+            if "compresscodec: " in line}
 
 
 @pytest.fixture(scope="session")

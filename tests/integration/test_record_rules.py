@@ -33,7 +33,13 @@ from interceptors.builtin import build_decrypt
 from interceptors.contract import BuildContext, InterceptedRecord
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import SASL_USERS, create_topic, sasl_conf
+from tests.integration.conftest import (
+    SASL_USERS,
+    create_topic,
+    dumped_codecs,
+    java_sasl,
+    sasl_conf,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -281,12 +287,6 @@ def consume_kafka_python(env: Env, user: str, topic: str) -> list[Rec]:
     return out
 
 
-def java_sasl(user: str) -> list[str]:
-    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="{user}" password="{SASL_USERS[user]}";')
-    return ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"]
-
-
 def produce_java(env: Env, user: str, topic: str, records: list[Rec]) -> None:
     lines = []
     for key, value, headers in records:
@@ -464,6 +464,7 @@ def test_one_invalid_record_refuses_the_batch_with_record_errors(env: Env) -> No
     refusals = [e for e in env.audit_events() if e.get("rule_id") == "p-validate"
                 and e.get("outcome") == "rejected" and e.get("topic") == topic]
     assert refusals and refusals[0]["reason"].startswith("$.amount")
+    assert {e["error_code"] for e in refusals} == {INVALID_RECORD}  # what the client got
 
 
 def test_idempotent_and_transactional_producers_through_a_dropping_rule(env: Env) -> None:
@@ -542,17 +543,6 @@ def test_custom_interceptor_budget_and_failure(env: Env) -> None:
     outcomes = {(e.get("rule_id"), e.get("outcome")) for e in env.audit_events()}
     assert ("slow-interceptor", "timeout") in outcomes
     assert ("failing-interceptor", "failed") in outcomes
-
-
-def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
-    """The codecs of the batches the broker wrote for `topic` (Kafka's DumpLogSegments)."""
-    segments = sorted((kafka.data_dir).rglob(f"{topic}-0/*.log"))
-    assert segments, f"no log segment for {topic}"
-    done = run_java_tool("kafka.tools.DumpLogSegments", "--files", str(segments[0]),
-                         check=True)
-    # Lines read "baseOffset: 0 ... compresscodec: lz4 crc: ...".
-    return {line.split("compresscodec: ", 1)[1].split()[0] for line in done.stdout.splitlines()
-            if "compresscodec: " in line}
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])

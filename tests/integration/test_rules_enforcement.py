@@ -18,11 +18,15 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+import kafka_wire
 from control_plane.service import free_port
 from control_plane.topology import SaslPlain
-from keg.embedded.kafka import EmbeddedKafka
+from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire.records import iter_batches
+from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import SASL_USERS, create_topic
+from tests.integration.conftest import SASL_USERS, create_topic, dumped_codecs, java_sasl
+from tests.integration.relay import RecordingRelay, gateway_listener
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +58,28 @@ rules:
     mode: dry-run
     match: {apis: [Produce], topics: {prefix: [audit.]}}
     action: {deny: {}}
+  - id: bulk-fetch-cap
+    order: -1
+    match: {apis: [Fetch], topics: {prefix: [bulk.]}}
+    action: {safeguard: {max_fetch_bytes: 1048576}}
+  - id: try-tiny-fetches
+    mode: dry-run
+    match: {apis: [Fetch], topics: {prefix: [bulk.]}}
+    action: {safeguard: {max_fetch_bytes: 100}}
+  - id: frozen-topics
+    match: {apis: [Produce], topics: {prefix: [frozen.]}}
+    action: {deny: {error: POLICY_VIOLATION, message: "frozen topics take no writes"}}
+  - id: typed-need-schema-id
+    match: {apis: [Produce], topics: {prefix: [typed.]}}
+    action: {safeguard: {require_headers: [schema-id]}}
+  - id: quiet-freeze
+    match: {apis: [Produce], topics: {prefix: [quiet.]}}
+    action: {deny: {}}
+    audit: {enabled: false}
+  # As filter_rules/examples/safeguards.yaml writes it.
+  - id: lz4-producer-hygiene
+    match: {apis: [Produce], topics: {prefix: [lz4.]}}
+    action: {safeguard: {compression: {require: [lz4, zstd]}, max_batch_bytes: 1048576}}
 """
 
 
@@ -78,6 +104,16 @@ class Env:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
             return str(resp.read().decode())
+
+    def wait_for_audit(self, rule_id: str, count: int = 1) -> list[dict[str, Any]]:
+        """The rule's audit events, once there are `count` (the gateway writes them as it
+        processes requests, which may be after the client moved on)."""
+        deadline = time.monotonic() + 20
+        while True:
+            events = [e for e in self.audit_events() if e["rule_id"] == rule_id]
+            if len(events) >= count or time.monotonic() > deadline:
+                return events
+            time.sleep(0.1)
 
     def broker_count(self, topic: str) -> int:
         """Records the broker stored (read directly, as the admin user)."""
@@ -323,3 +359,136 @@ def test_observe_deny_apis_and_dry_run(env: Env) -> None:
     assert metric(metrics, "keg_decisions_total", 'outcome="would-deny"',
                   'rule="try-freezing-audit-topics"') >= 1
     assert metric(metrics, "keg_decisions_total", 'outcome="observed"') >= 1
+
+
+def answers_of(relay: RecordingRelay, api_key: int) -> list[dict[str, Any]]:
+    """The decoded answers of `api_key` the gateway sent the relay's clients."""
+    out = []
+    for conn in relay.snapshot():
+        for frame in conn.frames:
+            if frame.direction == "response" and frame.api_key == api_key:
+                _cid, _tags, offset = kafka_wire.read_response_header(
+                    frame.frame, api_key, frame.api_version)
+                out.append(kafka_wire.decode_body(api_key, frame.api_version, "response",
+                                                  frame.frame, offset)[0])
+    return out
+
+
+def test_a_dry_run_fetch_limit_never_reaches_the_broker(env: Env) -> None:
+    """bulk-fetch-cap (enforced) caps librdkafka's Fetch at 1 MiB, so the request is
+    re-encoded; try-tiny-fetches (dry-run, 100 bytes) must leave no trace in it. With
+    MaxBytes 100 the broker answers one batch per Fetch (KIP-74), with 1 MiB all five."""
+    topic = admin_topic(env, f"bulk.{uuid.uuid4().hex[:6]}")
+    direct = Producer({"bootstrap.servers": env.kafka.bootstrap, "linger.ms": 0})
+    for i in range(5):  # five batches of 1 KB
+        direct.produce(topic, bytes([65 + i]) * 1000)
+        assert direct.flush(30) == 0
+
+    relay = RecordingRelay(gateway_listener(env.gateway))
+    consumer = Consumer({**env.client("alice", conf={"bootstrap.servers": relay.bootstrap}),
+                         "group.id": f"bulk-{uuid.uuid4().hex[:6]}",
+                         "enable.partition.eof": True})
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value() or b"")
+    finally:
+        consumer.close()
+        relay.close()
+    assert got == [bytes([65 + i]) * 1000 for i in range(5)]
+    # The consumer fetches this one topic (by name, or by id from Fetch v13 on).
+    batches_per_fetch = [
+        sum(1 for p in t["Partitions"] for _ in iter_batches(p["Records"] or b""))
+        for answer in answers_of(relay, FETCH) for t in answer["Responses"]]
+    assert max(batches_per_fetch) == 5, batches_per_fetch
+    limited = env.wait_for_audit("bulk-fetch-cap")
+    assert limited and {(e["outcome"], e["reason"]) for e in limited} == {
+        ("limited", "fetch of up to 52428800 bytes capped at 1048576")}
+    would = env.wait_for_audit("try-tiny-fetches")
+    assert would and {(e["outcome"], e["mode"], e["reason"]) for e in would} == {
+        ("would-limit", "dry-run", "fetch of up to 1048576 bytes capped at 100")}
+
+
+def test_refusals_tell_each_client_the_rule_and_its_reason(env: Env) -> None:
+    frozen = admin_topic(env, f"frozen.{uuid.uuid4().hex[:6]}")
+    typed = admin_topic(env, f"typed.{uuid.uuid4().hex[:6]}")
+    frozen_text = "keg rule frozen-topics: frozen topics take no writes"
+    typed_text = "keg rule typed-need-schema-id: record 0: lacks header(s) schema-id"
+
+    # librdkafka: the answer it gets carries both (what an application can read of it
+    # depends on the binding: docs/rules.md, "What a refused client is told").
+    relay = RecordingRelay(gateway_listener(env.gateway))
+    try:
+        results = produce(env.client("bob", conf={"bootstrap.servers": relay.bootstrap}),
+                          [(frozen, b"x"), (typed, b"y")])
+    finally:
+        relay.close()
+    assert sorted(results) == sorted([(frozen, 44), (typed, 87)])  # POLICY_VIOLATION, INVALID
+    answers = {t["Name"]: t["PartitionResponses"][0] for answer in answers_of(relay, PRODUCE)
+               for t in answer["Responses"]}
+    assert answers[frozen]["ErrorMessage"] == frozen_text
+    assert answers[typed]["ErrorMessage"] == typed_text
+    assert answers[typed]["RecordErrors"] == [{"BatchIndex": 0,
+                                               "BatchIndexErrorMessage": typed_text}]
+
+    # kafka-python raises with the message.
+    from kafka import KafkaProducer
+    producer = KafkaProducer(
+        bootstrap_servers=env.gateway.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password=USERS["bob"],
+        retries=0)
+    try:
+        with pytest.raises(Exception) as refused:
+            producer.send(frozen, b"no").get(timeout=30)
+    finally:
+        producer.close(10)
+    assert frozen_text in str(refused.value)
+
+    # Kafka's Java producer prints it.
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", typed]
+    for prop in java_sasl("bob"):
+        args += ["--producer-property", prop]
+    done = run_java_tool("console-producer", *args, input="untyped\n")
+    assert typed_text in done.stderr, done.stderr[-3000:]
+    assert env.broker_count(frozen) == 0 and env.broker_count(typed) == 0
+    reasons = {(e["rule_id"], e["reason"]) for e in env.audit_events()
+               if e["rule_id"] in ("frozen-topics", "typed-need-schema-id")}
+    assert reasons == {("frozen-topics", "frozen topics take no writes"),
+                       ("typed-need-schema-id", "record 0: lacks header(s) schema-id")}
+
+
+def test_an_acks_zero_refusal_is_counted_and_audited(env: Env) -> None:
+    """Kafka never answers a Produce with acks=0: the producer cannot learn of a refusal,
+    so the gateway must say it (even for a rule whose audit is off)."""
+    quiet = admin_topic(env, f"quiet.{uuid.uuid4().hex[:6]}")
+    results = produce(env.client("alice", conf={"acks": 0}), [(quiet, b"x")] * 3)
+    assert results == [(quiet, 0)] * 3  # as far as the producer knows, delivered
+    events = env.wait_for_audit("quiet-freeze")
+    assert events, "the refusal was never audited"
+    assert {(e["outcome"], e["answered"], e["error_code"], e["topic"]) for e in events} == {
+        ("denied", False, TOPIC_AUTHORIZATION_FAILED, quiet)}
+    assert metric(env.metrics(), "keg_unanswered_refusals_total", 'api="Produce"',
+                  'rule="quiet-freeze"') >= len(events)
+    assert env.broker_count(quiet) == 0
+
+
+def test_compression_require_takes_librdkafkas_small_uncompressed_batches(env: Env) -> None:
+    """librdkafka leaves a batch uncompressed when lz4 would not shrink it."""
+    topic = admin_topic(env, f"lz4.{uuid.uuid4().hex[:6]}")
+    lz4 = env.client("alice", conf={"compression.type": "lz4"})
+    assert produce(lz4, [(topic, b"tiny")]) == [(topic, 0)]
+    big = [(topic, json.dumps({"order": i, "note": "compressible " * 16}).encode())
+           for i in range(50)]
+    assert produce(lz4, big) == [(topic, 0)] * 50
+    assert dumped_codecs(env.kafka, topic) == {"none", "lz4"}  # as librdkafka sent them
+
+    plain = produce(env.client("alice", conf={"compression.type": "none"}), big)
+    assert {code for _, code in plain} == {76}  # UNSUPPORTED_COMPRESSION_TYPE: too big
+    assert env.broker_count(topic) == 51
+    reasons = [e["reason"] for e in env.audit_events() if e["rule_id"] == "lz4-producer-hygiene"]
+    assert reasons and all(r.startswith("compression none is not allowed for a batch of ")
+                           and r.endswith("(uncompressed only below 1024)") for r in reasons)

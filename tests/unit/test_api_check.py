@@ -103,6 +103,75 @@ def test_dry_run_of_a_candidate_on_requests_and_records(client: TestClient) -> N
         ("copy-to-topic", "audit.payments")]
 
 
+def test_dry_run_of_requests_naming_groups_with_the_safeguards_example(
+        client: TestClient) -> None:
+    """A rule with `topics:` and no `apis:` used to crash on DescribeGroups (its Groups
+    are group ids, not topic entries): the dry run answered 500."""
+    example = (DEFAULT_RULES_DIR.parent / "examples" / "safeguards.yaml").read_text()
+    result = client.post("/v1/dry-run", headers=ADMIN, json={"rules": example, "requests": [
+        {"api": "DescribeGroups", "version": 5,
+         "body": {"Groups": ["orders-app", "billing"], "IncludeAuthorizedOperations": False}},
+        {"api": "DeleteGroups", "version": 2, "body": {"GroupsNames": ["orders-app"]}},
+        {"api": "Produce", "version": 9, "body": produce("archive.2024")},
+    ]})
+    assert result.status_code == 200, result.text
+    groups, deleted, archive = result.json()["requests"]
+    assert groups["verdict"] == deleted["verdict"] == "forward"
+    assert archive["verdict"] == "answer"
+    assert archive["decisions"][0]["error"] == "TOPIC_AUTHORIZATION_FAILED"
+
+
+TENANTS = """
+rules:
+  - id: tenant-a
+    match: {principals: {exact: [alice]}}
+    action: {virtual_topics: {prefix: "tenant-a."}}
+  - id: freeze-tenant-a-orders
+    match: {apis: [Produce], topics: {exact: [tenant-a.orders]}}
+    action: {deny: {message: "orders are frozen"}}
+  - id: mask-tenant-a-cards
+    match: {topics: {prefix: [tenant-a.]}}
+    action: {mask: {fields: ["$.card"]}}
+"""
+
+
+def test_dry_run_judges_a_tenant_as_the_data_path_does(client: TestClient) -> None:
+    """Virtual topics first: rules see the broker's names, answers carry the client's."""
+    result = client.post("/v1/dry-run", headers=ADMIN, json={
+        "rules": TENANTS,
+        "requests": [
+            {"api": "Produce", "version": 9, "principal": "alice",
+             "body": produce("orders", "payments")},
+            {"api": "Produce", "version": 9, "principal": "alice", "body": produce("orders")},
+            {"api": "Produce", "version": 9, "principal": "bob", "body": produce("orders")},
+        ],
+        "records": [
+            {"topic": "orders", "value": '{"card": "4111"}', "principal": "alice"},
+            {"topic": "orders", "value": '{"card": "4111"}', "principal": "bob"},
+        ],
+    }).json()
+    partial, denied, other_tenant = result["requests"]
+    # alice's `orders` is the broker's tenant-a.orders: refused; her `payments` goes on,
+    # under the broker's name.
+    assert partial["verdict"] == "forward-changed" and partial["response_patched"]
+    assert [t["Name"] for t in partial["forwarded"]["TopicData"]] == ["tenant-a.payments"]
+    assert [(d["rule"], d["outcome"], d["topic"]) for d in partial["decisions"]] == [
+        ("freeze-tenant-a-orders", "denied", "tenant-a.orders")]
+    assert denied["verdict"] == "answer"
+    (topic,) = denied["answer"]["Responses"]
+    assert topic["Name"] == "orders"  # renamed back: the client sees its own name
+    assert topic["PartitionResponses"][0]["ErrorCode"] == 29
+    assert topic["PartitionResponses"][0]["ErrorMessage"] == \
+        "keg rule freeze-tenant-a-orders: orders are frozen"
+    assert other_tenant["verdict"] == "forward" and other_tenant["decisions"] == []
+
+    masked, untouched = result["records"]
+    assert masked["status"] == "modified" and masked["broker_topic"] == "tenant-a.orders"
+    assert masked["record"]["topic"] == "orders"
+    assert '"card":"****"' in masked["record"]["value"].replace(" ", "")
+    assert untouched["status"] == "unchanged" and untouched["broker_topic"] == "orders"
+
+
 def test_dry_run_of_the_live_rules(client: TestClient) -> None:
     client.put("/v1/rules/deny-all-produce", headers=ADMIN,
                json={"match": {"apis": ["Produce"]}, "action": {"deny": {}}})

@@ -477,12 +477,14 @@ def test_catalog() -> None:
         kw.encode_body(9999, 0, "request", {})
 
 
-def test_newer_file_wins_where_both_have_the_version() -> None:
+def test_the_brokers_schemas_win_then_the_newer_then_the_older() -> None:
     reg = registry()
-    assert reg.file_for("ProduceRequest", 2).source == "2024"
-    assert reg.file_for("ProduceRequest", 3).source == "newer"
-    assert reg.file_for("ProduceRequest", 13).source == "newer"
-    assert reg.file_for("MetadataResponse", 12).source == "newer"
+    assert reg.file_for("ProduceRequest", 2).source == "2024"  # removed by Kafka 4.0
+    assert reg.file_for("ProduceRequest", 3).source == "kafka-4.1.1"
+    assert reg.file_for("ProduceRequest", 13).source == "kafka-4.1.1"
+    assert reg.file_for("MetadataResponse", 12).source == "kafka-4.1.1"
+    assert reg.file_for("ShareFetchRequest", 1).source == "kafka-4.1.1"
+    assert reg.file_for("ListOffsetsRequest", 11).source == "newer"  # past Kafka 4.1.1
     assert reg.file_for("FetchRequest", 3).source == "2024"
     # Api key 74 was renamed: v0 exists under both names, v1 only under the new one.
     assert reg.file_for_key(74, "request", 0).name == "ListConfigResourcesRequest"

@@ -16,6 +16,7 @@ from kafka_wire.framing import (
     Frame,
     FrameSplitter,
     Head,
+    InFlight,
     Piece,
     RequestHead,
     ResponseHead,
@@ -132,10 +133,17 @@ def test_bad_sizes_are_rejected(size: int) -> None:
         splitter.feed(struct.pack(">ihhi", size, 0, 0, 1) + b"\0" * 20)
 
 
-def test_tracker_skips_unanswered_requests() -> None:
+def forwarded(tracker: CorrelationTracker, cid: int, api_key: int = 0,
+              hold_response: bool = False) -> InFlight:
+    slot = tracker.reserve(RequestHead(10, api_key, 3, cid))
+    slot.forward(hold_response)
+    return slot
+
+
+def test_tracker_skips_unanswered_produce_requests() -> None:
     tracker = CorrelationTracker()
     for cid in (1, 2, 3):
-        tracker.sent(RequestHead(10, 0, 3, cid), hold_response=cid == 3)
+        forwarded(tracker, cid, hold_response=cid == 3)
     entry, due = tracker.answered(3)  # 1 and 2 were acks=0 produces: no response comes
     assert entry.hold_response and entry.api_key == 0 and due == []
     assert len(tracker) == 0
@@ -143,20 +151,38 @@ def test_tracker_skips_unanswered_requests() -> None:
         tracker.answered(4)
 
 
+def test_tracker_refuses_a_skipped_answer_to_anything_but_produce() -> None:
+    tracker = CorrelationTracker()
+    forwarded(tracker, 1, api_key=3)  # Metadata is always answered
+    forwarded(tracker, 2, api_key=3)
+    with pytest.raises(FrameError, match="request 1 was due"):
+        tracker.answered(2)
+
+
+def test_tracker_refuses_an_answer_before_a_held_request_is_forwarded() -> None:
+    tracker = CorrelationTracker()
+    tracker.reserve(RequestHead(10, 3, 12, 1))  # held, still undecided
+    forwarded(tracker, 2, api_key=3)
+    assert tracker.take_due_answers() == []
+    with pytest.raises(FrameError, match="before request 1 was forwarded"):
+        tracker.answered(2)
+
+
 def test_tracker_bounds_in_flight() -> None:
     tracker = CorrelationTracker(max_in_flight=2)
-    tracker.sent(RequestHead(10, 0, 3, 1), False)
-    tracker.sent(RequestHead(10, 0, 3, 2), False)
+    forwarded(tracker, 1)
+    forwarded(tracker, 2)
     with pytest.raises(FrameError):
-        tracker.sent(RequestHead(10, 0, 3, 3), False)
+        forwarded(tracker, 3)
 
 
 def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
     tracker = CorrelationTracker()
-    tracker.sent(RequestHead(10, 0, 3, 1), False)
-    tracker.answered_by_gateway(RequestHead(10, 0, 3, 2), b"answer-2")
-    tracker.sent(RequestHead(10, 0, 3, 3), False)
-    tracker.answered_by_gateway(RequestHead(10, 0, 3, 4), b"answer-4")
+    forwarded(tracker, 1)
+    tracker.reserve(RequestHead(10, 0, 3, 2)).answer_with(b"answer-2")
+    forwarded(tracker, 3)
+    tracker.reserve(RequestHead(10, 0, 3, 4)).answer_with(b"answer-4")
+    tracker.reserve(RequestHead(10, 0, 3, 5)).drop_answer()  # refused acks=0 produce
     assert tracker.take_due_answers() == []  # the broker still owes the answer to 1
     assert tracker.answered(1)[1] == []
     assert tracker.take_due_answers() == [b"answer-2"]
@@ -164,6 +190,17 @@ def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
     assert entry.correlation_id == 3 and due == []
     assert tracker.take_due_answers() == [b"answer-4"]
     assert len(tracker) == 0
+
+
+def test_slots_decided_out_of_order_answer_in_request_order() -> None:
+    """A held request decided after later requests passed keeps its place."""
+    tracker = CorrelationTracker()
+    held = tracker.reserve(RequestHead(10, 3, 12, 1))
+    forwarded(tracker, 2, api_key=2)  # passed while 1 was still held
+    held.forward(hold_response=True)  # decided afterwards
+    entry, _ = tracker.answered(1)
+    assert entry is held
+    assert tracker.answered(2)[0].correlation_id == 2
 
 
 def split_with_injection(stream: bytes, cut: int) -> bytes:

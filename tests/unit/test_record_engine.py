@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from filter_rules import CompiledRuleSet, MatchContext, RuleSetInvalid, load_rule_text
-from interceptors import BuildContext, InterceptedRecord, RecordRejected
+from interceptors import BuildContext, InterceptedRecord, NoSideEffects, RecordRejected
 from interceptors.engine import RecordEngine
 from kafka_wire.records import BatchHeader, BatchView, Record, decode_records, encode_batch
 
@@ -97,6 +97,32 @@ def test_dry_run_reports_but_changes_nothing() -> None:
     assert outcome.status == "unchanged" and outcome.record.value == b"abc"  # type: ignore[union-attr]
     assert [(s.rule_id, s.effect, s.dry_run) for s in outcome.steps] == [
         ("upper", "modified", True)]
+
+
+def test_a_dry_run_copies_nothing_and_captures_nothing(tmp_path: Path) -> None:
+    sent = NoSideEffects()
+    rules = load_rule_text(textwrap.dedent(f"""
+        rules:
+          - id: copy-out
+            mode: dry-run
+            action: {{copy: {{topic: elsewhere}}}}
+          - id: capture-all
+            mode: dry-run
+            action: {{capture: {{path: "{tmp_path / 'capture'}"}}}}
+          - id: copy-for-real
+            match: {{topics: {{prefix: [real.]}}}}
+            action: {{copy: {{topic: audit}}}}
+        """), str(tmp_path / "r.yaml"))
+    e = RecordEngine(CompiledRuleSet(rules), BuildContext(side_effects=sent))
+    try:
+        outcome = e.evaluate(record(b"abc"))
+        assert [(s.rule_id, s.dry_run) for s in outcome.steps] == [
+            ("copy-out", True), ("capture-all", True)]
+        e.evaluate(InterceptedRecord("real.t", 0, None, b"x"))
+    finally:
+        e.close()
+    assert [topic for topic, _ in sent.topic_copies] == ["audit"]  # the enforced rule only
+    assert not (tmp_path / "capture").exists() or not any((tmp_path / "capture").rglob("*"))
 
 
 def test_budget_retries_then_times_out() -> None:

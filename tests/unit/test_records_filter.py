@@ -130,6 +130,20 @@ def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
     assert kafka_wire.decode_body(PRODUCE, 9, "response", encoded)[0]["Responses"][1]
 
 
+def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
+    f, decisions = records_filter()
+    f.filter_request(HEADER, produce("v.x", batch([{"amount": -1}])), CONN)
+    assert [(d.rule.id, d.outcome, d.error_code, d.answered) for d in decisions] == [
+        ("amounts", "rejected", 87, True)]
+    decisions.clear()
+    unanswered = produce("v.x", batch([{"amount": -1}]))
+    unanswered["Acks"] = 0
+    verdict = f.filter_request(HEADER, unanswered, CONN)
+    assert verdict is not None and not verdict.expects_response
+    assert [(d.outcome, d.error_code, d.answered) for d in decisions] == [
+        ("rejected", 87, False)]  # no answer tells the producer: it must not pass unseen
+
+
 def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
     f, _ = records_filter()
     body = produce("v.x", batch([{"amount": -1}]))

@@ -10,12 +10,14 @@ from ext_proc.filters.safeguards import (
     RateLimiter,
     TokenBucket,
     clamp_fetch,
+    fetch_over_limit,
     produce_bytes,
     produce_violations,
 )
 from filter_rules.model import RateSpec, SafeguardSpec
 from kafka_wire.compression import Compression
 from kafka_wire.records import BatchHeader, Record, encode_batch
+from kafka_wire.topic_ids import TopicIds
 
 
 def batch(n: int = 3, *, idempotent: bool = False, compression: Compression = Compression.NONE,
@@ -37,7 +39,7 @@ def produce(*batches: bytes, topic: str = "t", acks: int = -1,
 
 
 def checks(spec: SafeguardSpec, body: dict[str, Any]) -> list[str]:
-    return [v.check for v in produce_violations(spec, body, "t")]
+    return [v.check for v in produce_violations(spec, body, "t", TopicIds())]
 
 
 def test_idempotence_and_transactions() -> None:
@@ -54,7 +56,7 @@ def test_acks_zero_read_only_and_error_override() -> None:
         ["forbid_acks_zero"]
     assert checks(SafeguardSpec(forbid_acks_zero=True), produce(batch(), acks=1)) == []
     found = produce_violations(SafeguardSpec(read_only=True, error="POLICY_VIOLATION"),
-                               produce(batch()), "t")
+                               produce(batch()), "t", TopicIds())
     assert [(v.check, v.error_code) for v in found] == [("read_only", 44)]
 
 
@@ -85,13 +87,47 @@ def test_sizes_and_headers_look_inside_compressed_batches() -> None:
 
 def test_other_topics_are_not_checked() -> None:
     body = produce(batch(), topic="elsewhere")
-    assert produce_violations(SafeguardSpec(require_idempotence=True), body, "t") == []
+    assert produce_violations(SafeguardSpec(require_idempotence=True), body, "t", TopicIds()) == []
 
 
 def test_garbage_records_are_a_violation_not_a_crash() -> None:
     body = produce(b"\x00" * 70)
-    found = produce_violations(SafeguardSpec(max_headers=3), body, "t")
+    found = produce_violations(SafeguardSpec(max_headers=3), body, "t", TopicIds())
     assert found and found[0].check == "records"
+
+
+def test_small_uncompressed_batches_pass_a_compression_policy() -> None:
+    """librdkafka sends a batch uncompressed when compressing would not shrink it."""
+    small = produce(batch(1, value=b"tiny"))
+    large = produce(batch(20, value=b"x" * 100))
+    for policy in ({"require": ["lz4", "zstd"]}, {"forbid": ["none"]}):
+        spec = SafeguardSpec.model_validate({"compression": policy})
+        assert spec.compression is not None and spec.compression.allow_uncompressed_below_bytes \
+            == 1024
+        assert checks(spec, small) == []
+        (found,) = produce_violations(spec, large, "t", TopicIds())
+        assert found.reason.startswith("compression none is not allowed for a batch of ")
+        strict = SafeguardSpec.model_validate(
+            {"compression": {**policy, "allow_uncompressed_below_bytes": 0}})
+        assert checks(strict, small) == ["compression"]
+    # A compressed batch of a forbidden codec is refused whatever its size.
+    spec = SafeguardSpec.model_validate({"compression": {"forbid": ["gzip"]}})
+    assert checks(spec, produce(batch(1, compression=Compression.GZIP))) == ["compression"]
+
+
+def test_the_uncompressed_threshold_only_where_uncompressed_is_refused() -> None:
+    for policy in ({"require": ["none", "lz4"]}, {"forbid": ["gzip"]}):
+        with pytest.raises(ValueError, match="allow_uncompressed_below_bytes only applies"):
+            SafeguardSpec.model_validate(
+                {"compression": {**policy, "allow_uncompressed_below_bytes": 10}})
+
+
+def test_record_checks_name_the_offending_record() -> None:
+    spec = SafeguardSpec(require_headers=["schema-id"])
+    body = produce(batch(1, headers=[("schema-id", b"1")]), batch(3))
+    (found,) = produce_violations(spec, body, "t", TopicIds())
+    assert (found.check, found.record, found.reason) == (
+        "require_headers", ("t", 1, 0), "record 0: lacks header(s) schema-id")
 
 
 def test_fetch_limits_are_clamped() -> None:
@@ -102,6 +138,9 @@ def test_fetch_limits_are_clamped() -> None:
     assert body["MaxBytes"] == 1_000_000
     assert [p["PartitionMaxBytes"] for p in body["Topics"][0]["Partitions"]] == [1_000_000, 100]
     assert not clamp_fetch(SafeguardSpec(max_fetch_bytes=1_000_000), body)
+    assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=1_000_000), body) is None
+    assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=100), body) == 1_000_000
+    assert body["MaxBytes"] == 1_000_000  # only read
 
 
 def test_token_bucket_allows_the_burst_then_asks_to_wait() -> None:

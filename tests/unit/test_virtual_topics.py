@@ -358,3 +358,25 @@ def test_delete_topics_by_id_is_refused_by_name_is_renamed() -> None:
     sent = c.send(20, 6, {"Topics": [{"Name": "orders", "TopicId": uuid.UUID(int=0)}],
                           "TimeoutMs": 1000})
     assert sent is not None and sent["Topics"][0]["Name"] == "tenant-a.orders"
+
+
+def test_a_tenant_names_only_its_own_topics_by_id() -> None:
+    """Produce v13 and Fetch v13+ name topics by id, which are not renamed: an id must be
+    one of the namespace's topics; another tenant's, or one never seen, is unknown."""
+    c = Client("app-a")
+    own, foreign, unseen = uuid.UUID(int=11), uuid.UUID(int=12), uuid.UUID(int=13)
+    c.engine.topic_ids.add(own, "tenant-a.orders")
+    c.engine.topic_ids.add(foreign, "tenant-b.orders")
+
+    def produce_by_id(topic_id: uuid.UUID) -> dict[str, Any] | None:
+        return c.send(0, 13, {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000,
+                              "TopicData": [{"TopicId": topic_id, "PartitionData": [
+                                  {"Index": 0, "Records": b""}]}]})
+
+    forwarded = produce_by_id(own)
+    assert forwarded is not None and forwarded["TopicData"][0]["TopicId"] == own
+    c.answer({"Responses": [], "ThrottleTimeMs": 0})
+    for refused in (foreign, unseen):
+        assert produce_by_id(refused) is None
+        (topic,) = c.gateway_answer()["Responses"]
+        assert topic["PartitionResponses"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
