@@ -99,8 +99,6 @@ pub struct Callbacks {
     pub write_chunks: GetChunks,
     pub drain_write: Drain,
     pub inject_write: Inject,
-    /// Writes to the downstream connection from outside the write path (local answers).
-    pub write: Inject,
     pub close: Close,
     pub define_counter: DefineCounter,
     pub increment_counter: IncrementCounter,
@@ -109,7 +107,7 @@ pub struct Callbacks {
 }
 
 /// Every callback by its symbol name, in the order [`Callbacks::from_symbols`] takes them.
-pub const CALLBACK_SYMBOLS: [&CStr; 14] = [
+pub const CALLBACK_SYMBOLS: [&CStr; 13] = [
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks_size",
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks",
     c"envoy_dynamic_module_callback_network_filter_drain_read_buffer",
@@ -118,7 +116,6 @@ pub const CALLBACK_SYMBOLS: [&CStr; 14] = [
     c"envoy_dynamic_module_callback_network_filter_get_write_buffer_chunks",
     c"envoy_dynamic_module_callback_network_filter_drain_write_buffer",
     c"envoy_dynamic_module_callback_network_filter_inject_write_data",
-    c"envoy_dynamic_module_callback_network_filter_write",
     c"envoy_dynamic_module_callback_network_filter_close",
     c"envoy_dynamic_module_callback_network_filter_config_define_counter",
     c"envoy_dynamic_module_callback_network_filter_increment_counter",
@@ -157,12 +154,11 @@ impl Callbacks {
             write_chunks: f::<*mut c_void, GetChunks>(s[5]),
             drain_write: f::<*mut c_void, Drain>(s[6]),
             inject_write: f::<*mut c_void, Inject>(s[7]),
-            write: f::<*mut c_void, Inject>(s[8]),
-            close: f::<*mut c_void, Close>(s[9]),
-            define_counter: f::<*mut c_void, DefineCounter>(s[10]),
-            increment_counter: f::<*mut c_void, IncrementCounter>(s[11]),
-            log: f::<*mut c_void, Log>(s[12]),
-            local_address: f::<*mut c_void, GetAddress>(s[13]),
+            close: f::<*mut c_void, Close>(s[8]),
+            define_counter: f::<*mut c_void, DefineCounter>(s[9]),
+            increment_counter: f::<*mut c_void, IncrementCounter>(s[10]),
+            log: f::<*mut c_void, Log>(s[11]),
+            local_address: f::<*mut c_void, GetAddress>(s[12]),
         }
     }
 
