@@ -71,6 +71,10 @@ def up(
         Path | None, typer.Option(help="Embedded broker's data directory (kept across runs).")
     ] = None,
     envoy_concurrency: Annotated[int, typer.Option(help="Envoy worker threads.")] = 1,
+    data_path: Annotated[str, typer.Option(
+        help="ext-proc: every byte through the ext_proc service; native: keg's Kafka filter "
+             "inside Envoy (a dynamic module built by make setup; Envoys of another version "
+             "get ext-proc). The native filter does not enforce rules yet.")] = "ext-proc",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -97,6 +101,9 @@ def up(
     """Run the gateway: (embedded Kafka +) control plane + ext_proc + Envoy, until Ctrl-C."""
     api_port = api_port or None
     setup_logging(log_level, log_format)
+    if data_path not in ("ext-proc", "native"):
+        console.print(f"[red]error:[/] --data-path is ext-proc or native, not {data_path!r}")
+        raise typer.Exit(2)
     if rules_delivery not in ("control-plane", "directory"):
         console.print(f"[red]error:[/] --rules-delivery is control-plane or directory, "
                       f"not {rules_delivery!r}")
@@ -126,6 +133,7 @@ def up(
                 audit_log=audit_log or cache_dir() / "up" / "audit.jsonl",
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
+                data_path=data_path,
                 work_dir=cache_dir() / "up",
                 api=None if api_port is None else ApiOptions(
                     data_dir=cache_dir() / "up", port=api_port, tokens_file=api_tokens),
@@ -337,6 +345,12 @@ def setup() -> None:
         raise typer.Exit(2) from None
     console.print(f"Kafka jars: {libs}")
     console.print(f"Envoy: {envoy_binary()}")
+    from keg.embedded.native import NativeModuleUnavailable, module_dir
+
+    try:
+        console.print(f"keg's Envoy filter: {module_dir()}")
+    except NativeModuleUnavailable as err:
+        console.print(f"[yellow]keg's Envoy filter not built:[/] {err}")
 
 
 @app.command()
