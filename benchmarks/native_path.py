@@ -25,7 +25,6 @@ import logging
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict

@@ -11,10 +11,18 @@ Kafka connections), so everything per-connection the processor needs rides in
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2, grpc_service_pb2, protocol_pb2
+from envoy.config.core.v3 import (
+    address_pb2,
+    base_pb2,
+    config_source_pb2,
+    extension_pb2,
+    grpc_service_pb2,
+    protocol_pb2,
+)
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.network.ext_proc.v3 import ext_proc_pb2
@@ -25,9 +33,9 @@ from google.protobuf.message import Message
 
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import kafka_broker_config
-from control_plane.native_filter import FILTER_NAME as NATIVE_FILTER
+from control_plane.native_filter import FILTER_TYPE as NATIVE_FILTER_TYPE
 from control_plane.native_filter import NativeFilter, module_config, network_filter
-from control_plane.snapshot import CLUSTER, LISTENER, Snapshot
+from control_plane.snapshot import CLUSTER, EXTENSION_CONFIG, LISTENER, Snapshot
 from ext_proc.connection import (
     BROKER_ID,
     BROKER_ROUTES,
@@ -147,16 +155,29 @@ class KafkaBrokerFilter:
     api_keys_denied: frozenset[int] = frozenset()
 
 
-def _native_listener(plan: GatewayPlan, route: BrokerRoute,
-                     native: NativeFilter) -> listener_pb2.Listener:
+def _native_filter_config(plan: GatewayPlan, native: NativeFilter) -> Message:
+    """The group's module configuration, an ECDS resource named after its route table."""
     config = module_config(native, plan.advertised_routes(), plan.broker_endpoints())
+    return extension_pb2.TypedExtensionConfig(name=native.route_table,
+                                              typed_config=_any(network_filter(config)))
+
+
+def _native_listener(route: BrokerRoute, listen_host: str,
+                     native: NativeFilter) -> listener_pb2.Listener:
+    """`[keg's module -> tcp_proxy]`; the module's config comes by ECDS, so a route change
+    updates the shared resource and never this listener (a change would drain it)."""
     tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
+    discovery = config_source_pb2.ExtensionConfigSource(
+        config_source=config_source_pb2.ConfigSource(
+            ads=config_source_pb2.AggregatedConfigSource(),
+            resource_api_version=config_source_pb2.V3),
+        type_urls=[NATIVE_FILTER_TYPE],
+    )
     return listener_pb2.Listener(
         name=route.listener_name,
-        address=_socket_address(plan.listen_host, route.listen_port),
+        address=_socket_address(listen_host, route.listen_port),
         filter_chains=[listener_components_pb2.FilterChain(filters=[
-            listener_components_pb2.Filter(name=NATIVE_FILTER,
-                                           typed_config=_any(network_filter(config))),
+            listener_components_pb2.Filter(name=native.route_table, config_discovery=discovery),
             listener_components_pb2.Filter(
                 name="envoy.filters.network.tcp_proxy", typed_config=_any(tcp_proxy)
             ),
@@ -167,7 +188,7 @@ def _native_listener(plan: GatewayPlan, route: BrokerRoute,
 def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFilter | None,
               native: NativeFilter | None = None) -> listener_pb2.Listener:
     if native is not None:
-        return _native_listener(plan, route, native)
+        return _native_listener(route, plan.listen_host, native)
     metadata = [
         (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
         (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
@@ -226,4 +247,7 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
     references = {
         r.listener_name: frozenset({EXT_PROC_CLUSTER, r.cluster_name}) for r in plan.routes
     }
-    return Snapshot({CLUSTER: clusters, LISTENER: listeners}, references)
+    resources: dict[str, Mapping[str, Message]] = {CLUSTER: clusters, LISTENER: listeners}
+    if native is not None:
+        resources[EXTENSION_CONFIG] = {native.route_table: _native_filter_config(plan, native)}
+    return Snapshot(resources, references)

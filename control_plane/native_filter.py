@@ -29,6 +29,8 @@ from typing import Any
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
 FILTER_NAME = "envoy.filters.network.dynamic_modules"
+FILTER_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3."
+               "DynamicModuleNetworkFilter")
 # The shared object Envoy loads: lib<MODULE_NAME>.so in ENVOY_DYNAMIC_MODULES_SEARCH_PATH.
 MODULE_NAME = "keg_kafka_filter"
 # The filter implementation inside the module.

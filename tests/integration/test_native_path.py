@@ -9,13 +9,16 @@ Produce v12+ (transaction.version=2) passes, and the module reports what it did.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from kafka_wire.api_keys import API_VERSIONS, METADATA
+from control_plane.topology import Topology
+from kafka_wire.api_keys import API_VERSIONS, DESCRIBE_CONFIGS, METADATA
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
@@ -56,9 +59,10 @@ def envoy_stats(gateway: Gateway) -> dict[str, int]:
 
 def test_the_node_runs_keg_filter_not_ext_proc(gateway: Gateway) -> None:
     assert gateway.envoy is not None
-    dump = gateway.envoy.admin("/config_dump?resource=dynamic_listeners")
-    assert "envoy.filters.network.dynamic_modules" in dump
-    assert "envoy.filters.network.ext_proc" not in dump
+    listeners = gateway.envoy.admin("/config_dump?resource=dynamic_listeners")
+    assert "DynamicModuleNetworkFilter" in listeners  # by ECDS
+    assert "envoy.filters.network.ext_proc" not in listeners
+    assert "keg_kafka_filter" in gateway.envoy.admin("/config_dump?resource=ecds_filters")
     statuses = [n for n in gateway.fleet_status() if n["role"] == "envoy"]
     assert [n["data_path"] for n in statuses] == ["native"]
 
@@ -129,3 +133,43 @@ def test_api_versions_request_count_is_an_envoy_stat(gateway: Gateway) -> None:
     prometheus = gateway.envoy.admin("/stats/prometheus")
     assert re.search(r"keg_kafka_api_api_versions_requests\S*\s+[1-9]", prometheus), \
         "per-API counters are visible on /stats/prometheus"
+
+
+def _advertised_listeners(conn: RawConnection) -> str:
+    body = conn.request(DESCRIBE_CONFIGS, 4, {
+        "Resources": [{"ResourceType": 4, "ResourceName": "1",
+                       "ConfigurationKeys": ["advertised.listeners"]}],
+        "IncludeSynonyms": False, "IncludeDocumentation": False})
+    return str(body["Results"][0]["Configs"][0]["Value"])
+
+
+def test_route_changes_reach_live_connections_without_a_listener_change(
+        gateway: Gateway) -> None:
+    """Routes come by ECDS into the module's process-wide route table: a change updates
+    a connection that is already open, and no listener changes (none is drained)."""
+    plane = gateway.control_plane
+    assert plane is not None and plane.topology is not None and gateway.envoy is not None
+    original = plane.topology
+    # The same broker under another name: its endpoint in the routes changes, so the
+    # module no longer recognises 127.0.0.1:<port> in the broker's config values.
+    renamed = Topology(original.cluster_id,
+                       tuple(replace(b, host="localhost") for b in original.brokers))
+    conn = RawConnection(gateway.bootstrap)
+    listeners_before = {k: v for k, v in gateway.envoy.dynamic_versions().items()
+                        if k.startswith("listener/")}
+    try:
+        gateway_address = "{}:{}".format(*next(iter(gateway_addresses(gateway))))
+        assert f"PLAINTEXT://{gateway_address}" in _advertised_listeners(conn)
+        gateway.call(plane.set_topology, renamed)
+        deadline = time.monotonic() + 30
+        while "localhost:" not in gateway.envoy.admin("/config_dump?resource=ecds_filters"):
+            assert time.monotonic() < deadline, "the new routes never reached Envoy"
+            time.sleep(0.1)
+        # The same connection answers with the new route table.
+        assert _advertised_listeners(conn).startswith("PLAINTEXT://redacted:0")
+        listeners_after = {k: v for k, v in gateway.envoy.dynamic_versions().items()
+                           if k.startswith("listener/")}
+        assert listeners_after == listeners_before
+    finally:
+        gateway.call(plane.set_topology, original)
+        conn.close()

@@ -15,7 +15,7 @@ from google.protobuf import wrappers_pb2
 from control_plane.fleet import NodeInfo
 from control_plane.native_filter import (
     ENVOY_VERSION,
-    FILTER_NAME,
+    FILTER_TYPE,
     MODULE_NAME,
     NativeFilter,
     module_config,
@@ -23,7 +23,7 @@ from control_plane.native_filter import (
     runs_module,
 )
 from control_plane.service import ControlPlane, ControlPlaneSettings
-from control_plane.snapshot import LISTENER
+from control_plane.snapshot import EXTENSION_CONFIG, LISTENER
 from control_plane.topology import Broker, Topology
 from keg.embedded.envoy import envoy_binary
 from keg.embedded.native import CRATE_DIR
@@ -63,11 +63,13 @@ def test_the_module_only_for_its_envoy_release(version: tuple[int, int, int] | N
 
 
 def _filters(plane: ControlPlane, node: str) -> list[str]:
+    """The listener's filters: their names, or `ecds:<type>` for one configured by ECDS."""
     snapshot = plane.cache.get(node)
     assert snapshot is not None
     listener = snapshot.resources[LISTENER]["kafka_broker_1"]
     assert isinstance(listener, listener_pb2.Listener)
-    return [f.name for f in listener.filter_chains[0].filters]
+    return [f"ecds:{f.config_discovery.type_urls[0]}" if f.HasField("config_discovery")
+            else f.name for f in listener.filter_chains[0].filters]
 
 
 def test_a_mixed_fleet_gets_the_module_where_it_loads_and_ext_proc_elsewhere() -> None:
@@ -78,10 +80,35 @@ def test_a_mixed_fleet_gets_the_module_where_it_loads_and_ext_proc_elsewhere() -
         plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092), Broker(2, "kafka-2", 9092))))
         new = plane.fleet.connected(NodeInfo("envoy-140", "keg", build_version=(1, 40, 1)))
         old = plane.fleet.connected(NodeInfo("envoy-139", "keg", build_version=(1, 39, 0)))
-        assert _filters(plane, "envoy-140") == [FILTER_NAME, "envoy.filters.network.tcp_proxy"]
+        assert _filters(plane, "envoy-140") == [f"ecds:{FILTER_TYPE}",
+                                                "envoy.filters.network.tcp_proxy"]
         assert _filters(plane, "envoy-139") == ["envoy.filters.network.ext_proc",
                                                 "envoy.filters.network.tcp_proxy"]
         assert (new.data_path, old.data_path) == ("native", "ext-proc")
+        native = plane.cache.get("envoy-140")
+        assert native is not None and list(native.resources[EXTENSION_CONFIG]) == ["keg/default"]
+        assert EXTENSION_CONFIG not in plane.cache.get("envoy-139").resources  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+
+
+def test_a_route_change_changes_the_filter_config_not_the_listeners() -> None:
+    """Listeners reference the module's configuration by name (ECDS): new routes reach
+    live connections without a listener change, which would drain them."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native"))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        before = plane.cache.get("envoy")
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092), Broker(2, "kafka-2", 9092))))
+        after = plane.cache.get("envoy")
+        assert before is not None and after is not None
+        listeners = (before.resource_versions[LISTENER], after.resource_versions[LISTENER])
+        assert listeners[0]["kafka_broker_1"] == listeners[1]["kafka_broker_1"]
+        assert "kafka_broker_2" in listeners[1]
+        assert before.version(EXTENSION_CONFIG) != after.version(EXTENSION_CONFIG)
 
     asyncio.run(scenario())
 
