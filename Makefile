@@ -6,7 +6,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
-.PHONY: setup up test lint unit integration bench clean system-deps
+.PHONY: setup up test lint unit integration bench clean system-deps native native-test
+
+# keg's Kafka filter for Envoy (a Rust dynamic module); cargo comes with Rust (rustup).
+CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
+CRATE := envoy/kafka_filter/Cargo.toml
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,8 +18,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) native
 	$(VENV)/bin/keg setup
+
+native:
+	$(CARGO) build --release --quiet --manifest-path $(CRATE)
+
+# The crate's tests (unit, split-at-every-offset, property tests) and its lints.
+native-test:
+	$(CARGO) test --quiet --manifest-path $(CRATE)
+	@if $(CARGO) clippy --version >/dev/null 2>&1; then \
+	  $(CARGO) clippy --quiet --all-targets --manifest-path $(CRATE) -- -D warnings; \
+	else echo "cargo clippy is not installed (rustup component add clippy): lints skipped"; fi
 
 up: setup
 	$(VENV)/bin/keg up
@@ -39,7 +53,7 @@ system-deps:
 	fi
 
 # pytest exits 5 when it collected no tests: that must fail, never pass silently.
-test: setup system-deps lint
+test: setup system-deps lint native-test
 	$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
@@ -53,4 +67,4 @@ bench: setup
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache envoy/kafka_filter/target

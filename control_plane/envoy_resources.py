@@ -1,18 +1,28 @@
 """Compile a gateway plan (brokers, the ports that front them) into Envoy resources.
 
-Per broker: a listener `[network ext_proc -> tcp_proxy]` and a cluster for the
-broker; once: the HTTP/2 cluster of the ext_proc service. Rule changes never
-touch these resources (a listener change drains live Kafka connections), so
-everything per-connection the processor needs rides in `initial_metadata`.
+Per broker: a listener and a cluster for the broker; once: the HTTP/2 cluster of the
+ext_proc service. A listener's chain is `[network ext_proc -> tcp_proxy]`, or on nodes
+that load keg's own filter (control_plane.native_filter) `[dynamic module ->
+tcp_proxy]`. Rule changes never touch these resources (a listener change drains live
+Kafka connections), so everything per-connection the processor needs rides in
+`initial_metadata` (ext_proc) or in the module's route table (native).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2, grpc_service_pb2, protocol_pb2
+from envoy.config.core.v3 import (
+    address_pb2,
+    base_pb2,
+    config_source_pb2,
+    extension_pb2,
+    grpc_service_pb2,
+    protocol_pb2,
+)
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.network.ext_proc.v3 import ext_proc_pb2
@@ -23,7 +33,9 @@ from google.protobuf.message import Message
 
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import kafka_broker_config
-from control_plane.snapshot import CLUSTER, LISTENER, Snapshot
+from control_plane.native_filter import FILTER_TYPE as NATIVE_FILTER_TYPE
+from control_plane.native_filter import NativeFilter, module_config, network_filter
+from control_plane.snapshot import CLUSTER, EXTENSION_CONFIG, LISTENER, Snapshot
 from ext_proc.connection import (
     BROKER_ID,
     BROKER_ROUTES,
@@ -64,6 +76,10 @@ class GatewayPlan:
     ext_proc_port: int
     message_timeout_s: float = 2.0
     failure_mode_allow: bool = False
+
+    def broker_endpoints(self) -> tuple[tuple[int, str, int], ...]:
+        """(node id, broker host, broker port) of the brokers this plan fronts."""
+        return tuple((r.node_id, r.broker_host, r.broker_port) for r in self.routes)
 
     def advertised_routes(self) -> dict[int, tuple[str, int]]:
         return {r.node_id: (self.advertised_host, r.listen_port) for r in self.routes}
@@ -139,8 +155,40 @@ class KafkaBrokerFilter:
     api_keys_denied: frozenset[int] = frozenset()
 
 
-def _listener(plan: GatewayPlan, route: BrokerRoute,
-              kafka_broker: KafkaBrokerFilter | None) -> listener_pb2.Listener:
+def _native_filter_config(plan: GatewayPlan, native: NativeFilter) -> Message:
+    """The group's module configuration, an ECDS resource named after its route table."""
+    config = module_config(native, plan.advertised_routes(), plan.broker_endpoints())
+    return extension_pb2.TypedExtensionConfig(name=native.route_table,
+                                              typed_config=_any(network_filter(config)))
+
+
+def _native_listener(route: BrokerRoute, listen_host: str,
+                     native: NativeFilter) -> listener_pb2.Listener:
+    """`[keg's module -> tcp_proxy]`; the module's config comes by ECDS, so a route change
+    updates the shared resource and never this listener (a change would drain it)."""
+    tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
+    discovery = config_source_pb2.ExtensionConfigSource(
+        config_source=config_source_pb2.ConfigSource(
+            ads=config_source_pb2.AggregatedConfigSource(),
+            resource_api_version=config_source_pb2.V3),
+        type_urls=[NATIVE_FILTER_TYPE],
+    )
+    return listener_pb2.Listener(
+        name=route.listener_name,
+        address=_socket_address(listen_host, route.listen_port),
+        filter_chains=[listener_components_pb2.FilterChain(filters=[
+            listener_components_pb2.Filter(name=native.route_table, config_discovery=discovery),
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.tcp_proxy", typed_config=_any(tcp_proxy)
+            ),
+        ])],
+    )
+
+
+def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFilter | None,
+              native: NativeFilter | None = None) -> listener_pb2.Listener:
+    if native is not None:
+        return _native_listener(route, plan.listen_host, native)
     metadata = [
         (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
         (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
@@ -179,10 +227,12 @@ def _listener(plan: GatewayPlan, route: BrokerRoute,
 
 
 def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] = (),
-                     kafka_broker: KafkaBrokerFilter | None = None) -> Snapshot:
+                     kafka_broker: KafkaBrokerFilter | None = None,
+                     native: NativeFilter | None = None) -> Snapshot:
     """The snapshot for `plan`; `keep_clusters` are routes of earlier plans whose
     clusters must stay (a node may still run listeners that reference them);
-    `kafka_broker` only for nodes whose Envoy lists that extension."""
+    `kafka_broker` only for nodes whose Envoy lists that extension; `native` for nodes
+    that load keg's own filter (their listeners then have no ext_proc filter)."""
     clusters: dict[str, Message] = {
         EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
                                    http2=True),
@@ -192,9 +242,12 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
             route.cluster_name, route.broker_host, route.broker_port
         )
     listeners: dict[str, Message] = {
-        r.listener_name: _listener(plan, r, kafka_broker) for r in plan.routes
+        r.listener_name: _listener(plan, r, kafka_broker, native) for r in plan.routes
     }
     references = {
         r.listener_name: frozenset({EXT_PROC_CLUSTER, r.cluster_name}) for r in plan.routes
     }
-    return Snapshot({CLUSTER: clusters, LISTENER: listeners}, references)
+    resources: dict[str, Mapping[str, Message]] = {CLUSTER: clusters, LISTENER: listeners}
+    if native is not None:
+        resources[EXTENSION_CONFIG] = {native.route_table: _native_filter_config(plan, native)}
+    return Snapshot(resources, references)

@@ -37,6 +37,8 @@ class NodeInfo:
     extensions: frozenset[str] = frozenset()
     metadata: dict[str, Any] = field(default_factory=dict)
     user_agent: str = ""
+    # (major, minor, patch) from user_agent_build_version: which Envoy ABI the node has.
+    build_version: tuple[int, int, int] | None = None
 
     @classmethod
     def from_proto(cls, node: base_pb2.Node) -> NodeInfo:
@@ -45,9 +47,11 @@ class NodeInfo:
         locality = "/".join(p for p in (node.locality.region, node.locality.zone,
                                         node.locality.sub_zone) if p)
         version = ""
+        build: tuple[int, int, int] | None = None
         if node.HasField("user_agent_build_version"):
             v = node.user_agent_build_version.version
             version = f"{v.major_number}.{v.minor_number}.{v.patch}"
+            build = (v.major_number, v.minor_number, v.patch)
         agent = " ".join(p for p in (node.user_agent_name,
                                      node.user_agent_version or version) if p)
         return cls(
@@ -58,6 +62,7 @@ class NodeInfo:
             extensions=frozenset(e.name for e in node.extensions),
             metadata=metadata,
             user_agent=agent,
+            build_version=build,
         )
 
 
@@ -100,6 +105,8 @@ class NodeStatus:
     extensions: frozenset[str] = frozenset()
     metadata: dict[str, Any] = field(default_factory=dict)
     user_agent: str = ""
+    build_version: tuple[int, int, int] | None = None
+    data_path: str = ""  # what the control plane compiled for it: native | ext-proc
     transport: str = ""  # sotw | delta
     streams: int = 0  # a restarted node may open its new stream before the old one ends
     connected_at: float | None = None
@@ -124,6 +131,7 @@ class NodeStatus:
             "cluster": self.cluster,
             "locality": self.locality,
             "user_agent": self.user_agent,
+            "data_path": self.data_path,
             "transport": self.transport,
             "connected": self.connected,
             "connected_at": _iso(self.connected_at),
@@ -153,6 +161,7 @@ class Fleet:
         status.cluster, status.locality, status.role = info.cluster, info.locality, info.role
         status.extensions, status.metadata = info.extensions, info.metadata
         status.user_agent, status.transport = info.user_agent, transport
+        status.build_version = info.build_version
         status.streams += 1
         status.connected_at = status.last_seen = time.time()
         for callback in self.on_connect:

@@ -38,6 +38,7 @@ from control_plane.envoy_resources import (
 from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
+from control_plane.native_filter import NativeFilter, runs_module
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
@@ -110,6 +111,10 @@ class GroupPlan(GatewayPlan):
         return {**{b: (h, p) for b, h, p in self.elsewhere}, **super().advertised_routes()}
 
 
+NATIVE, EXT_PROC_PATH = "native", "ext-proc"
+DATA_PATHS = (NATIVE, EXT_PROC_PATH)
+
+
 @dataclass(frozen=True)
 class ControlPlaneSettings:
     bootstrap_servers: str
@@ -135,6 +140,16 @@ class ControlPlaneSettings:
     kafka_broker_api_lists: bool = True
     # Nodes disconnected this long leave the fleet view (and the cache).
     forget_after_s: float = 3600.0
+    # "native": keg's own filter (an Envoy dynamic module) on nodes whose Envoy version
+    # matches the module's ABI, the network ext_proc chain on every other node;
+    # "ext-proc": the ext_proc chain everywhere.
+    data_path: str = "ext-proc"
+    max_frame_size: int = 100 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.data_path not in DATA_PATHS:
+            raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
+                             f"not {self.data_path!r}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -165,7 +180,7 @@ class ControlPlane:
         self._broker_order: list[int] = []
         self._ports: dict[tuple[str, int], int] = {}
         self._plans: dict[str, GroupPlan] = {}
-        self._compiled: dict[tuple[str, KafkaBrokerFilter | None], Snapshot] = {}
+        self._compiled: dict[tuple[str, KafkaBrokerFilter | None, bool], Snapshot] = {}
         self._rules_snapshot: Snapshot | None = None
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
@@ -298,12 +313,21 @@ class ControlPlane:
             return None
         group = self.group_of(status)
         kafka_broker = self._kafka_broker if status.has_extension(KAFKA_BROKER) else None
-        key = (group.name, kafka_broker)
+        native = self.runs_native(status)
+        key = (group.name, kafka_broker, native)
         base = self._compiled.get(key)
         if base is None:
+            filter_ = NativeFilter(route_table=f"keg/{group.name or 'default'}",
+                                   max_frame_size=self.settings.max_frame_size) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
-                                                          kafka_broker=kafka_broker)
+                                                          kafka_broker=kafka_broker,
+                                                          native=filter_)
         return base.retaining(status.of(LISTENER).accepted)
+
+    def runs_native(self, status: NodeStatus) -> bool:
+        """Whether this Envoy gets keg's own filter: native asked for, and its Envoy
+        version is the one the module is built for."""
+        return self.settings.data_path == NATIVE and runs_module(status.build_version)
 
     def _publish_node(self, status: NodeStatus) -> None:
         if status.role == EXT_PROC:
@@ -322,6 +346,12 @@ class ControlPlane:
     def _node_connected(self, status: NodeStatus) -> None:
         if status.has_extension(KAFKA_BROKER):
             log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
+        if status.role != EXT_PROC:
+            status.data_path = NATIVE if self.runs_native(status) else EXT_PROC_PATH
+            if self.settings.data_path == NATIVE and status.data_path != NATIVE:
+                log.warning("node %s runs Envoy %s, not the version keg's filter is built for: "
+                            "it gets the ext_proc data path", status.node_id,
+                            status.user_agent or "of unknown version")
         self._publish_node(status)
 
     def _node_verdict(self, status: NodeStatus, type_url: str, version: str,

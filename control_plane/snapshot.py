@@ -23,8 +23,10 @@ from google.protobuf.message import Message
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RULES = "type.googleapis.com/keg.v1.RuleSet"
+# ECDS: filter configurations listeners reference by name (keg's native filter).
+EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 # Envoy must learn clusters before the listeners that reference them.
-TYPE_ORDER = (CLUSTER, LISTENER, RULES)
+TYPE_ORDER = (CLUSTER, EXTENSION_CONFIG, LISTENER, RULES)
 ANY_NODE = "*"
 
 

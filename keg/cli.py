@@ -111,6 +111,10 @@ def up(
         Path | None, typer.Option(help="Embedded broker's data directory (kept across runs).")
     ] = None,
     envoy_concurrency: Annotated[int, typer.Option(help="Envoy worker threads.")] = 1,
+    data_path: Annotated[str, typer.Option(
+        help="ext-proc: every byte through the ext_proc service; native: keg's Kafka filter "
+             "inside Envoy (a dynamic module built by make setup; Envoys of another version "
+             "get ext-proc). The native filter does not enforce rules yet.")] = "ext-proc",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -144,6 +148,8 @@ def up(
     """
     api_port = api_port or None
     setup_logging(log_level, log_format)
+    if data_path not in ("ext-proc", "native"):
+        raise _fail(f"--data-path is ext-proc or native, not {data_path!r}")
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
     from control_plane.store import StoreError
@@ -190,6 +196,7 @@ def up(
                 audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
+                data_path=data_path,
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
@@ -420,6 +427,12 @@ def setup() -> None:
         raise _fail(str(err)) from None
     console.print(f"Kafka jars: {libs}")
     console.print(f"Envoy: {envoy_binary()}")
+    from keg.embedded.native import NativeModuleUnavailable, module_dir
+
+    try:
+        console.print(f"keg's Envoy filter: {module_dir()}")
+    except NativeModuleUnavailable as err:
+        console.print(styled(("keg's Envoy filter not built:", "yellow"), " ", str(err)))
 
 
 @app.command()

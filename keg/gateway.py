@@ -29,7 +29,14 @@ from typing import Any
 
 from control_plane.fleet import EXT_PROC, NodeStatus
 from control_plane.providers import RuleProvider
-from control_plane.service import ControlPlane, ControlPlaneSettings, free_port
+from control_plane.service import (
+    DATA_PATHS,
+    EXT_PROC_PATH,
+    NATIVE,
+    ControlPlane,
+    ControlPlaneSettings,
+    free_port,
+)
 from control_plane.snapshot import RULES
 from control_plane.topology import DiscoveryError, SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
@@ -37,6 +44,8 @@ from keg.lifecycle import Service
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
 log = logging.getLogger(__name__)
+
+CLOSE_THROUGH_FILTER_MANAGER = "envoy.reloadable_features.connection_close_through_filter_manager"
 
 
 class GatewayError(RuntimeError):
@@ -158,8 +167,14 @@ class GatewaySettings:
     xds_port: int = 0  # 0: a free port
     envoy_delta: bool = False  # incremental ADS instead of state of the world
     api: ApiOptions | None = None  # the store + REST API (implies "control-plane")
+    # "native": keg's Kafka filter inside Envoy (a dynamic module; Envoys of another
+    # version get the ext_proc chain); "ext-proc": every byte through the ext_proc service.
+    data_path: str = EXT_PROC_PATH
 
     def __post_init__(self) -> None:
+        if self.data_path not in DATA_PATHS:
+            raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
+                             f"not {self.data_path!r}")
         if self.rules_delivery not in ("directory", "control-plane"):
             raise ValueError(f"rules_delivery must be 'directory' or 'control-plane', "
                              f"not {self.rules_delivery!r}")
@@ -238,6 +253,8 @@ class Gateway(Service):
                 failure_mode_allow=s.failure_mode_allow,
                 sasl=s.sasl,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
+                data_path=s.data_path,
+                max_frame_size=s.max_frame_size,
             )
             if s.api is not None:
                 self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir))
@@ -365,12 +382,25 @@ class Gateway(Service):
 
     def start_envoy(self) -> None:
         assert self.control_plane is not None and self.control_plane.plan is not None
+        env: dict[str, str] = {}
+        runtime: dict[str, Any] = {}
+        if self.settings.data_path == NATIVE:
+            from keg.embedded.native import SEARCH_PATH_ENV, module_dir
+
+            env[SEARCH_PATH_ENV] = str(module_dir())
+            # The module closes connections it cannot serve; Envoy 1.40 needs this flag
+            # for a close from inside a dynamic module's callback.
+            runtime[CLOSE_THROUGH_FILTER_MANAGER] = True
+            log.warning("native data path: request and record rules are not enforced by "
+                        "keg's Envoy filter yet (issue 15, phase 2)")
         self.envoy = EmbeddedEnvoy(
             "127.0.0.1",
             self.control_plane.xds_port,
             concurrency=self.settings.envoy_concurrency,
             work_dir=self.settings.work_dir,
             delta=self.settings.envoy_delta,
+            extra_env=env,
+            runtime=runtime,
         )
         self.envoy.start()
         self.envoy.wait_for_listeners(len(self.control_plane.plan.routes))

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 from string import Template
+from typing import Any
 
 import yaml
 
@@ -57,9 +58,11 @@ def render_bootstrap(
     admin_port: int = 0,
     delta: bool = False,
     locality: dict[str, str] | None = None,
+    runtime: dict[str, Any] | None = None,
 ) -> str:
     """The bootstrap template filled in; `delta` switches ADS to the incremental variant,
-    `locality` ({region, zone, sub_zone}) places the node in the fleet view."""
+    `locality` ({region, zone, sub_zone}) places the node in the fleet view, `runtime`
+    is a static runtime layer (feature flags)."""
     text = Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
         NODE_ID=node_id,
         NODE_CLUSTER=node_cluster,
@@ -68,13 +71,16 @@ def render_bootstrap(
         ADMIN_HOST=admin_host,
         ADMIN_PORT=admin_port,
     )
-    if not delta and not locality:
+    if not delta and not locality and not runtime:
         return text
     config = yaml.safe_load(text)
     if delta:
         config["dynamic_resources"]["ads_config"]["api_type"] = "DELTA_GRPC"
     if locality:
         config["node"]["locality"] = dict(locality)
+    if runtime:
+        config["layered_runtime"] = {"layers": [
+            {"name": "keg", "static_layer": dict(runtime)}, {"name": "admin", "admin_layer": {}}]}
     return str(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -92,10 +98,13 @@ class EmbeddedEnvoy(Service):
         work_dir: Path | None = None,
         delta: bool = False,
         locality: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None,
+        runtime: dict[str, Any] | None = None,
     ) -> None:
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
-                                           delta=delta, locality=locality)
+                                           delta=delta, locality=locality, runtime=runtime)
+        self._env = {**os.environ, **(extra_env or {})}
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +138,8 @@ class EmbeddedEnvoy(Service):
             "30",
         ]
         with self.log_path.open("ab") as logfile:
-            self._process = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT,
+                                             env=self._env)
         deadline = time.monotonic() + timeout
         while not admin_file.exists() or not admin_file.read_text().strip():
             self._check_alive()

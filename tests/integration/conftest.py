@@ -64,6 +64,21 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
         yield gw
 
 
+@pytest.fixture(scope="session")
+def native_gateway(kafka: EmbeddedKafka,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The gateway on the native data path: keg's Kafka filter inside Envoy."""
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.bootstrap,
+        listen_port_base=0,
+        work_dir=tmp_path_factory.mktemp("envoy-native"),
+        ext_proc_log_level="WARNING",
+        data_path="native",
+    )
+    with Gateway(settings) as gw:
+        yield gw
+
+
 def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -> str:
     """Create a topic (through whatever `bootstrap` is) and wait until it exists."""
     topic = name or f"t-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,239 @@
+"""The data paths side by side: direct, Envoy tcp_proxy alone, keg's native filter, ext_proc.
+
+    python -m benchmarks.native_path [--records 200000] [--repeat 1]
+
+One broker. Four ways to reach it, measured step by step back to back (the steps of
+``benchmarks.gateway_vs_direct``: Kafka's ProducerPerformance and ConsumerPerformance,
+librdkafka produce acks=all and consume, 1 KiB records, fresh topics per round):
+
+- ``direct``: the broker's own listener;
+- ``tcp_proxy``: Envoy with only tcp_proxy (the physical limit of any Envoy path). The
+  broker has an extra listener that advertises the proxy's port, so clients stay on it;
+- ``native``: keg's gateway on the native data path (the Rust module -> tcp_proxy);
+- ``ext_proc``: keg's gateway on today's path (network ext_proc -> Python service).
+
+Ratios are path / direct (medians over rounds). Results are appended to
+benchmarks/results/native_path.jsonl; native_path.md holds the latest table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gateway_vs_direct import (
+    DIRECT,
+    METRICS,
+    RESULTS_DIR,
+    Params,
+    Sample,
+    git_commit,
+    machine_info,
+    run_round,
+    warm_up,
+)
+
+log = logging.getLogger("benchmarks.native_path")
+
+TCP_PROXY, NATIVE, EXT_PROC = "tcp_proxy", "native", "ext_proc"
+PATHS = (DIRECT, TCP_PROXY, NATIVE, EXT_PROC)
+SUMMARY_KEYS = (
+    "java_produce.records_per_s",
+    "java_consume.records_per_s",
+    "java_consume.fetch_records_per_s",
+    "rdkafka_produce.records_per_s",
+    "rdkafka_produce.p50_ms",
+    "rdkafka_produce.p99_ms",
+    "rdkafka_consume.records_per_s",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proxied_kafka(proxied_port: int, proxy_port: int) -> Any:
+    """The embedded broker plus a listener on `proxied_port` that advertises `proxy_port`."""
+    from keg.embedded.kafka import EmbeddedKafka
+
+    class ProxiedKafka(EmbeddedKafka):
+        def server_properties(self) -> dict[str, str]:
+            props = super().server_properties()
+            props["listeners"] += f",PROXIED://127.0.0.1:{proxied_port}"
+            props["advertised.listeners"] += f",PROXIED://127.0.0.1:{proxy_port}"
+            props["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
+            return props
+
+    return ProxiedKafka()
+
+
+TCP_PROXY_BOOTSTRAP = """\
+static_resources:
+  listeners:
+  - name: proxy
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: proxy
+          cluster: broker
+  clusters:
+  - name: broker
+    type: STATIC
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: broker
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address:
+        {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}}}
+"""
+
+
+@contextlib.contextmanager
+def tcp_proxy_envoy(listen: int, upstream: int, concurrency: int) -> Iterator[str]:
+    from keg.embedded.envoy import envoy_binary
+    from keg.gateway import wait_for_port
+
+    with tempfile.TemporaryDirectory(prefix="keg-tcp-proxy-") as tmp:
+        bootstrap = Path(tmp) / "bootstrap.yaml"
+        bootstrap.write_text(TCP_PROXY_BOOTSTRAP.format(listen=listen, upstream=upstream))
+        with (Path(tmp) / "envoy.log").open("wb") as out:
+            process = subprocess.Popen(
+                [str(envoy_binary()), "-c", str(bootstrap), "--use-dynamic-base-id",
+                 "--concurrency", str(concurrency), "--log-level", "warning"],
+                stdout=out, stderr=subprocess.STDOUT)
+            try:
+                wait_for_port("127.0.0.1", listen, 30)
+                yield f"127.0.0.1:{listen}"
+            finally:
+                process.terminate()
+                process.wait(10)
+
+
+def median(rounds: Sequence[Mapping[str, Sample]], path: str, key: str) -> float | None:
+    import statistics
+
+    values = [r[path][key] for r in rounds if key in r.get(path, {})]
+    return statistics.median(values) if values else None
+
+
+def table(rounds: Sequence[Mapping[str, Sample]], keys: Sequence[str]) -> list[list[str]]:
+    labels = {m.key: m.label for m in METRICS}
+    rows = []
+    for key in keys:
+        direct = median(rounds, DIRECT, key)
+        cells = [labels.get(key, key), f"{direct:,.1f}" if direct is not None else "-"]
+        for path in PATHS[1:]:
+            value = median(rounds, path, key)
+            ratio = value / direct if value is not None and direct else None
+            cells.append("-" if value is None else f"{value:,.1f} ({ratio:.2f}x)"
+                         if ratio is not None else f"{value:,.1f}")
+        rows.append(cells)
+    return rows
+
+
+def markdown(rows: Sequence[Sequence[str]], title: str) -> str:
+    header = ["metric", *PATHS]
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--record-size", type=int, default=1024)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; tables show medians")
+    parser.add_argument("--warmup", type=int, default=10_000)
+    parser.add_argument("--envoy-concurrency", type=int, default=1)
+    parser.add_argument("--paths", default=",".join(PATHS[1:]),
+                        help="paths besides direct, comma-separated")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-save", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("librdkafka").setLevel(logging.ERROR)
+    from keg.embedded.kafka import ensure_kafka
+    from keg.gateway import Gateway, GatewaySettings
+
+    wanted = [p for p in args.paths.split(",") if p]
+    params = Params(records=args.records, record_size=args.record_size,
+                    partitions=args.partitions, repeat=args.repeat, warmup=args.warmup)
+    ensure_kafka()
+    proxied, proxy = _free_port(), _free_port()
+    rounds: list[dict[str, Sample]] = []
+    with contextlib.ExitStack() as stack:
+        kafka = stack.enter_context(proxied_kafka(proxied, proxy))
+        paths = {DIRECT: kafka.bootstrap}
+        if TCP_PROXY in wanted:
+            paths[TCP_PROXY] = stack.enter_context(
+                tcp_proxy_envoy(proxy, proxied, args.envoy_concurrency))
+        for path, data_path in ((NATIVE, "native"), (EXT_PROC, "ext-proc")):
+            if path in wanted:
+                gateway = stack.enter_context(Gateway(GatewaySettings(
+                    bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+                    envoy_concurrency=args.envoy_concurrency, ext_proc_log_level="WARNING",
+                    data_path=data_path)))
+                paths[path] = gateway.bootstrap
+
+        def status(text: str) -> contextlib.AbstractContextManager[Any]:
+            log.info("%s", text)
+            return contextlib.nullcontext()
+
+        prefix = f"native-bench-{uuid.uuid4().hex[:6]}"
+        warm_up(paths, kafka.bootstrap, params, status, prefix)
+        for number in range(1, params.repeat + 1):
+            rounds.append(run_round(number, paths, kafka.bootstrap, params, status, prefix))
+    title = (f"{params.records:,} x {params.record_size} B records, {params.partitions} "
+             f"partitions, {params.repeat} round(s), Envoy concurrency {args.envoy_concurrency}; "
+             f"value (ratio to direct)")
+    rows = table(rounds, SUMMARY_KEYS)
+    text = markdown(rows, title)
+    print(text)
+    if not args.no_save:
+        record = {
+            "benchmark": "native_path",
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "commit": git_commit(),
+            "machine": machine_info(),
+            "params": asdict(params),
+            "envoy_concurrency": args.envoy_concurrency,
+            "paths": list(paths),
+            "rounds": rounds,
+            "medians": {path: {k: median(rounds, path, k) for k in SUMMARY_KEYS}
+                        for path in paths},
+        }
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        with (args.results_dir / "native_path.jsonl").open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        full = markdown(table(rounds, [m.key for m in METRICS]), title)
+        (args.results_dir / "native_path.md").write_text(
+            f"# Data paths side by side ({record['at']}, commit {record['commit']})\n\n"
+            f"{text}\n## Every metric\n\n{full}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

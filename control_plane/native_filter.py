@@ -1,0 +1,115 @@
+"""keg's own Kafka filter: an Envoy dynamic module (envoy/kafka_filter), for nodes that can load it.
+
+The module is built against one Envoy release's dynamic-module ABI
+(`ENVOY_VERSION`, pinned in envoy/kafka_filter/src/abi.rs; a unit test keeps the two
+equal). The control plane offers it only to Envoys whose xDS node reports that
+major.minor in `user_agent_build_version`; every other node gets the network ext_proc
+chain, so a mixed fleet works.
+
+Neither xds-protos nor envoy-data-plane ships the dynamic-modules messages, so the two
+this needs are defined here from their protos (Envoy's api/ tree):
+
+    message DynamicModuleConfig { string name = 1; ... }
+    message DynamicModuleNetworkFilter {
+      DynamicModuleConfig dynamic_module_config = 1;
+      string filter_name = 2;
+      google.protobuf.Any filter_config = 3;   // StringValue: passed to the module as is
+      bool terminal_filter = 4;
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
+
+FILTER_NAME = "envoy.filters.network.dynamic_modules"
+FILTER_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3."
+               "DynamicModuleNetworkFilter")
+# The shared object Envoy loads: lib<MODULE_NAME>.so in ENVOY_DYNAMIC_MODULES_SEARCH_PATH.
+MODULE_NAME = "keg_kafka_filter"
+# The filter implementation inside the module.
+MODULE_FILTER = "keg_kafka"
+# The Envoy release (major, minor) whose ABI the module is built against.
+ENVOY_VERSION = (1, 40)
+
+_PACKAGE = "envoy.extensions.filters.network.dynamic_modules.v3"
+_CONFIG_PACKAGE = "envoy.extensions.dynamic_modules.v3"
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def runs_module(build_version: tuple[int, int, int] | None) -> bool:
+    """Whether an Envoy of this version (from its xDS node) can load the module."""
+    return build_version is not None and build_version[:2] == ENVOY_VERSION
+
+
+@cache
+def _classes() -> dict[str, Any]:
+    common = descriptor_pb2.FileDescriptorProto(
+        name="keg/dynamic_modules/config.proto", package=_CONFIG_PACKAGE, syntax="proto3")
+    common.message_type.add(name="DynamicModuleConfig", field=[
+        _F(name="name", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)])
+    network = descriptor_pb2.FileDescriptorProto(
+        name="keg/dynamic_modules/network.proto", package=_PACKAGE, syntax="proto3",
+        dependency=["keg/dynamic_modules/config.proto", "google/protobuf/any.proto"])
+    network.message_type.add(name="DynamicModuleNetworkFilter", field=[
+        _F(name="dynamic_module_config", number=1, type=_F.TYPE_MESSAGE, label=_F.LABEL_OPTIONAL,
+           type_name=f".{_CONFIG_PACKAGE}.DynamicModuleConfig"),
+        _F(name="filter_name", number=2, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL),
+        _F(name="filter_config", number=3, type=_F.TYPE_MESSAGE, label=_F.LABEL_OPTIONAL,
+           type_name=".google.protobuf.Any"),
+    ])
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(descriptor_pb2.FileDescriptorProto.FromString(
+        any_pb2.DESCRIPTOR.serialized_pb).SerializeToString())
+    pool.Add(common)
+    pool.Add(network)
+    return {
+        "DynamicModuleConfig": message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"{_CONFIG_PACKAGE}.DynamicModuleConfig")),
+        "DynamicModuleNetworkFilter": message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"{_PACKAGE}.DynamicModuleNetworkFilter")),
+    }
+
+
+@dataclass(frozen=True)
+class NativeFilter:
+    """What every native listener of a group shares: its route table and limits."""
+
+    route_table: str
+    max_frame_size: int = 100 * 1024 * 1024
+    max_held_bytes: int = 1 << 30
+
+
+def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
+                  brokers: Iterable[tuple[int, str, int]] = ()) -> dict[str, Any]:
+    """The module's JSON filter_config: gateway route per broker id, and the broker's own
+    endpoint where known (to recognise it inside DescribeConfigs values)."""
+    broker_of = {node: f"{host}:{port}" for node, host, port in brokers}
+    entries = []
+    for node, (host, port) in sorted(routes.items()):
+        entry: dict[str, Any] = {"node_id": node, "gateway": f"{host}:{port}"}
+        if node in broker_of:
+            entry["broker"] = broker_of[node]
+        entries.append(entry)
+    return {"route_table": native.route_table, "max_frame_size": native.max_frame_size,
+            "max_held_bytes": native.max_held_bytes, "routes": entries}
+
+
+def network_filter(config: Mapping[str, Any]) -> Any:
+    """A DynamicModuleNetworkFilter message loading keg's module with `config` (JSON)."""
+    classes = _classes()
+    packed = any_pb2.Any()
+    packed.Pack(wrappers_pb2.StringValue(value=json.dumps(config, sort_keys=True)))
+    message = classes["DynamicModuleNetworkFilter"](
+        dynamic_module_config=classes["DynamicModuleConfig"](name=MODULE_NAME),
+        filter_name=MODULE_FILTER,
+    )
+    # The message's Any comes from its own descriptor pool: copy the bytes across.
+    message.filter_config.MergeFromString(packed.SerializeToString())
+    return message

@@ -1,0 +1,114 @@
+//! Frames for the tests, built with kafka-protocol (an independent encoder).
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, BrokerId, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use keg_kafka_filter::core::rewrite::{Endpoint, RouteView, Routes};
+use keg_kafka_filter::core::{Output, Piece};
+
+pub const GATEWAY_HOST: &str = "gateway.test";
+
+pub fn routes() -> Routes {
+    let mut routes = Routes::default();
+    for node in 1..=3 {
+        routes.gateway.insert(node, Endpoint { host: GATEWAY_HOST.into(), port: 19091 + node });
+        routes.broker.insert(Endpoint { host: format!("kafka-{node}"), port: 9092 }, node);
+    }
+    routes
+}
+
+pub fn view(routes: &Routes) -> RouteView<'_> {
+    RouteView { routes, own_listener: None }
+}
+
+pub fn sized(body: &[u8]) -> Vec<u8> {
+    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// A request frame: header v1 (client id "t"), then `body`.
+pub fn request(api_key: i16, version: i16, correlation_id: i32, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(api_key.to_be_bytes());
+    b.extend(version.to_be_bytes());
+    b.extend(correlation_id.to_be_bytes());
+    b.extend(1i16.to_be_bytes());
+    b.push(b't');
+    b.extend_from_slice(body);
+    sized(&b)
+}
+
+/// A Produce v7 request (header v1) with `acks` and `payload` bytes of "records".
+pub fn produce_request(correlation_id: i32, acks: i16, payload: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend((-1i16).to_be_bytes()); // no transactional id
+    body.extend(acks.to_be_bytes());
+    body.extend(30_000i32.to_be_bytes());
+    body.extend(std::iter::repeat_n(0xab, payload));
+    request(0, 7, correlation_id, &body)
+}
+
+/// A response frame whose body is opaque bytes (header v0).
+pub fn opaque_response(correlation_id: i32, body: &[u8]) -> Vec<u8> {
+    let mut b = correlation_id.to_be_bytes().to_vec();
+    b.extend_from_slice(body);
+    sized(&b)
+}
+
+pub fn encode_response<M: Encodable>(key: ApiKey, version: i16, correlation_id: i32, message: &M) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(correlation_id)
+        .encode(&mut buf, key.response_header_version(version))
+        .unwrap();
+    message.encode(&mut buf, version).unwrap();
+    sized(&buf)
+}
+
+pub fn decode_response<M: Decodable>(key: ApiKey, version: i16, frame: &[u8]) -> (i32, M) {
+    let size = i32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+    assert_eq!(size, frame.len() - 4, "size prefix");
+    let mut buf = Bytes::copy_from_slice(&frame[4..]);
+    let header = ResponseHeader::decode(&mut buf, key.response_header_version(version)).unwrap();
+    let message = M::decode(&mut buf, version).unwrap();
+    assert!(buf.is_empty(), "trailing bytes");
+    (header.correlation_id, message)
+}
+
+pub fn metadata_response(version: i16, correlation_id: i32) -> Vec<u8> {
+    use kafka_protocol::messages::metadata_response::{MetadataResponse, MetadataResponseBroker};
+    let brokers = (1..=2)
+        .map(|node| MetadataResponseBroker::default()
+            .with_node_id(BrokerId(node))
+            .with_host(StrBytes::from_string(format!("kafka-{node}")))
+            .with_port(9092))
+        .collect();
+    let message = MetadataResponse::default().with_brokers(brokers).with_controller_id(BrokerId(1));
+    encode_response(ApiKey::Metadata, version, correlation_id, &message)
+}
+
+/// The bytes an output stands for.
+pub fn bytes_of(input: &[u8], out: &Output) -> Vec<u8> {
+    let mut v = Vec::new();
+    for piece in &out.pieces {
+        match piece {
+            Piece::Input(r) => v.extend_from_slice(&input[r.clone()]),
+            Piece::Owned(b) => v.extend_from_slice(b),
+        }
+    }
+    v
+}
+
+/// Splits `stream` into frames by their size prefixes.
+pub fn frames(stream: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < stream.len() {
+        let size = i32::from_be_bytes(stream[pos..pos + 4].try_into().unwrap()) as usize;
+        out.push(stream[pos..pos + 4 + size].to_vec());
+        pos += 4 + size;
+    }
+    out
+}

@@ -1,0 +1,184 @@
+//! Property tests: random and mutated frames, split anywhere, never panic the core; a
+//! stream of pass-through frames comes out as it went in.
+//!
+//! `cargo test --release --test properties -- --ignored` runs the 1M-input campaign.
+
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use common::*;
+use kafka_protocol::messages::{describe_configs_response as cfg, fetch_response as fr, ApiKey, BrokerId};
+use kafka_protocol::protocol::StrBytes;
+use keg_kafka_filter::core::rewrite::Routes;
+use keg_kafka_filter::core::{Output, Session, SessionLimits};
+use proptest::prelude::*;
+
+/// Requests whose responses the core examines, and a few it passes.
+const ASKED: [(i16, i16); 9] = [(3, 12), (1, 16), (1, 17), (0, 11), (10, 4), (10, 2), (60, 1), (32, 4), (55, 2)];
+
+fn valid_responses() -> Vec<Vec<u8>> {
+    let s = |t: &str| StrBytes::from_string(t.to_string());
+    let fetch = fr::FetchResponse::default()
+        .with_responses(vec![fr::FetchableTopicResponse::default().with_partitions(vec![
+            fr::PartitionData::default().with_records(Some(vec![1u8; 64].into()))])])
+        .with_node_endpoints(vec![fr::NodeEndpoint::default().with_node_id(BrokerId(1)).with_host(s("kafka-1")).with_port(9092)]);
+    let configs = cfg::DescribeConfigsResponse::default().with_results(vec![cfg::DescribeConfigsResult::default()
+        .with_resource_type(4).with_configs(vec![cfg::DescribeConfigsResourceResult::default()
+            .with_name(s("advertised.listeners")).with_value(Some(s("PLAINTEXT://kafka-1:9092")))])]);
+    vec![
+        metadata_response(12, 1),
+        encode_response(ApiKey::Fetch, 16, 2, &fetch),
+        encode_response(ApiKey::Fetch, 17, 3, &fetch),
+        encode_response(ApiKey::DescribeConfigs, 4, 4, &configs),
+    ]
+}
+
+fn asked_requests() -> Vec<u8> {
+    ASKED.iter().enumerate().map(|(i, (k, v))| request(*k, *v, i as i32 + 1, &[0; 3])).collect::<Vec<_>>().concat()
+}
+
+/// Feeds `requests` then `responses`, each cut at `cuts`; Err on a protocol error.
+fn drive(requests: &[u8], responses: &[u8], cuts: &[usize], routes: &Routes) -> Result<(Vec<u8>, Vec<u8>), ()> {
+    let mut session = Session::new(SessionLimits { max_frame_size: 1 << 20 });
+    let mut forwarded = Vec::new();
+    for chunk in split(requests, cuts) {
+        let mut out = Output::default();
+        session.feed_requests(chunk, &mut out).map_err(|_| ())?;
+        forwarded.extend(bytes_of(chunk, &out));
+    }
+    let mut to_client = Vec::new();
+    for chunk in split(responses, cuts) {
+        let mut out = Output::default();
+        session.feed_responses(chunk, view(routes), &mut out).map_err(|_| ())?;
+        to_client.extend(bytes_of(chunk, &out));
+    }
+    Ok((forwarded, to_client))
+}
+
+fn split<'a>(data: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut points: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
+    points.sort_unstable();
+    let mut chunks = Vec::new();
+    let mut last = 0;
+    for p in points {
+        chunks.push(&data[last..p]);
+        last = p;
+    }
+    chunks.push(&data[last..]);
+    chunks
+}
+
+/// A pass-through request of a random API (never one whose response is examined).
+fn passing_request() -> impl Strategy<Value = Vec<u8>> {
+    (any::<i16>(), 0i16..20, any::<i32>(), proptest::collection::vec(any::<u8>(), 0..200)).prop_map(|(key, version, corr, body)| {
+        let key = match key.rem_euclid(100) {
+            0 => 8, 1 => 9, 3 => 2, 10 | 32 | 55 | 60 | 78 | 79 | 17 => 12,
+            k => k,
+        };
+        request(key, version, corr, &body)
+    })
+}
+
+fn cases() -> u32 {
+    std::env::var("KEG_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn pass_through_requests_are_the_identity(frames in proptest::collection::vec(passing_request(), 1..8),
+                                              cuts in proptest::collection::vec(any::<usize>(), 0..6)) {
+        let stream = frames.concat();
+        let routes = routes();
+        let (forwarded, _) = drive(&stream, &[], &cuts, &routes).expect("valid requests");
+        prop_assert_eq!(forwarded, stream);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(requests in proptest::collection::vec(any::<u8>(), 0..300),
+                                responses in proptest::collection::vec(any::<u8>(), 0..300),
+                                cuts in proptest::collection::vec(any::<usize>(), 0..6)) {
+        let routes = routes();
+        let _ = drive(&requests, &responses, &cuts, &routes);
+        let _ = drive(&asked_requests(), &responses, &cuts, &routes);
+    }
+
+    #[test]
+    fn mutated_responses_never_panic(which in 0usize..4, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+                                     cut_end in any::<usize>(), cuts in proptest::collection::vec(any::<usize>(), 0..4)) {
+        let routes = routes();
+        let responses = valid_responses();
+        let mut frame = responses[which].clone();
+        for (at, value) in flips {
+            let at = at % frame.len();
+            frame[at] = value;
+        }
+        frame.truncate(cut_end % (frame.len() + 1));
+        // Every asked request, so whichever correlation id survives finds a slot.
+        let requests: Vec<u8> = (1..=4).map(|i| request(ASKED[i - 1].0, ASKED[i - 1].1, i as i32, &[0; 3])).collect::<Vec<_>>().concat();
+        let _ = drive(&requests, &frame, &cuts, &routes);
+    }
+}
+
+/// xorshift64*: deterministic, dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One generated input: random bytes, a mutated valid response, or a valid stream with
+/// mutated sizes; fed in both directions with random cuts. Returns whether it panicked.
+fn one_input(rng: &mut Rng, routes: &Routes, valid: &[Vec<u8>], asked: &[u8]) -> bool {
+    let kind = rng.below(3);
+    let mut data: Vec<u8> = match kind {
+        0 => (0..rng.below(400)).map(|_| rng.next() as u8).collect(),
+        _ => valid[rng.below(valid.len())].clone(),
+    };
+    if kind >= 1 && !data.is_empty() {
+        for _ in 0..1 + rng.below(4) {
+            let at = if kind == 2 { rng.below(4.min(data.len())) } else { rng.below(data.len()) };
+            data[at] = rng.next() as u8;
+        }
+        let keep = data.len() - rng.below(data.len() / 4 + 1);
+        data.truncate(keep);
+    }
+    let cuts: Vec<usize> = (0..rng.below(5)).map(|_| rng.next() as usize).collect();
+    catch_unwind(AssertUnwindSafe(|| {
+        let _ = drive(&data, &[], &cuts, routes);
+        let _ = drive(asked, &data, &cuts, routes);
+    }))
+    .is_err()
+}
+
+fn campaign(inputs: usize, seed: u64) -> usize {
+    let routes = routes();
+    let valid = valid_responses();
+    let asked = asked_requests();
+    let mut rng = Rng(seed);
+    (0..inputs).filter(|_| one_input(&mut rng, &routes, &valid, &asked)).count()
+}
+
+#[test]
+fn ten_thousand_generated_inputs_never_panic() {
+    assert_eq!(campaign(10_000, 0x6b65_6721), 0);
+}
+
+#[test]
+#[ignore = "the 1M-input campaign: cargo test --release --test properties -- --ignored"]
+fn a_million_generated_inputs_never_panic() {
+    let inputs = std::env::var("KEG_FUZZ_INPUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let panics = campaign(inputs, 0x6b65_6722);
+    println!("{inputs} inputs, {panics} panics");
+    assert_eq!(panics, 0);
+}
