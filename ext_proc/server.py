@@ -24,14 +24,8 @@ from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grp
 import kafka_wire
 from ext_proc.audit import AuditEvent, AuditLog, JsonlAuditLog, NullAuditLog
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters.api_versions import ApiVersionsNarrower
-from ext_proc.filters.broker_address import BrokerAddressRewriter
-from ext_proc.filters.group_protocol import GroupProtocolObserver
-from ext_proc.filters.identity import IdentityObserver
-from ext_proc.filters.records import RecordsFilter
-from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
-from ext_proc.filters.topic_ids import TopicIdLearner
-from ext_proc.filters.virtual_topics import VirtualTopicsFilter
+from ext_proc.filters.order import connection_filters
+from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
@@ -104,14 +98,9 @@ class DataPath:
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = IdentityTracker()
-        # Virtual topics first: every later filter (and rule) sees the broker's names.
-        filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
-                   TopicIdLearner(self.engine.topic_ids),
-                   (groups := GroupProtocolObserver()), groups.guard(),
-                   VirtualTopicsFilter(self.engine, identity),
-                   RulesFilter(self.engine, identity), RecordsFilter(self.engine, identity)]
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
-        return KafkaSession(conn, filters, max_frame_size, meter)
+        return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
+                            meter)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
