@@ -9,17 +9,13 @@ filtered and, if changed, re-encoded.
 
 from __future__ import annotations
 
-import logging
-import struct
 from collections import deque
 from collections.abc import Sequence
 
-import kafka_wire
 from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, RESPONSE, Filter, RequestVerdict
+from ext_proc.filters import REQUEST, RESPONSE, Filter
 from ext_proc.metrics import ConnectionMeter
-from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -31,13 +27,7 @@ from kafka_wire.framing import (
     InFlight,
     Piece,
     RequestHead,
-    frame_bytes,
 )
-
-log = logging.getLogger(__name__)
-
-_UNSUPPORTED_VERSION = 35
-_ERROR_CODE = struct.Struct(">h")
 
 
 class ProtocolViolation(Exception):
@@ -149,51 +139,24 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         slot = self._held_requests.popleft()
-        try:
-            header, body = kafka_wire.decode_request(frame.data, trailing=True)
-        except KafkaWireError:
-            if any(f.dynamic for f in
-                   self.chain.interested(head.api_key, head.api_version, REQUEST)):
-                raise  # a rule must see this request: never let it through unread
-            log.info("request forwarded unobserved: api %d v%d (%s)", head.api_key,
-                     head.api_version, self.conn.describe())
-            slot.forward(self.chain.wants(head.api_key, head.api_version, RESPONSE))
-            return frame.raw
-        verdict = self.chain.on_request(header, body, self.conn) or RequestVerdict()
-        self._delay_s = max(self._delay_s, verdict.delay_s)
-        if verdict.answer is not None:
-            self.requests_answered += 1
-            if verdict.expects_response:
-                slot.answer_with(kafka_wire.encode_response(
-                    header.correlation_id, header.api_key, header.api_version, verdict.answer))
-            else:
-                slot.drop_answer()
-            return b""
-        if self._meter is not None:
-            self._meter.forwarded()
-        if verdict.expects_response:
-            wanted = verdict.patch is not None or self.chain.wants(head.api_key,
-                                                                   head.api_version, RESPONSE)
-            slot.forward(wanted, patch=verdict.patch)
-        else:
+        judged = self.chain.judge_frame(frame.raw, self.conn)
+        self._delay_s = max(self._delay_s, judged.delay_s)
+        if not judged.expects_response:
             slot.drop_answer()
-        if verdict.changed:
-            return kafka_wire.encode_request(header, body)
-        return frame.raw
+        elif judged.answer is not None:
+            slot.answer_with(judged.answer)
+        else:
+            slot.forward(judged.want_response, patch=judged.patch)
+        if judged.answered:
+            self.requests_answered += 1
+        elif self._meter is not None:
+            self._meter.forwarded()
+        return judged.to_broker
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
-        data = frame.data
-        api_key, version = entry.api_key, entry.api_version
-        correlation_id, tags, offset = kafka_wire.read_response_header(data, api_key, version)
-        if api_key == API_VERSIONS and version > 0:
-            # A broker answers an ApiVersions version it does not support in v0.
-            (error,) = _ERROR_CODE.unpack_from(data, offset)
-            if error == _UNSUPPORTED_VERSION:
-                version = 0
-        body, _ = kafka_wire.decode_body(api_key, version, "response", data, offset)
         patch = entry.patch if callable(entry.patch) else None
-        if not self.chain.on_response(api_key, version, body, self.conn, patch):
-            return frame.raw
-        self.frames_rewritten += 1
-        header = kafka_wire.write_response_header(correlation_id, api_key, version, tags)
-        return frame_bytes(header + kafka_wire.encode_body(api_key, version, "response", body))
+        out = self.chain.filter_response_frame(frame.raw, entry.api_key, entry.api_version,
+                                               self.conn, patch)
+        if out is not frame.raw:
+            self.frames_rewritten += 1
+        return out
