@@ -1,10 +1,20 @@
-"""The audit log: one structured event per governed frame, one JSON object per line.
+"""The audit log: one structured event per rule decision, one JSON object per line.
 
 An `AuditEvent` says who (principal, client id and address, listener, security
-protocol), what (API, version, correlation id, topic, partition, bytes), which rule
-and what came of it (action, mode, outcome, error code, reason) and when (``ts``,
-RFC 3339 UTC with milliseconds). Record payloads appear only when a rule asks for
-them (`record_key`, `record_value`, base64).
+protocol), what (API, version, correlation id, topic, partition, bytes, records),
+which rule (id and the rule set's version) and what came of it (action, mode,
+outcome, error code, reason), how long the request took at the gateway
+(``latency_ms``) and when (``ts``, RFC 3339 UTC with milliseconds). Every event has
+an ``event_id`` (32 hex digits, random): sinks deliver at least once, readers
+de-duplicate by it. Record payloads appear only when a rule asks for them
+(`record_key`, `record_value`, base64). docs/audit.md defines every field.
+
+Latency needs the answer: a decision is made while its request is judged, but its
+event is written when the request's answer leaves the gateway (`RequestAudit`,
+bound to the request being processed by `auditing`), so `latency_ms` runs from the
+request's first bytes reaching the gateway to its answer going back (the broker's,
+or the gateway's own), and the event is written before the client can read that
+answer.
 
 Sinks implement `AuditLog` (``emit(event)``, ``close()``):
 
@@ -15,8 +25,8 @@ Sinks implement `AuditLog` (``emit(event)``, ``close()``):
   cache), thread-safe and flushed per line; it never raises into the data path:
   failures are counted (`errors`) and logged once.
 * `NullAuditLog` drops events; `MemoryAuditLog` keeps the written records (tests).
-* A Kafka-topic sink (events produced through the gateway's own producer) is future
-  work; it would be one more `AuditLog`.
+* `ext_proc.audit_kafka.KafkaAuditLog` produces them to a Kafka topic through a
+  durable local spool (at least once); `TeeAuditLog` writes to several sinks.
 
 Redaction guard: whatever reaches a sink, a field whose name contains "password",
 "secret", "token" or "auth_bytes" (any case, at any depth of `extra`) is never written.
@@ -26,13 +36,16 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -59,6 +72,11 @@ def utc_timestamp(t: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def new_event_id() -> str:
+    """A random 128-bit id (hex): unique per event, the key readers de-duplicate by."""
+    return uuid.uuid4().hex
+
+
 def is_sensitive(name: str) -> bool:
     lowered = name.lower()
     return any(word in lowered for word in SENSITIVE_WORDS)
@@ -69,6 +87,7 @@ class AuditEvent:
     """One audited frame. Unknown facts are None (written as null)."""
 
     ts: str = dataclasses.field(default_factory=utc_timestamp)
+    event_id: str = dataclasses.field(default_factory=new_event_id)
     connection_id: str | None = None
     principal: str | None = None
     client_id: str | None = None
@@ -84,11 +103,13 @@ class AuditEvent:
     topic: str | None = None
     partition: int | None = None
     rule_id: str | None = None
+    rule_version: str | None = None  # the content hash of the rule set that decided
     action: str | None = None
     mode: Mode | None = None
     outcome: str = OBSERVED
     error_code: int | None = None
     bytes: int | None = None
+    records: int | None = None
     latency_ms: float | None = None
     reason: str | None = None
     # Written only when set (a rule asked for payloads); raw bytes are base64-encoded.
@@ -303,6 +324,76 @@ class JsonlAuditLog:
         self.close()
 
 
+class TeeAuditLog:
+    """Every event to each of `sinks`, in order (e.g. the Kafka sink and the file)."""
+
+    def __init__(self, sinks: Sequence[AuditLog]) -> None:
+        self.sinks = tuple(sinks)
+
+    def emit(self, event: AuditEvent) -> None:
+        for sink in self.sinks:
+            sink.emit(event)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+# Writes one held event, given the request's latency (ms) and its size (bytes).
+HeldEvent = Callable[[float, int], None]
+
+
+class RequestAudit:
+    """The events of one request, held until its answer leaves the gateway.
+
+    Made when the request's first bytes arrive (`started`, a perf_counter reading;
+    `size`, the frame's bytes); decisions made while it is judged, or while its
+    answer is filtered, are held here (`hold`) and written by `finish` with the
+    latency from `started` to the answer. `finish` is idempotent: a request finished
+    once (answered, or its connection closed) writes nothing more.
+    """
+
+    __slots__ = ("_held", "size", "started")
+
+    def __init__(self, size: int, started: float | None = None) -> None:
+        self.size = size
+        self.started = time.perf_counter() if started is None else started
+        self._held: list[HeldEvent] = []
+
+    def hold(self, event: HeldEvent) -> None:
+        self._held.append(event)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._held)
+
+    def finish(self, now: float | None = None) -> None:
+        if not self._held:
+            return
+        latency_ms = ((time.perf_counter() if now is None else now) - self.started) * 1000
+        held, self._held = self._held, []
+        for write in held:
+            write(round(latency_ms, 3), self.size)
+
+
+_CURRENT: ContextVar[RequestAudit | None] = ContextVar("keg_request_audit", default=None)
+
+
+def current_request() -> RequestAudit | None:
+    """The request being judged or answered on this thread (None: outside any)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def auditing(request: RequestAudit | None) -> Iterator[None]:
+    """Decisions made inside belong to `request` (their events wait for its answer)."""
+    token = _CURRENT.set(request)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
 __all__ = [
     "DENIED",
     "OBSERVED",
@@ -315,7 +406,12 @@ __all__ = [
     "MemoryAuditLog",
     "Mode",
     "NullAuditLog",
+    "RequestAudit",
+    "TeeAuditLog",
+    "auditing",
+    "current_request",
     "is_sensitive",
+    "new_event_id",
     "redact",
     "to_json_line",
     "to_record",

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import kafka_wire
+from ext_proc.audit import RequestAudit, auditing
 from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import REQUEST, RESPONSE, Filter, ResponsePatch
@@ -64,9 +65,10 @@ class FramesSession:
         self.identity = identity or IdentityTracker()
         self.chain = FilterChain(frames_filters(engine, self.identity))
         self._meter = meter
-        # correlation id -> the patch for the broker's answer, for each request whose
-        # answer was asked for (Kafka answers in order, the module hands them in order).
-        self._patches: dict[int, ResponsePatch | None] = {}
+        # correlation id -> the patch for the broker's answer and the request's audit,
+        # for each request whose answer was asked for (Kafka answers in order, the
+        # module hands them in order).
+        self._patches: dict[int, tuple[ResponsePatch | None, RequestAudit]] = {}
 
     def request(self, raw: bytes, principal: str | None = None,
                 security_protocol: str | None = None) -> RequestReply:
@@ -76,11 +78,17 @@ class FramesSession:
         if self._meter is not None:
             self._meter.request(head.api_key, head.api_version, len(raw))
         self.identity.learned_elsewhere(principal, security_protocol)
-        judged = self.chain.judge_frame(raw, self.conn)
+        # The module hands the frame over once whole: latency runs from here (the
+        # module's own time before is not known to this side, docs/audit.md).
+        audit = RequestAudit(len(raw))
+        with auditing(audit):
+            judged = self.chain.judge_frame(raw, self.conn)
         if judged.want_response:
-            self._patches[head.correlation_id] = judged.patch
-        elif self._meter is not None and not judged.answered:
-            self._meter.forwarded()
+            self._patches[head.correlation_id] = (judged.patch, audit)
+        else:
+            audit.finish()  # answered here, or forwarded with no answer coming back
+            if self._meter is not None and not judged.answered:
+                self._meter.forwarded()
         return RequestReply(judged.to_broker, judged.answer, judged.want_response)
 
     def response(self, raw: bytes, api_key: int, api_version: int) -> bytes:
@@ -89,12 +97,18 @@ class FramesSession:
         correlation_id = int.from_bytes(raw[4:8], "big", signed=True)
         if correlation_id not in self._patches:
             raise FrameError(f"response {correlation_id} was not asked for")
-        patch = self._patches.pop(correlation_id)
+        patch, audit = self._patches.pop(correlation_id)
         if self._meter is not None:
             self._meter.bytes(api_key, "response", len(raw))
-        return self.chain.filter_response_frame(raw, api_key, api_version, self.conn, patch)
+        with auditing(audit):
+            out = self.chain.filter_response_frame(raw, api_key, api_version, self.conn, patch)
+        audit.finish()
+        return out
 
     def close(self) -> None:
+        for _patch, audit in self._patches.values():  # never answered: their events go now
+            audit.finish()
+        self._patches.clear()
         if self._meter is not None:
             self._meter.close()
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import start_wsgi_server
 
 import kafka_wire
@@ -109,6 +109,10 @@ class Metrics:
         self.decisions = Counter(
             "keg_decisions", "Rule decisions", ["rule", "action", "mode", "outcome"], registry=r,
         )
+        self.audit_events = Counter(
+            "keg_audit_events", "Audit events written (one per audited rule decision)",
+            registry=r,
+        )
         self.unanswered_refusals = Counter(
             "keg_unanswered_refusals",
             "Requests (or batches) a rule refused that no answer can tell the client of: "
@@ -166,6 +170,9 @@ class Metrics:
 
     def decision(self, rule: str, action: str, mode: str, outcome: str, count: int = 1) -> None:
         self.decisions.labels(rule, action, mode, outcome).inc(count)
+
+    def audit_event(self) -> None:
+        self.audit_events.inc()
 
     def unanswered_refusal(self, api_key: int, rule: str) -> None:
         self.unanswered_refusals.labels(api_label(api_key), rule).inc()
@@ -233,6 +240,12 @@ class Metrics:
         """Export side-effect copies (`copy` rules) per target and state at each scrape:
         keg_side_effect_records_total{target="kafka"|url, state=queued|sent|failed|dropped}."""
         self.registry.register(_SideEffects(counters))
+
+    def watch_audit_sink(self, counters: Callable[[], dict[str, int]]) -> None:
+        """Export the Kafka audit sink's state at each scrape:
+        keg_audit_sink_events_total{state=spooled|delivered|dropped|redelivered} and
+        keg_audit_spool_bytes (events on disk not yet delivered)."""
+        self.registry.register(_AuditSink(counters))
 
     def start_http_server(self, port: int = 0, host: str = "0.0.0.0") -> int:
         """Serve /metrics for this registry from a daemon thread; returns the bound port.
@@ -339,6 +352,23 @@ class _SideEffects:
             for state, value in states.items():
                 family.add_metric([target, state], value)
         yield family
+
+
+class _AuditSink:
+    def __init__(self, counters: Callable[[], dict[str, int]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Any]:
+        counters = self._counters()
+        family = CounterMetricFamily("keg_audit_sink_events",
+                                     "Audit events of the Kafka sink, per state",
+                                     labels=["state"])
+        for state in ("spooled", "delivered", "dropped", "redelivered"):
+            family.add_metric([state], counters.get(state, 0))
+        yield family
+        yield GaugeMetricFamily("keg_audit_spool_bytes",
+                                "Bytes of audit events spooled on disk, not yet delivered",
+                                value=counters.get("spool_bytes", 0))
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -25,7 +25,15 @@ from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grp
 from google.protobuf.json_format import MessageToDict
 
 import kafka_wire
-from ext_proc.audit import AuditEvent, AuditLog, JsonlAuditLog, NullAuditLog
+from ext_proc.audit import (
+    AuditEvent,
+    AuditLog,
+    JsonlAuditLog,
+    NullAuditLog,
+    TeeAuditLog,
+    current_request,
+)
+from ext_proc.audit_kafka import KafkaAuditLog, KafkaAuditSettings
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rules import RuleDecision, RuleEngine
@@ -36,7 +44,6 @@ from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import RuleSubscription, default_node_id
 from ext_proc.session import KafkaSession, ProtocolViolation
 from filter_rules import CompiledRuleSet, RuleSet
-from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
 from interceptors.engine import DEFAULT_LIMITS, RecordLimits
 from interceptors.side_effects import DataPathSideEffects
@@ -78,6 +85,8 @@ class ProcessorSettings:
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
     side_effects_config: tuple[tuple[str, str], ...] = ()
+    # The audit stream on Kafka (with its local spool); None: the file alone, if any.
+    audit_kafka: KafkaAuditSettings | None = None
 
     def __post_init__(self) -> None:
         if self.control_plane is not None and self.rules_dir is not None:
@@ -92,8 +101,8 @@ class DataPath:
         self.metrics = Metrics()
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)
-        self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
-                                else NullAuditLog())
+        self.audit = audit_sinks(settings, self.metrics)
+        self._auditing = not isinstance(self.audit, NullAuditLog)
         self.side_effects = (
             DataPathSideEffects(settings.side_effects_bootstrap, dict(settings.side_effects_config))
             if settings.side_effects_bootstrap else None)
@@ -128,22 +137,49 @@ class DataPath:
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
         self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records)
-        extra: dict[str, object] = {"records": d.records} if d.rule.kind in RECORD_KINDS else {}
         if not d.answered:
             # Nothing tells the client (Produce acks=0): never let it pass unseen.
             self.metrics.unanswered_refusal(d.header.api_key, d.rule.id)
-            extra["answered"] = False
-        if d.rule.audited or not d.answered:
-            self.audit.emit(AuditEvent.for_connection(
-                d.conn, principal=d.principal, client_id=d.header.client_id,
-                security_protocol=d.security_protocol, api_key=d.header.api_key,
-                api_name=kafka_wire.api_name(d.header.api_key),
-                api_version=d.header.api_version, correlation_id=d.header.correlation_id,
-                topic=d.topic, rule_id=d.rule.id, action=d.rule.kind, mode=mode,
-                outcome=d.outcome, error_code=d.error_code, reason=d.reason,
-                partition=d.partition,
-                extra=extra or None,
-            ))
+        if not self._auditing or not (d.rule.audited or not d.answered):
+            return
+        request = current_request()
+        if request is None:  # outside a request's processing (no answer to wait for)
+            self._write_event(d, None, None)
+        else:  # written when the request's answer leaves the gateway, with its latency
+            request.hold(partial(self._write_event, d))
+
+    def _write_event(self, d: RuleDecision, latency_ms: float | None,
+                     request_bytes: int | None) -> None:
+        nbytes, records = d.volume if d.volume is not None else (request_bytes, 0)
+        self.audit.emit(AuditEvent.for_connection(
+            d.conn, principal=d.principal, client_id=d.header.client_id,
+            security_protocol=d.security_protocol, api_key=d.header.api_key,
+            api_name=kafka_wire.api_name(d.header.api_key),
+            api_version=d.header.api_version, correlation_id=d.header.correlation_id,
+            topic=d.topic, partition=d.partition, rule_id=d.rule.id,
+            rule_version=d.rule_version, action=d.rule.kind,
+            mode="dry-run" if d.rule.dry_run else "enforce", outcome=d.outcome,
+            # 0: the gateway refused nothing (the broker's own errors are not read).
+            error_code=d.error_code or 0, bytes=nbytes, records=records,
+            latency_ms=latency_ms, reason=d.reason,
+            extra=None if d.answered else {"answered": False},
+        ))
+        self.metrics.audit_event()
+
+
+def audit_sinks(settings: ProcessorSettings, metrics: Metrics) -> AuditLog:
+    """The audit sinks `settings` ask for, as one. The Kafka sink (its spool) comes
+    first: an event in the file is always in the spool too, whenever the process dies."""
+    sinks: list[AuditLog] = []
+    if settings.audit_kafka is not None:
+        kafka = KafkaAuditLog(settings.audit_kafka)
+        metrics.watch_audit_sink(kafka.counters)
+        sinks.append(kafka)
+    if settings.audit_log is not None:
+        sinks.append(JsonlAuditLog(settings.audit_log))
+    if not sinks:
+        return NullAuditLog()
+    return sinks[0] if len(sinks) == 1 else TeeAuditLog(sinks)
 
 
 def rule_free_session(conn: ConnectionInfo) -> KafkaSession:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from ext_proc.audit import RequestAudit, auditing
 from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import REQUEST, RESPONSE, Filter
@@ -21,6 +22,7 @@ from kafka_wire.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     CorrelationTracker,
     Decision,
+    Fate,
     Frame,
     FrameSplitter,
     Head,
@@ -49,7 +51,10 @@ class KafkaSession:
         self._budget = held_bytes or HeldBytes()  # shared by the process's connections
         self._holding = 0  # of it, what this connection holds now
         self.chain = FilterChain(filters)
-        self._tracker = CorrelationTracker()
+        self._tracker = CorrelationTracker(on_release=self._released)
+        # Requests a filter judges whose audit events wait for their answer (see
+        # ext_proc.audit.RequestAudit); finished when the answer leaves, or at close.
+        self._audits: set[RequestAudit] = set()
         self._held_requests: deque[InFlight] = deque()  # slots of requests being held
         self._held: deque[InFlight] = deque()  # requests whose held response is coming
         self._requests = FrameSplitter(
@@ -92,6 +97,9 @@ class KafkaSession:
     def close(self) -> None:
         self._budget.give(self._holding)
         self._holding = 0
+        for audit in self._audits:  # never answered: their events go now
+            audit.finish()
+        self._audits.clear()
         if self._meter is not None:
             self._meter.close()
 
@@ -132,6 +140,8 @@ class KafkaSession:
         slot = self._tracker.reserve(head)
         if self.chain.wants(head.api_key, head.api_version, REQUEST):
             self._held_requests.append(slot)  # its fate is decided in _process_request
+            audit = slot.note = RequestAudit(head.size + 4)  # its latency starts now
+            self._audits.add(audit)
             return self._hold(head.size)
         slot.forward(hold_response=self.chain.wants(head.api_key, head.api_version, RESPONSE))
         if self._meter is not None:
@@ -153,8 +163,13 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         slot = self._held_requests.popleft()
-        judged = self.chain.judge_frame(frame.raw, self.conn)
+        audit = slot.note
+        assert isinstance(audit, RequestAudit)
+        with auditing(audit):
+            judged = self.chain.judge_frame(frame.raw, self.conn)
         self._delay_s = max(self._delay_s, judged.delay_s)
+        if not judged.expects_response or not (audit.pending or judged.want_response):
+            self._finish(slot)  # no answer comes (acks=0), or nothing waits for one
         if not judged.expects_response:
             slot.drop_answer()
         elif judged.answer is not None:
@@ -169,8 +184,27 @@ class KafkaSession:
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
         patch = entry.patch if callable(entry.patch) else None
-        out = self.chain.filter_response_frame(frame.raw, entry.api_key, entry.api_version,
-                                               self.conn, patch)
+        audit = entry.note if isinstance(entry.note, RequestAudit) else None
+        with auditing(audit):  # record rules decide on fetched records here
+            out = self.chain.filter_response_frame(frame.raw, entry.api_key,
+                                                   entry.api_version, self.conn, patch)
+        self._finish(entry)
         if out is not frame.raw:
             self.frames_rewritten += 1
         return out
+
+    # -- audit: a judged request's events go when its answer does ------------------
+
+    def _released(self, entry: InFlight) -> None:
+        """The request left the answer queue: the broker's answer is arriving or the
+        gateway's own is going out. A response filters still read finishes later."""
+        if entry.note is not None and not (entry.fate is Fate.FORWARDED
+                                           and entry.hold_response):
+            self._finish(entry)
+
+    def _finish(self, entry: InFlight) -> None:
+        audit = entry.note
+        if isinstance(audit, RequestAudit):
+            entry.note = None
+            self._audits.discard(audit)
+            audit.finish()

@@ -196,6 +196,8 @@ class BatchOutcome:
     failure: StepResult | None = None
     # (rule id, effect) -> records, dry-run effects included: for metrics and audit.
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (rule id, effect) -> those records' bytes as they came (key, value, headers).
+    sizes: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def refused(self) -> bool:
@@ -387,13 +389,16 @@ class RecordEngine:
         ]
         outcomes = self.run(intercepted, stages, budget)
         result = BatchOutcome()
+        counts, sizes = result.counts, result.sizes
         for index, outcome in enumerate(outcomes):
             if outcome.status == "rejected" and direction == "consume":
                 # A fetched record was accepted long ago: withhold it, refuse nothing.
                 outcome.record, outcome.status = None, "dropped"
+            size = record_size(records[index])
             for step in outcome.steps:
                 key = (step.rule_id, f"would-{step.effect}" if step.dry_run else step.effect)
-                result.counts[key] = result.counts.get(key, 0) + 1
+                counts[key] = counts.get(key, 0) + 1
+                sizes[key] = sizes.get(key, 0) + size
             if outcome.status == "rejected":
                 step = outcome.steps[-1]
                 result.rejections.append(Rejection(index, step.rule_id, step.reason or ""))
@@ -418,6 +423,16 @@ class RecordEngine:
                                final.key, final.value, list(final.headers)))
         result.records = kept
         return result
+
+
+def record_size(record: Record | InterceptedRecord | None) -> int:
+    """Key, value and header bytes: what a record weighs in a batch (framing aside)."""
+    if record is None:
+        return 0
+    size = len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += len(name.encode()) + len(value or b"")
+    return size
 
 
 class _DiscardedSideEffects:

@@ -243,7 +243,8 @@ class InFlight:
     order of answers is the order of requests whatever is held, answered or forwarded:
     it cannot be inverted by the order in which held requests are decided.
     `answer` holds the gateway's own response (it never reached the broker);
-    `patch` is opaque to framing: the session's note of what to change in the answer.
+    `patch` is opaque to framing: the session's note of what to change in the answer;
+    `note` likewise, the session's own bookkeeping (e.g. what to do once answered).
     """
 
     correlation_id: int
@@ -253,6 +254,7 @@ class InFlight:
     hold_response: bool = False
     answer: bytes | None = None
     patch: object = None
+    note: object = None
 
     def forward(self, hold_response: bool, patch: object = None) -> None:
         self.fate, self.hold_response, self.patch = Fate.FORWARDED, hold_response, patch
@@ -271,11 +273,15 @@ class CorrelationTracker:
     Kafka answers requests on a connection in order. A Produce with acks=0 gets no
     answer, and whether it is one is only known from its body: a forwarded Produce a
     response skips is taken as such. Any other mismatch means the stream is out of sync.
+    `on_release` is called with each request as it leaves the queue: its answer is
+    arriving from the broker, or the gateway's own answer is going out, or none comes.
     """
 
-    def __init__(self, max_in_flight: int = 100_000) -> None:
+    def __init__(self, max_in_flight: int = 100_000,
+                 on_release: Callable[[InFlight], None] | None = None) -> None:
         self._pending: deque[InFlight] = deque()
         self._max_in_flight = max_in_flight
+        self._on_release = on_release
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -292,12 +298,15 @@ class CorrelationTracker:
         """The request this response answers, and the gateway's own answers due before it."""
         pending = self._pending
         due: list[bytes] = []
+        released = self._on_release
         while pending:
             entry = pending[0]
             if entry.fate is Fate.PENDING:
                 raise FrameError(f"response with correlation id {correlation_id} arrived "
                                  f"before request {entry.correlation_id} was forwarded")
             pending.popleft()
+            if released is not None:
+                released(entry)
             if entry.fate is Fate.ANSWERED:
                 assert entry.answer is not None
                 due.append(entry.answer)
@@ -315,6 +324,8 @@ class CorrelationTracker:
         due: list[bytes] = []
         while pending and pending[0].fate in (Fate.ANSWERED, Fate.UNANSWERED):
             entry = pending.popleft()
+            if self._on_release is not None:
+                self._on_release(entry)
             if entry.answer is not None:
                 due.append(entry.answer)
         return due

@@ -14,7 +14,7 @@ import typer
 
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
-from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.paths import AUDIT_KAFKA_PASSWORD_ENV, SIDE_EFFECTS_PASSWORD_ENV
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
     from filter_rules import RuleSet
@@ -37,6 +37,14 @@ AuditLogPath = Annotated[Path | None, typer.Option(
          "name: ./none).")]
 MetricsPort = Annotated[int | None, typer.Option(
     help="Serve Prometheus metrics on this port (0: a free one, printed).")]
+AuditKafkaTopic = Annotated[str, typer.Option(
+    help="Topic of the audit stream (created at start when the cluster allows it).")]
+AuditKafkaConfig = Annotated[list[str] | None, typer.Option(
+    help="A librdkafka property for the audit stream's producer, key=value (repeatable, "
+         f"e.g. SASL); the SASL password comes from ${AUDIT_KAFKA_PASSWORD_ENV}.")]
+AuditFormatOption = Annotated[str, typer.Option(
+    "--audit-format", help="Audit events on Kafka as json (default) or avro "
+                           "(docs/audit.md).")]
 
 
 def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
@@ -44,6 +52,26 @@ def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
     if value is None:
         return default
     return None if str(value) in AUDIT_LOG_OFF else value
+
+
+def _properties(items: list[str] | None, option: str, password_env: str) -> list[tuple[str, str]]:
+    """key=value options as pairs; the SASL password from `password_env`, if set."""
+    pairs: list[tuple[str, str]] = []
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"{option} wants key=value, not {item!r}")
+        pairs.append((key, value))
+    password = os.environ.get(password_env)
+    if password:
+        pairs.append(("sasl.password", password))
+    return pairs
+
+
+def _audit_format(value: str) -> str:
+    if value not in ("json", "avro"):
+        raise _fail(f"--audit-format is json or avro, not {value!r}")
+    return value
 
 
 def _default_data_dir() -> Path:
@@ -129,6 +157,15 @@ def up(
              "service over xDS (ACKed, kept across restarts); directory: the ext_proc "
              "service watches the rule directory itself.")] = "control-plane",
     audit_log: AuditLogPath = None,
+    audit_kafka: Annotated[bool, typer.Option(
+        help="Also stream audit events to a Kafka topic (at least once, through a local "
+             "spool in keg up's state; docs/audit.md).")] = False,
+    audit_kafka_bootstrap: Annotated[str | None, typer.Option(
+        help="The cluster of the audit stream (default: the one keg fronts, as the "
+             "gateway's own user).")] = None,
+    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
+    audit_kafka_config: AuditKafkaConfig = None,
+    audit_format: AuditFormatOption = "json",
     metrics_port: MetricsPort = 9464,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API on this port, the rules kept in a SQLite store of this "
@@ -155,7 +192,7 @@ def up(
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
-    from keg.gateway import ApiOptions, Gateway, GatewayError, GatewaySettings
+    from keg.gateway import ApiOptions, AuditStream, Gateway, GatewayError, GatewaySettings
     from keg.state import DirectoryLock, StateInUse, up_state_dir
 
     rules_dir = (rules or DEFAULT_RULES_DIR).resolve()
@@ -173,6 +210,12 @@ def up(
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
                     f"others, 0 for free ones (--api-port 0: no API)")
     state = up_state_dir(cache_dir(), rules_dir)
+    stream = AuditStream(
+        bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
+        config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
+                                 AUDIT_KAFKA_PASSWORD_ENV)),
+        format=_audit_format(audit_format), spool_dir=state / "audit-spool",
+    ) if audit_kafka else None
     lock = DirectoryLock(state, f"keg up's state for the rules in {rules_dir}")
     kafka = None
     try:
@@ -194,6 +237,7 @@ def up(
                 ext_proc_log_level=log_level,
                 rules_dir=rules_dir,
                 audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
+                audit_kafka=stream,
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
                 data_path=data_path,
@@ -212,6 +256,10 @@ def up(
                        else f"http://127.0.0.1:{gateway.metrics_port}/metrics")
             console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
                           f"state: {state}")
+            if stream is not None:
+                console.print(f"audit stream: topic {stream.topic} on "
+                              f"{stream.bootstrap_servers or bootstrap_servers} "
+                              f"({stream.format}; spool {stream.spool_dir})")
             if gateway.app is not None and gateway.app.api_server is not None:
                 console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
                               "(writes need a token: --api-tokens or KEG_API_TOKENS)")
@@ -277,24 +325,41 @@ def ext_proc_cmd(
     side_effects_config: Annotated[list[str] | None, typer.Option(
         help="A librdkafka property for that producer, key=value (repeatable); the SASL "
              f"password comes from ${SIDE_EFFECTS_PASSWORD_ENV}.")] = None,
+    audit_kafka_bootstrap: Annotated[str | None, typer.Option(
+        help="Stream audit events to this Kafka cluster (bootstrap servers), at least "
+             "once through a local spool (docs/audit.md).")] = None,
+    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
+    audit_kafka_config: AuditKafkaConfig = None,
+    audit_format: AuditFormatOption = "json",
+    audit_spool: Annotated[Path | None, typer.Option(
+        help="The audit stream's spool directory: events wait there until Kafka has "
+             "them, across restarts (default: the user cache, per port).")] = None,
+    audit_spool_max_bytes: Annotated[int, typer.Option(
+        help="The spool's bound: events beyond it are dropped (and counted) while Kafka "
+             "is unreachable.")] = 1 << 30,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the ext_proc service (Envoy's network external processor for Kafka)."""
     setup_logging(log_level, log_format)
     from ext_proc import ExtProcServer, ProcessorSettings
+    from ext_proc.audit_kafka import KafkaAuditSettings
 
     if control_plane is not None and rules is not None:
         raise _fail("give --rules or --control-plane, not both")
-    producer_config: list[tuple[str, str]] = []
-    for item in side_effects_config or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise _fail(f"--side-effects-config wants key=value, not {item!r}")
-        producer_config.append((key, value))
-    password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
-    if password:
-        producer_config.append(("sasl.password", password))
+    producer_config = _properties(side_effects_config, "--side-effects-config",
+                                  SIDE_EFFECTS_PASSWORD_ENV)
+    audit_stream = None
+    if audit_kafka_bootstrap is not None:
+        from keg.embedded.kafka import cache_dir
+
+        audit_stream = KafkaAuditSettings(
+            bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
+            config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
+                                     AUDIT_KAFKA_PASSWORD_ENV)),
+            format=_audit_format(audit_format),  # type: ignore[arg-type]
+            spool_dir=audit_spool or cache_dir() / "audit-spool" / f"ext-proc-{port}",
+            spool_max_bytes=audit_spool_max_bytes)
     server = ExtProcServer(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
@@ -303,6 +368,7 @@ def ext_proc_cmd(
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
+        audit_kafka=audit_stream,
     ))
 
     async def main() -> None:

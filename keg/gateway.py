@@ -41,7 +41,7 @@ from control_plane.snapshot import RULES
 from control_plane.topology import DiscoveryError, SaslPlain
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
-from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.paths import AUDIT_KAFKA_PASSWORD_ENV, SIDE_EFFECTS_PASSWORD_ENV
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,18 @@ class ControlPlaneApp:
             self.store = None
 
 
+@dataclass(frozen=True)
+class AuditStream:
+    """The audit stream on Kafka (ext_proc.audit_kafka): `bootstrap_servers` None is the
+    cluster the gateway fronts, reached as the gateway's own user (`sasl`)."""
+
+    bootstrap_servers: str | None = None
+    topic: str = "_keg_audit"
+    config: tuple[tuple[str, str], ...] = ()
+    format: str = "json"
+    spool_dir: Path | None = None  # default: <work_dir>/audit-spool
+
+
 @dataclass
 class GatewaySettings:
     bootstrap_servers: str
@@ -159,6 +171,7 @@ class GatewaySettings:
     ext_proc_log_level: str = "INFO"
     rules_dir: Path | None = None
     audit_log: Path | None = None
+    audit_kafka: AuditStream | None = None
     metrics_port: int | None = None
     sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
     work_dir: Path | None = None
@@ -318,10 +331,32 @@ class Gateway(Service):
                     "--side-effects-config", "sasl.mechanism=PLAIN",
                     "--side-effects-config", f"sasl.username={s.sasl.username}"]
             env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
+        if s.audit_kafka is not None:
+            cmd += self._audit_stream_args(s.audit_kafka, env)
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
         if self.metrics_port is not None:  # gRPC listens early; /metrics means started
             wait_for_port("127.0.0.1", self.metrics_port, 30, alive=self._check_ext_proc)
+
+    def _audit_stream_args(self, stream: AuditStream, env: dict[str, str]) -> list[str]:
+        s = self.settings
+        spool = stream.spool_dir or (s.work_dir or Path(tempfile.gettempdir())) / (
+            f"keg-audit-spool-{self.ext_proc_port}")
+        args = ["--audit-kafka-bootstrap", stream.bootstrap_servers or s.bootstrap_servers,
+                "--audit-kafka-topic", stream.topic, "--audit-format", stream.format,
+                "--audit-spool", str(spool)]
+        config = list(stream.config)
+        if stream.bootstrap_servers is None and s.sasl is not None:
+            # The fronted cluster, as the gateway's own user (like `copy` rules).
+            config += [("security.protocol", "SASL_PLAINTEXT"), ("sasl.mechanism", "PLAIN"),
+                       ("sasl.username", s.sasl.username)]
+            env[AUDIT_KAFKA_PASSWORD_ENV] = s.sasl.password
+        for key, value in config:
+            if key == "sasl.password":  # never on a command line
+                env[AUDIT_KAFKA_PASSWORD_ENV] = value
+                continue
+            args += ["--audit-kafka-config", f"{key}={value}"]
+        return args
 
     def _check_ext_proc(self) -> None:
         if self._ext_proc is not None and self._ext_proc.poll() is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from filter_rules import CompiledRuleSet, load_rule_dir
 from interceptors.contract import BuildContext, InterceptedRecord, Interceptor
-from interceptors.engine import RecordEngine, RecordOutcome, default_builders
+from interceptors.engine import RecordEngine, RecordOutcome, default_builders, record_size
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -152,12 +152,7 @@ def records_from_arrow(batch: pa.RecordBatch | pa.Table) -> list[InterceptedReco
     ]
 
 
-def record_bytes(record: InterceptedRecord | None) -> int:
-    """Key, value and header bytes: what a record weighs in a batch (framing aside)."""
-    if record is None:
-        return 0
-    headers = sum(len(k.encode()) + len(v or b"") for k, v in record.headers)
-    return len(record.key or b"") + len(record.value or b"") + headers
+record_bytes = record_size  # key, value and header bytes (the data path's measure)
 
 
 def record_digest(record: InterceptedRecord | None) -> str | None:

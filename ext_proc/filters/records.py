@@ -372,4 +372,6 @@ class RecordsFilter(BaseFilter):
             self._engine.sink(RuleDecision(
                 rule, effect, header, conn, self._identity.principal,
                 self._identity.security_protocol, topic, code, reason, partition=partition,
-                records=count, answered=answered or code is None))
+                records=count, answered=answered or code is None,
+                volume=(outcome.sizes.get((rule_id, effect), 0), count),
+                rule_version=self._engine.records.version))

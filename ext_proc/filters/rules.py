@@ -22,6 +22,7 @@ audited whatever the rule's audit setting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable
@@ -55,6 +56,7 @@ from kafka_wire.error_responses import (
     remove_topics,
 )
 from kafka_wire.errors import KafkaWireError
+from kafka_wire.records import BatchView, iter_batches
 from kafka_wire.topic_ids import TopicIds, topic_name
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,10 @@ class RuleDecision:
     records: int = 1  # record rules report per batch: how many records had this outcome
     # False: a refusal no answer can carry (Produce acks=0); the client never learns.
     answered: bool = True
+    # (bytes, records) of what the decision concerns: a Produce topic's record batches,
+    # or the records a record rule acted on; None: the whole request, which carries none.
+    volume: tuple[int, int] | None = None
+    rule_version: str | None = None  # the content hash of the rule set that decided
 
 
 DecisionSink = Callable[[RuleDecision], None]
@@ -172,6 +178,10 @@ class RulesFilter(BaseFilter):
         self._identity = identity
         self._audit_principal = identity.principal
         self._acks_zero = False  # the request being judged is a Produce with acks=0
+        # Of the request being judged: the topics it names, and a Produce's (bytes,
+        # records) per topic, so a decision on the whole request is one per topic.
+        self._topics: list[str] = []
+        self._volumes: dict[str, tuple[int, int]] = {}
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
         compiled = self._engine.requests
@@ -256,6 +266,9 @@ class RulesFilter(BaseFilter):
         )
         named = request_entities(api_key, version, body, self._engine.topic_ids)
         topics = named.topics
+        self._topics = topics
+        self._volumes = (produce_volumes(body, self._engine.topic_ids) if api_key == PRODUCE
+                         else {})
         groups: list[str | None] = [*named.groups] or [None]
         if named.unknown_topic_ids and any(
                 r.uses_topics and not r.dry_run for r in compiled.candidates(api_key, version)):
@@ -457,11 +470,39 @@ class RulesFilter(BaseFilter):
                 conn: ConnectionInfo, topics: list[str | None], code: int | None = None,
                 reason: str | None = None) -> None:
         answered = not (self._acks_zero and outcome == "denied")
+        if None in topics and self._topics:  # the whole request: one decision per topic
+            topics = [*(t for t in topics if t is not None),
+                      *(t for t in self._topics if t not in topics)]
+        version = self._engine.requests.version
         for topic in topics:
             self._engine.sink(RuleDecision(
                 rule, outcome, header, conn, self._audit_principal,
                 self._identity.security_protocol, topic, code, reason, answered=answered,
+                volume=self._volumes.get(topic) if topic is not None else None,
+                rule_version=version,
             ))
+
+
+def produce_volumes(body: dict[str, Any], topic_ids: TopicIds) -> dict[str, tuple[int, int]]:
+    """A Produce request's (record bytes, records) per topic, from the batch headers
+    (nothing is decompressed)."""
+    volumes: dict[str, tuple[int, int]] = {}
+    for topic in body.get("TopicData") or ():
+        name = topic_name(topic, topic_ids)
+        if name is None:
+            continue
+        size, count = volumes.get(name, (0, 0))
+        for partition in topic.get("PartitionData") or ():
+            data = partition.get("Records")
+            if not data:
+                continue
+            size += len(data)
+            # A corrupt batch counts its bytes only; the broker or a rule refuses it.
+            with contextlib.suppress(KafkaWireError):
+                count += sum(b.records_count for b in iter_batches(data)
+                             if isinstance(b, BatchView))
+        volumes[name] = (size, count)
+    return volumes
 
 
 def _name_records(topics: Iterable[dict[str, Any]],

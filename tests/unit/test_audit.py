@@ -31,10 +31,10 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.identity import IdentityTracker
 
 FIXED_KEYS = [
-    "ts", "connection_id", "principal", "client_id", "client_host", "client_port", "listener",
-    "security_protocol", "broker_id", "api_key", "api_name", "api_version", "correlation_id",
-    "topic", "partition", "rule_id", "action", "mode", "outcome", "error_code", "bytes",
-    "latency_ms", "reason",
+    "ts", "event_id", "connection_id", "principal", "client_id", "client_host", "client_port",
+    "listener", "security_protocol", "broker_id", "api_key", "api_name", "api_version",
+    "correlation_id", "topic", "partition", "rule_id", "rule_version", "action", "mode",
+    "outcome", "error_code", "bytes", "records", "latency_ms", "reason",
 ]
 
 
