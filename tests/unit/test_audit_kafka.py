@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -126,9 +126,9 @@ def test_concurrent_appends_are_whole_lines(tmp_path: Path) -> None:
 class FakeProducer:
     """librdkafka's Producer as the shipper uses it; `fail_next` fails deliveries."""
 
-    made: list[FakeProducer] = []
+    made: ClassVar[list[FakeProducer]] = []
     fail_next = 0
-    topic_log: list[bytes] = []
+    topic_log: ClassVar[list[bytes]] = []
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
