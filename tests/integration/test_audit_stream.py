@@ -134,9 +134,11 @@ def topic_events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
             msg = consumer.poll(1.0)
             if msg is None or msg.error() is not None:
                 continue
-            events.append(json.loads(msg.value()))
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                done.add(msg.partition())
+            value, offset, partition = msg.value(), msg.offset(), msg.partition()
+            assert value is not None and offset is not None and partition is not None
+            events.append(json.loads(value))
+            if offset + 1 >= ends[partition]:
+                done.add(partition)
         return events
     finally:
         consumer.close()
