@@ -37,6 +37,9 @@ AuditLogPath = Annotated[Path | None, typer.Option(
          "name: ./none).")]
 MetricsPort = Annotated[int | None, typer.Option(
     help="Serve Prometheus metrics on this port (0: a free one, printed).")]
+ImpactDir = Annotated[Path | None, typer.Option(
+    help="The directory `keg analyze --follow --out DIR` writes the live rule impact "
+         "to, served as /v1/impact (keg up: default <state>/impact).")]
 AuditKafkaTopic = Annotated[str, typer.Option(
     help="Topic of the audit stream (created at start when the cluster allows it).")]
 AuditKafkaConfig = Annotated[list[str] | None, typer.Option(
@@ -173,6 +176,7 @@ def up(
         = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
+    impact_dir: ImpactDir = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -243,7 +247,8 @@ def up(
                 data_path=data_path,
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
-                    data_dir=state, port=api_port, tokens_file=api_tokens),
+                    data_dir=state, port=api_port, tokens_file=api_tokens,
+                    impact_dir=impact_dir or state / "impact"),
             )
         )
         with gateway:
@@ -418,6 +423,7 @@ def control_plane_cmd(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
         help="Let reads of the REST API go without a token.")] = False,
+    impact_dir: ImpactDir = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -449,7 +455,8 @@ def control_plane_cmd(
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
-        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
+        impact_dir=impact_dir)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:

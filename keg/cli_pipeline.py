@@ -199,24 +199,86 @@ def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
 
 @app.command("analyze")
 def analyze_cmd(
-    audit: Annotated[Path, typer.Option(help="Audit log (JSON Lines) or a directory of them.")],
+    audit: Annotated[str, typer.Option(
+        help="Audit log (JSON Lines) or a directory of them; with --follow the audit "
+             "topic, kafka://host:port/topic.")],
     out: Annotated[Path, typer.Option(help="Result directory.")] = Path("keg-analyze"),
+    follow: Annotated[bool, typer.Option(
+        help="Follow the audit topic (Spark Structured Streaming): per-minute impact per "
+             "rule, topic, principal and outcome in OUT (Parquet, served as /v1/impact "
+             "by a control plane whose --impact-dir is OUT), OUT/report.html; until "
+             "Ctrl-C.")] = False,
+    kafka_config: Annotated[list[str] | None, typer.Option(
+        help="A Kafka consumer property for --follow, key=value (repeat), e.g. "
+             "security.protocol=SASL_SSL.")] = None,
+    from_: Annotated[str, typer.Option(
+        "--from", help="--follow without a checkpoint in OUT starts at the topic's "
+                       "earliest or latest events.")] = "earliest",
+    late_after: Annotated[str, typer.Option(
+        help="--follow: events older than this behind the newest are not counted "
+             "(the event-time watermark).")] = "10 minutes",
+    trigger: Annotated[str, typer.Option(help="--follow: one micro-batch this often.")]
+        = "2 seconds",
     master: Master = "local[*]",
     conf: SparkConfs = None,
     quiet: Quiet = False,
 ) -> None:
-    """Aggregate the gateway's audit log: who did what, what was denied, how fast."""
+    """Aggregate the gateway's audit log: who did what, what was denied, how fast; or,
+    with --follow, the live impact of each rule from the audit topic."""
+    if follow:
+        _follow(audit, out, kafka_config, from_, late_after, trigger, master, conf, quiet)
+        return
     from pipeline.analyze import audit_files, run_analyze
     from pipeline.progress import spark_progress
     from pipeline.reports import analyze_report
 
     with _job():
-        audit_files(audit)  # bad paths fail before Spark starts
+        audit_files(Path(audit))  # bad paths fail before Spark starts
         spark = _session(master, conf)
         with spark_progress(spark, "analyze", console, enabled=not quiet):
-            result = run_analyze(spark, audit, out)
+            result = run_analyze(spark, Path(audit), out)
         report = analyze_report(result.summary, out / "report.html")
     totals = result.summary["totals"]
     typer.echo(json.dumps({k: totals[k] for k in ("events", "bytes", "denied", "rejected",
                                                   "malformed")}))
     typer.echo(f"results: {out}/*.parquet, {out}/summary.json; report: {report}")
+
+
+def _follow(audit: str, out: Path, kafka_config: list[str] | None, starting: str,
+            late_after: str, trigger: str, master: str, conf: list[str] | None,
+            quiet: bool) -> None:
+    from pipeline.errors import PipelineError
+    from pipeline.impact import follow
+    from pipeline.inputs import KafkaInput, parse_input
+
+    with _job():
+        source = parse_input(audit)
+        if not isinstance(source, KafkaInput):
+            raise PipelineError("--follow reads the audit topic: --audit "
+                                "kafka://host:port/topic")
+        options = {}
+        for item in kafka_config or ():
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise PipelineError(f"--kafka-config {item!r}: expected key=value")
+            options[key] = value
+        spark = _session(master, conf, kafka=True)
+
+        def batch_done(batch_id: int, rows: int) -> None:
+            if not quiet and rows:
+                console.print(f"batch {batch_id}: {rows} minute row(s) updated", style="dim")
+
+        query, _ = follow(spark, source, out, kafka_options=options, starting=starting,
+                          late_after=late_after, trigger=trigger, on_batch=batch_done)
+        typer.echo(f"following {audit}: impact in {out} (Parquet), report "
+                   f"{out}/report.html; Ctrl-C stops")
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+            return
+        failure = query.exception()
+        if failure is not None:
+            from pipeline.spark import first_line
+
+            raise PipelineError(f"following the audit topic failed: {first_line(failure)}")

@@ -66,6 +66,8 @@ class ApiOptions:
     tokens_file: Path | None = None
     public_reads: bool = False
     rules_dir: Path | None = None
+    # Where `keg analyze --follow` writes the live rule impact, served as /v1/impact.
+    impact_dir: Path | None = None
 
 
 class ControlPlaneApp:
@@ -103,7 +105,8 @@ class ControlPlaneApp:
         await self.plane.start()
         plane = self.plane
         app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
-                                                 ready=lambda: plane.plan is not None),
+                                                 ready=lambda: plane.plan is not None,
+                                                 impact_dir=api.impact_dir),
                          plane.fleet_status)
         self.api_server = await serve_api(app, api.host, api.port)
         return plane

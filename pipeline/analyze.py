@@ -31,8 +31,9 @@ TOP: Final = 20
 CORRUPT: Final = "_corrupt_record"
 
 
-def audit_schema() -> StructType:
-    """The fields `ext_proc.audit.AuditEvent` writes (extras are not analysed)."""
+def audit_schema(corrupt_column: bool = True) -> StructType:
+    """The fields `ext_proc.audit.AuditEvent` writes (extras are not analysed), and the
+    column a permissive JSON read puts unreadable lines in."""
     from pyspark.sql.types import (
         DoubleType,
         IntegerType,
@@ -42,17 +43,18 @@ def audit_schema() -> StructType:
         StructType,
     )
 
-    strings = ("ts", "connection_id", "principal", "client_id", "client_host", "listener",
-               "security_protocol", "api_name", "topic", "rule_id", "action", "mode",
-               "outcome", "reason")
+    strings = ("ts", "event_id", "connection_id", "principal", "client_id", "client_host",
+               "listener", "security_protocol", "api_name", "topic", "rule_id",
+               "rule_version", "action", "mode", "outcome", "reason")
     ints = ("client_port", "broker_id", "api_key", "api_version", "correlation_id",
             "partition", "error_code")
     return StructType([
         *(StructField(n, StringType()) for n in strings),
         *(StructField(n, IntegerType()) for n in ints),
         StructField("bytes", LongType()),
+        StructField("records", LongType()),
         StructField("latency_ms", DoubleType()),
-        StructField(CORRUPT, StringType()),
+        *([StructField(CORRUPT, StringType())] if corrupt_column else []),
     ])
 
 

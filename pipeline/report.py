@@ -52,8 +52,9 @@ def _cell(value: Any) -> str:
 class HtmlReport:
     """Builds one self-contained page: cards, tables and embedded plots."""
 
-    def __init__(self, title: str, subtitle: str = "") -> None:
+    def __init__(self, title: str, subtitle: str = "", refresh_s: int | None = None) -> None:
         self.title = title
+        self.refresh_s = refresh_s  # a live page: the browser reloads it this often
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         self.parts: list[str] = [f"<h1>{html.escape(title)}</h1>",
                                  f'<p class="meta">{html.escape(subtitle)} — {stamp}</p>']
@@ -98,12 +99,18 @@ class HtmlReport:
         self.parts.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">')
 
     def html(self) -> str:
+        refresh = (f'<meta http-equiv="refresh" content="{self.refresh_s}">'
+                   if self.refresh_s else "")
         return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>"
+                f"{refresh}<title>{html.escape(self.title)}</title><style>{_STYLE}</style>"
+                "</head>"
                 f"<body>{''.join(self.parts)}</body></html>")
 
     def write(self, path: Path) -> Path:
-        path.write_text(self.html(), encoding="utf-8")
+        """Written beside, then renamed: a browser reloading it never reads half a page."""
+        staging = path.with_name(f".{path.name}.tmp")
+        staging.write_text(self.html(), encoding="utf-8")
+        staging.replace(path)
         return path
 
 

@@ -135,6 +135,53 @@ def analyze_report(summary: Mapping[str, Any], path: Path) -> Path:
     return report.write(path)
 
 
+def impact_report(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The live impact page (keg analyze --follow): per rule over the last hour."""
+    report = HtmlReport("keg live rule impact",
+                        "per-minute aggregates of the audit stream (reloads every 10 s)",
+                        refresh_s=10)
+    if not rows:
+        report.paragraph("no audit events yet", "meta")
+        return report.write(path)
+    rules = sorted({_name(r["rule_id"]) for r in rows})
+    minutes = sorted({r["minute"] for r in rows})
+    per_rule: dict[str, dict[str, Any]] = {}
+    series: dict[str, dict[str, dict[Any, float]]] = {
+        m: {rule: {} for rule in rules} for m in ("decisions", "bytes", "errors", "p99")}
+    for r in rows:
+        rule = _name(r["rule_id"])
+        total = per_rule.setdefault(rule, {"rule_id": rule, "decisions": 0, "bytes": 0,
+                                           "records": 0, "errors": 0, "outcomes": set()})
+        for metric in ("decisions", "bytes", "records", "errors"):
+            total[metric] += r[metric] or 0
+        total["outcomes"].add(r["outcome"])
+        for metric in ("decisions", "bytes", "errors"):
+            points = series[metric][rule]
+            points[r["minute"]] = points.get(r["minute"], 0) + (r[metric] or 0)
+        p99 = series["p99"][rule]
+        p99[r["minute"]] = max(p99.get(r["minute"], 0.0), r["p99_latency_ms"] or 0.0)
+    totals = [{**t, "outcomes": sorted(t["outcomes"])} for t in per_rule.values()]
+    report.cards([
+        ("rules", len(rules), False),
+        ("decisions", sum(t["decisions"] for t in totals), False),
+        ("bytes", _mib(sum(t["bytes"] for t in totals)), False),
+        ("errors", sum(t["errors"] for t in totals), any(t["errors"] for t in totals)),
+        ("minutes", len(minutes), False),
+    ])
+    report.heading("Per rule (last hour)")
+    report.table(sorted(totals, key=lambda t: -t["decisions"]))
+    for metric, title, unit in (("decisions", "Decisions per minute", "decisions"),
+                                ("bytes", "Bytes per minute", "bytes"),
+                                ("errors", "Error answers per minute", "errors"),
+                                ("p99", "p99 latency (slowest topic/principal)", "ms")):
+        report.figure(time_chart(minutes, {rule: [series[metric][rule].get(m, 0)
+                                                  for m in minutes] for rule in rules},
+                                 title, unit), title.lower())
+    report.heading("Latest minutes")
+    report.table(sorted(rows, key=lambda r: r["minute"], reverse=True)[:100])
+    return report.write(path)
+
+
 def _name(value: Any) -> str:
     return "(none)" if value is None else str(value)
 
@@ -143,4 +190,4 @@ def _label(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [{"api_name": name, **r} for r in rows if r.get("events")]
 
 
-__all__ = ["analyze_report", "backtest_report"]
+__all__ = ["analyze_report", "backtest_report", "impact_report"]

@@ -12,7 +12,13 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from starlette.responses import Response
 
-from control_plane.api import routes_check, routes_ops, routes_rules, routes_versions
+from control_plane.api import (
+    routes_check,
+    routes_impact,
+    routes_ops,
+    routes_rules,
+    routes_versions,
+)
 from control_plane.api.deps import ApiContext, FleetStatus
 from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
@@ -41,7 +47,8 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
                   docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.keg = ApiContext(store=store, settings=settings, metrics=metrics,
                                fleet_status=fleet_status)
-    routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_ops)]
+    routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_impact,
+                                  routes_ops)]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]

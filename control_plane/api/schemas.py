@@ -228,6 +228,29 @@ class FleetOut(_Out):
     nodes: list[NodeOut]
 
 
+class ImpactRow(_Out):
+    minute: datetime = Field(description="The minute (UTC) the row aggregates, by event time.")
+    rule_id: str | None
+    topic: str | None = Field(description="null for a decision about no topic.")
+    principal: str | None
+    outcome: str
+    decisions: int = Field(description="Audit events (one per rule decision).")
+    bytes: int
+    records: int
+    errors: int = Field(description="Decisions the gateway answered with an error code.")
+    p50_latency_ms: float | None
+    p99_latency_ms: float | None
+
+
+class ImpactOut(_Out):
+    available: bool = Field(description=(
+        "False when this control plane has no impact directory (keg analyze --follow "
+        "writes it)."))
+    truncated: bool = Field(description="More rows matched than `limit`: the newest are "
+                                        "returned.")
+    rows: list[ImpactRow]
+
+
 class HealthOut(_Out):
     status: Literal["ok"]
     version: int | None = None

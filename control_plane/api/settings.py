@@ -123,3 +123,5 @@ class ApiSettings:
     # Extra readiness (e.g. "the xDS server is up"); the store is always checked.
     ready: Callable[[], bool] | None = None
     title: str = "keg control plane"
+    # Where `keg analyze --follow` writes the live rule impact (/v1/impact); None: none.
+    impact_dir: Path | None = None
