@@ -467,6 +467,11 @@ def _copy(record: InterceptedRecord) -> InterceptedRecord:
 def _apply(stage: Stage, live: list[RecordOutcome], budget: FrameBudget | None = None) -> None:
     """One stage over live records, inline: outcomes updated in place."""
     intercept = stage.interceptor.intercept
+    rule_id, kind = stage.rule.id, stage.rule.kind
+    # Steps are immutable: the usual ones are made once per stage, not once per record.
+    unchanged = StepResult(rule_id, kind, "unchanged")
+    modified = StepResult(rule_id, kind, "modified")
+    dropped = StepResult(rule_id, kind, "dropped")
     for index, outcome in enumerate(live):
         if budget is not None and not index % _CHECK_EVERY:
             budget.check_time()
@@ -476,20 +481,21 @@ def _apply(stage: Stage, live: list[RecordOutcome], budget: FrameBudget | None =
         try:
             result = intercept(record)
         except RecordRejected as err:
-            step = StepResult(stage.rule_id, stage.kind, "rejected", err.reason)
+            step = StepResult(rule_id, kind, "rejected", err.reason)
         except Exception as err:  # a failing interceptor fails its batch, never the gateway
-            log.warning("interceptor %s failed: %s: %s", stage.rule_id, type(err).__name__, err)
-            step = StepResult(stage.rule_id, stage.kind, "failed",
+            log.warning("interceptor %s failed: %s: %s", rule_id, type(err).__name__, err)
+            step = StepResult(rule_id, kind, "failed",
                               f"interceptor failed: {type(err).__name__}: {err}"[:500])
         else:
+            outcome.record = result
             if result is None:
-                step = StepResult(stage.rule_id, stage.kind, "dropped")
+                step = dropped
             elif (result is record and result.key is key and result.value is value
                   and result.headers == headers):
-                step = StepResult(stage.rule_id, stage.kind, "unchanged")
+                outcome.steps.append(unchanged)  # changes no status
+                continue
             else:
-                step = StepResult(stage.rule_id, stage.kind, "modified")
-            outcome.record = result
+                step = modified
         outcome.steps.append(step)
         _settle(outcome, step)
 

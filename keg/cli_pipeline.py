@@ -149,27 +149,34 @@ def backtest_cmd(
              "'RULE:modified==0' (repeat the option).")] = None,
     master: Master = "local[*]",
     conf: SparkConfs = None,
-    method: Annotated[str, typer.Option(help="arrow (mapInArrow) or pandas (mapInPandas).")]
-        = "arrow",
+    method: Annotated[str | None, typer.Option(
+        help="direct (tasks read and write Parquet with pyarrow; the default for a "
+             "capture), arrow (mapInArrow; the default and only route for kafka://) or "
+             "pandas (mapInPandas).")] = None,
     quiet: Quiet = False,
 ) -> None:
     """Run a candidate rule set over captured records with the gateway's own engine."""
-    from pipeline.backtest import load_rules, run_backtest
+    from pipeline.backtest import METHODS, load_rules, run_backtest
     from pipeline.inputs import KafkaInput, parse_input, read_records
     from pipeline.progress import spark_progress
     from pipeline.reports import backtest_report
     from pipeline.thresholds import check, parse_threshold
 
-    if method not in ("arrow", "pandas"):
-        raise typer.BadParameter("arrow or pandas", param_hint="--method")
+    if method not in (None, *METHODS):
+        raise typer.BadParameter(", ".join(METHODS), param_hint="--method")
     with _job():
         thresholds = [parse_threshold(t) for t in fail_on or []]
         candidate = load_rules(rules)
         live = load_rules(live_rules) if live_rules is not None else None
         source = parse_input(input_)
-        spark = _session(master, conf, kafka=isinstance(source, KafkaInput))
+        kafka = isinstance(source, KafkaInput)
+        if kafka and method == "direct":
+            raise typer.BadParameter("the direct route reads capture files; kafka:// input "
+                                     "goes through arrow or pandas", param_hint="--method")
+        spark = _session(master, conf, kafka=kafka)
+        records = source if isinstance(source, Path) else read_records(spark, source)
         with spark_progress(spark, "backtest", console, enabled=not quiet):
-            result = run_backtest(spark, read_records(spark, source), candidate, live, out,
+            result = run_backtest(spark, records, candidate, live, out,
                                   method)  # type: ignore[arg-type]
         crossed = check(thresholds, result.summary)
         report = backtest_report(result.summary, crossed, out / "report.html")

@@ -1,9 +1,16 @@
 """`keg analyze`: the gateway's audit log (JSON Lines, ext_proc.audit) aggregated.
 
-Per topic, principal, client id and rule: events and bytes; outcomes over time;
+Per topic, principal, client id, rule and API: events and bytes; outcomes over time;
 denied and rejected requests; top talkers by bytes; latency percentiles (exact,
 linear interpolation) where events carry `latency_ms`. Each table is written as
 Parquet under `out/` and collected into `summary.json` for the report.
+
+On Spark, at the speed of Arrow: the log is cut into slices (byte ranges of whole
+lines, about SLICE_BYTES each; a Parquet file's row groups), one Spark task per
+slice; each task parses its slice with pyarrow and aggregates it with Arrow's hash
+aggregation (`pipeline.audit_tables`), and the driver merges the partial aggregates.
+The JVM schedules and moves a few kilobytes per task; no event passes through it.
+Audit events kept as Parquet (`*.parquet` files with these fields) are read as such.
 
 Lines that are not JSON objects are counted (`malformed`) and skipped, never fatal:
 a log cut by a crash still analyses.
@@ -12,8 +19,10 @@ a log cut by a crash still analyses.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -22,12 +31,10 @@ from pipeline.errors import PipelineError
 from pipeline.spark import spark_errors
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-DENIED: Final = ("denied", "would-deny", "rejected")
-PERCENTILES: Final = (0.5, 0.9, 0.99)
-TOP: Final = 20
 CORRUPT: Final = "_corrupt_record"
 
 
@@ -58,6 +65,10 @@ def audit_schema(corrupt_column: bool = True) -> StructType:
     ])
 
 
+SLICE_BYTES: Final = 64 << 20
+Slice = tuple[str, int, int]  # (file, first byte, end byte) or (file, row group, -1)
+
+
 def audit_files(path: Path) -> list[str]:
     """The audit files at `path`: one file, or every file of a directory (rotated ones too)."""
     if not path.exists():
@@ -75,15 +86,103 @@ def audit_files(path: Path) -> list[str]:
     return [str(f) for f in files]
 
 
-def read_audit(spark: SparkSession, files: list[str]) -> DataFrame:
-    from pyspark.sql import functions as F
+def audit_slices(files: list[str], slice_bytes: int = SLICE_BYTES,
+                 min_slices: int = 1) -> list[Slice]:
+    """The files cut into slices of about `slice_bytes` (at least `min_slices` when the
+    data allows): byte ranges of JSON Lines files, row groups of Parquet files."""
+    import pyarrow.parquet as pq
 
-    with spark_errors("reading the audit log"):
-        raw = (spark.read.schema(audit_schema()).option("mode", "PERMISSIVE")
-               .option("columnNameOfCorruptRecord", CORRUPT).json(files))
-        # Spark refuses queries on the corrupt column alone unless the frame is cached.
-        raw = raw.cache()
-        return raw.withColumn("time", F.to_timestamp("ts"))
+    total = sum(os.path.getsize(f) for f in files if not f.endswith(".parquet"))
+    size = max(1 << 20, min(slice_bytes, -(-total // max(1, min_slices))))
+    slices: list[Slice] = []
+    for file in files:
+        if file.endswith(".parquet"):
+            try:
+                groups = pq.ParquetFile(file).metadata.num_row_groups
+            except Exception as exc:  # pyarrow's ArrowInvalid, OSError...
+                raise PipelineError(f"{file} is not a readable Parquet file "
+                                    f"({str(exc).splitlines()[0]})") from None
+            slices += [(file, group, -1) for group in range(groups)]
+            continue
+        length = os.path.getsize(file)
+        slices += [(file, start, min(start + size, length)) for start in range(0, length, size)]
+    return slices
+
+
+def read_slice(file: str, start: int, end: int) -> bytes:
+    """The lines that begin in [start, end) (as Hadoop's line reader splits files)."""
+    with open(file, "rb") as handle:
+        if start > 0:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the rest of a line that began before: not ours
+        begin = handle.tell()
+        if begin >= end:
+            return b""
+        data = handle.read(end - begin)
+        if not data.endswith(b"\n"):
+            data += handle.readline()  # the last line, to its end
+        return data
+
+
+def analyze_slice(piece: Slice) -> dict[str, Any]:
+    """One task: the slice's partial aggregates (pipeline.audit_tables)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.audit_tables import parse_lines, parsed_schema, partial_aggregates
+
+    file, start, end = piece
+    if end < 0:
+        names = parsed_schema().names
+        table = pq.ParquetFile(file).read_row_group(start, columns=names)
+        return partial_aggregates(table.cast(parsed_schema()))
+    events, malformed = parse_lines(read_slice(file, start, end))
+    return partial_aggregates(events, malformed)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def _table(data: bytes) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(data).read_all()
+
+
+def partials_on_spark(spark: SparkSession, slices: list[Slice]) -> list[dict[str, pa.Table]]:
+    """Every slice's partial aggregates, one Spark task per slice."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    descriptors = spark.createDataFrame(spark.sparkContext.parallelize(
+        [(n, json.dumps(piece)) for n, piece in enumerate(slices)], max(1, len(slices))),
+        "slice long, piece string")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for number, piece in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                     strict=True):
+                file, first, last = json.loads(piece)
+                partial = analyze_slice((file, first, last))
+                yield pa.RecordBatch.from_pydict({
+                    "slice": [number] * len(partial), "name": list(partial),
+                    "data": [_ipc(t) for t in partial.values()]})
+
+    schema = StructType([StructField("slice", LongType()), StructField("name", StringType()),
+                         StructField("data", BinaryType())])
+    rows = descriptors.mapInArrow(run, schema).collect()
+    by_slice: dict[int, dict[str, pa.Table]] = {}
+    for row in rows:
+        by_slice.setdefault(row["slice"], {})[row["name"]] = _table(row["data"])
+    if len(by_slice) != len(slices):
+        raise PipelineError(f"the analysis got {len(by_slice)} of {len(slices)} slices")
+    return list(by_slice.values())
 
 
 @dataclass
@@ -93,104 +192,28 @@ class AnalyzeResult:
     seconds: float
 
 
-def _events(frame: DataFrame) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    return [
-        F.count(F.lit(1)).alias("events"),
-        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
-        F.sum(F.when(F.col("outcome") == "denied", 1).otherwise(0)).alias("denied"),
-        F.sum(F.when(F.col("outcome") == "would-deny", 1).otherwise(0)).alias("would_deny"),
-        F.sum(F.when(F.col("outcome") == "rejected", 1).otherwise(0)).alias("rejected"),
-        F.sum(F.when(F.col("error_code").isNotNull() & (F.col("error_code") != 0), 1)
-              .otherwise(0)).alias("errors"),
-    ]
-
-
-def tables(events: DataFrame) -> dict[str, DataFrame]:
-    """Every aggregate, lazily, by name (each written as `<name>.parquet`)."""
-    from pyspark.sql import functions as F
-
-    def by(*keys: str) -> DataFrame:
-        return events.groupBy(*keys).agg(*_events(events)).orderBy(F.desc("events"), *keys)
-
-    latency = events.where(F.col("latency_ms").isNotNull())
-    pct = F.percentile("latency_ms", F.array(*(F.lit(p) for p in PERCENTILES)))
-    latency_cols = [
-        F.count(F.lit(1)).alias("events"),
-        *(pct[i].alias(f"p{round(p * 100)}") for i, p in enumerate(PERCENTILES)),
-        F.max("latency_ms").alias("max"),
-    ]
-    return {
-        "outcomes": events.groupBy("outcome").agg(F.count(F.lit(1)).alias("events"),
-                                                  F.coalesce(F.sum("bytes"), F.lit(0))
-                                                  .alias("bytes")).orderBy(F.desc("events")),
-        "topics": by("topic"),
-        "principals": by("principal"),
-        "clients": by("client_id"),
-        "rules": by("rule_id", "action", "mode"),
-        "apis": by("api_name"),
-        "denied": (events.where(F.col("outcome").isin(*DENIED))
-                   .groupBy("outcome", "topic", "principal", "rule_id", "error_code", "reason")
-                   .agg(F.count(F.lit(1)).alias("events")).orderBy(F.desc("events"))),
-        "top_talkers": (events.groupBy("principal", "client_id", "client_host")
-                        .agg(F.count(F.lit(1)).alias("events"),
-                             F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"))
-                        .orderBy(F.desc("bytes"), F.desc("events")).limit(TOP)),
-        "latency": latency.agg(*latency_cols),
-        "latency_by_api": latency.groupBy("api_name").agg(*latency_cols).orderBy("api_name"),
-    }
-
-
-def timeline(events: DataFrame) -> DataFrame:
-    """Events and bytes per outcome in about 60 time buckets."""
-    from pyspark.sql import functions as F
-
-    bounds = events.agg(F.min("time").cast("double"), F.max("time").cast("double")).first()
-    low, high = (bounds[0], bounds[1]) if bounds else (None, None)
-    if low is None or high is None:
-        return events.limit(0).select(F.lit(None).cast("timestamp").alias("bucket"))
-    width = max(1.0, (high - low) / 60)
-    start = F.floor((F.col("time").cast("double") - low) / width) * width + low
-    return (events.where(F.col("time").isNotNull())
-            .groupBy(F.timestamp_seconds(start).alias("bucket"), "outcome")
-            .agg(F.count(F.lit(1)).alias("events"),
-                 F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"))
-            .orderBy("bucket", "outcome"))
-
-
 def run_analyze(spark: SparkSession, audit: Path, out: Path) -> AnalyzeResult:
     import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
+
+    from pipeline.audit_tables import finish, merge_partials
 
     start = time.perf_counter()
     files = audit_files(audit)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"audit": str(audit), "files": len(files)}
+    slices = audit_slices(files, min_slices=2 * spark.sparkContext.defaultParallelism)
     with spark_errors("the analysis"):
-        raw = read_audit(spark, files)
-        malformed = raw.where(F.col(CORRUPT).isNotNull()).count()
-        events = raw.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
-        totals = events.agg(*_events(events), F.min("time").alias("first"),
-                            F.max("time").alias("last"),
-                            F.countDistinct("principal").alias("principals"),
-                            F.countDistinct("topic").alias("topics")).first()
-        assert totals is not None
-        summary["totals"] = {**totals.asDict(), "malformed": malformed}
-        named = {**tables(events), "timeline": timeline(events)}
-        for name, frame in named.items():
-            # Aggregates are small: one Spark job each, written from the driver.
-            table = frame.toArrow()
-            target = out / f"{name}.parquet"
-            if target.is_dir():  # written by Spark before: overwrite as Spark would
-                shutil.rmtree(target)
-            pq.write_table(table, target)
-            summary[name] = table.to_pylist()
-        raw.unpersist()
+        finished, tables = finish(merge_partials(partials_on_spark(spark, slices)))
+    summary: dict[str, Any] = {"audit": str(audit), "files": len(files), **finished}
+    for name, table in tables.items():
+        target = out / f"{name}.parquet"
+        if target.is_dir():  # written by Spark before: overwrite as Spark would
+            shutil.rmtree(target)
+        pq.write_table(table, target)
     seconds = time.perf_counter() - start
     summary["seconds"] = round(seconds, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return AnalyzeResult(out, summary, seconds)
 
 
-__all__ = ["AnalyzeResult", "audit_files", "audit_schema", "read_audit", "run_analyze"]
+__all__ = ["AnalyzeResult", "analyze_slice", "audit_files", "audit_schema", "audit_slices",
+           "read_slice", "run_analyze"]

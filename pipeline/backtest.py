@@ -1,10 +1,20 @@
 """`keg backtest`: a candidate rule set over captured records, on Spark.
 
-Every record goes through `RecordEngine.evaluate` (pipeline.evaluate) inside
-`mapInArrow` — measured faster than the pandas route on local[2] (docs/pipeline.md);
-`method="pandas"` keeps that route for comparison. The per-record results are
-written as Parquet (`records/`), then aggregated by Spark into the summary
-(`summary.json`, `rules.parquet`, `topics.parquet`) the report and thresholds read.
+Every record goes through the data path's own engine (`pipeline.evaluate`:
+`RecordEngine.plan` once per topic and principal, `RecordEngine.run` per batch) in the
+Python workers. Three routes, one result:
+
+* `direct` (the default for capture files): Spark schedules one task per slice of the
+  capture's Parquet row groups; each task reads its slice with pyarrow, evaluates it
+  in Arrow batches and writes its part of `records/` with pyarrow. No record passes
+  through the JVM, which only schedules and then aggregates the results.
+* `arrow` (`mapInArrow`; the route for `kafka://` input, which Spark's Kafka source
+  reads): the JVM reads the records and hands them to the workers as Arrow batches.
+* `pandas` (`mapInPandas`): the same through pandas, kept for comparison.
+
+The per-record results are written as Parquet (`records/`), then aggregated by Spark
+into the summary (`summary.json`, `rules.parquet`, `topics.parquet`) the report and
+thresholds read. docs/pipeline.md has the measurements.
 
 Bytes: `bytes_before` is a record's key + value + headers as captured;
 `bytes_after` is the same for what would be forwarded (0 when dropped, rejected or
@@ -14,8 +24,10 @@ failed: those never reach the broker or consumer).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +37,14 @@ from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
 from interceptors.contract import InterceptorConfigError
 from pipeline.arrow_types import to_spark_schema
 from pipeline.errors import PipelineError
-from pipeline.evaluate import RuleFiles, backtest_engine, evaluate_batches, result_schema
+from pipeline.evaluate import (
+    RuleFiles,
+    backtest_engine,
+    engine_for,
+    evaluate_batch,
+    evaluate_batches,
+    result_schema,
+)
 from pipeline.spark import spark_errors
 
 if TYPE_CHECKING:
@@ -33,7 +52,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-Method = Literal["arrow", "pandas"]
+Method = Literal["direct", "arrow", "pandas"]
+METHODS: Final = ("direct", "arrow", "pandas")
+# Rows of capture a direct task reads, evaluates and writes (whole row groups).
+SPLIT_ROWS: Final = 250_000
 STATUSES: Final = ("unchanged", "modified", "dropped", "rejected", "failed")
 SAMPLE_REASONS: Final = 5
 SAMPLE_DIFFS: Final = 20
@@ -84,6 +106,104 @@ def evaluate_frame(records: DataFrame, rules: RuleFiles, live: RuleFiles | None,
     return records.mapInPandas(run_pandas, schema)
 
 
+# --- the direct route ----------------------------------------------------------------
+
+Split = tuple[int, list[tuple[str, int]]]  # (task number, [(file, row group)])
+
+
+def capture_splits(capture: Path, rows_per_split: int = SPLIT_ROWS,
+                   min_splits: int = 1) -> list[Split]:
+    """The capture's row groups in slices of about `rows_per_split` rows (at least
+    `min_splits` when there are enough row groups), in file order. Files as Spark
+    reads them: `*.parquet`, hidden (`.`, `_`) ones left out."""
+    import pyarrow.parquet as pq
+
+    files = [capture] if capture.is_file() else sorted(
+        p for p in capture.rglob("*.parquet") if p.is_file()
+        and not any(part.startswith((".", "_")) for part in p.relative_to(capture).parts))
+    groups: list[tuple[str, int, int]] = []
+    for file in files:
+        try:
+            metadata = pq.ParquetFile(file).metadata
+        except Exception as exc:  # pyarrow's ArrowInvalid, OSError...
+            raise PipelineError(f"the backtest failed: {file} is not a readable Parquet "
+                                f"file ({str(exc).splitlines()[0]})") from None
+        groups += [(str(file), g, metadata.row_group(g).num_rows)
+                   for g in range(metadata.num_row_groups)]
+    total = sum(rows for _, _, rows in groups)
+    size = max(1, min(rows_per_split, -(-total // max(1, min_splits))))
+    splits: list[Split] = []
+    current: list[tuple[str, int]] = []
+    rows_in = 0
+    for name, group, rows in groups:
+        if current and rows_in + rows > size:
+            splits.append((len(splits), current))
+            current, rows_in = [], 0
+        current.append((name, group))
+        rows_in += rows
+    if current:
+        splits.append((len(splits), current))
+    return splits
+
+
+def evaluate_split(split: Split, rules: RuleFiles, live: RuleFiles | None,
+                   target: Path) -> int:
+    """One task of the direct route: read, evaluate and write one slice of the capture
+    (written beside, then renamed: a retried task replaces its part whole)."""
+    import pyarrow.parquet as pq
+
+    from interceptors.capture import capture_schema
+
+    number, parts = split
+    candidate = engine_for(rules)
+    live_engine = engine_for(live) if live is not None else None
+    columns = capture_schema().names
+    final = target / f"part-{number:05d}.parquet"
+    staging = target / f".part-{number:05d}.{uuid.uuid4().hex}.tmp"
+    count = 0
+    with pq.ParquetWriter(staging, result_schema()) as writer:
+        for file, group in parts:
+            table = pq.ParquetFile(file).read_row_group(
+                group, columns=[c for c in columns if c != "captured_at"])
+            for batch in table.to_batches(max_chunksize=10_000):
+                writer.write_batch(evaluate_batch(batch, candidate, live_engine))
+                count += batch.num_rows
+    os.replace(staging, final)
+    return count
+
+
+def evaluate_direct(spark: SparkSession, capture: Path, rules: RuleFiles,
+                    live: RuleFiles | None, target: Path) -> int:
+    """The direct route (see the module docstring); returns the records written."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    splits = capture_splits(capture, min_splits=2 * spark.sparkContext.defaultParallelism)
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    resolved = target.resolve()
+    # One Spark partition (task) per split.
+    descriptors = spark.createDataFrame(spark.sparkContext.parallelize(
+        [(number, json.dumps(parts)) for number, parts in splits], max(1, len(splits))),
+        "split long, parts string")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for number, parts in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                     strict=True):
+                written = evaluate_split((number, [tuple(p) for p in json.loads(parts)]),
+                                         rules, live, resolved)
+                yield pa.RecordBatch.from_pydict({"split": [number], "records": [written]})
+
+    schema = StructType([StructField("split", LongType()), StructField("records", LongType())])
+    done = descriptors.mapInArrow(run, schema).collect()
+    if len(done) != len(splits):
+        raise PipelineError(f"the backtest wrote {len(done)} of {len(splits)} parts")
+    (target / "_SUCCESS").write_text("")
+    return sum(row["records"] for row in done)
+
+
 @dataclass
 class BacktestResult:
     out: Path
@@ -92,14 +212,30 @@ class BacktestResult:
     crossed: list[str] = field(default_factory=list)
 
 
-def run_backtest(spark: SparkSession, records: DataFrame, rules: RuleFiles,
-                 live: RuleFiles | None, out: Path, method: Method = "arrow") -> BacktestResult:
-    """Evaluate, write `out/records`, aggregate; returns the summary (also as JSON)."""
+def run_backtest(spark: SparkSession, records: DataFrame | Path, rules: RuleFiles,
+                 live: RuleFiles | None, out: Path, method: Method | None = None
+                 ) -> BacktestResult:
+    """Evaluate, write `out/records`, aggregate; returns the summary (also as JSON).
+
+    `records`: a capture (a Parquet file or directory) or any DataFrame in the capture
+    schema; `method` (default: direct for a capture, arrow for a DataFrame)."""
     start = time.perf_counter()
+    method = method or ("direct" if isinstance(records, Path) else "arrow")
+    if method not in METHODS:
+        raise PipelineError(f"method is one of {', '.join(METHODS)}, not {method!r}")
     out.mkdir(parents=True, exist_ok=True)
     with spark_errors("the backtest"):
-        evaluate_frame(records, rules, live, method).write.mode("overwrite").parquet(
-            str(out / "records"))
+        if method == "direct":
+            if not isinstance(records, Path):
+                raise PipelineError("the direct route reads capture files: give their path")
+            evaluate_direct(spark, records, rules, live, out / "records")
+        else:
+            if isinstance(records, Path):
+                from pipeline.inputs import read_records
+
+                records = read_records(spark, records)
+            evaluate_frame(records, rules, live, method).write.mode("overwrite").parquet(
+                str(out / "records"))
         # Read back once and kept in memory: every aggregate below scans it.
         results = spark.read.parquet(str(out / "records")).cache()
         summary = summarize(results, out)
@@ -232,10 +368,14 @@ def _text(key: bytes | bytearray | None) -> str | None:
 
 
 __all__ = [
+    "METHODS",
     "BacktestResult",
     "Method",
     "RulesInvalid",
+    "capture_splits",
+    "evaluate_direct",
     "evaluate_frame",
+    "evaluate_split",
     "load_rules",
     "run_backtest",
     "summarize",

@@ -16,8 +16,11 @@ def main(capture: str, rules: str, out: str) -> None:
 
     spark = build_session(None, app_name="keg-cluster-job")  # spark-submit's --master
     master = spark.sparkContext.master
+    # Both routes on the cluster: records through the JVM (arrow), then the executors
+    # reading and writing the capture's Parquet themselves (direct, into out).
     run_backtest(spark, read_records(spark, parse_input(capture)), load_rules(Path(rules)),
-                 None, Path(out))
+                 None, Path(out) / "arrow", method="arrow")
+    run_backtest(spark, Path(capture), load_rules(Path(rules)), None, Path(out))
     origins = (spark.sparkContext.parallelize(range(4), 4)
                .map(lambda _: __import__("interceptors").__file__).distinct().collect())
     (Path(out) / "cluster.json").write_text(json.dumps({"master": master,

@@ -122,7 +122,7 @@ def expected_row(outcome: RecordOutcome) -> dict[str, Any]:
         "status": outcome.status,
         "reason": outcome.reason,
         "bytes_after": record_bytes(outcome.record) if kept else 0,
-        "digest": record_digest(outcome.record) if kept else None,
+        "digest": record_digest(outcome.record) if outcome.status == "modified" else None,
         "steps": [(s.rule_id, s.kind, s.effect, s.reason, s.dry_run) for s in outcome.steps],
     }
 
