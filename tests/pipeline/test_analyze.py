@@ -156,3 +156,29 @@ def test_cli_analyze_bad_path_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["analyze", "--audit", str(tmp_path / "missing")])
     assert result.exit_code == 2
     assert "does not exist" in result.output and "Traceback" not in result.output
+
+
+def test_follow_reads_the_audit_topic_only(tmp_path: Path) -> None:
+    log = _audit_log(tmp_path / "audit.jsonl", 5)
+    result = CliRunner().invoke(app, ["analyze", "--follow", "--audit", str(log), "-q"])
+    assert result.exit_code == 2
+    assert "--follow reads the audit topic: --audit kafka://host:port/topic" in result.output
+
+
+def test_the_live_impact_page_plots_each_rule(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pipeline.reports import impact_report
+
+    start = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    rows = [{"minute": start + timedelta(minutes=m), "rule_id": rule, "topic": "orders",
+             "principal": "User:alice", "outcome": outcome, "decisions": 3 + m, "bytes": 100,
+             "records": 10, "errors": 1 if outcome == "denied" else 0,
+             "p50_latency_ms": 1.0, "p99_latency_ms": 4.0 + m}
+            for m in range(5) for rule, outcome in (("mask", "modified"), ("deny", "denied"))]
+    page = impact_report(rows, tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4
+    assert '<meta http-equiv="refresh" content="10">' in page
+    assert "<script" not in page and "mask" in page and "deny" in page
+    empty = impact_report([], tmp_path / "empty.html").read_text()
+    assert "no audit events yet" in empty
