@@ -307,4 +307,4 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -14,9 +14,10 @@ use crate::core::handoff::HandOff;
 
 /// Endpoint names say how the fake service behaves: `echo`, `dead`, `silent`,
 /// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message).
-struct FakeService {
+#[derive(Default)]
+pub(crate) struct FakeService {
     /// Streams opened: endpoint and initial metadata.
-    opened: Mutex<Vec<(String, Metadata)>>,
+    pub(crate) opened: Mutex<Vec<(String, Metadata)>>,
 }
 
 type Metadata = Vec<(String, String)>;
@@ -93,7 +94,7 @@ fn answers(link: &Link, wakes: &Wakes, n: usize) -> Vec<(u64, Resolution)> {
 }
 
 fn runtime() -> (Runtime, Arc<FakeService>) {
-    let service = Arc::new(FakeService { opened: Mutex::default() });
+    let service = Arc::new(FakeService::default());
     (Runtime::start(service.clone()).unwrap(), service)
 }
 
