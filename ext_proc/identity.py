@@ -311,6 +311,19 @@ class IdentityTracker:
         except Exception:  # never into the data path
             self._end_exchange(success=False, reason="SASL response could not be read")
 
+    def learned_elsewhere(self, principal: str | None, security_protocol: str | None) -> None:
+        """What another observer of the connection learned (the native module, which
+        reads the SASL exchange itself and hands the Python chain only some frames):
+        `principal` "User:alice" once authenticated, None while it is not known."""
+        if security_protocol is not None:
+            self.handshake_seen = security_protocol.startswith("SASL")
+            self.tls = security_protocol.endswith("SSL")
+        if principal is None:
+            return
+        self.authenticated = True
+        self._name = principal.split(":", 1)[1] if ":" in principal else principal
+        self.reason = None
+
     # -- what it knows ------------------------------------------------------------------
 
     @property

@@ -15,23 +15,21 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grpc as pb_grpc
+from google.protobuf.json_format import MessageToDict
 
 import kafka_wire
 from ext_proc.audit import AuditEvent, AuditLog, JsonlAuditLog, NullAuditLog
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters.api_versions import ApiVersionsNarrower
-from ext_proc.filters.broker_address import BrokerAddressRewriter
-from ext_proc.filters.group_protocol import GroupProtocolObserver
-from ext_proc.filters.identity import IdentityObserver
-from ext_proc.filters.records import RecordsFilter
-from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
-from ext_proc.filters.topic_ids import TopicIdLearner
-from ext_proc.filters.virtual_topics import VirtualTopicsFilter
+from ext_proc.filters.order import connection_filters
+from ext_proc.filters.rules import RuleDecision, RuleEngine
+from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
@@ -41,9 +39,12 @@ from filter_rules import CompiledRuleSet, RuleSet
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
 from interceptors.side_effects import DataPathSideEffects
+from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _CLOSE_RST = pb.ProcessingResponse(connection_status=pb.ProcessingResponse.CLOSE_RST)
 
@@ -102,16 +103,16 @@ class DataPath:
         self.audit.close()
         log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
+    def frames_session(self, conn: ConnectionInfo) -> FramesSession:
+        identity = IdentityTracker()
+        meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
+        return FramesSession(conn, self.engine, identity, meter)
+
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = IdentityTracker()
-        # Virtual topics first: every later filter (and rule) sees the broker's names.
-        filters = [IdentityObserver(identity), ApiVersionsNarrower(), BrokerAddressRewriter(),
-                   TopicIdLearner(self.engine.topic_ids),
-                   (groups := GroupProtocolObserver()), groups.guard(),
-                   VirtualTopicsFilter(self.engine, identity),
-                   RulesFilter(self.engine, identity), RecordsFilter(self.engine, identity)]
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
-        return KafkaSession(conn, filters, max_frame_size, meter)
+        return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
+                            meter)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
@@ -159,7 +160,12 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        conn = ConnectionInfo.from_metadata(context.invocation_metadata() or ())
+        metadata = context.invocation_metadata() or ()
+        conn = ConnectionInfo.from_metadata(metadata)
+        if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+            async for reply in self._frames(request_iterator, conn):
+                yield reply
+            return
         session = self._data_path.session(conn, self._settings.max_frame_size)
         metrics = self._data_path.metrics
         self.active_connections += 1
@@ -205,6 +211,62 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             session.close()
             if session.pending_bytes():
                 log.debug("connection ended mid-frame %s", conn.describe())
+
+
+    async def _frames(self, requests: AsyncIterator[pb.ProcessingRequest],
+                      conn: ConnectionInfo) -> AsyncIterator[pb.ProcessingResponse]:
+        """A connection's frames handed over by keg's native filter (ext_proc.frames):
+        one whole frame per message, one reply each, in order."""
+        data_path = self._data_path
+        session = data_path.frames_session(conn)
+        self.active_connections += 1
+        try:
+            async for request in requests:
+                keg = _keg_metadata(request)
+                started = time.perf_counter()
+                if request.HasField("read_data"):
+                    reply = await self._run_frame(partial(
+                        session.request, principal=keg.get("principal"),
+                        security_protocol=keg.get("security_protocol")), request.read_data.data)
+                    response = pb.ProcessingResponse(
+                        read_data=pb.Data(data=reply.to_broker))
+                    if reply.answer is not None:
+                        response.write_data.data = reply.answer
+                    response.dynamic_metadata.update(
+                        {METADATA_NAMESPACE: {"want_response": reply.want_response}})
+                elif request.HasField("write_data"):
+                    out = await self._run_frame(partial(
+                        session.response, api_key=int(keg["api_key"]),
+                        api_version=int(keg["api_version"])), request.write_data.data)
+                    response = pb.ProcessingResponse(write_data=pb.Data(data=out))
+                else:
+                    continue
+                data_path.metrics.frame_latency_observe(time.perf_counter() - started)
+                yield response
+        except (KafkaWireError, KeyError, ValueError) as err:
+            log.warning("closing connection: handed-off frame refused: %s (%s)", err,
+                        conn.describe())
+            data_path.metrics.decode_error(-1, "stream")
+            yield _CLOSE_RST
+        except Exception:
+            log.exception("closing connection after an internal error (%s)", conn.describe())
+            yield _CLOSE_RST
+        finally:
+            self.active_connections -= 1
+            session.close()
+
+    async def _run_frame(self, step: Callable[[bytes], _T], data: bytes) -> _T:
+        """`_run` for frames mode: inline, or off the loop while custom interceptors
+        may block."""
+        if self._data_path.engine.records.blocking:
+            return await asyncio.to_thread(step, data)
+        return step(data)
+
+
+def _keg_metadata(request: pb.ProcessingRequest) -> dict[str, Any]:
+    """The native module's per-message fields (ProcessingRequest.metadata)."""
+    fields = request.metadata.filter_metadata.get(METADATA_NAMESPACE)
+    return MessageToDict(fields) if fields is not None else {}
 
 
 class ExtProcServer:

@@ -9,22 +9,13 @@ filtered and, if changed, re-encoded.
 
 from __future__ import annotations
 
-import logging
-import struct
 from collections import deque
 from collections.abc import Sequence
 
-import kafka_wire
+from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import (
-    RequestFilter,
-    RequestObserver,
-    RequestVerdict,
-    ResponseFilter,
-    combine,
-)
+from ext_proc.filters import REQUEST, RESPONSE, Filter
 from ext_proc.metrics import ConnectionMeter
-from kafka_wire.api_keys import API_VERSIONS
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -36,42 +27,27 @@ from kafka_wire.framing import (
     InFlight,
     Piece,
     RequestHead,
-    frame_bytes,
 )
-
-log = logging.getLogger(__name__)
-
-_UNSUPPORTED_VERSION = 35
-_ERROR_CODE = struct.Struct(">h")
 
 
 class ProtocolViolation(Exception):
     """The peer broke the Kafka protocol; the connection must be closed."""
 
 
-Filter = ResponseFilter | RequestObserver | RequestFilter
-
-
 class KafkaSession:
     def __init__(
         self,
         conn: ConnectionInfo,
-        filters: Sequence[object],
+        filters: Sequence[Filter],
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         meter: ConnectionMeter | None = None,
     ) -> None:
         self.conn = conn
         self._meter = meter
-        self._response_filters = [f for f in filters if isinstance(f, ResponseFilter)]
-        self._observers = [f for f in filters if isinstance(f, RequestObserver)]
-        self._request_filters = [f for f in filters if isinstance(f, RequestFilter)]
+        self.chain = FilterChain(filters)
         self._tracker = CorrelationTracker()
         self._held_requests: deque[InFlight] = deque()  # slots of requests being held
         self._held: deque[InFlight] = deque()  # requests whose held response is coming
-        # Response filters and observers are fixed for a connection: cache their interest.
-        # Request filters (rules) can change under a live connection: asked every time.
-        self._wanted: dict[tuple[int, int], bool] = {}
-        self._observed: dict[tuple[int, int], bool] = {}
         self._requests = FrameSplitter(
             requests=True, decide=self._on_request_head, max_frame_size=max_frame_size
         )
@@ -140,33 +116,13 @@ class KafkaSession:
             self._meter.request(head.api_key, head.api_version, head.size + 4)
         # The answer order is fixed here, before any filter runs (see InFlight).
         slot = self._tracker.reserve(head)
-        if self._holds_request(head.api_key, head.api_version):
+        if self.chain.wants(head.api_key, head.api_version, REQUEST):
             self._held_requests.append(slot)  # its fate is decided in _process_request
             return Decision.HOLD
-        slot.forward(hold_response=self._wants_response(head.api_key, head.api_version))
+        slot.forward(hold_response=self.chain.wants(head.api_key, head.api_version, RESPONSE))
         if self._meter is not None:
             self._meter.forwarded()
         return Decision.PASS
-
-    def _holds_request(self, api_key: int, api_version: int) -> bool:
-        if any(f.wants_request(api_key, api_version) for f in self._request_filters):
-            return True
-        key = (api_key, api_version)
-        observed = self._observed.get(key)
-        if observed is None:
-            observed = self._observed[key] = any(
-                o.wants_request(api_key, api_version) for o in self._observers
-            )
-        return observed
-
-    def _wants_response(self, api_key: int, api_version: int) -> bool:
-        key = (api_key, api_version)
-        wanted = self._wanted.get(key)
-        if wanted is None:
-            wanted = self._wanted[key] = any(
-                f.wants(api_key, api_version) for f in self._response_filters
-            )
-        return wanted
 
     def _on_response_head(self, head: Head) -> Decision:
         entry, due = self._tracker.answered(head.correlation_id)
@@ -183,66 +139,24 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         slot = self._held_requests.popleft()
-        try:
-            header, body = kafka_wire.decode_request(frame.data, trailing=True)
-        except KafkaWireError:
-            if any(f.wants_request(head.api_key, head.api_version)
-                   for f in self._request_filters):
-                raise  # a rule must see this request: never let it through unread
-            log.info("request forwarded unobserved: api %d v%d (%s)", head.api_key,
-                     head.api_version, self.conn.describe())
-            slot.forward(self._wants_response(head.api_key, head.api_version))
-            return frame.raw
-        for o in self._observers:
-            if o.wants_request(header.api_key, header.api_version):
-                o.observe_request(header, body, self.conn)
-        verdict = RequestVerdict()
-        for f in self._request_filters:
-            if f.wants_request(header.api_key, header.api_version):
-                decided = f.filter_request(header, body, self.conn)
-                if decided is not None:
-                    verdict = combine(verdict, decided)
-                    if decided.answer is not None:
-                        break
-        self._delay_s = max(self._delay_s, verdict.delay_s)
-        if verdict.answer is not None:
-            self.requests_answered += 1
-            if verdict.expects_response:
-                slot.answer_with(kafka_wire.encode_response(
-                    header.correlation_id, header.api_key, header.api_version, verdict.answer))
-            else:
-                slot.drop_answer()
-            return b""
-        if self._meter is not None:
-            self._meter.forwarded()
-        if verdict.expects_response:
-            wanted = verdict.patch is not None or self._wants_response(head.api_key,
-                                                                        head.api_version)
-            slot.forward(wanted, patch=verdict.patch)
-        else:
+        judged = self.chain.judge_frame(frame.raw, self.conn)
+        self._delay_s = max(self._delay_s, judged.delay_s)
+        if not judged.expects_response:
             slot.drop_answer()
-        if verdict.changed:
-            return kafka_wire.encode_request(header, body)
-        return frame.raw
+        elif judged.answer is not None:
+            slot.answer_with(judged.answer)
+        else:
+            slot.forward(judged.want_response, patch=judged.patch)
+        if judged.answered:
+            self.requests_answered += 1
+        elif self._meter is not None:
+            self._meter.forwarded()
+        return judged.to_broker
 
     def _filter_response(self, frame: Frame, entry: InFlight) -> bytes:
-        data = frame.data
-        api_key, version = entry.api_key, entry.api_version
-        correlation_id, tags, offset = kafka_wire.read_response_header(data, api_key, version)
-        if api_key == API_VERSIONS and version > 0:
-            # A broker answers an ApiVersions version it does not support in v0.
-            (error,) = _ERROR_CODE.unpack_from(data, offset)
-            if error == _UNSUPPORTED_VERSION:
-                version = 0
-        body, _ = kafka_wire.decode_body(api_key, version, "response", data, offset)
-        changed = False
-        for f in self._response_filters:
-            if f.wants(api_key, version):
-                changed |= f.filter_response(api_key, version, body, self.conn)
-        if callable(entry.patch):
-            changed |= bool(entry.patch(body))
-        if not changed:
-            return frame.raw
-        self.frames_rewritten += 1
-        header = kafka_wire.write_response_header(correlation_id, api_key, version, tags)
-        return frame_bytes(header + kafka_wire.encode_body(api_key, version, "response", body))
+        patch = entry.patch if callable(entry.patch) else None
+        out = self.chain.filter_response_frame(frame.raw, entry.api_key, entry.api_version,
+                                               self.conn, patch)
+        if out is not frame.raw:
+            self.frames_rewritten += 1
+        return out

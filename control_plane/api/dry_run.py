@@ -23,9 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import kafka_wire
 from control_plane.api.problems import Problem
+from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestFilter, decide
-from ext_proc.filters.rules import ENFORCED_KINDS, RuleDecision, RuleEngine, RulesFilter
+from ext_proc.filters import REQUEST
+from ext_proc.filters.order import rule_filters
+from ext_proc.filters.rules import ENFORCED_KINDS, RuleDecision, RuleEngine
 from ext_proc.filters.virtual_topics import VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, RuleSet, normalize_principal, resolve_api
@@ -155,15 +157,14 @@ def _run_request(engine: RuleEngine, sample: SampleRequest, index: int,
                           connection_id=f"dry-run-{index}", broker_id=sample.broker_id)
     identity = _GivenIdentity(sample.principal)
     # The order of DataPath.session: virtual topics first, so rules see broker names.
-    filters: list[RequestFilter] = [VirtualTopicsFilter(engine, identity),
-                                    RulesFilter(engine, identity)]
+    chain = FilterChain(rule_filters(engine, identity))
     out: dict[str, Any] = {
         "index": index, "api": kafka_wire.api_name(header.api_key), "api_key": header.api_key,
         "version": header.api_version,
     }
-    if not any(f.wants_request(header.api_key, header.api_version) for f in filters):
+    if not chain.wants(header.api_key, header.api_version, REQUEST):
         return {**out, "verdict": "forward", "decisions": []}
-    verdict = decide(filters, header, body, conn)
+    verdict = chain.on_request(header, body, conn)
     if verdict is None:
         out["verdict"] = "forward"
     elif verdict.answer is not None:

@@ -213,6 +213,9 @@ class NodeOut(_Out):
     locality: str
     user_agent: str
     transport: str = Field(description="sotw or delta (ADS).")
+    data_path: str = Field(default="", description=(
+        "For an Envoy: the data path compiled for it, native (keg's Kafka filter) or "
+        "ext-proc; empty before its first listeners."))
     connected: bool
     connected_at: datetime | None
     last_seen: datetime | None

@@ -1,67 +1,52 @@
-"""The contract every filter of the data path follows.
+"""The contract every filter of the data path follows (after Kroxylicious' filters).
 
-Three kinds, any object may be several: a `ResponseFilter` changes answers, a
-`RequestObserver` reads requests, a `RequestFilter` decides what becomes of a
-request (forward, forward changed, answer from the gateway, patch the answer).
+A filter is one object in a connection's ordered filter list (`ext_proc.chain`). It
+says which frames it wants, per API key, version and direction, and is called with a
+context for each frame it asked for:
 
-A filter names the API keys it handles and, per (api key, version), whether it
-wants the response at all; the session decides that when the *request* passes
-(responses carry no api key) and only then holds and decodes the response.
-`filter_response` gets the decoded body, may change it in place, and returns True
-when it did: an unchanged response is forwarded as its original bytes.
+- `wants(api_key, api_version, direction)`: asked when the frame's first bytes
+  arrive. A request is decoded only when some filter wants it; a response only when
+  some filter wants it, decided when its *request* passed (responses carry no API
+  key). A filter whose interest follows the live rule set says `dynamic = True` and
+  is asked every time; the others are asked once per (API, version, direction).
+- `on_request(ctx)`: the decoded request, in `ctx.body`, as the earlier filters left
+  it. The filter may only look (an observer), or decide through the context:
+  `ctx.changed()` (it changed the body in place: the request is re-encoded),
+  `ctx.answer(body)` (the gateway answers; the broker never sees it; later filters
+  are not called), `ctx.on_answer(patch)` (change the answer the client gets, the
+  broker's or a later filter's), `ctx.hold(seconds)` (throttling),
+  `ctx.no_response()` (an acks=0 Produce: nobody answers it), or `ctx.decide(verdict)`
+  for all of it at once.
+- `on_response(ctx)`: the decoded response; `ctx.changed()` when it changed the body.
+  An unchanged response is forwarded as its original bytes.
 
-Request filters run in order, each on the body the previous ones left; their
-verdicts `combine` like middleware: the first filter's patch sees the broker's (or a
-later filter's) answer last, so a filter that renames topics on the way in renames
-them back on the way out, whoever answers.
-
-Filters run one frame at a time, in stream order; they must not block and must not
-keep references to bodies after returning.
+Patches nest like middleware: the first filter's patch sees the answer last, so a
+filter that renames topics on the way in renames them back on the way out, whoever
+answers. Filters run one frame at a time, in stream order; they must not block and
+must not keep references to bodies after returning. Audit and metrics: filters hold
+the data path's sinks (see `ext_proc.filters.rules.RuleEngine.sink`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 
+Direction = Literal["request", "response"]
+REQUEST: Direction = "request"
+RESPONSE: Direction = "response"
 
-@runtime_checkable
-class ResponseFilter(Protocol):
-    api_keys: frozenset[int]
-
-    def wants(self, api_key: int, api_version: int) -> bool: ...
-
-    def filter_response(
-        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
-    ) -> bool: ...
-
-
-@runtime_checkable
-class RequestObserver(Protocol):
-    """A filter that also sees the requests it asks for, decoded, and never changes them.
-
-    A wanted request is held until complete, decoded, shown to the observer and
-    forwarded as its original bytes; one that does not decode is forwarded unobserved.
-    """
-
-    def wants_request(self, api_key: int, api_version: int) -> bool: ...
-
-    def observe_request(
-        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
-    ) -> None: ...
-
-
-# Changes a decoded broker answer in place; returns True when it changed it.
+# Changes a decoded answer in place; returns True when it changed it.
 ResponsePatch = Callable[[dict[str, Any]], bool]
 
 
 @dataclass
 class RequestVerdict:
-    """What a `RequestFilter` decided. Fields left at their defaults mean "as it was".
+    """What became of a request. Fields left at their defaults mean "as it was".
 
     - `answer`: the response body the gateway sends the client itself; the request
       never reaches the broker. Its place in the response order is kept.
@@ -77,15 +62,6 @@ class RequestVerdict:
     patch: ResponsePatch | None = None
     expects_response: bool = True
     delay_s: float = 0.0  # hold the request this long first (rate limits)
-
-
-@runtime_checkable
-class RequestFilter(Protocol):
-    def wants_request(self, api_key: int, api_version: int) -> bool: ...
-
-    def filter_request(
-        self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
-    ) -> RequestVerdict | None: ...
 
 
 def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
@@ -116,19 +92,94 @@ def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
     )
 
 
-def decide(filters: Iterable[RequestFilter], header: kafka_wire.RequestHeader,
-           body: dict[str, Any], conn: ConnectionInfo) -> RequestVerdict | None:
-    """One request through request filters in order, as the data path runs them: each
-    filter that wants it sees the body the earlier ones left, verdicts `combine`, and an
-    answer ends the chain. None when no filter had a verdict."""
-    verdict: RequestVerdict | None = None
-    for f in filters:
-        if not f.wants_request(header.api_key, header.api_version):
-            continue
-        decided = f.filter_request(header, body, conn)
-        if decided is None:
-            continue
-        verdict = decided if verdict is None else combine(verdict, decided)
-        if decided.answer is not None:
-            break
-    return verdict
+class RequestContext:
+    """One filter's view of one request: what it is, and what the filter may decide."""
+
+    __slots__ = ("body", "conn", "header", "verdict")
+
+    def __init__(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                 conn: ConnectionInfo) -> None:
+        self.header = header
+        self.body = body
+        self.conn = conn
+        self.verdict: RequestVerdict | None = None  # this filter's, once it decided
+
+    def _own(self) -> RequestVerdict:
+        if self.verdict is None:
+            self.verdict = RequestVerdict()
+        return self.verdict
+
+    def changed(self) -> None:
+        self._own().changed = True
+
+    def answer(self, body: dict[str, Any], *, expects_response: bool = True) -> None:
+        verdict = self._own()
+        verdict.answer, verdict.expects_response = body, expects_response
+
+    def on_answer(self, patch: ResponsePatch) -> None:
+        verdict = self._own()
+        earlier = verdict.patch
+        if earlier is None:
+            verdict.patch = patch
+        else:  # this filter's own patches apply in the order it gave them
+            def both(response: dict[str, Any]) -> bool:
+                first = earlier(response)
+                return patch(response) or first
+
+            verdict.patch = both
+
+    def hold(self, seconds: float) -> None:
+        verdict = self._own()
+        verdict.delay_s = max(verdict.delay_s, seconds)
+
+    def no_response(self) -> None:
+        self._own().expects_response = False
+
+    def decide(self, verdict: RequestVerdict | None) -> None:
+        """Everything at once (a filter that builds its verdict itself)."""
+        if verdict is not None:
+            self.verdict = verdict if self.verdict is None else combine(self.verdict, verdict)
+
+
+class ResponseContext:
+    """One filter's view of one decoded response."""
+
+    __slots__ = ("api_key", "api_version", "body", "conn", "was_changed")
+
+    def __init__(self, api_key: int, api_version: int, body: dict[str, Any],
+                 conn: ConnectionInfo) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.body = body
+        self.conn = conn
+        self.was_changed = False
+
+    def changed(self, changed: bool = True) -> None:
+        self.was_changed = self.was_changed or changed
+
+
+class Filter(Protocol):
+    """See the module docstring."""
+
+    dynamic: ClassVar[bool]
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool: ...
+
+    def on_request(self, ctx: RequestContext) -> None: ...
+
+    def on_response(self, ctx: ResponseContext) -> None: ...
+
+
+class BaseFilter:
+    """Defaults: wants nothing, does nothing, interest fixed for the connection."""
+
+    dynamic: ClassVar[bool] = False
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return False
+
+    def on_request(self, ctx: RequestContext) -> None:
+        return None
+
+    def on_response(self, ctx: ResponseContext) -> None:
+        return None

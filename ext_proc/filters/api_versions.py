@@ -21,22 +21,22 @@ import logging
 from typing import Any
 
 import kafka_wire
-from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RESPONSE, BaseFilter, Direction, ResponseContext
 from ext_proc.filters.broker_address import endpoint_api_keys
 from kafka_wire.api_keys import API_VERSIONS
 
 log = logging.getLogger(__name__)
 
 
-class ApiVersionsNarrower:
-    api_keys = frozenset({API_VERSIONS})
+class ApiVersionsNarrower(BaseFilter):
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return api_key == API_VERSIONS and direction == RESPONSE
 
-    def wants(self, api_key: int, api_version: int) -> bool:
-        return api_key == API_VERSIONS
+    def on_response(self, ctx: ResponseContext) -> None:
+        ctx.changed(self.narrow(ctx.body))
 
-    def filter_response(
-        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
-    ) -> bool:
+    @staticmethod
+    def narrow(body: dict[str, Any]) -> bool:
         changed = False
         for entry in body.get("ApiKeys") or ():
             key = entry["ApiKey"]

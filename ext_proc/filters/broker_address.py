@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RESPONSE, BaseFilter, Direction, ResponseContext
 from kafka_wire.endpoints import carries_endpoints, rewrite_endpoints
 
 log = logging.getLogger(__name__)
@@ -37,23 +37,17 @@ def endpoint_api_keys() -> frozenset[int]:
                      if any(carries_endpoints(key, v) for v in versions(key)))
 
 
-class BrokerAddressRewriter:
+class BrokerAddressRewriter(BaseFilter):
     def __init__(self) -> None:
-        self.api_keys = endpoint_api_keys()
         self.unknown_brokers = 0
-        self._wanted: dict[tuple[int, int], bool] = {}
 
-    def wants(self, api_key: int, api_version: int) -> bool:
-        key = (api_key, api_version)
-        wanted = self._wanted.get(key)
-        if wanted is None:
-            wanted = self._wanted[key] = carries_endpoints(api_key, api_version)
-        return wanted
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == RESPONSE and carries_endpoints(api_key, api_version)
 
-    def filter_response(
-        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
-    ) -> bool:
-        return rewrite_endpoints(api_key, api_version, body, lambda node: self._route(node, conn))
+    def on_response(self, ctx: ResponseContext) -> None:
+        conn = ctx.conn
+        ctx.changed(rewrite_endpoints(ctx.api_key, ctx.api_version, ctx.body,
+                                      lambda node: self._route(node, conn)))
 
     def _route(self, node: int, conn: ConnectionInfo) -> tuple[str, int]:
         route = conn.routes.get(node)

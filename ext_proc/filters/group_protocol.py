@@ -3,10 +3,9 @@
 An observing filter: it never changes a frame. Per connection it keeps a
 `kafka_wire.GroupProtocolTracker`, fed with
 
-- JoinGroup/SyncGroup *requests*, through `wants_request` / `observe_request` (the
-  session holds such a request until it is complete, decodes it and forwards it
-  unchanged), and
-- their *responses*, through the ordinary response-filter contract.
+- JoinGroup/SyncGroup *requests*, through `on_request` (the session holds such a
+  request until it is complete, decodes it and forwards it unchanged), and
+- their *responses*, through `on_response`.
 
 Each member subscription and assignment is decoded with the decoder of its protocol
 type ("consumer", "connect"), taken from the message when it says (JoinGroupRequest,
@@ -31,7 +30,14 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
+from ext_proc.filters import (
+    REQUEST,
+    BaseFilter,
+    Direction,
+    RequestContext,
+    RequestVerdict,
+    ResponseContext,
+)
 from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
 from kafka_wire.codec import RequestHeader
 from kafka_wire.error_responses import error_response
@@ -46,7 +52,7 @@ log = logging.getLogger(__name__)
 ObservationSink = Callable[[ConnectionInfo, GroupObservation], None]
 
 
-class GroupProtocolObserver:
+class GroupProtocolObserver(BaseFilter):
     api_keys = frozenset({JOIN_GROUP, SYNC_GROUP})
 
     def __init__(self, sink: ObservationSink | None = None) -> None:
@@ -56,7 +62,8 @@ class GroupProtocolObserver:
 
     # -- the contract --------------------------------------------------------------
 
-    def wants(self, api_key: int, api_version: int) -> bool:
+    def wants(self, api_key: int, api_version: int, direction: Direction = REQUEST) -> bool:
+        """Both directions of JoinGroup and SyncGroup, in the versions the codec reads."""
         if api_key not in self.api_keys:
             return False
         known = self._known.get((api_key, api_version))
@@ -66,24 +73,18 @@ class GroupProtocolObserver:
             self._known[(api_key, api_version)] = known
         return known
 
-    def wants_request(self, api_key: int, api_version: int) -> bool:
-        return self.wants(api_key, api_version)
-
-    def observe_request(
-        self, header: RequestHeader, body: dict[str, Any], conn: ConnectionInfo
-    ) -> None:
+    def on_request(self, ctx: RequestContext) -> None:
+        header = ctx.header
         observation = self.tracker.on_request(
-            header.api_key, header.api_version, body, header.correlation_id
+            header.api_key, header.api_version, ctx.body, header.correlation_id
         )
-        self._report(observation, conn)
+        self._report(observation, ctx.conn)
 
-    def filter_response(
-        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
-    ) -> bool:
+    def on_response(self, ctx: ResponseContext) -> None:
         # The response contract carries no correlation id: Kafka answers in order, so
         # the tracker matches the oldest unanswered request of this API.
-        self._report(self.tracker.on_response(api_key, api_version, body), conn)
-        return False
+        self._report(self.tracker.on_response(ctx.api_key, ctx.api_version, ctx.body),
+                     ctx.conn)
 
     def guard(self) -> GroupProtocolGuard:
         """The request filter that answers inconsistent SyncGroups from this tracker."""
@@ -113,7 +114,7 @@ class GroupProtocolObserver:
 SYNC_GROUP_PROTOCOL_VERSION = 5
 
 
-class GroupProtocolGuard:
+class GroupProtocolGuard(BaseFilter):
     """Answers a SyncGroup v5+ that names another protocol than its group's.
 
     Runs after the observer (observers see a request before request filters), so the
@@ -124,13 +125,17 @@ class GroupProtocolGuard:
     def __init__(self, observer: GroupProtocolObserver) -> None:
         self._observer = observer
 
-    def wants_request(self, api_key: int, api_version: int) -> bool:
-        return (api_key == SYNC_GROUP and api_version >= SYNC_GROUP_PROTOCOL_VERSION
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return (direction == REQUEST and api_key == SYNC_GROUP
+                and api_version >= SYNC_GROUP_PROTOCOL_VERSION
                 and self._observer.wants(api_key, api_version))
 
-    def filter_request(
-        self, header: RequestHeader, body: dict[str, Any], conn: ConnectionInfo
-    ) -> RequestVerdict | None:
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
+
+    def judge(self, header: RequestHeader, body: dict[str, Any],
+              conn: ConnectionInfo) -> RequestVerdict | None:
+        """The answer to an inconsistent SyncGroup, None for a consistent one."""
         tracker = self._observer.tracker
         conflicts = tracker.conflicts(body["GroupId"], body["MemberId"], body.get("ProtocolType"),
                                       body.get("ProtocolName"), confirmed=True)

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
+from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
@@ -133,7 +133,9 @@ def _withhold(partitions: Any, code: int) -> bool:
     return changed
 
 
-class RecordsFilter:
+class RecordsFilter(BaseFilter):
+    dynamic = True  # follows the live rule set
+
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
         self._engine = engine
         self._identity = identity
@@ -142,7 +144,15 @@ class RecordsFilter:
         return api_key in (PRODUCE, FETCH) and self._engine.records.interested(
             api_key, api_version)
 
-    def filter_request(
+    # -- the filter contract: a request decided by `judge` -------------------------
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == REQUEST and self.wants_request(api_key, api_version)
+
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
+
+    def judge(
         self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo
     ) -> RequestVerdict | None:
         records = self._engine.records  # one version for the whole request

@@ -30,7 +30,7 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
+from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
 from ext_proc.filters.safeguards import (
     RateLimiter,
     clamp_fetch,
@@ -160,7 +160,9 @@ class RuleEngine:
             previous.close()
 
 
-class RulesFilter:
+class RulesFilter(BaseFilter):
+    dynamic = True  # follows the live rule set
+
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
         self._engine = engine
         self._identity = identity
@@ -173,7 +175,15 @@ class RulesFilter:
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
 
-    def filter_request(
+    # -- the filter contract: a request decided by `judge` -------------------------
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == REQUEST and self.wants_request(api_key, api_version)
+
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
+
+    def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
         if header.api_key == ENVELOPE:

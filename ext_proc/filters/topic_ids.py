@@ -7,23 +7,16 @@ process-wide `TopicIds` map (kafka_wire.topic_ids) and never changes them.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import RESPONSE, BaseFilter, Direction, ResponseContext
 from kafka_wire.topic_ids import LEARNING_APIS, TopicIds
 
 
-class TopicIdLearner:
-    api_keys = LEARNING_APIS
-
+class TopicIdLearner(BaseFilter):
     def __init__(self, topic_ids: TopicIds) -> None:
         self._topic_ids = topic_ids
 
-    def wants(self, api_key: int, api_version: int) -> bool:
-        return api_key in LEARNING_APIS
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == RESPONSE and api_key in LEARNING_APIS
 
-    def filter_response(
-        self, api_key: int, api_version: int, body: dict[str, Any], conn: ConnectionInfo
-    ) -> bool:
-        self._topic_ids.learn(api_key, api_version, body)
-        return False
+    def on_response(self, ctx: ResponseContext) -> None:
+        self._topic_ids.learn(ctx.api_key, ctx.api_version, ctx.body)

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
+from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, MatchContext
@@ -115,7 +115,9 @@ class Namespace:
         return None
 
 
-class VirtualTopicsFilter:
+class VirtualTopicsFilter(BaseFilter):
+    dynamic = True  # follows the live rule set
+
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
         self._engine = engine
         self._identity = identity
@@ -135,7 +137,15 @@ class VirtualTopicsFilter:
                                for r in compiled.rules)
         return self._active and _names_anything(api_key, api_version)
 
-    def filter_request(
+    # -- the filter contract: a request decided by `judge` -------------------------
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == REQUEST and self.wants_request(api_key, api_version)
+
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
+
+    def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
         ns = self.namespace(header, conn)

@@ -549,4 +549,4 @@ def test_guard_answers_an_inconsistent_sync_group_in_the_session() -> None:
     good = kw.encode_request(kw.RequestHeader(SYNC_GROUP, version, 3, "cli"),
                              sync_request(version, "m-a", [("m-a", ASSIGN_A)]))
     assert session.from_client(good) == good
-    assert not observer.guard().wants_request(SYNC_GROUP, 4)
+    assert not observer.guard().wants(SYNC_GROUP, 4, "request")

@@ -82,7 +82,7 @@ def test_only_produce_and_fetch_with_record_rules_are_asked_for() -> None:
 def test_drops_renumber_and_other_topics_pass_as_bytes() -> None:
     f, decisions = records_filter()
     body = produce("d.x", batch([{"kind": "a"}, {"kind": "heartbeat"}, {"kind": "b"}]))
-    verdict = f.filter_request(HEADER, body, CONN)
+    verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.changed and verdict.answer is None
     records = body["TopicData"][0]["PartitionData"][0]["Records"]
     assert values(records) == [{"kind": "a"}, {"kind": "b"}]
@@ -98,13 +98,13 @@ def test_an_idempotent_producers_later_batches_are_shifted() -> None:
     f, _ = records_filter()
     first = produce("d.x", batch([{"kind": "heartbeat"}, {"kind": "a"}], producer_id=7,
                                  producer_epoch=0, base_sequence=0))
-    f.filter_request(HEADER, first, CONN)
+    f.judge(HEADER, first, CONN)
     (view,) = iter_batches(first["TopicData"][0]["PartitionData"][0]["Records"])
     assert isinstance(view, BatchView)
     assert (view.base_sequence, view.records_count) == (0, 1)
     second = produce("d.x", batch([{"kind": "b"}, {"kind": "c"}], producer_id=7,
                                   producer_epoch=0, base_sequence=2))
-    verdict = f.filter_request(HEADER, second, CONN)
+    verdict = f.judge(HEADER, second, CONN)
     assert verdict is not None and verdict.changed
     (view,) = iter_batches(second["TopicData"][0]["PartitionData"][0]["Records"])
     assert isinstance(view, BatchView)
@@ -115,7 +115,7 @@ def test_an_idempotent_producers_later_batches_are_shifted() -> None:
 def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
     f, _ = records_filter()
     body = produce("v.x", batch([{"amount": 1}, {"amount": -1}]))
-    verdict = f.filter_request(HEADER, body, CONN)
+    verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.patch is not None
     assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
     response: dict[str, Any] = {"Responses": [{"Name": "untouched", "PartitionResponses": [
@@ -132,13 +132,13 @@ def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
 
 def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
     f, decisions = records_filter()
-    f.filter_request(HEADER, produce("v.x", batch([{"amount": -1}])), CONN)
+    f.judge(HEADER, produce("v.x", batch([{"amount": -1}])), CONN)
     assert [(d.rule.id, d.outcome, d.error_code, d.answered) for d in decisions] == [
         ("amounts", "rejected", 87, True)]
     decisions.clear()
     unanswered = produce("v.x", batch([{"amount": -1}]))
     unanswered["Acks"] = 0
-    verdict = f.filter_request(HEADER, unanswered, CONN)
+    verdict = f.judge(HEADER, unanswered, CONN)
     assert verdict is not None and not verdict.expects_response
     assert [(d.outcome, d.error_code, d.answered) for d in decisions] == [
         ("rejected", 87, False)]  # no answer tells the producer: it must not pass unseen
@@ -148,14 +148,14 @@ def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
     f, _ = records_filter()
     body = produce("v.x", batch([{"amount": -1}]))
     body["TopicData"].pop()  # only the refused topic
-    verdict = f.filter_request(HEADER, body, CONN)
+    verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.answer is not None
     assert verdict.answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 87
 
 
 def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
     f, _ = records_filter()
-    verdict = f.filter_request(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
     assert verdict is not None and verdict.patch is not None
     stored = batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
                    base_offset=40)
@@ -197,7 +197,7 @@ def bomb_batch() -> bytes:
 def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
     f, _ = records_filter()
     body = produce("d.x", bomb_batch())
-    verdict = f.filter_request(HEADER, body, CONN)
+    verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.patch is not None
     assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
     response: dict[str, Any] = {"Responses": []}
@@ -209,7 +209,7 @@ def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
 
 def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
     f, _ = records_filter()
-    verdict = f.filter_request(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
     assert verdict is not None and verdict.patch is not None
     response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
         {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "Records": bomb_batch()}]}]}

@@ -46,9 +46,9 @@ def envelope(principal: str, *topics: str) -> tuple[kafka_wire.RequestHeader, di
 def test_envelope_is_judged_as_its_inner_principal() -> None:
     f, decisions = rules_filter()
     assert f.wants_request(ENVELOPE, 0)
-    assert f.filter_request(*envelope("alice", "payments.x"), CONN) is None
+    assert f.judge(*envelope("alice", "payments.x"), CONN) is None
 
-    verdict = f.filter_request(*envelope("bob", "payments.x"), CONN)
+    verdict = f.judge(*envelope("bob", "payments.x"), CONN)
     assert verdict is not None and verdict.answer is not None
     assert verdict.answer["ErrorCode"] == 0  # the envelope itself succeeded...
     data = verdict.answer["ResponseData"]
@@ -63,7 +63,7 @@ def test_envelope_is_judged_as_its_inner_principal() -> None:
 def test_partial_denial_inside_an_envelope_rewrites_the_inner_request() -> None:
     f, _ = rules_filter()
     header, body = envelope("bob", "payments.x", "other")
-    verdict = f.filter_request(header, body, CONN)
+    verdict = f.judge(header, body, CONN)
     assert verdict is not None and verdict.changed and verdict.patch is not None
     _inner_header, inner_body = kafka_wire.decode_request(body["RequestData"])
     assert [t["Name"] for t in inner_body["TopicData"]] == ["other"]
@@ -80,7 +80,7 @@ def test_partial_denial_inside_an_envelope_rewrites_the_inner_request() -> None:
 def test_direct_requests_use_the_connections_principal() -> None:
     f, decisions = rules_filter()
     header = kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {})
-    verdict = f.filter_request(header, produce_body("payments.y"), CONN)  # ANONYMOUS
+    verdict = f.judge(header, produce_body("payments.y"), CONN)  # ANONYMOUS
     assert verdict is not None and verdict.answer is not None
     assert decisions[0].principal == "User:ANONYMOUS"
 
@@ -109,7 +109,7 @@ def test_a_dry_run_fetch_limit_never_changes_the_request() -> None:
     engine = RuleEngine(CompiledRuleSet(load_rule_text(LIMITS, "l.yaml")), decisions.append)
     f = RulesFilter(engine, IdentityTracker())
     body = fetch_body(52_428_800, 1_048_576)
-    assert f.filter_request(kafka_wire.RequestHeader(FETCH, 12, 1, "free", {}), body,
+    assert f.judge(kafka_wire.RequestHeader(FETCH, 12, 1, "free", {}), body,
                             CONN) is None
     assert body == fetch_body(52_428_800, 1_048_576)  # as the client wrote it
     assert [(d.rule.id, d.outcome, d.reason) for d in decisions] == [
@@ -117,7 +117,7 @@ def test_a_dry_run_fetch_limit_never_changes_the_request() -> None:
 
     # Enforced, the cap applies; the dry-run rule still reports (and changes nothing).
     decisions.clear()
-    verdict = f.filter_request(kafka_wire.RequestHeader(FETCH, 12, 2, "bounded", {}), body,
+    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "bounded", {}), body,
                                CONN)
     assert verdict is not None and verdict.changed
     assert body == fetch_body(5000, 5000)
@@ -166,7 +166,7 @@ def test_refusals_tell_the_client_the_rule_and_its_reason() -> None:
     body = produce_body("frozen.a", "typed.b", "free")
     body["TopicData"][1]["PartitionData"][0]["Records"] = typed_batch(
         [("schema-id", b"1")], [], [("schema-id", b"2")])
-    verdict = f.filter_request(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.changed
     assert [t["Name"] for t in body["TopicData"]] == ["free"]
     answers = partition_answers(verdict, 9)
@@ -184,10 +184,10 @@ def test_refusals_tell_the_client_the_rule_and_its_reason() -> None:
         ("schema-id-required", "record 1: lacks header(s) schema-id")}
 
     # Produce v7 has neither field: the code alone. Other APIs carry the message too.
-    old = f.filter_request(kafka_wire.RequestHeader(PRODUCE, 7, 2, "c", {}),
+    old = f.judge(kafka_wire.RequestHeader(PRODUCE, 7, 2, "c", {}),
                            produce_body("frozen.a"), CONN)
     assert partition_answers(old, 7)["frozen.a"]["ErrorCode"] == 44
-    delete = f.filter_request(kafka_wire.RequestHeader(20, 6, 3, "c", {}), {
+    delete = f.judge(kafka_wire.RequestHeader(20, 6, 3, "c", {}), {
         "Topics": [{"Name": "x", "TopicId": None}], "TimeoutMs": 1000}, CONN)
     assert delete is not None and delete.answer is not None
     assert delete.answer["Responses"][0]["ErrorMessage"] == \
@@ -198,11 +198,11 @@ def test_refusals_of_acks_zero_produce_are_marked_unanswered() -> None:
     f, decisions = refusing_filter()
     body = produce_body("frozen.a")
     body["Acks"] = 0
-    verdict = f.filter_request(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.answer is not None
     assert not verdict.expects_response  # Kafka never answers acks=0: nor does keg
     assert [(d.outcome, d.answered) for d in decisions] == [("denied", False)]
     decisions.clear()
-    f.filter_request(kafka_wire.RequestHeader(PRODUCE, 9, 2, "c", {}),
+    f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 2, "c", {}),
                      produce_body("frozen.a"), CONN)
     assert [(d.outcome, d.answered) for d in decisions] == [("denied", True)]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
+from ext_proc.filters import BaseFilter, Direction, RequestContext, RequestVerdict
 from ext_proc.session import KafkaSession
 from kafka_wire.api_keys import LIST_OFFSETS, METADATA, PRODUCE
 from kafka_wire.error_responses import error_response
@@ -31,16 +31,19 @@ LIST_OFFSETS_VERSION, METADATA_VERSION, PRODUCE_VERSION = 7, 12, 9
 
 
 @dataclass
-class Plan:
+class Plan(BaseFilter):
     """A filter deciding each held request by its correlation id."""
 
     fates: dict[int, str]
 
-    def wants_request(self, api_key: int, api_version: int) -> bool:
-        return api_key in (HELD_API, PRODUCE)
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == "request" and api_key in (HELD_API, PRODUCE)
 
-    def filter_request(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                       conn: ConnectionInfo) -> RequestVerdict | None:
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body))
+
+    def judge(self, header: kafka_wire.RequestHeader,
+              body: dict[str, Any]) -> RequestVerdict | None:
         fate = self.fates[header.correlation_id]
         if fate in ("held-answer", "acks0-held-refuse"):
             answer = error_response(header.api_key, header.api_version, body, 29)

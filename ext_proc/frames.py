@@ -1,0 +1,144 @@
+"""A connection's frames as keg's native Envoy filter hands them over ("frames mode").
+
+On the native data path keg's Kafka filter (a Rust module inside Envoy) frames the
+stream, keeps the answer order, rewrites broker addresses and passes through every
+frame no rule needs. Only the requests its interest table names reach the Python
+service, each one whole, on one gRPC stream per Kafka connection; a response comes
+only when the reply to its request asked for it. The protocol is written down in
+docs/native-handoff.md; this module is its sans-IO core: one whole frame in,
+its reply out, through the same `FilterChain` as the network ext_proc path.
+
+What differs from `KafkaSession`: no framing or correlation (the module does both),
+the connection's identity comes with each request (the module read the SASL
+exchange), and the broker's addresses and versions are the module's business, so
+the chain holds only the filters that judge or learn (`frames_filters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import kafka_wire
+from ext_proc.chain import FilterChain
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters import REQUEST, RESPONSE, Filter, ResponsePatch
+from ext_proc.filters.group_protocol import GroupProtocolObserver
+from ext_proc.filters.order import rule_filters
+from ext_proc.filters.records import RecordsFilter
+from ext_proc.filters.rules import RuleEngine
+from ext_proc.filters.topic_ids import TopicIdLearner
+from ext_proc.identity import IdentityTracker
+from ext_proc.metrics import ConnectionMeter
+from kafka_wire.errors import FrameError
+from kafka_wire.framing import REQUEST_HEAD_SIZE, RESPONSE_HEAD_SIZE, parse_request_head
+
+MODE_HEADER = "x-keg-mode"
+FRAMES_MODE = "frames"
+METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] key
+MAX_VERSION = 0x7FFF  # Kafka versions are int16
+
+
+def frames_filters(engine: RuleEngine, identity: IdentityTracker) -> list[Filter]:
+    """The chain of a handed-off connection: what learns topic ids and group protocols,
+    then the rule filters in the data path's order (ext_proc.filters.order)."""
+    groups = GroupProtocolObserver()
+    return [TopicIdLearner(engine.topic_ids), groups, groups.guard(),
+            *rule_filters(engine, identity), RecordsFilter(engine, identity)]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReply:
+    """The reply to one handed-off request (see docs/native.md, the hand-off)."""
+
+    to_broker: bytes  # the frame to forward, as it came or changed; b"": none
+    answer: bytes | None  # the gateway's own answer frame, for the request's slot
+    want_response: bool  # hand the broker's answer to this request back here
+
+
+class FramesSession:
+    def __init__(self, conn: ConnectionInfo, engine: RuleEngine,
+                 identity: IdentityTracker | None = None,
+                 meter: ConnectionMeter | None = None) -> None:
+        self.conn = conn
+        self.identity = identity or IdentityTracker()
+        self.chain = FilterChain(frames_filters(engine, self.identity))
+        self._meter = meter
+        # correlation id -> the patch for the broker's answer, for each request whose
+        # answer was asked for (Kafka answers in order, the module hands them in order).
+        self._patches: dict[int, ResponsePatch | None] = {}
+
+    def request(self, raw: bytes, principal: str | None = None,
+                security_protocol: str | None = None) -> RequestReply:
+        """One whole request frame (size prefix included)."""
+        _check_whole(raw, REQUEST_HEAD_SIZE)
+        head = parse_request_head(raw)
+        if self._meter is not None:
+            self._meter.request(head.api_key, head.api_version, len(raw))
+        self.identity.learned_elsewhere(principal, security_protocol)
+        judged = self.chain.judge_frame(raw, self.conn)
+        if judged.want_response:
+            self._patches[head.correlation_id] = judged.patch
+        elif self._meter is not None and not judged.answered:
+            self._meter.forwarded()
+        return RequestReply(judged.to_broker, judged.answer, judged.want_response)
+
+    def response(self, raw: bytes, api_key: int, api_version: int) -> bytes:
+        """One whole response frame this session asked for; the bytes for the client."""
+        _check_whole(raw, RESPONSE_HEAD_SIZE)
+        correlation_id = int.from_bytes(raw[4:8], "big", signed=True)
+        if correlation_id not in self._patches:
+            raise FrameError(f"response {correlation_id} was not asked for")
+        patch = self._patches.pop(correlation_id)
+        if self._meter is not None:
+            self._meter.bytes(api_key, "response", len(raw))
+        return self.chain.filter_response_frame(raw, api_key, api_version, self.conn, patch)
+
+    def close(self) -> None:
+        if self._meter is not None:
+            self._meter.close()
+
+
+def _check_whole(raw: bytes, head_size: int) -> None:
+    if len(raw) < head_size:
+        raise FrameError(f"a frame of {len(raw)} bytes is shorter than its head")
+    size = int.from_bytes(raw[:4], "big", signed=True)
+    if size != len(raw) - 4:
+        raise FrameError(f"frame size {size} does not match the {len(raw) - 4} bytes given")
+
+
+def interest_table(engine: RuleEngine) -> list[tuple[int, int, int]]:
+    """The requests the native module must hand over for the live rule set, as
+    (api key, min version, max version) ranges: those the frames chain wants, or
+    whose answers it wants (decided when the request passes)."""
+    chain = FilterChain(frames_filters(engine, IdentityTracker()))
+
+    def wanted(api_key: int, version: int) -> bool:
+        return chain.wants(api_key, version, REQUEST) or chain.wants(api_key, version,
+                                                                      RESPONSE)
+
+    pairs = []
+    for api_key in kafka_wire.known_api_keys():
+        low, high = kafka_wire.supported_versions(api_key) or (0, -1)
+        pairs += [(api_key, v) for v in range(low, high + 1) if wanted(api_key, v)]
+        if wanted(api_key, MAX_VERSION):
+            # Versions newer than keg reads: handed over, so the chain can refuse what
+            # a rule must read and cannot (fail closed), never passed unread.
+            pairs.append((api_key, high + 1))
+            pairs.append((api_key, MAX_VERSION))
+    return list(_ranges(pairs))
+
+
+def _ranges(pairs: Iterator[tuple[int, int]] | Sequence[tuple[int, int]]
+            ) -> Iterator[tuple[int, int, int]]:
+    current: list[int] | None = None
+    for api_key, version in pairs:
+        if current is not None and current[0] == api_key and (
+                current[2] == version - 1 or version == MAX_VERSION):
+            current[2] = version
+            continue
+        if current is not None:
+            yield (current[0], current[1], current[2])
+        current = [api_key, version, version]
+    if current is not None:
+        yield (current[0], current[1], current[2])
