@@ -391,8 +391,6 @@ class Gateway(Service):
             # The module closes connections it cannot serve; Envoy 1.40 needs this flag
             # for a close from inside a dynamic module's callback.
             runtime[CLOSE_THROUGH_FILTER_MANAGER] = True
-            log.warning("native data path: request and record rules are not enforced by "
-                        "keg's Envoy filter yet (issue 15, phase 2)")
         self.envoy = EmbeddedEnvoy(
             "127.0.0.1",
             self.control_plane.xds_port,

@@ -529,23 +529,13 @@ impl Filter {
         let mut out = Output::default();
         self.session.ready_requests(&mut out);
         let end = self.read_end && !self.session.requests_waiting();
-        if !out.is_empty() || end {
-            let mut bytes = Vec::with_capacity(out.len());
-            out.write_to(&[], &mut bytes);
-            self.read_end &= !end;
-            // SAFETY: a live filter on its worker thread; Envoy copies the bytes.
-            unsafe { (cb.inject_read)(envoy, ModuleBuffer::from_slice(&bytes), end) };
-        }
+        self.read_end &= !end;
+        inject(envoy, cb.inject_read, &out, end);
         let mut out = Output::default();
         self.session.ready_responses(&mut out);
         let end = self.write_end && !self.session.responses_waiting();
-        if !out.is_empty() || end {
-            let mut bytes = Vec::with_capacity(out.len());
-            out.write_to(&[], &mut bytes);
-            self.write_end &= !end;
-            // SAFETY: as above.
-            unsafe { (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), end) };
-        }
+        self.write_end &= !end;
+        inject(envoy, cb.inject_write, &out, end);
     }
 
     /// Keeps the process-wide count of held bytes; Err when this connection grew past it.
@@ -576,6 +566,17 @@ const CONNECTION_ID: &str = "x-keg-connection-id";
 const BROKER_ID: &str = "x-keg-broker-id";
 const BROKER_ROUTES: &str = "x-keg-broker-routes";
 const MODE: &str = "x-keg-mode";
+
+/// Injects `out` (bytes the core owns) and an end of stream, if there is either.
+fn inject(envoy: FilterEnvoyPtr, how: unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool), out: &Output, end: bool) {
+    if out.is_empty() && !end {
+        return;
+    }
+    let mut bytes = Vec::with_capacity(out.len());
+    out.write_to(&[], &mut bytes);
+    // SAFETY: a live filter on its worker thread; Envoy copies the bytes.
+    unsafe { how(envoy, ModuleBuffer::from_slice(&bytes), end) };
+}
 
 /// An address Envoy reports (local or remote), copied.
 fn address(envoy: FilterEnvoyPtr, get: unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer, *mut u32) -> bool) -> Option<(String, u32)> {
@@ -684,12 +685,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         // here) go to the client.
         let mut local = Output::default();
         filter.session.ready_responses(&mut local);
-        if !local.is_empty() {
-            let mut bytes = Vec::with_capacity(local.len());
-            local.write_to(&[], &mut bytes);
-            // SAFETY: as above.
-            unsafe { (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), false) };
-        }
+        inject(envoy, cb.inject_write, &local, false);
         Ok(status)
     })
 }
