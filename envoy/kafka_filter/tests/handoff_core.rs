@@ -309,6 +309,8 @@ fn answers_that_break_the_protocol_close_the_connection() {
         (Resolution::Request { forward: vec![], answer: None, want_response: false }, "dropped"),
         (Resolution::Request { forward: vec![1], answer: Some(vec![2]), want_response: false }, "both"),
         (Resolution::Response { answer: vec![1] }, "response's answer"),
+        (Resolution::Request { forward: vec![], answer: Some(opaque_response(99, b"")), want_response: false },
+         "another correlation id"),
         (Resolution::Close, "closed"),
     ];
     for (resolution, why) in cases {
@@ -318,6 +320,20 @@ fn answers_that_break_the_protocol_close_the_connection() {
         let h = s.take_handoffs().remove(0);
         let err = s.resolve(h.id, resolution).unwrap_err();
         assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
+#[test]
+fn an_answer_to_a_response_must_be_that_response() {
+    for (answer, ok) in [(opaque_response(2, b"changed"), true), (opaque_response(3, b"x"), false), (vec![], false)] {
+        let mut s = session(false);
+        run_requests(&mut s, &[&produce(2, 1)], true,
+                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true });
+        let routes = routes();
+        let mut out = Output::default();
+        s.feed_responses(&opaque_response(2, b"broker"), view(&routes), &mut out).unwrap();
+        let h = s.take_handoffs().remove(0);
+        assert_eq!(s.resolve(h.id, Resolution::Response { answer }).is_ok(), ok);
     }
 }
 

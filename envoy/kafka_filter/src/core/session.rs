@@ -40,6 +40,10 @@ use super::{Output, Piece, ProtocolError};
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
 /// Held frames grow as their bytes arrive, from this much.
 const INITIAL_HOLD_CAPACITY: usize = 64 * 1024;
+/// A SASL frame is copied up to this much while it passes: beyond it the tracker does
+/// not read it anyway (Kafka's `sasl.server.max.receive.size`), so a huge one costs no
+/// copy of its own.
+const OBSERVE_LIMIT: usize = identity::MAX_AUTH_BYTES + 1024;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -309,7 +313,7 @@ impl<P: RequestPolicy> Session<P> {
                 RequestState::Observe { remaining, frame, .. } => {
                     let n = (*remaining).min(input.len() - pos);
                     out.pass(pos..pos + n);
-                    frame.extend_from_slice(&input[pos..pos + n]);
+                    copy_observed(frame, &input[pos..pos + n]);
                     pos += n;
                     *remaining -= n;
                     if *remaining == 0 {
@@ -544,6 +548,9 @@ impl<P: RequestPolicy> Session<P> {
                 if !p.expects_response {
                     return err(format!("the service answered a {api} request that expects no response"));
                 }
+                if correlation_id(&answer, 4) != correlation_id(&p.frame, 8) {
+                    return err(format!("the service's answer to a {api} request has another correlation id"));
+                }
                 self.stats.add(Counter::HandoffAnswers, 1);
                 (Vec::new(), Some(Reply::Local(answer)))
             }
@@ -589,7 +596,8 @@ impl<P: RequestPolicy> Session<P> {
     fn resolve_response(&mut self, p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
         let api = api_name(p.api_key);
         let answer = match resolution {
-            Resolution::Response { answer } if !answer.is_empty() => answer,
+            Resolution::Response { answer } if correlation_id(&answer, 4).is_some()
+                && correlation_id(&answer, 4) == correlation_id(&p.frame, 4) => answer,
             Resolution::Failed(_) if p.fail_open => p.frame.to_vec(),
             Resolution::Failed(failure) => {
                 return Err(ProtocolError::HandOff(format!(
@@ -598,7 +606,8 @@ impl<P: RequestPolicy> Session<P> {
             Resolution::Close => {
                 return Err(ProtocolError::HandOff(format!("the service closed the connection at a {api} response")))
             }
-            _ => return Err(ProtocolError::HandOff(format!("the service's answer to a {api} response is not one"))),
+            _ => return Err(ProtocolError::HandOff(format!(
+                "the service's answer to a {api} response is not one (empty, or another correlation id)"))),
         };
         self.responses_out.fill(p.id, answer);
         Ok(())
@@ -643,7 +652,7 @@ impl<P: RequestPolicy> Session<P> {
                     let n = (*remaining).min(input.len() - pos);
                     out.pass(pos..pos + n);
                     if let Some(frame) = observe {
-                        frame.extend_from_slice(&input[pos..pos + n]);
+                        copy_observed(frame, &input[pos..pos + n]);
                     }
                     pos += n;
                     *remaining -= n;
@@ -809,6 +818,18 @@ impl<P: RequestPolicy> Session<P> {
         }
         self.local_answers(out);
     }
+}
+
+/// The correlation id of a frame (at `at`: 8 in a request, 4 in a response), if it
+/// is long enough to have one.
+fn correlation_id(frame: &[u8], at: usize) -> Option<i32> {
+    frame.get(at..at + 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Copies what passes of a SASL frame, up to [`OBSERVE_LIMIT`].
+fn copy_observed(frame: &mut Vec<u8>, bytes: &[u8]) {
+    let room = OBSERVE_LIMIT.saturating_sub(frame.len());
+    frame.extend_from_slice(&bytes[..bytes.len().min(room)]);
 }
 
 fn api_name(api_key: i16) -> String {

@@ -492,8 +492,11 @@ impl Filter {
         }
         let interest: Arc<Interest> = self.config.settings.current_interest();
         let mut resolved = false;
+        // The process's bytes in flight, this connection's as they are now.
+        let total = HANDOFF_BYTES.load(Ordering::Relaxed).saturating_sub(self.handoff_held)
+            + self.session.handoff_bytes();
         for h in handoffs {
-            let failure = if HANDOFF_BYTES.load(Ordering::Relaxed) > interest.max_bytes {
+            let failure = if total > interest.max_bytes {
                 Some(Failure::Overloaded)
             } else {
                 let outgoing = Outgoing { id: h.id, direction: h.direction, message: proto::message(&h) };

@@ -268,10 +268,15 @@ fn a_bad_config_is_refused_not_a_crash() {
 // -- hand-offs through the fake Envoy to the fake service (handoff::tests) -----------
 
 fn handoff_config(table: &str, endpoint: &str, fail_open: bool, timeout_ms: u64, per_connection: usize) -> ConfigModulePtr {
+    bounded_config(table, endpoint, fail_open, timeout_ms, per_connection, 1 << 30)
+}
+
+fn bounded_config(table: &str, endpoint: &str, fail_open: bool, timeout_ms: u64, per_connection: usize,
+                  process: usize) -> ConfigModulePtr {
     let json = format!(r#"{{"route_table": "{table}", "routes": [{{"node_id": 1, "gateway": "gw:19092"}}],
         "interest": {{"version": "1", "requests": [[0, 0, 32767]], "endpoints": ["{endpoint}"],
                       "failure_mode_allow": {fail_open}, "handoff_timeout_ms": {timeout_ms},
-                      "max_bytes_per_connection": {per_connection}}}}}"#);
+                      "max_bytes_per_connection": {per_connection}, "max_bytes": {process}}}}}"#);
     config_of(json.as_bytes())
 }
 
@@ -397,4 +402,26 @@ fn reading_pauses_beyond_the_per_connection_bound_and_resumes_when_answered() {
     assert_eq!(c.to_broker, p);
     envoy_dynamic_module_on_network_filter_destroy(module);
     envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn beyond_the_process_bound_a_handoff_fails_at_once() {
+    for fail_open in [false, true] {
+        // A bound of 0 bytes: every frame is beyond it; the service is never asked.
+        let config = bounded_config(&format!("ffi-process-{fail_open}"), "silent:1", fail_open, 60_000, 1 << 20, 0);
+        let mut c = FakeConnection::default();
+        let module = connect(config, &mut c);
+        let p = produce(4);
+        read(&mut c, module, &p);
+        assert!(c.scheduler.is_none(), "no stream was opened");
+        if fail_open {
+            assert_eq!(c.to_broker, p, "forwarded at once");
+        } else {
+            assert!(c.to_broker.is_empty());
+            assert_eq!(&c.to_client[4..8], &4i32.to_be_bytes(), "REQUEST_TIMED_OUT at once");
+        }
+        assert_eq!(counter(&c, "keg_kafka.handoff_failures"), 1);
+        envoy_dynamic_module_on_network_filter_destroy(module);
+        envoy_dynamic_module_on_network_filter_config_destroy(config);
+    }
 }

@@ -52,6 +52,8 @@ struct LinkInner {
     /// None once the connection is gone: answers are dropped.
     waker: Option<Box<dyn Wake>>,
     answers: VecDeque<(u64, Resolution)>,
+    /// Answers dropped because they came after the connection was gone.
+    late: u64,
 }
 
 /// Answers that came back for connections already closed (process-wide).
@@ -59,7 +61,7 @@ pub static LATE_ANSWERS: AtomicU64 = AtomicU64::new(0);
 
 impl Link {
     pub fn new(waker: Box<dyn Wake>) -> Arc<Link> {
-        Arc::new(Link { inner: Mutex::new(LinkInner { waker: Some(waker), answers: VecDeque::new() }) })
+        Arc::new(Link { inner: Mutex::new(LinkInner { waker: Some(waker), answers: VecDeque::new(), late: 0 }) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LinkInner> {
@@ -70,6 +72,7 @@ impl Link {
     pub fn deliver(&self, id: u64, resolution: Resolution) -> bool {
         let mut inner = self.lock();
         if inner.waker.is_none() {
+            inner.late += 1;
             LATE_ANSWERS.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -98,6 +101,11 @@ impl Link {
 
     pub fn is_closed(&self) -> bool {
         self.lock().waker.is_none()
+    }
+
+    /// Answers dropped because the connection was gone when they came.
+    pub fn late_answers(&self) -> u64 {
+        self.lock().late
     }
 }
 
