@@ -114,7 +114,8 @@ def up(
     data_path: Annotated[str, typer.Option(
         help="ext-proc: every byte through the ext_proc service; native: keg's Kafka filter "
              "inside Envoy (a dynamic module built by make setup; Envoys of another version "
-             "get ext-proc). The native filter does not enforce rules yet.")] = "ext-proc",
+             "get ext-proc); it hands the ext_proc service only the frames rules need."
+    )] = "ext-proc",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
