@@ -76,6 +76,10 @@ class GatewayPlan:
     ext_proc_port: int
     message_timeout_s: float = 2.0
     failure_mode_allow: bool = False
+    # What Envoy buffers per connection before it stops reading from that peer (set on
+    # every listener and cluster): a client that sends faster than the data path takes
+    # its bytes is slowed at the socket, not buffered without bound.
+    connection_buffer_bytes: int = 1024 * 1024
 
     def broker_endpoints(self) -> tuple[tuple[int, str, int], ...]:
         """(node id, broker host, broker port) of the brokers this plan fronts."""
@@ -120,9 +124,11 @@ def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
     )
 
 
-def _cluster(name: str, host: str, port: int, http2: bool = False) -> cluster_pb2.Cluster:
+def _cluster(name: str, host: str, port: int, http2: bool = False,
+             buffer_bytes: int = GatewayPlan.connection_buffer_bytes) -> cluster_pb2.Cluster:
     cluster = cluster_pb2.Cluster(
         name=name,
+        per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
         connect_timeout=_duration(5),
         type=cluster_pb2.Cluster.STATIC if _is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
         circuit_breakers=_unlimited_breakers(),
@@ -162,8 +168,8 @@ def _native_filter_config(plan: GatewayPlan, native: NativeFilter) -> Message:
                                               typed_config=_any(network_filter(config)))
 
 
-def _native_listener(route: BrokerRoute, listen_host: str,
-                     native: NativeFilter) -> listener_pb2.Listener:
+def _native_listener(route: BrokerRoute, listen_host: str, native: NativeFilter,
+                     buffer_bytes: int) -> listener_pb2.Listener:
     """`[keg's module -> tcp_proxy]`; the module's config comes by ECDS, so a route change
     updates the shared resource and never this listener (a change would drain it)."""
     tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
@@ -176,6 +182,7 @@ def _native_listener(route: BrokerRoute, listen_host: str,
     return listener_pb2.Listener(
         name=route.listener_name,
         address=_socket_address(listen_host, route.listen_port),
+        per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
         filter_chains=[listener_components_pb2.FilterChain(filters=[
             listener_components_pb2.Filter(name=native.route_table, config_discovery=discovery),
             listener_components_pb2.Filter(
@@ -188,7 +195,7 @@ def _native_listener(route: BrokerRoute, listen_host: str,
 def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFilter | None,
               native: NativeFilter | None = None) -> listener_pb2.Listener:
     if native is not None:
-        return _native_listener(route, plan.listen_host, native)
+        return _native_listener(route, plan.listen_host, native, plan.connection_buffer_bytes)
     metadata = [
         (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
         (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
@@ -214,6 +221,8 @@ def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFi
     return listener_pb2.Listener(
         name=route.listener_name,
         address=_socket_address(plan.listen_host, route.listen_port),
+        per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(
+            value=plan.connection_buffer_bytes),
         filter_chains=[listener_components_pb2.FilterChain(filters=[
             *first,
             listener_components_pb2.Filter(
@@ -235,12 +244,12 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
     that load keg's own filter (their listeners then have no ext_proc filter)."""
     clusters: dict[str, Message] = {
         EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
-                                   http2=True),
+                                   http2=True, buffer_bytes=plan.connection_buffer_bytes),
     }
     for route in (*keep_clusters, *plan.routes):
         clusters[route.cluster_name] = _cluster(
-            route.cluster_name, route.broker_host, route.broker_port
-        )
+            route.cluster_name, route.broker_host, route.broker_port,
+            buffer_bytes=plan.connection_buffer_bytes)
     listeners: dict[str, Message] = {
         r.listener_name: _listener(plan, r, kafka_broker, native) for r in plan.routes
     }

@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import start_wsgi_server
 
 import kafka_wire
+from kafka_wire.framing import HeldBytes
 
 OTHER = "other"
 DEFAULT_MAX_PRINCIPALS = 1000
@@ -113,6 +114,12 @@ class Metrics:
             "Requests (or batches) a rule refused that no answer can tell the client of: "
             "a Produce with acks=0",
             ["api", "rule"], registry=r,
+        )
+        self.record_budget_refusals = Counter(
+            "keg_record_budget_refusals",
+            "Batches refused (Produce) or withheld (Fetch) because record rules would have "
+            "had to do more for one frame than RecordLimits allows (record-count and "
+            "decompression bombs)", registry=r,
         )
         self.decode_errors = Counter(
             "keg_decode_errors", "Frames that did not decode", ["api", "direction"], registry=r,
@@ -212,6 +219,15 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text format, as /metrics serves it."""
         return generate_latest(self.registry)
+
+    def watch_held_bytes(self, held: HeldBytes) -> None:
+        """keg_held_frame_bytes (frames being assembled, all connections) and
+        keg_held_frames_refused_total (frames refused for the budget), read at scrape."""
+        Gauge("keg_held_frame_bytes", "Bytes held in frames being assembled, all connections",
+              registry=self.registry).set_function(lambda: held.held)
+        self.registry.register(_Count(
+            "keg_held_frames_refused", "Frames refused (their connection closed) because "
+            "holding them would exceed the process's budget", lambda: held.refused))
 
     def watch_side_effects(self, counters: Callable[[], dict[str, dict[str, int]]]) -> None:
         """Export side-effect copies (`copy` rules) per target and state at each scrape:
@@ -330,3 +346,13 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+class _Count:
+    """A counter read from elsewhere at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], int]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())

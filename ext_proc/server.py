@@ -38,9 +38,10 @@ from ext_proc.session import KafkaSession, ProtocolViolation
 from filter_rules import CompiledRuleSet, RuleSet
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
+from interceptors.engine import DEFAULT_LIMITS, RecordLimits
 from interceptors.side_effects import DataPathSideEffects
 from kafka_wire.errors import KafkaWireError
-from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE
+from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE, HeldBytes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ class ProcessorSettings:
     host: str = "127.0.0.1"
     port: int = 0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # The most all connections together hold in frames being assembled (requests a
+    # rule must read, responses a filter rewrites); a frame past it closes its
+    # connection. Envoy bounds what it buffers per connection on its side.
+    max_held_bytes: int = HeldBytes.DEFAULT_LIMIT
     rules_dir: Path | None = None
     audit_log: Path | None = None
     metrics_host: str = "127.0.0.1"
@@ -62,6 +67,8 @@ class ProcessorSettings:
     # message_timeout (2 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
     max_delay_s: float = 0.25
+    # The most record rules do for one frame (record-count and decompression bombs).
+    record_limits: RecordLimits = DEFAULT_LIMITS
     # Rules from the control plane (host:port of its xDS server) instead of rules_dir.
     control_plane: str | None = None
     node_id: str | None = None  # the xDS node id (default: ext-proc-<host>-<port>-<pid>)
@@ -83,6 +90,8 @@ class DataPath:
 
     def __init__(self, settings: ProcessorSettings) -> None:
         self.metrics = Metrics()
+        self.held_bytes = HeldBytes(settings.max_held_bytes)
+        self.metrics.watch_held_bytes(self.held_bytes)
         self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
                                 else NullAuditLog())
         self.side_effects = (
@@ -91,7 +100,9 @@ class DataPath:
         if self.side_effects is not None:
             self.metrics.watch_side_effects(self.side_effects.counters)
         context = BuildContext(side_effects=self.side_effects or NoSideEffects())
-        self.engine = RuleEngine(CompiledRuleSet(RuleSet()), self._record, context)
+        self.engine = RuleEngine(
+            CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
+            on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
 
@@ -112,7 +123,7 @@ class DataPath:
         identity = IdentityTracker()
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
-                            meter)
+                            meter, self.held_bytes)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
@@ -146,12 +157,13 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         self._data_path = data_path
         self.active_connections = 0
 
-    async def _run(self, step: Callable[[bytes], bytes], data: bytes) -> bytes:
-        """One chunk through the session: inline, or in a worker thread while the rule
-        set has custom interceptors (they may block up to their budget; the loop serves
-        every other connection meanwhile). A connection's chunks stay in order: the
-        stream awaits each."""
-        if self._data_path.engine.records.blocking:
+    async def _run(self, step: Callable[[bytes], _T], data: bytes) -> _T:
+        """One chunk (or handed-off frame) through its session: inline, or in a worker
+        thread while the rule set has record rules. Record work is bounded per frame
+        (RecordLimits) but can take up to its budget, and custom interceptors may block:
+        the event loop keeps serving every other connection meanwhile. A connection's
+        chunks stay in order: its stream awaits each."""
+        if self._data_path.engine.records.active:
             return await asyncio.to_thread(step, data)
         return step(data)
 
@@ -225,7 +237,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 keg = _keg_metadata(request)
                 started = time.perf_counter()
                 if request.HasField("read_data"):
-                    reply = await self._run_frame(partial(
+                    reply = await self._run(partial(
                         session.request, principal=keg.get("principal"),
                         security_protocol=keg.get("security_protocol")), request.read_data.data)
                     response = pb.ProcessingResponse(
@@ -235,7 +247,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     response.dynamic_metadata.update(
                         {METADATA_NAMESPACE: {"want_response": reply.want_response}})
                 elif request.HasField("write_data"):
-                    out = await self._run_frame(partial(
+                    out = await self._run(partial(
                         session.response, api_key=int(keg["api_key"]),
                         api_version=int(keg["api_version"])), request.write_data.data)
                     response = pb.ProcessingResponse(write_data=pb.Data(data=out))
@@ -254,13 +266,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         finally:
             self.active_connections -= 1
             session.close()
-
-    async def _run_frame(self, step: Callable[[bytes], _T], data: bytes) -> _T:
-        """`_run` for frames mode: inline, or off the loop while custom interceptors
-        may block."""
-        if self._data_path.engine.records.blocking:
-            return await asyncio.to_thread(step, data)
-        return step(data)
 
 
 def _keg_metadata(request: pb.ProcessingRequest) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from kafka_wire.framing import (
     Frame,
     FrameSplitter,
     Head,
+    HeldBytes,
     InFlight,
     Piece,
     RequestHead,
@@ -41,9 +42,12 @@ class KafkaSession:
         filters: Sequence[Filter],
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         meter: ConnectionMeter | None = None,
+        held_bytes: HeldBytes | None = None,
     ) -> None:
         self.conn = conn
         self._meter = meter
+        self._budget = held_bytes or HeldBytes()  # shared by the process's connections
+        self._holding = 0  # of it, what this connection holds now
         self.chain = FilterChain(filters)
         self._tracker = CorrelationTracker()
         self._held_requests: deque[InFlight] = deque()  # slots of requests being held
@@ -80,7 +84,14 @@ class KafkaSession:
         delay, self._delay_s = self._delay_s, 0.0
         return delay
 
+    def _hold(self, size: int) -> Decision:
+        self._budget.take(size)  # FrameError beyond the process's budget
+        self._holding += size
+        return Decision.HOLD
+
     def close(self) -> None:
+        self._budget.give(self._holding)
+        self._holding = 0
         if self._meter is not None:
             self._meter.close()
 
@@ -99,6 +110,9 @@ class KafkaSession:
 
     def _render(self, piece: Piece) -> bytes | memoryview:
         if isinstance(piece, Frame):
+            size = piece.head.size
+            self._budget.give(size)
+            self._holding -= size
             if isinstance(piece.head, RequestHead):
                 return self._process_request(piece, piece.head)
             return self._filter_response(piece, self._held.popleft())
@@ -118,7 +132,7 @@ class KafkaSession:
         slot = self._tracker.reserve(head)
         if self.chain.wants(head.api_key, head.api_version, REQUEST):
             self._held_requests.append(slot)  # its fate is decided in _process_request
-            return Decision.HOLD
+            return self._hold(head.size)
         slot.forward(hold_response=self.chain.wants(head.api_key, head.api_version, RESPONSE))
         if self._meter is not None:
             self._meter.forwarded()
@@ -133,7 +147,7 @@ class KafkaSession:
         if not entry.hold_response:
             return Decision.PASS
         self._held.append(entry)
-        return Decision.HOLD
+        return self._hold(head.size)
 
     # -- held frames ---------------------------------------------------------------
 

@@ -106,6 +106,14 @@ class RecordPredicate(_Model):
 # --- specs -------------------------------------------------------------------------
 
 
+# What a mask or a field encryption does with a value it must change but cannot read
+# (not JSON, not the schema's Avro, nested past what a parser follows): refuse it (the
+# record never passes: INVALID_RECORD at produce, withheld at fetch) or pass it as is.
+Unreadable = Annotated[Literal["refuse", "pass"], Field(description=(
+    "A value the rule must change but cannot read: refuse (default; INVALID_RECORD at "
+    "produce, the record withheld at fetch) or pass it unchanged."))]
+
+
 class MaskSpec(_Model):
     fields: Annotated[list[JsonPath], Field(min_length=1)]
     method: Literal["redact", "hash", "truncate", "null", "remove"] = Field(
@@ -122,6 +130,7 @@ class MaskSpec(_Model):
     format: RecordFormat = "json"
     avro_schema: AvroSchemaRef | None = None
     when: RecordPredicate | None = None
+    unreadable: Unreadable = "refuse"
 
     @model_validator(mode="after")
     def _consistent(self) -> MaskSpec:
@@ -138,6 +147,7 @@ class EncryptSpec(_Model):
     key: EncryptionKey
     format: RecordFormat = "json"
     avro_schema: AvroSchemaRef | None = None
+    unreadable: Unreadable = "refuse"
 
     @model_validator(mode="after")
     def _consistent(self) -> EncryptSpec:

@@ -24,6 +24,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from interceptors.contract import (
     RecordRejected,
 )
 from interceptors.custom import build_custom
+from kafka_wire.compression import declared_size
 from kafka_wire.records import BatchView, Record, decode_records
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,75 @@ _WORKERS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
 
 class StageTimeout(Exception):
     """A custom interceptor ran past its budget on every attempt."""
+
+
+MiB: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLimits:
+    """The most record rules do for one frame (a Produce request, a Fetch response).
+
+    A gateway that decodes records must bound the work one client can cause: a few
+    hundred bytes of zstd can hold a million records or gigabytes of zeros. Beyond a
+    bound the frame's batches are refused (Produce: MESSAGE_TOO_LARGE with the reason;
+    Fetch: withheld) before the work is done, never after. Defaults: far above what a
+    producer's batch holds (librdkafka: 10,000 records; a 1 MiB batch of 10-byte
+    records: 100,000), far below what stalls a core.
+    """
+
+    max_records_per_batch: int = 100_000
+    max_decompressed_per_batch: int = 32 * MiB
+    max_records_per_frame: int = 500_000
+    max_decompressed_per_frame: int = 128 * MiB
+    max_frame_seconds: float = 1.0  # checked every few hundred records
+
+
+DEFAULT_LIMITS: Final = RecordLimits()
+_CHECK_EVERY: Final = 256  # records between two looks at the clock
+
+
+class OverBudget(Exception):
+    """A frame asks for more record work than `RecordLimits` allows."""
+
+
+class FrameBudget:
+    """What is left of one frame's `RecordLimits`, spent batch by batch."""
+
+    __slots__ = ("bytes_left", "deadline", "limits", "records_left")
+
+    def __init__(self, limits: RecordLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.records_left = limits.max_records_per_frame
+        self.bytes_left = limits.max_decompressed_per_frame
+        self.deadline = time.monotonic() + limits.max_frame_seconds
+
+    def admit(self, batch: BatchView) -> int:
+        """Take a batch's records and declared size from the budget, before any work;
+        returns the most it may decompress to."""
+        limits = self.limits
+        count = batch.records_count
+        if count > limits.max_records_per_batch:
+            raise OverBudget(f"a batch of {count} records exceeds the gateway's "
+                             f"{limits.max_records_per_batch} per batch")
+        if count > self.records_left:
+            raise OverBudget(f"the request holds more than {limits.max_records_per_frame} "
+                             "records for record rules")
+        self.records_left -= count
+        declared = declared_size(batch.compression, batch.payload)
+        allowed = min(limits.max_decompressed_per_batch, self.bytes_left)
+        if declared is not None and declared > allowed:
+            raise OverBudget(f"a batch that decompresses to {declared} bytes exceeds the "
+                             f"gateway's {allowed} for record rules")
+        return allowed
+
+    def spent(self, nbytes: int) -> None:
+        self.bytes_left -= nbytes
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise OverBudget(f"record rules ran past the frame's "
+                             f"{self.limits.max_frame_seconds:g} s budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +243,7 @@ class RecordEngine:
             raise RuleSetInvalid(errors)
         # A custom interceptor may block: the data path must call run() off its loop.
         self.blocking = any(s.timeout_s is not None for s in self._stages.values())
+        self.active = bool(self._stages)  # some record rule may decode records
         self._plans: dict[tuple[Any, ...], tuple[Stage, ...]] = {}
 
     def _build(self, rule: CompiledRule, builders: Builders) -> Stage:
@@ -228,11 +300,12 @@ class RecordEngine:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, records: Sequence[InterceptedRecord],
-            stages: Sequence[Stage]) -> list[RecordOutcome]:
+    def run(self, records: Sequence[InterceptedRecord], stages: Sequence[Stage],
+            budget: FrameBudget | None = None) -> list[RecordOutcome]:
         """Pass `records` through `stages`; one outcome per record, in order.
 
-        A rejected or failed record stops there (later stages do not see it).
+        A rejected or failed record stops there (later stages do not see it). Raises
+        OverBudget when the frame's time runs out.
         """
         outcomes = [RecordOutcome(r) for r in records]
         for stage in stages:
@@ -241,17 +314,18 @@ class RecordEngine:
             if not live:
                 break
             if stage.rule.dry_run:
-                self._dry_run(stage, live)
+                self._dry_run(stage, live, budget)
             elif stage.timeout_s is None:
-                _apply(stage, live)
+                _apply(stage, live, budget)
             else:
                 self._apply_budgeted(stage, live)
         return outcomes
 
-    def _dry_run(self, stage: Stage, live: list[RecordOutcome]) -> None:
+    def _dry_run(self, stage: Stage, live: list[RecordOutcome],
+                 budget: FrameBudget | None) -> None:
         probes = [RecordOutcome(_copy(o.record)) for o in live]  # type: ignore[arg-type]
         if stage.timeout_s is None:
-            _apply(stage, probes)
+            _apply(stage, probes, budget)
         else:
             self._apply_budgeted(stage, probes)
         for outcome, probe in zip(live, probes, strict=True):
@@ -293,9 +367,15 @@ class RecordEngine:
 
     def process_batch(self, batch: BatchView, stages: Sequence[Stage], *, topic: str,
                       partition: int, direction: RecordDirection,
-                      principal: str | None) -> BatchOutcome:
-        """Run `stages` over one batch's records (see BatchOutcome)."""
-        records = decode_records(batch)
+                      principal: str | None,
+                      budget: FrameBudget | None = None) -> BatchOutcome:
+        """Run `stages` over one batch's records (see BatchOutcome); OverBudget when the
+        batch exceeds what is left of its frame's `budget`."""
+        if budget is None:
+            records = decode_records(batch)
+        else:
+            records = decode_records(batch, max_decompressed=budget.admit(batch))
+            budget.spent(sum(len(r.value or b"") + len(r.key or b"") for r in records))
         base_ts = batch.base_timestamp
         base_offset = batch.base_offset if direction == "consume" else None
         intercepted = [
@@ -305,7 +385,7 @@ class RecordEngine:
                               principal, direction)
             for r in records
         ]
-        outcomes = self.run(intercepted, stages)
+        outcomes = self.run(intercepted, stages, budget)
         result = BatchOutcome()
         for index, outcome in enumerate(outcomes):
             if outcome.status == "rejected" and direction == "consume":
@@ -369,10 +449,12 @@ def _copy(record: InterceptedRecord) -> InterceptedRecord:
     return clone
 
 
-def _apply(stage: Stage, live: list[RecordOutcome]) -> None:
+def _apply(stage: Stage, live: list[RecordOutcome], budget: FrameBudget | None = None) -> None:
     """One stage over live records, inline: outcomes updated in place."""
     intercept = stage.interceptor.intercept
-    for outcome in live:
+    for index, outcome in enumerate(live):
+        if budget is not None and not index % _CHECK_EVERY:
+            budget.check_time()
         record = outcome.record
         assert record is not None
         key, value, headers = record.key, record.value, list(record.headers)

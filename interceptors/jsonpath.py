@@ -40,10 +40,13 @@ class JsonCodec:
 
     def decode(self, data: bytes) -> Any:
         if _LONG_DIGIT_RUN not in bytes(data).translate(_DIGIT_MAP):
-            return orjson.loads(data)
-        return json.loads(
-            data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float
-        )
+            return orjson.loads(data)  # nesting past 1024 levels: JSONDecodeError
+        try:
+            return json.loads(
+                data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float
+            )
+        except RecursionError:  # the stdlib's parser recurses: deep nesting is unreadable
+            raise ValueError("JSON nested too deeply to read") from None
 
     def encode(self, doc: Any, like: bytes = b"") -> bytes:
         return dump_json(doc)

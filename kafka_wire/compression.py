@@ -97,6 +97,29 @@ def decompress(codec: Compression | int, payload: Buffer,
     raise DecodeError(f"unknown compression codec {int(codec)}")
 
 
+def declared_size(codec: Compression | int, payload: Buffer) -> int | None:
+    """What a payload says it decompresses to, read from its first (or last) bytes
+    without decompressing: gzip's ISIZE, lz4's and zstd's frame content size, raw
+    snappy's length, the payload itself uncompressed; None when it does not say. A
+    bomb may lie low, never high enough to matter: decompress() caps while it works."""
+    if codec == Compression.NONE:
+        return len(payload)
+    if codec == Compression.GZIP:
+        return _gzip_size(payload)
+    if codec == Compression.LZ4:
+        return _lz4_size(payload)
+    if codec == Compression.ZSTD:
+        return _zstd_size(payload)
+    if codec == Compression.SNAPPY and not is_xerial(payload):
+        length = shift = 0
+        for byte in bytes(payload[:5]):
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return length
+            shift += 7
+    return None
+
+
 def _bounded(codec: Any, payload: Buffer, max_size: int, declared: int | None) -> bytes:
     """Decompress into buffers that grow 4x up to `max_size`: cramjam stops as soon as
     one is full, so a bomb costs at most about 2x `max_size` of work and memory.

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from kafka_wire.api_keys import PRODUCE
 from kafka_wire.errors import FrameError
@@ -316,6 +318,37 @@ class CorrelationTracker:
             if entry.answer is not None:
                 due.append(entry.answer)
         return due
+
+
+class HeldBytes:
+    """The bytes every connection of a process holds in frames being assembled.
+
+    A held frame is buffered until complete; without a bound, a few connections
+    sending large frames a rule must read take the process's memory. A frame is
+    admitted (`take`) when its head is read, before any of its body is kept, and
+    released (`give`) once processed; a frame that would exceed the budget is refused.
+    Thread-safe: connections may be processed on worker threads.
+    """
+
+    DEFAULT_LIMIT: Final = 256 * 1024 * 1024
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self.held = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        with self._lock:
+            if self.held + size > self.limit:
+                self.refused += 1
+                raise FrameError(f"holding a {size}-byte frame would exceed the gateway's "
+                                 f"{self.limit} bytes of held frames ({self.held} held)")
+            self.held += size
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
 
 
 def frame_bytes(body: bytes) -> bytes:

@@ -253,6 +253,12 @@ def ext_proc_cmd(
             help="Largest Kafka frame accepted, in bytes; larger ones close the connection."
         ),
     ] = 100 * 1024 * 1024,
+    max_held_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Most bytes all connections together hold in frames being assembled (those "
+                 "a rule must read); a frame past it closes its connection."),
+    ] = 256 * 1024 * 1024,
     rules: RulesDir = None,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = None,
@@ -291,7 +297,8 @@ def ext_proc_cmd(
     if password:
         producer_config.append(("sasl.password", password))
     server = ExtProcServer(ProcessorSettings(
-        host=host, port=port, max_frame_size=max_frame_size, rules_dir=rules,
+        host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
+        rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,

@@ -155,6 +155,7 @@ class GatewaySettings:
     message_timeout_s: float = 2.0
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
+    max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
     ext_proc_log_level: str = "INFO"
     rules_dir: Path | None = None
     audit_log: Path | None = None
@@ -233,6 +234,13 @@ class Gateway(Service):
         self.app: ControlPlaneApp | None = None
         self.envoy: EmbeddedEnvoy | None = None
 
+    @property
+    def ext_proc_pid(self) -> int:
+        """The ext_proc service's process id (what tests measure and fault)."""
+        if self._ext_proc is None:
+            raise GatewayError("the ext_proc service is not running")
+        return self._ext_proc.pid
+
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
@@ -285,6 +293,8 @@ class Gateway(Service):
             str(self.ext_proc_port),
             "--max-frame-size",
             str(s.max_frame_size),
+            "--max-held-bytes",
+            str(s.max_held_bytes),
             "--log-level",
             s.ext_proc_log_level,
         ]

@@ -35,7 +35,7 @@ from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
 from filter_rules.errors import error_code
-from interceptors.engine import BatchOutcome, RecordEngine, Stage
+from interceptors.engine import BatchOutcome, FrameBudget, OverBudget, RecordEngine, Stage
 from kafka_wire.api_keys import FETCH, PRODUCE
 from kafka_wire.error_responses import expects_response
 from kafka_wire.errors import KafkaWireError
@@ -49,6 +49,7 @@ INVALID_RECORD: Final = error_code("INVALID_RECORD")
 REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
 UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
 CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
+MESSAGE_TOO_LARGE: Final = error_code("MESSAGE_TOO_LARGE")
 UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 Body = dict[str, Any]
@@ -89,6 +90,13 @@ def _corrupt(index: int, err: Exception) -> Body:
     entry = _success(index)
     entry["ErrorCode"] = CORRUPT_MESSAGE
     entry["ErrorMessage"] = f"keg: the batch does not decode: {err}"[:1000]
+    return entry
+
+
+def _too_costly(index: int, err: OverBudget) -> Body:
+    entry = _success(index)
+    entry["ErrorCode"] = MESSAGE_TOO_LARGE
+    entry["ErrorMessage"] = f"keg: {err}"[:1000]
     return entry
 
 
@@ -173,6 +181,7 @@ class RecordsFilter(BaseFilter):
         changed = False
         kept_topics = []
         expects = expects_response(header.api_key, header.api_version, body)
+        budget = FrameBudget(self._engine.limits)  # the work this one request may cause
         for topic in body.get("TopicData") or ():
             name = topic_name(topic, self._engine.topic_ids)
             if name is None:  # v13+: an id the gateway has not seen named yet
@@ -189,7 +198,7 @@ class RecordsFilter(BaseFilter):
                 index = partition.get("Index", 0)
                 new, answer = self._produce_partition(records, stages, name, index,
                                                       partition.get("Records"), header, conn,
-                                                      ctx.principal, expects)
+                                                      ctx.principal, budget, expects)
                 if answer is not None:
                     answered.setdefault(_topic_key(topic), []).append(answer)
                     changed = True
@@ -216,7 +225,7 @@ class RecordsFilter(BaseFilter):
     def _produce_partition(
         self, records: RecordEngine, stages: tuple[Stage, ...], topic: str, partition: int,
         data: Any, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
-        principal: str | None, expects_answer: bool = True,
+        principal: str | None, budget: FrameBudget, expects_answer: bool = True,
     ) -> tuple[Any, Body | None]:
         """The partition's new records field, or the gateway's answer for it (which
         reaches no one when the producer asked for none: acks=0)."""
@@ -232,9 +241,12 @@ class RecordsFilter(BaseFilter):
             try:
                 outcome = records.process_batch(entry, stages, topic=topic,
                                                 partition=partition, direction="produce",
-                                                principal=principal)
+                                                principal=principal, budget=budget)
             except KafkaWireError as err:  # corrupt, or past the decompression limit
                 return None, _corrupt(partition, err)
+            except OverBudget as err:
+                self._over_budget(topic, partition, err, conn)
+                return None, _too_costly(partition, err)
             self._report(outcome, header, conn, topic, partition, answered=expects_answer)
             if outcome.refused:
                 return None, _refusal(partition, outcome)
@@ -272,6 +284,7 @@ class RecordsFilter(BaseFilter):
 
         def transform(response: Body) -> bool:
             changed = False
+            budget = FrameBudget(self._engine.limits)
             for topic in response.get("Responses") or ():
                 name = topic_name(topic, self._engine.topic_ids)
                 if name is None:  # v13+: an id not seen named yet: hand out nothing
@@ -282,14 +295,15 @@ class RecordsFilter(BaseFilter):
                     continue
                 for partition in topic.get("Partitions") or ():
                     changed |= self._fetch_partition(records, stages, name, partition,
-                                                     header, conn, principal)
+                                                     header, conn, principal, budget)
             return changed
 
         return RequestVerdict(patch=transform)
 
     def _fetch_partition(self, records: RecordEngine, stages: tuple[Stage, ...], topic: str,
                          partition: Body, header: kafka_wire.RequestHeader,
-                         conn: ConnectionInfo, principal: str | None) -> bool:
+                         conn: ConnectionInfo, principal: str | None,
+                         budget: FrameBudget) -> bool:
         data = partition.get("Records")
         if not data or partition.get("ErrorCode"):
             return False
@@ -301,10 +315,15 @@ class RecordsFilter(BaseFilter):
                 return None
             try:
                 outcome = records.process_batch(batch, stages, topic=topic, partition=index,
-                                                direction="consume", principal=principal)
+                                                direction="consume", principal=principal,
+                                                budget=budget)
             except KafkaWireError as err:
                 # Never hand out records a rule could not see (fail closed).
                 log.warning("fetched batch of %s-%d does not decode: %s", topic, index, err)
+                refused.append(CORRUPT_MESSAGE)
+                return None
+            except OverBudget as err:
+                self._over_budget(topic, index, err, conn)
                 refused.append(CORRUPT_MESSAGE)
                 return None
             self._report(outcome, header, conn, topic, index)
@@ -322,6 +341,12 @@ class RecordsFilter(BaseFilter):
         return True
 
     # -- what happened -------------------------------------------------------------------
+
+    def _over_budget(self, topic: str, partition: int, err: OverBudget,
+                     conn: ConnectionInfo) -> None:
+        log.warning("record rules refused %s-%d: %s (%s)", topic, partition, err,
+                     conn.describe())
+        self._engine.over_budget(topic)
 
     def _report(self, outcome: BatchOutcome, header: kafka_wire.RequestHeader,
                 conn: ConnectionInfo, topic: str, partition: int,

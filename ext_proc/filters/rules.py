@@ -43,7 +43,7 @@ from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
 from interceptors import BuildContext
-from interceptors.engine import RecordEngine
+from interceptors.engine import DEFAULT_LIMITS, RecordEngine, RecordLimits
 from kafka_wire.api_keys import ENVELOPE, FETCH, METADATA, PRODUCE
 from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
@@ -138,8 +138,12 @@ class RuleEngine:
     """
 
     def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None,
-                 context: BuildContext | None = None) -> None:
+                 context: BuildContext | None = None,
+                 limits: RecordLimits = DEFAULT_LIMITS,
+                 on_over_budget: Callable[[str], None] | None = None) -> None:
         self.sink = sink or (lambda decision: None)
+        self.limits = limits  # what record rules may do for one frame
+        self.over_budget = on_over_budget or (lambda topic: None)
         self.rates = RateLimiter()
         self.sequences = SequenceLedger()
         self.topic_ids = TopicIds()  # learned from the answers every connection sees

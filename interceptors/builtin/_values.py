@@ -10,7 +10,12 @@ from typing import Any, Final, Protocol
 
 from filter_rules.record_actions import AvroSchemaRef, SecretRef
 from interceptors.avro import AvroCodec
-from interceptors.contract import BuildContext, InterceptorConfigError
+from interceptors.contract import (
+    BuildContext,
+    InterceptedRecord,
+    InterceptorConfigError,
+    RecordRejected,
+)
 from interceptors.jsonpath import JSON_CODEC, FieldPath, PathError, dump_json
 
 AES_KEY_BYTES: Final = 32
@@ -31,6 +36,16 @@ def value_codec(fmt: str, schema: AvroSchemaRef | None, ctx: BuildContext) -> Va
             raise InterceptorConfigError("format avro needs avro_schema")
         return AvroCodec(schema, ctx)
     return JSON_CODEC
+
+
+def unreadable_value(record: InterceptedRecord, policy: str, fmt: str,
+                     err: Exception) -> InterceptedRecord:
+    """A value a rule must change but cannot read: fail closed (RecordRejected: the
+    record is refused at produce, withheld at fetch) unless the rule says `pass`."""
+    if policy == "pass":
+        return record
+    detail = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+    raise RecordRejected(f"the value is not readable {fmt}: {detail}")
 
 
 def compile_paths(texts: list[str]) -> list[FieldPath]:

@@ -39,6 +39,7 @@ from interceptors.builtin._values import (
     compile_paths,
     dump_json,
     read_aes_key,
+    unreadable_value,
     value_codec,
 )
 from interceptors.contract import BuildContext, InterceptedRecord, InterceptorConfigError
@@ -56,10 +57,12 @@ _MIN_VALUE_BYTES: Final = len(VALUE_MAGIC) + NONCE_BYTES + TAG_BYTES
 
 
 class EncryptInterceptor:
-    __slots__ = ("_aead", "codec", "key_id", "paths")
+    __slots__ = ("_aead", "codec", "format", "key_id", "paths", "unreadable")
 
     def __init__(self, spec: EncryptSpec, ctx: BuildContext) -> None:
         self.key_id = spec.key.id
+        self.unreadable = spec.unreadable
+        self.format = spec.format
         self._aead = AESGCM(read_aes_key(spec.key.secret, ctx, spec.key.id))
         self.paths = compile_paths(spec.fields) if spec.fields is not None else None
         self.codec: ValueCodec | None = None
@@ -86,8 +89,13 @@ class EncryptInterceptor:
         assert self.codec is not None and self.paths is not None
         try:
             doc = self.codec.decode(value)
-        except ValueError:
-            return False  # not JSON / not the schema's Avro: validate rejects such values
+            return self._seal_fields(record, value, doc)
+        except (ValueError, RecursionError) as err:
+            unreadable_value(record, self.unreadable, self.format, err)  # raises unless pass
+            return False
+
+    def _seal_fields(self, record: InterceptedRecord, value: bytes, doc: Any) -> bool:
+        assert self.codec is not None and self.paths is not None
         changed = False
         for path in self.paths:
             for container, key in path.locations(doc):

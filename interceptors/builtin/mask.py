@@ -1,9 +1,11 @@
 """mask: redact, hash, truncate, null or remove fields of JSON or Avro values.
 
 A record is returned untouched (the same key/value objects, never re-serialized) when
-its value is null, is not JSON (or not the schema's Avro), `when` does not match, no
-path names a field in it, or every named field is null or already holds the masked
-value. Rejecting values that do not parse is `validate`'s job, not mask's.
+its value is null, `when` does not match, no path names a field in it, or every named
+field is null or already holds the masked value. A value that is not JSON (or not
+the schema's Avro), or is nested deeper than a parser follows, fails closed: the
+record is refused (`unreadable: refuse`, the default) unless the rule says `pass`, so
+a field the rule must hide never goes out in clear.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from interceptors.builtin._values import (
     compile_paths,
     field_text,
     read_hash_key,
+    unreadable_value,
     value_codec,
 )
 from interceptors.contract import BuildContext, InterceptedRecord, InterceptorConfigError
@@ -31,7 +34,7 @@ _STRING_METHODS: Final = frozenset({"redact", "hash", "truncate"})
 
 
 class MaskInterceptor:
-    __slots__ = ("codec", "mask", "paths", "remove", "when")
+    __slots__ = ("codec", "format", "mask", "paths", "remove", "unreadable", "when")
 
     def __init__(self, spec: MaskSpec, ctx: BuildContext) -> None:
         self.paths = compile_paths(spec.fields)
@@ -42,6 +45,8 @@ class MaskInterceptor:
         self.remove = spec.method == "remove"
         self.mask: Masker = _masker(spec, ctx)
         self.when = compile_predicate(spec.when)
+        self.unreadable = spec.unreadable
+        self.format = spec.format
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Built when the rule set is compiled; nothing to configure."""
@@ -52,10 +57,13 @@ class MaskInterceptor:
             return record
         try:
             doc = self.codec.decode(value)
-        except ValueError:
-            return record
-        if self.when is not None and not self.when(record, doc):
-            return record
+            if self.when is not None and not self.when(record, doc):
+                return record
+            return self._mask(record, value, doc)
+        except (ValueError, RecursionError) as err:
+            return unreadable_value(record, self.unreadable, self.format, err)
+
+    def _mask(self, record: InterceptedRecord, value: bytes, doc: Any) -> InterceptedRecord:
         changed = False
         for path in self.paths:
             locations = path.locations(doc)

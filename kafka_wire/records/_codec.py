@@ -8,7 +8,7 @@ from typing import TypeVar, overload
 
 import google_crc32c
 
-from kafka_wire.compression import Compression, compress, decompress
+from kafka_wire.compression import MAX_DECOMPRESSED, Compression, compress, decompress
 from kafka_wire.errors import DecodeError, EncodeError
 from kafka_wire.records._batch import (
     _COMPRESSION_MASK,
@@ -36,8 +36,10 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_records(batch: BatchView, *, verify: bool = False) -> list[Record]:
-    """The records of a v2 batch, decompressed; DecodeError for a corrupt batch.
+def decode_records(batch: BatchView, *, verify: bool = False,
+                   max_decompressed: int = MAX_DECOMPRESSED) -> list[Record]:
+    """The records of a v2 batch, decompressed; DecodeError for a corrupt batch, or one
+    decompressing to more than `max_decompressed` bytes (checked while decompressing).
 
     ``verify`` checks the CRC first (brokers have checked it on the way in, so it is
     off by default). Control batches decode like any other: see :func:`control_type`.
@@ -49,7 +51,7 @@ def decode_records(batch: BatchView, *, verify: bool = False) -> list[Record]:
         raise DecodeError(f"negative record count {count}")
     if count == 0:
         return []  # as Kafka: an empty batch's payload is not read
-    data = decompress(batch.compression, batch.payload)
+    data = decompress(batch.compression, batch.payload, max_decompressed)
     if count > len(data) // _MIN_RECORD:
         raise DecodeError(f"{count} records cannot fit in {len(data)} bytes")
     try:

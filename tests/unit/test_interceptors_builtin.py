@@ -187,8 +187,6 @@ def test_mask_null_and_remove(ctx: BuildContext) -> None:
         {"other": 1},  # the field is missing
         {"a": None},  # nothing to hide
         {"a": "****"},  # already masked
-        b"not json",
-        b"\xff\xfe",
         None,  # tombstone
     ],
 )
@@ -200,6 +198,29 @@ def test_mask_leaves_the_record_untouched(ctx: BuildContext, value: Any) -> None
     assert out is record
     assert (out.key, out.value, out.headers) == before
     assert out.value is before[1] and out.headers is before[2]
+
+
+DEEP = 1100  # past orjson's 1024 levels
+
+
+@pytest.mark.parametrize("value", [
+    b"not json",
+    b"\xff\xfe",
+    b'{"card": "4111"' + b',"x":' + b"[" * DEEP + b"]" * DEEP + b"}",  # orjson's limit
+    # a long number takes the stdlib's recursive parser: RecursionError, not ValueError
+    b'{"card": "4111", "n": 12345678901234567890123,' + b'"x":' + b"[" * DEEP
+    + b"]" * DEEP + b"}",
+], ids=["not json", "not utf-8", "deep", "deep with a long number"])
+@pytest.mark.parametrize("action", ["mask", "encrypt"])
+def test_a_value_a_rule_must_change_but_cannot_read_fails_closed(
+        ctx: BuildContext, value: bytes, action: str) -> None:
+    spec: dict[str, Any] = {"fields": ["$.card"]}
+    if action == "encrypt":
+        spec["key"] = key("a", "KEY_A")
+    with pytest.raises(RecordRejected, match="not readable json"):
+        run(build(action, spec, ctx), rec(value))
+    record = rec(value)
+    assert run(build(action, {**spec, "unreadable": "pass"}, ctx), record).value is value
 
 
 def test_mask_remove_of_a_missing_field_is_untouched(ctx: BuildContext) -> None:
@@ -315,19 +336,22 @@ def test_mask_avro_schema_from_file(ctx: BuildContext, tmp_path: Path) -> None:
     assert unavro(run(m, rec(avro(ORDER))).value or b"")["email"] == "****"
 
 
-@pytest.mark.parametrize(
-    "value",
-    [avro(ORDER) + b"\x00", avro(ORDER)[:-3], b"", avro({**ORDER, "note": None, "email": "****"})],
-)
-def test_mask_avro_leaves_invalid_or_unchanged_values(ctx: BuildContext, value: bytes) -> None:
-    record = rec(value)
-    assert run(avro_mask(ctx, fields=["$.email", "$.note"]), record).value is value
+def test_mask_avro_leaves_unchanged_values(ctx: BuildContext) -> None:
+    value = avro({**ORDER, "note": None, "email": "****"})
+    assert run(avro_mask(ctx, fields=["$.email", "$.note"]), rec(value)).value is value
+
+
+@pytest.mark.parametrize("value", [avro(ORDER) + b"\x00", avro(ORDER)[:-3], b""])
+def test_mask_avro_refuses_values_that_are_not_the_schemas(ctx: BuildContext,
+                                                           value: bytes) -> None:
+    with pytest.raises(RecordRejected, match="not readable avro"):
+        run(avro_mask(ctx, fields=["$.email", "$.note"]), rec(value))
 
 
 def test_mask_avro_confluent_needs_the_magic_byte(ctx: BuildContext) -> None:
     value = b"\x01\x00\x00\x00\x01" + avro(ORDER)
-    record = rec(value)
-    assert run(avro_mask(ctx, "confluent", fields=["$.email"]), record).value is value
+    with pytest.raises(RecordRejected, match="not readable avro"):
+        run(avro_mask(ctx, "confluent", fields=["$.email"]), rec(value))
 
 
 @pytest.mark.parametrize(
@@ -427,7 +451,7 @@ def test_field_round_trip_keeps_json_types(ctx: BuildContext) -> None:
 
 def test_field_encrypt_of_nothing_leaves_the_record(ctx: BuildContext) -> None:
     enc = build("encrypt", {"fields": ["$.card.number"], "key": key("a", "KEY_A")}, ctx)
-    for value in ({"other": 1}, b"not json", None):
+    for value in ({"other": 1}, None):
         record = rec(value)
         before, headers = record.value, record.headers
         out = run(enc, record)

@@ -8,6 +8,7 @@ from typing import Any
 import cramjam
 import google_crc32c
 import orjson
+import pytest
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
@@ -16,6 +17,7 @@ from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRuleSet, load_rule_text
+from interceptors.engine import RecordLimits
 from kafka_wire.api_keys import FETCH, PRODUCE
 from kafka_wire.compression import MAX_DECOMPRESSED, Compression
 from kafka_wire.records import (
@@ -181,30 +183,50 @@ def test_sequence_ledger_is_deterministic_for_retries() -> None:
     assert ledger.shift((2, 0, "t", 0), 10) == 0
 
 
-def bomb_batch() -> bytes:
+def bomb_batch(records_count: int = 1, expands_to: int = MAX_DECOMPRESSED + 1) -> bytes:
     """A zstd batch whose payload expands past the decompression limit."""
-    header = BatchHeader(base_timestamp=1_700_000_000_000, records_count=1,
+    header = BatchHeader(base_timestamp=1_700_000_000_000, records_count=records_count,
                          attributes=int(Compression.ZSTD))
-    payload = bytes(cramjam.zstd.compress(b"\0" * (MAX_DECOMPRESSED + 1)))
+    payload = bytes(cramjam.zstd.compress(b"\0" * expands_to))
     good = encode_batch(header, [Record(0, 0, None, b"x", [])])
     # The bomb in place of the payload, with a length and CRC to match: valid on the wire.
     data = bytearray(good[:61]) + payload
     struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">i", data, 57, records_count)  # what the header claims
     struct.pack_into(">I", data, 17, google_crc32c.value(bytes(data[21:])))
     return bytes(data)
 
 
-def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
+@pytest.mark.parametrize(("bomb", "reason"), [
+    (bomb_batch(), "decompresses to 67108865 bytes exceeds the gateway's 33554432"),
+    (bomb_batch(records_count=1_000_000, expands_to=1000),
+     "a batch of 1000000 records exceeds the gateway's 100000 per batch"),
+], ids=["bytes", "records"])
+def test_a_bomb_is_refused_before_any_work(bomb: bytes, reason: str) -> None:
     f, _ = records_filter()
-    body = produce("d.x", bomb_batch())
+    body = produce("d.x", bomb)
     verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.patch is not None
     assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
     response: dict[str, Any] = {"Responses": []}
     verdict.patch(response)
     refused = response["Responses"][0]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 10  # MESSAGE_TOO_LARGE: not retriable, says why
+    assert reason in refused["ErrorMessage"]
+
+
+def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
+    f, _ = records_filter()
+    corrupt = bytearray(batch([{"a": 1}]))
+    corrupt[-3:] = b"\xff\xff\xff"  # the last record runs past the batch
+    body = produce("d.x", bytes(corrupt))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
     assert refused["ErrorCode"] == 2  # CORRUPT_MESSAGE
-    assert "more than 67108864 bytes" in refused["ErrorMessage"]
+    assert "does not decode" in refused["ErrorMessage"]
 
 
 def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
@@ -216,3 +238,17 @@ def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
     assert verdict.patch(response)
     partition = response["Responses"][0]["Partitions"][0]
     assert (partition["ErrorCode"], partition["Records"]) == (2, None)
+
+
+def test_record_rules_that_run_past_the_frames_time_are_refused() -> None:
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(RULES, "r.yaml")),
+                        limits=RecordLimits(max_frame_seconds=0.0))
+    f = RecordsFilter(engine, IdentityTracker())
+    body = produce("d.x", batch([{"kind": "order", "n": i} for i in range(300)]))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 10 and "ran past the frame's 0 s budget" in \
+        refused["ErrorMessage"]

@@ -9,6 +9,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.server import rule_free_session
 from ext_proc.session import KafkaSession, ProtocolViolation
 from kafka_wire.api_keys import API_VERSIONS, FETCH, METADATA, PRODUCE
+from kafka_wire.framing import HeldBytes
 
 CONN = ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092), 2: ("gw", 19093)})
 
@@ -131,3 +132,23 @@ def test_malformed_requests_violate_protocol(bad: bytes) -> None:
 def test_response_without_request_violates_protocol() -> None:
     with pytest.raises(ProtocolViolation, match="correlation id 9"):
         session().from_broker(metadata_response(9))
+
+
+def test_held_frames_are_bounded_for_the_whole_process() -> None:
+    """Frames a filter must read are held until complete: all connections together
+    hold at most the budget; a frame past it closes its connection only."""
+    budget = HeldBytes(limit=1000)
+    # ApiVersions requests are held (the identity observer reads their client id).
+    meta = request(API_VERSIONS, 3, 1, {"ClientSoftwareName": "x" * 600,
+                                         "ClientSoftwareVersion": "1"})
+    first = KafkaSession(CONN, rule_free_session(CONN).chain.filters, held_bytes=budget)
+    second = KafkaSession(CONN, rule_free_session(CONN).chain.filters, held_bytes=budget)
+    assert first.from_client(meta[:100]) == b""  # held: its size is taken at once
+    assert budget.held == len(meta) - 4
+    with pytest.raises(ProtocolViolation, match="would exceed the gateway's 1000 bytes"):
+        second.from_client(meta)
+    assert first.from_client(meta[100:]) == meta  # complete: processed and released
+    assert budget.held == 0
+    first.from_client(meta[:10])
+    first.close()  # a connection gone mid-frame gives its share back
+    assert budget.held == 0 and budget.refused == 1
