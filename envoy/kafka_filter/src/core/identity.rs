@@ -204,22 +204,24 @@ enum Candidate {
 }
 
 fn decode_request<M: Decodable>(key: ApiKey, version: i16, frame: &[u8]) -> Option<M> {
-    let range = key.valid_versions();
-    if frame.len() < 4 || version < range.min || version > range.max {
-        return None;
-    }
-    let mut buf = Bytes::copy_from_slice(&frame[4..]);
-    RequestHeader::decode(&mut buf, key.request_header_version(version)).ok()?;
-    M::decode(&mut buf, version).ok()
+    decode(key, version, frame, |buf| RequestHeader::decode(buf, key.request_header_version(version)).is_ok())
 }
 
 fn decode_response<M: Decodable>(key: ApiKey, version: i16, frame: &[u8]) -> Option<M> {
+    decode(key, version, frame, |buf| ResponseHeader::decode(buf, key.response_header_version(version)).is_ok())
+}
+
+/// The body of a whole frame of a version kafka-protocol reads, after `header` read
+/// its header.
+fn decode<M: Decodable>(key: ApiKey, version: i16, frame: &[u8], header: impl FnOnce(&mut Bytes) -> bool) -> Option<M> {
     let range = key.valid_versions();
     if frame.len() < 4 || version < range.min || version > range.max {
         return None;
     }
     let mut buf = Bytes::copy_from_slice(&frame[4..]);
-    ResponseHeader::decode(&mut buf, key.response_header_version(version)).ok()?;
+    if !header(&mut buf) {
+        return None;
+    }
     M::decode(&mut buf, version).ok()
 }
 
