@@ -72,6 +72,13 @@ impl Identity {
         self.authenticated
     }
 
+    /// The principal to tell the Python chain: only when the broker authenticated a
+    /// name the gateway could read (or `User:unknown` for opaque mechanisms); None
+    /// leaves it `User:ANONYMOUS` there, as its own tracker would say.
+    pub fn known_principal(&self) -> Option<String> {
+        (self.authenticated && self.name.is_some()).then(|| self.principal())
+    }
+
     pub fn security_protocol(&self) -> &'static str {
         if self.handshake_seen { "SASL_PLAINTEXT" } else { "PLAINTEXT" }
     }
@@ -417,6 +424,8 @@ mod tests {
         let token = exchange("SCRAM-SHA-256", &[(b"n,,n=tok,r=abc,tokenauth=true", b"r=x", 0), (b"c=,p=", b"v=ok", 0)]);
         assert!(token.authenticated() && !token.principal_known());
         assert_eq!(token.principal(), ANONYMOUS);
+        assert_eq!(token.known_principal(), None, "the token's owner is the broker's to know");
+        assert_eq!(id.known_principal().as_deref(), Some("User:al,ice"));
     }
 
     #[test]
@@ -432,6 +441,7 @@ mod tests {
     fn other_mechanisms_are_unknown_and_malformed_bytes_anonymous() {
         let gssapi = exchange("GSSAPI", &[(b"\x60\x82token", b"\x60", 0)]);
         assert_eq!(gssapi.principal(), "User:unknown");
+        assert_eq!(gssapi.known_principal().as_deref(), Some("User:unknown"));
         assert!(!gssapi.principal_known());
         let bad = exchange("PLAIN", &[(b"no separators", b"", 0)]);
         assert!(bad.authenticated());

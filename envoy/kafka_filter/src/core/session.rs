@@ -504,7 +504,7 @@ impl<P: RequestPolicy> Session<P> {
             frame: frame.clone(),
             api_key,
             api_version,
-            principal: self.identity.authenticated().then(|| self.identity.principal()),
+            principal: self.identity.known_principal(),
             security_protocol: self.identity.security_protocol(),
         });
         self.pending.push_back(Pending { id, direction, frame, api_key, api_version, expects_response, fail_open });
