@@ -54,8 +54,12 @@ def holds_a_secret(env: dict[str, str]) -> list[str]:
     return sorted(name for name, value in env.items() if any(s in value for s in secrets))
 
 
+PASSED_ENV = "KEG_ENV_TEST_PLUGIN_SETTING"  # named for the ext_proc service (--ext-proc-env)
+
+
 @pytest.fixture
 def secrets_in_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(PASSED_ENV, "plugin-setting")
     monkeypatch.setenv(KEY_ENV, CARD_KEY)
     for name, value in OTHER_SECRETS.items():
         monkeypatch.setenv(name, value)
@@ -88,7 +92,7 @@ def test_children_get_only_the_environment_they_need(
         settings = GatewaySettings(
             bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
             rules_delivery="control-plane", work_dir=tmp_path / "work",
-            ext_proc_log_level="WARNING")
+            ext_proc_log_level="WARNING", ext_proc_env=(PASSED_ENV,))
         with Gateway(settings) as gateway:
             assert gateway.envoy is not None
             broker, envoy, ext_proc = (environ(kafka.pid), environ(gateway.envoy.pid),
@@ -96,8 +100,11 @@ def test_children_get_only_the_environment_they_need(
             # Envoy and the broker: no secret at all, under any name.
             assert holds_a_secret(broker) == [] and holds_a_secret(envoy) == []
             assert "PATH" in broker and "PATH" in envoy
-            # The ext_proc service: the key its rule reads, and nothing else secret.
+            # The ext_proc service: the key its rule reads, and nothing else secret; what
+            # it was named besides.
             assert holds_a_secret(ext_proc) == [KEY_ENV]
+            assert ext_proc[PASSED_ENV] == "plugin-setting"
+            assert PASSED_ENV not in envoy and PASSED_ENV not in broker
             # ... and the rule using it works.
             topic = create_topic(kafka.bootstrap, name=f"env.cards.{time.monotonic_ns()}")
             produce_card(gateway.bootstrap, topic)
