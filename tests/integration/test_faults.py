@@ -12,6 +12,9 @@ producers lose and duplicate nothing meanwhile (issue 13, item 2 and its accepta
   the same data directory) and the control plane (each part its own process, as
   docker-compose runs them, the control plane restarted as compose's restart policy
   does): 0 lost, 0 duplicated, the consumer sees every acknowledged record.
+- docker-compose.yml's health checks pass against the real processes.
+- kill -9 of `keg up` itself: its children end with it, and a new `keg up` on the same
+  state and data directory serves.
 
 Records: faults.RECORDS (KEG_FAULT_RECORDS); measured times are printed (pytest -s).
 """
@@ -54,7 +57,7 @@ from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
 from tests.integration.conftest import create_topic, produce_one
 from tests.integration.faults import run_through_fault, stored_values, wait_serving
-from tests.integration.test_keg_up import KegUp
+from tests.integration.test_keg_up import KegUp, run_keg_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -284,21 +287,8 @@ def keg_up_with_its_broker(tmp_path: Path, fresh: bool = True) -> Iterator[KegUp
         (cache / kafka_home().name).symlink_to(kafka_home())
         rules.mkdir()
         (rules / "observe.yaml").write_text(OBSERVE)
-    command = [sys.executable, "-m", "keg", "up", "--data-dir", str(tmp_path / "kafka"),
-               "--rules", str(rules), "--listen-port-base", "0", "--metrics-port", "0",
-               "--api-port", str(free_port()), "--log-level", "WARNING"]
-    env = {**os.environ, "KEG_CACHE_DIR": str(cache)}
-    env.pop("COLUMNS", None)
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    up = KegUp(process)
-    reader = threading.Thread(target=up.read, daemon=True)
-    reader.start()
-    try:
+    with run_keg_up(tmp_path, cache, rules, "--data-dir", str(tmp_path / "kafka")) as up:
         yield up
-    finally:
-        up.stop()
-        reader.join(10)
 
 
 def test_verifiable_clients_through_a_kill_of_the_broker(tmp_path: Path) -> None:
