@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -453,6 +454,8 @@ def test_verifiable_clients_through_a_kill_of_the_control_plane(
         split.stop()
 
 
+@pytest.mark.skipif(shutil.which("setpriv") is None,
+                    reason="children end with keg where util-linux's setpriv is (Linux)")
 def test_keg_up_children_do_not_outlive_it(tmp_path: Path) -> None:
     """kill -9 of `keg up` (its control plane runs in it): its children end with it, so
     that a service manager's restart finds the ports and the data directory free, and
