@@ -25,9 +25,9 @@ from typing import Final
 # A name ending in "*" is a prefix.
 BASE: Final = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ",
                "TMPDIR")
-# keg's Python children (the ext_proc service, `keg control-plane`): the interpreter's
-# own variables, keg's cache, TLS trust stores, gRPC's diagnostics, HTTP proxies (the
-# `copy` rules' HTTP side effects go through them).
+# keg's Python child (the ext_proc service): the interpreter's own variables, keg's
+# cache, TLS trust stores, gRPC's diagnostics, HTTP proxies (the `copy` rules' HTTP
+# side effects go through them).
 PYTHON: Final = (*BASE, "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED",
                  "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "PYTHONFAULTHANDLER",
                  "PYTHONIOENCODING", "PYTHONUTF8", "KEG_CACHE_DIR", "XDG_CACHE_HOME",
@@ -63,7 +63,9 @@ def _setpriv() -> str | None:
 def die_with_parent(cmd: list[str]) -> list[str]:
     """`cmd` run so that it gets SIGTERM when the thread that starts it ends (all of keg,
     when keg is killed): util-linux's `setpriv --pdeathsig`, which then execs `cmd` (same
-    pid). Where there is no setpriv (not Linux), `cmd` as it is.
+    pid). Where there is no setpriv (not Linux), `cmd` as it is. Start children from a
+    thread that lives as long as they should: keg's main thread, or a supervisor's
+    watcher thread (which ends only when the child is no longer watched).
 
     Not a `preexec_fn`: Python code between fork and exec in a process with gRPC's
     threads crashes now and then (SIGSEGV)."""
