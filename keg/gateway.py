@@ -264,13 +264,6 @@ class Gateway(Service):
         self.registry = CollectorRegistry()
         self.supervisor = Supervisor(self.registry)
 
-    @property
-    def ext_proc_pid(self) -> int:
-        """The ext_proc service's process id (what tests measure and fault)."""
-        if self._ext_proc is None:
-            raise GatewayError("the ext_proc service is not running")
-        return self._ext_proc.pid
-
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
