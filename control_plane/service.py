@@ -127,7 +127,7 @@ class ControlPlaneSettings:
     # Broker listeners get consecutive ports from here, in order of first sight;
     # 0 asks the OS for free ports (tests, several gateways on one machine).
     listen_port_base: int = 19092
-    message_timeout_s: float = 2.0
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
     sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener

@@ -170,7 +170,7 @@ class GatewaySettings:
     advertised_host: str | None = None
     listen_port_base: int = 19092
     envoy_concurrency: int = 1
-    message_timeout_s: float = 2.0
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
