@@ -120,6 +120,9 @@ class ControlPlaneSettings:
     bootstrap_servers: str
     ext_proc_host: str
     ext_proc_port: int
+    # More workers of the ext_proc service on that host (a pool: Envoy spreads its
+    # connections over all of them, keg's native filter too).
+    ext_proc_more_ports: tuple[int, ...] = ()
     xds_host: str = "127.0.0.1"
     xds_port: int = 0
     listen_host: str = "127.0.0.1"
@@ -150,9 +153,14 @@ class ControlPlaneSettings:
     handoff_endpoints: tuple[str, ...] = ()
 
     @property
+    def ext_proc_ports(self) -> tuple[int, ...]:
+        return (self.ext_proc_port, *self.ext_proc_more_ports)
+
+    @property
     def handoff(self) -> HandOff:
         """How native nodes hand frames to the Python service."""
-        endpoints = self.handoff_endpoints or (f"{self.ext_proc_host}:{self.ext_proc_port}",)
+        endpoints = self.handoff_endpoints or tuple(
+            f"{self.ext_proc_host}:{port}" for port in self.ext_proc_ports)
         return HandOff(endpoints, failure_mode_allow=self.failure_mode_allow,
                        timeout_ms=round(self.message_timeout_s * 1000))
 
@@ -312,6 +320,7 @@ class ControlPlane:
             advertised_host=group.advertised_host,
             ext_proc_host=s.ext_proc_host,
             ext_proc_port=s.ext_proc_port,
+            ext_proc_more_ports=s.ext_proc_more_ports,
             message_timeout_s=s.message_timeout_s,
             failure_mode_allow=s.failure_mode_allow,
             elsewhere=tuple(elsewhere),

@@ -232,6 +232,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         data_path = self._data_path
         session = data_path.frames_session(conn)
         self.active_connections += 1
+        data_path.metrics.connection_opened()
         try:
             async for request in requests:
                 keg = _keg_metadata(request)
@@ -265,6 +266,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             yield _CLOSE_RST
         finally:
             self.active_connections -= 1
+            data_path.metrics.connection_closed()
             session.close()
 
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,9 @@ class GatewaySettings:
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
+    # Processes of the ext_proc service: a pool spreads connections over cores, and one
+    # worker's stall or crash costs only its own connections' frames.
+    ext_proc_workers: int = 1
     ext_proc_log_level: str = "INFO"
     rules_dir: Path | None = None
     audit_log: Path | None = None
@@ -195,6 +199,8 @@ class GatewaySettings:
     data_path: str = EXT_PROC_PATH
 
     def __post_init__(self) -> None:
+        if self.ext_proc_workers < 1:
+            raise ValueError(f"ext_proc_workers must be 1 or more, not {self.ext_proc_workers}")
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
                              f"not {self.data_path!r}")
@@ -244,6 +250,46 @@ class BackgroundLoop:
         self._thread.join(5)
 
 
+@dataclass
+class ExtProcWorker:
+    """One process of the ext_proc service, its port, its /metrics and its xDS node."""
+
+    index: int
+    port: int = 0
+    metrics_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def component(self) -> str:
+        """Its name in the supervisor (the first worker's is the service's)."""
+        return EXT_PROC_COMPONENT if self.index == 0 else f"{EXT_PROC_COMPONENT}-{self.index}"
+
+    @property
+    def node_id(self) -> str:
+        return "ext-proc-gateway" if self.index == 0 else f"ext-proc-gateway-{self.index}"
+
+    def current_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def end(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def own_path(self, path: Path) -> Path:
+        """A file each worker keeps for itself (audit log): the first keeps `path`."""
+        return path if self.index == 0 else path.with_name(f"{path.stem}-{self.index}"
+                                                           f"{path.suffix}")
+
+
 class Gateway(Service):
     """The control plane on a background loop, the ext_proc service and Envoy as child
     processes that its `supervisor` restarts whenever they exit unasked (`supervise`
@@ -252,9 +298,7 @@ class Gateway(Service):
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.ext_proc_port = 0
-        self.metrics_port: int | None = None  # the port /metrics is on (0 resolved)
-        self._ext_proc: subprocess.Popen[bytes] | None = None
+        self.workers = [ExtProcWorker(i) for i in range(settings.ext_proc_workers)]
         self._loop: BackgroundLoop | None = None
         self.xds_port = 0
         self.control_plane: ControlPlane | None = None
@@ -270,12 +314,14 @@ class Gateway(Service):
         s = self.settings
         try:
             self.xds_port = s.xds_port or free_port()
-            self.ext_proc_port = self.ext_proc_port or free_port()
+            for worker in self.workers:
+                worker.port = worker.port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(
                 bootstrap_servers=s.bootstrap_servers,
                 ext_proc_host="127.0.0.1",
                 ext_proc_port=self.ext_proc_port,
+                ext_proc_more_ports=tuple(w.port for w in self.workers[1:]),
                 xds_port=self.xds_port,
                 listen_host=s.listen_host,
                 advertised_host=s.advertised_host,
@@ -316,19 +362,31 @@ class Gateway(Service):
         return {status.name: status.state for status in self.supervisor.status()}
 
     @property
+    def ext_proc_port(self) -> int:
+        """The first worker's port (where a single-process service listens)."""
+        return self.workers[0].port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The first worker's /metrics port (each worker serves its own)."""
+        return self.workers[0].metrics_port
+
+    @property
     def ext_proc_pid(self) -> int | None:
-        return self._ext_proc.pid if self._ext_proc is not None else None
+        return self.workers[0].current_pid()
 
     def start_ext_proc(self) -> None:
-        """Start the ext_proc service, supervised (restarted whenever it exits)."""
-        self._spawn_ext_proc()
-        self.supervisor.watch(EXT_PROC_COMPONENT, Child(
-            poll=lambda: None if self._ext_proc is None else self._ext_proc.poll(),
-            restart=self._spawn_ext_proc, pid=lambda: self.ext_proc_pid))
+        """Start the ext_proc service's workers, each supervised (restarted whenever it
+        exits)."""
+        for worker in self.workers:
+            self._spawn_ext_proc(worker)
+            self.supervisor.watch(worker.component, Child(
+                poll=worker.poll, restart=partial(self._spawn_ext_proc, worker),
+                pid=worker.current_pid))
 
-    def _spawn_ext_proc(self) -> None:
+    def _spawn_ext_proc(self, worker: ExtProcWorker) -> None:
         s = self.settings
-        self.ext_proc_port = self.ext_proc_port or free_port()
+        worker.port = worker.port or free_port()
         cmd = [
             sys.executable,
             "-m",
@@ -337,7 +395,7 @@ class Gateway(Service):
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.ext_proc_port),
+            str(worker.port),
             "--max-frame-size",
             str(s.max_frame_size),
             "--max-held-bytes",
@@ -346,31 +404,32 @@ class Gateway(Service):
             s.ext_proc_log_level,
         ]
         if s.rules_from_control_plane:
-            cache = (s.work_dir or Path(tempfile.gettempdir())) / f"keg-rules-{self.xds_port}.json"
+            cache = worker.own_path((s.work_dir or Path(tempfile.gettempdir()))
+                                    / f"keg-rules-{self.xds_port}.json")
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
-                    "ext-proc-gateway", "--rules-cache", str(cache)]
+                    worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
         if s.audit_log is not None:
-            cmd += ["--audit-log", str(s.audit_log)]
+            cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
         if s.metrics_port is not None:
             # Port 0 is resolved here: this process waits for /metrics and says where it is.
-            self.metrics_port = s.metrics_port or self.metrics_port or free_port()
-            cmd += ["--metrics-port", str(self.metrics_port)]
+            given = s.metrics_port if worker.index == 0 else 0
+            worker.metrics_port = given or worker.metrics_port or free_port()
+            cmd += ["--metrics-port", str(worker.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
         if s.sasl is not None:
             cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
                     "--side-effects-config", "sasl.mechanism=PLAIN",
                     "--side-effects-config", f"sasl.username={s.sasl.username}"]
-        self._ext_proc = subprocess.Popen(die_with_parent(cmd),
-                                          env=self._ext_proc_environment())
+        worker.proc = subprocess.Popen(die_with_parent(cmd), env=self._ext_proc_environment())
         try:
-            wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
-            if self.metrics_port is not None:  # gRPC listens early; /metrics means started
-                wait_for_port("127.0.0.1", self.metrics_port, 30, alive=self._check_ext_proc)
+            wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
+            if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
+                wait_for_port("127.0.0.1", worker.metrics_port, 30, alive=self._check_ext_proc)
         except BaseException:
-            self._end_ext_proc()
+            worker.end()
             raise
 
     def _ext_proc_environment(self) -> dict[str, str]:
@@ -403,24 +462,17 @@ class Gateway(Service):
             return set()
 
     def _check_ext_proc(self) -> None:
-        if self._ext_proc is not None and self._ext_proc.poll() is not None:
-            raise GatewayError(f"the ext_proc service exited with {self._ext_proc.returncode} "
-                               "(its log is above)")
+        for worker in self.workers:
+            code = worker.poll()
+            if code is not None:
+                raise GatewayError(f"the ext_proc service ({worker.component}) exited with "
+                                   f"{code} (its log is above)")
 
     def stop_ext_proc(self) -> None:
-        """Stop the ext_proc service (and its supervision)."""
-        self.supervisor.unwatch(EXT_PROC_COMPONENT)
-        self._end_ext_proc()
-
-    def _end_ext_proc(self) -> None:
-        if self._ext_proc is not None and self._ext_proc.poll() is None:
-            self._ext_proc.terminate()
-            try:
-                self._ext_proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._ext_proc.kill()
-                self._ext_proc.wait()
-        self._ext_proc = None
+        """Stop the ext_proc service's workers (and their supervision)."""
+        for worker in self.workers:
+            self.supervisor.unwatch(worker.component)
+            worker.end()
 
     def wait_for_rules(self, timeout: float = 30.0) -> None:
         """Until the ext_proc service runs the control plane's rule set; GatewayError when
