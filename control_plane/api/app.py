@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from control_plane.api import routes_check, routes_ops, routes_rules, routes_versions
 from control_plane.api.deps import ApiContext, FleetStatus
+from control_plane.api.docs_pages import install_docs
 from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
 from control_plane.api.settings import ApiSettings
@@ -38,7 +39,7 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
     registry = settings.registry if settings.registry is not None else CollectorRegistry()
     metrics = ApiMetrics(registry)
     app = FastAPI(title=settings.title, version=API_VERSION, description=DESCRIPTION,
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.keg = ApiContext(store=store, settings=settings, metrics=metrics,
                                fleet_status=fleet_status)
     routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_ops)]
@@ -46,6 +47,7 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
     install_handlers(app)
+    install_docs(app)  # Swagger UI and ReDoc from bundled assets, no CDN
     app.middleware("http")(_body_limit(settings.max_body_bytes))
     app.middleware("http")(metrics.middleware)
 
