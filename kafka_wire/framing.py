@@ -15,6 +15,11 @@ chunks and, as soon as it has seen the first bytes of a frame (the "head"), asks
 - HOLD: the frame is buffered until complete and emitted as a `Frame`, for a
   filter to decode and perhaps replace.
 
+Inside `decide`, `body_view` is the part of the frame after its head that the
+current chunk holds (a zero-copy view), and `follow(sink)` asks for the rest of a
+passing frame's bytes as they go by: what metrics read of a frame without holding
+it (kafka_wire.skim).
+
 `feed` returns the output in stream order: `bytes`/`memoryview` pieces to forward
 verbatim and `Frame` objects to be processed. When a whole chunk passes through,
 the chunk object itself is returned (no copy).
@@ -119,6 +124,13 @@ class FrameSplitter:
         self._hold_remaining = 0
         self._injected: list[bytes] = []
         self.frames_seen = 0
+        self.body_view: memoryview = memoryview(b"")
+        self._follow: Callable[[memoryview], None] | None = None
+
+    def follow(self, sink: Callable[[memoryview], None]) -> None:
+        """From inside `decide`, for a frame it passes: `sink` gets every later piece of
+        the frame (what follows `body_view`), in order, as it goes by."""
+        self._follow = sink
 
     def inject_before_current(self, data: bytes) -> None:
         """From inside `decide`: emit `data` in the stream just before the frame decided."""
@@ -140,6 +152,11 @@ class FrameSplitter:
                 if pass_start < 0:
                     pass_start = pos
                 take = min(self._pass_remaining, n - pos)
+                if self._follow is not None:
+                    if pos == 0:  # a later chunk: body_view had the frame's bytes before
+                        self._follow(view[:take])
+                    if take == self._pass_remaining:
+                        self._follow = None
                 pos += take
                 self._pass_remaining -= take
                 continue
@@ -175,6 +192,7 @@ class FrameSplitter:
             self._check_size(head.size)
             self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
+            self.body_view = view[pos : pos + body_left]
             decision = self._decide(head)
             if self._injected:
                 # Bytes the caller put before this frame: close the verbatim run first.
@@ -186,6 +204,8 @@ class FrameSplitter:
                 out.extend(self._injected)
                 self._injected.clear()
             if decision is Decision.PASS:
+                if self._follow is not None and len(self.body_view) == body_left:
+                    self._follow = None  # all of it was in body_view
                 if carried:
                     out.append(head_bytes)
                     pass_start = pos
@@ -193,6 +213,7 @@ class FrameSplitter:
                     pass_start = pos - self._head_size
                 self._pass_remaining = body_left
             else:
+                self._follow = None  # a held frame is read whole
                 if pass_start >= 0:
                     end = pos - self._head_size
                     if end > pass_start:

@@ -263,6 +263,18 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
+    metrics_max_topics: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_TOPICS", min=1,
+        help="Topics with a series of their own in the metrics (the first ones seen); "
+             "later ones count as 'other'. Default 1000.")] = None,
+    metrics_max_clients: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_CLIENTS", min=1,
+        help="Client ids with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
+    metrics_max_principals: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_PRINCIPALS", min=1,
+        help="Principals with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
@@ -295,7 +307,8 @@ def ext_proc_cmd(
     password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
     if password:
         producer_config.append(("sasl.password", password))
-    server = ExtProcServer(ProcessorSettings(
+    default = ProcessorSettings()  # the label bounds not given keep their defaults
+    settings = ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
@@ -303,7 +316,11 @@ def ext_proc_cmd(
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
-    ))
+        metrics_max_topics=metrics_max_topics or default.metrics_max_topics,
+        metrics_max_clients=metrics_max_clients or default.metrics_max_clients,
+        metrics_max_principals=metrics_max_principals or default.metrics_max_principals,
+    )
+    server = ExtProcServer(settings)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -338,6 +355,10 @@ def control_plane_cmd(
              "on which ports (docs/xds.md).")] = None,
     refresh_interval: Annotated[float, typer.Option(
         help="Seconds between topology refreshes.")] = 30.0,
+    data_path: Annotated[str, typer.Option(
+        help="ext-proc, or native: Envoys of the module's version get keg's Kafka filter "
+             "(a dynamic module on their ENVOY_DYNAMIC_MODULES_SEARCH_PATH), others the "
+             "ext_proc chain.")] = "ext-proc",
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API (and keep the rules in the store) on this port; "
              "without it the rules come from --rules alone.")] = None,
@@ -378,6 +399,7 @@ def control_plane_cmd(
             rules_dir=rules,
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
+            data_path=data_path,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None
