@@ -373,6 +373,12 @@ def control_plane_cmd(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
         help="Let reads of the REST API go without a token.")] = False,
+    ext_proc_metrics: Annotated[list[str] | None, typer.Option(
+        help="An ext_proc /metrics URL the console's decision counts are read from "
+             "(repeatable; a name with several addresses is read at each).")] = None,
+    audit_log: Annotated[Path | None, typer.Option(
+        help="An audit log file (JSON Lines) this process can read: the console's audit "
+             "tail.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -405,7 +411,8 @@ def control_plane_cmd(
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
-        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
+        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_log=audit_log)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:

@@ -66,6 +66,10 @@ class ApiOptions:
     tokens_file: Path | None = None
     public_reads: bool = False
     rules_dir: Path | None = None
+    # What the console's decisions and audit pages read (control_plane/api/routes_observe):
+    # ext_proc /metrics URLs, and an audit log file this process can read.
+    ext_proc_metrics: tuple[str, ...] = ()
+    audit_log: Path | None = None
 
 
 class ControlPlaneApp:
@@ -86,7 +90,14 @@ class ControlPlaneApp:
             self.plane = ControlPlane(self.settings)
             await self.plane.start()
             return self.plane
-        from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+        from control_plane.api import (
+            ApiSettings,
+            Observability,
+            Tokens,
+            create_app,
+            ruleset_validator,
+            serve_api,
+        )
         from control_plane.providers import DirectoryRuleProvider, StoreRuleProvider
         from control_plane.store import open_store
 
@@ -104,7 +115,9 @@ class ControlPlaneApp:
         plane = self.plane
         app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
                                                  ready=lambda: plane.plan is not None),
-                         plane.fleet_status)
+                         plane.fleet_status,
+                         Observability(metrics_urls=api.ext_proc_metrics,
+                                       audit_log=api.audit_log))
         self.api_server = await serve_api(app, api.host, api.port)
         return plane
 
@@ -265,7 +278,12 @@ class Gateway(Service):
                 max_frame_size=s.max_frame_size,
             )
             if s.api is not None:
-                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir))
+                # The console reads this gateway's own ext_proc metrics and audit log.
+                metrics = (f"http://127.0.0.1:{self.metrics_port}/metrics",) \
+                    if self.metrics_port else ()
+                self.app = ControlPlaneApp(settings, replace(
+                    s.api, rules_dir=s.rules_dir, audit_log=s.api.audit_log or s.audit_log,
+                    ext_proc_metrics=s.api.ext_proc_metrics or metrics))
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)

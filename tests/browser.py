@@ -17,6 +17,7 @@ but the page under test may be loaded.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -65,6 +66,7 @@ class Browser:
             [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._ids = itertools.count(1)
+        self._stack = contextlib.ExitStack()  # the DevTools WebSocket
         self._events: list[dict[str, Any]] = []
         try:
             self._socket = self._connect_page(self._debugging_port())
@@ -96,8 +98,8 @@ class Browser:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             targets = json.loads(r.read())
         (page,) = [t for t in targets if t["type"] == "page"][:1]
-        return connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024,
-                       open_timeout=10)
+        return self._stack.enter_context(connect(
+            page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=10))
 
     def command(self, method: str, timeout: float = 30, **params: Any) -> dict[str, Any]:
         ident = next(self._ids)
@@ -159,9 +161,7 @@ class Browser:
                 for e in self._events if e.get("method") == "Runtime.exceptionThrown"]
 
     def close(self) -> None:
-        socket = getattr(self, "_socket", None)
-        if socket is not None:
-            socket.close()
+        self._stack.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:

@@ -171,6 +171,7 @@ def test_the_parts_point_at_each_other(manifests: list[dict[str, Any]]) -> None:
     pool = services["keg-ext-proc"]
     assert pool["spec"]["clusterIP"] == "None"
     assert plane["--ext-proc"] == f"keg-ext-proc:{ext_proc['--port']}"
+    assert plane["--ext-proc-metrics"] == f"http://keg-ext-proc:{ext_proc['--metrics-port']}/metrics"
     assert {p["port"] for p in pool["spec"]["ports"]} == {
         int(str(ext_proc["--port"])), int(str(ext_proc["--metrics-port"]))}
     # Every Service selects pods of a Deployment or StatefulSet with the ports it targets.
