@@ -31,7 +31,8 @@ GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 helm:
 	@if [ -x $(HELM) ]; then :; \
 	elif [ -x "$(GO)" ]; then mkdir -p $(KEG_BIN) && echo "building helm $(HELM_VERSION) into $(KEG_BIN)" \
-	  && GOBIN=$(KEG_BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	  && { GOBIN=$(KEG_BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	       || echo "WARNING: helm $(HELM_VERSION) did not build: the Helm chart's tests skip"; }; \
 	else echo "go is not installed: helm not built, the Helm chart's tests skip"; fi
 
 native:

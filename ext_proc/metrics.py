@@ -120,6 +120,7 @@ class Metrics:
         max_topics: int = DEFAULT_MAX_TOPICS,
         max_clients: int = DEFAULT_MAX_CLIENTS,
         topic_ids: TopicIds | None = None,
+        read_topics: bool = True,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.meters: weakref.WeakSet[ConnectionMeter] = weakref.WeakSet()
@@ -128,6 +129,9 @@ class Metrics:
         self.principal_label = BoundedLabel(max_principals)
         self.topic_label = BoundedLabel(max_topics)
         self.client_label = BoundedLabel(max_clients)
+        # Read the topics of passing Produce requests (a few µs per request and
+        # partition: the one cost of these metrics that grows with traffic).
+        self.read_topics = read_topics
         # Produce v13+ names topics by id: named from what the data path learned.
         self.topic_ids = topic_ids if topic_ids is not None else TopicIds()
         r = self.registry
@@ -367,7 +371,7 @@ class ConnectionMeter:
                body: memoryview | bytes) -> Callable[[memoryview], None] | None:
         """Read the topics of the request whose `body` (as far as it is there) was just
         counted; the sink for the rest of its bytes when the skim needs them, else None."""
-        if not wants_topics(api_key):
+        if not wants_topics(api_key) or not self._metrics.read_topics:
             return None
         client, principal = self._client, self._principal()
         topics = self._topics

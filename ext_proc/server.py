@@ -73,6 +73,7 @@ class ProcessorSettings:
     metrics_max_topics: int = DEFAULT_MAX_TOPICS
     metrics_max_clients: int = DEFAULT_MAX_CLIENTS
     metrics_max_principals: int = DEFAULT_MAX_PRINCIPALS
+    metrics_topics: bool = True  # topic labels: read the topics of passing Produce requests
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
     # message_timeout (2 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
@@ -101,7 +102,8 @@ class DataPath:
     def __init__(self, settings: ProcessorSettings) -> None:
         self.metrics = Metrics(max_principals=settings.metrics_max_principals,
                                max_topics=settings.metrics_max_topics,
-                               max_clients=settings.metrics_max_clients)
+                               max_clients=settings.metrics_max_clients,
+                               read_topics=settings.metrics_topics)
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)
         self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log

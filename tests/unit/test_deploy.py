@@ -110,6 +110,7 @@ def test_services_point_at_each_other(compose: dict[str, Any]) -> None:
     plane = options(services["control-plane"]["command"][1:])
     ext_proc = options(services["ext-proc"]["command"][1:])
     assert plane["--ext-proc"] == f"ext-proc:{ext_proc['--port']}"
+    assert plane["--ext-proc-metrics"] == f"http://ext-proc:{ext_proc['--metrics-port']}/metrics"
     assert ext_proc["--control-plane"] == f"control-plane:{plane['--xds-port']}"
     assert "--rules" not in ext_proc  # one rule source: the control plane
     envoy = services["envoy"]["command"][0]

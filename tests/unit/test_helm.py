@@ -33,6 +33,7 @@ from keg.cli import app
 from keg.embedded.envoy import envoy_binary
 from keg.embedded.kafka import cache_dir
 from keg.paths import REPO_ROOT
+from tests.unit.test_deploy import options
 
 CHART = REPO_ROOT / "deploy" / "helm" / "keg"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
@@ -137,15 +138,6 @@ def by_kind(manifests: list[dict[str, Any]], kind: str) -> dict[str, dict[str, A
 def args_of(deployment: dict[str, Any]) -> list[str]:
     args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
-
-
-def options(argv: list[str]) -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for arg in argv:
-        if arg.startswith("--"):
-            name, _, value = arg.partition("=")
-            found[name] = value or None
-    return found
 
 
 def test_keg_options_the_chart_uses_exist(manifests: list[dict[str, Any]]) -> None:

@@ -262,3 +262,17 @@ def test_a_session_counts_a_passing_produce_per_topic_across_chunks() -> None:
                  client_id="billing", principal="User:ANONYMOUS") == 1
     assert value(m, "keg_requests_total", api="Produce", version="9", client_id="billing",
                  principal="User:ANONYMOUS") == 1
+
+
+def test_topic_labels_can_be_turned_off() -> None:
+    from ext_proc.connection import ConnectionInfo
+    from ext_proc.server import DataPath, ProcessorSettings
+
+    data_path = DataPath(ProcessorSettings(metrics_topics=False))
+    session = data_path.session(ConnectionInfo(), 1 << 20)
+    frame = produce_frame(9, {"orders": [b"x" * 50]})
+    assert session.from_client(frame) == frame
+    session.close()
+    exposed = data_path.metrics.exposition().decode()
+    assert "keg_topic_requests_total{" not in exposed
+    assert 'keg_requests_total{api="Produce",client_id="app"' in exposed
