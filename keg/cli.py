@@ -213,7 +213,8 @@ def up(
             console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
                           f"state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:
-                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
+                api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+                console.print(f"REST API: {api}/docs   console: {api}/console "
                               "(writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
