@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
-.PHONY: setup up test lint unit integration bench clean system-deps native native-test
+.PHONY: setup up test lint unit integration bench clean system-deps native native-test helm
 
 # keg's Kafka filter for Envoy (a Rust dynamic module); cargo comes with Rust (rustup).
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
@@ -18,8 +18,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP) native
+setup: $(STAMP) native helm
 	$(VENV)/bin/keg setup
+
+# Helm for the chart's checks (tests/unit/test_helm.py), built from source once with the
+# Go toolchain into keg's cache (~3 min cold, then cached): never at every run.
+HELM_VERSION := v3.22.0
+KEG_BIN ?= $(or $(KEG_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/keg,$(HOME)/.cache/keg))/bin
+HELM := $(KEG_BIN)/helm
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+
+helm:
+	@if [ -x $(HELM) ]; then :; \
+	elif [ -x "$(GO)" ]; then mkdir -p $(KEG_BIN) && echo "building helm $(HELM_VERSION) into $(KEG_BIN)" \
+	  && { GOBIN=$(KEG_BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	       || echo "WARNING: helm $(HELM_VERSION) did not build: the Helm chart's tests skip"; }; \
+	else echo "go is not installed: helm not built, the Helm chart's tests skip"; fi
 
 native:
 	$(CARGO) build --release --quiet --manifest-path $(CRATE)

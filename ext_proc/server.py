@@ -31,7 +31,13 @@ from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
 from ext_proc.identity import IdentityTracker
-from ext_proc.metrics import ConnectionMeter, Metrics
+from ext_proc.metrics import (
+    DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_PRINCIPALS,
+    DEFAULT_MAX_TOPICS,
+    ConnectionMeter,
+    Metrics,
+)
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import RuleSubscription, default_node_id
 from ext_proc.session import KafkaSession, ProtocolViolation
@@ -63,6 +69,11 @@ class ProcessorSettings:
     audit_log: Path | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics endpoint
+    # Label bounds: the first N distinct values get their own series, the rest "other".
+    metrics_max_topics: int = DEFAULT_MAX_TOPICS
+    metrics_max_clients: int = DEFAULT_MAX_CLIENTS
+    metrics_max_principals: int = DEFAULT_MAX_PRINCIPALS
+    metrics_topics: bool = True  # topic labels: read the topics of passing Produce requests
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
     # message_timeout (5 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
@@ -89,7 +100,10 @@ class DataPath:
     """What every connection shares: the rule engine, audit log and metrics."""
 
     def __init__(self, settings: ProcessorSettings) -> None:
-        self.metrics = Metrics()
+        self.metrics = Metrics(max_principals=settings.metrics_max_principals,
+                               max_topics=settings.metrics_max_topics,
+                               max_clients=settings.metrics_max_clients,
+                               read_topics=settings.metrics_topics)
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)
         self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
@@ -103,6 +117,7 @@ class DataPath:
         self.engine = RuleEngine(
             CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
             on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
+        self.metrics.topic_ids = self.engine.topic_ids  # names Produce v13's topic ids
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
 
@@ -127,7 +142,11 @@ class DataPath:
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
-        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records)
+        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records,
+                              d.header.api_key, d.error_code)
+        if d.error_code and not d.rule.dry_run:
+            self.metrics.refusal(d.header.api_key, d.topic, d.header.client_id, d.principal,
+                                 d.rule.id, d.error_code)
         extra: dict[str, object] = {"records": d.records} if d.rule.kind in RECORD_KINDS else {}
         if not d.answered:
             # Nothing tells the client (Produce acks=0): never let it pass unseen.

@@ -19,6 +19,7 @@ from ext_proc.metrics import ConnectionMeter
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
     DEFAULT_MAX_FRAME_SIZE,
+    REQUEST_HEAD_SIZE,
     CorrelationTracker,
     Decision,
     Frame,
@@ -128,7 +129,8 @@ class KafkaSession:
                 f"request header has api key {head.api_key}, version {head.api_version}"
             )
         if self._meter is not None:
-            self._meter.request(head.api_key, head.api_version, head.size + 4)
+            self._meter.request(head.api_key, head.api_version, head.size + 4,
+                                self._requests.body_view)
         # The answer order is fixed here, before any filter runs (see InFlight).
         slot = self._tracker.reserve(head)
         if self.chain.wants(head.api_key, head.api_version, REQUEST):
@@ -137,6 +139,10 @@ class KafkaSession:
         slot.forward(hold_response=self.chain.response_plan(head.api_key, head.api_version).hold)
         if self._meter is not None:
             self._meter.forwarded()
+            # Its topics are read as it passes, never held for it.
+            rest = self._meter.topics(head.api_key, head.api_version, self._requests.body_view)
+            if rest is not None:
+                self._requests.follow(rest)
         return Decision.PASS
 
     def _on_response_head(self, head: Head) -> Decision:
@@ -157,6 +163,9 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         slot = self._held_requests.popleft()
+        if self._meter is not None:  # the topics the client named, before any filter
+            self._meter.topics(head.api_key, head.api_version,
+                               memoryview(frame.raw)[REQUEST_HEAD_SIZE:])
         judged = self.chain.judge_frame(frame.raw, self.conn)
         self._delay_s = max(self._delay_s, judged.delay_s)
         if not judged.expects_response:

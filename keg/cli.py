@@ -248,7 +248,8 @@ def up(
             console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
                           f"state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:
-                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
+                api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+                console.print(f"REST API: {api}/docs   console: {api}/console "
                               "(writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
@@ -298,6 +299,22 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
+    metrics_max_topics: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_TOPICS", min=1,
+        help="Topics with a series of their own in the metrics (the first ones seen); "
+             "later ones count as 'other'. Default 1000.")] = None,
+    metrics_max_clients: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_CLIENTS", min=1,
+        help="Client ids with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
+    metrics_topics: Annotated[bool, typer.Option(
+        envvar="KEG_METRICS_TOPICS",
+        help="Label Produce traffic by topic: read the topics of every Produce request "
+             "as it passes (a few µs per request; off: no keg_topic_* series).")] = True,
+    metrics_max_principals: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_PRINCIPALS", min=1,
+        help="Principals with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
@@ -330,7 +347,8 @@ def ext_proc_cmd(
     password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
     if password:
         producer_config.append(("sasl.password", password))
-    server = ExtProcServer(ProcessorSettings(
+    default = ProcessorSettings()  # the label bounds not given keep their defaults
+    settings = ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
@@ -338,7 +356,12 @@ def ext_proc_cmd(
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
-    ))
+        metrics_max_topics=metrics_max_topics or default.metrics_max_topics,
+        metrics_max_clients=metrics_max_clients or default.metrics_max_clients,
+        metrics_max_principals=metrics_max_principals or default.metrics_max_principals,
+        metrics_topics=metrics_topics,
+    )
+    server = ExtProcServer(settings)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -373,6 +396,10 @@ def control_plane_cmd(
              "on which ports (docs/xds.md).")] = None,
     refresh_interval: Annotated[float, typer.Option(
         help="Seconds between topology refreshes.")] = 30.0,
+    data_path: Annotated[str, typer.Option(
+        help="ext-proc, or native: Envoys of the module's version get keg's Kafka filter "
+             "(a dynamic module on their ENVOY_DYNAMIC_MODULES_SEARCH_PATH), others the "
+             "ext_proc chain.")] = "ext-proc",
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API (and keep the rules in the store) on this port; "
              "without it the rules come from --rules alone.")] = None,
@@ -387,6 +414,12 @@ def control_plane_cmd(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
         help="Let reads of the REST API go without a token.")] = False,
+    ext_proc_metrics: Annotated[list[str] | None, typer.Option(
+        help="An ext_proc /metrics URL the console's decision counts are read from "
+             "(repeatable; a name with several addresses is read at each).")] = None,
+    audit_log: Annotated[Path | None, typer.Option(
+        help="An audit log file (JSON Lines) this process can read: the console's audit "
+             "tail.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -413,12 +446,14 @@ def control_plane_cmd(
             rules_dir=rules,
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
+            data_path=data_path,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
-        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
+        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_log=audit_log)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:

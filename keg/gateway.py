@@ -77,6 +77,10 @@ class ApiOptions:
     tokens_file: Path | None = None
     public_reads: bool = False
     rules_dir: Path | None = None
+    # What the console's decisions and audit pages read (control_plane/api/routes_observe):
+    # ext_proc /metrics URLs, and an audit log file this process can read.
+    ext_proc_metrics: tuple[str, ...] = ()
+    audit_log: Path | None = None
 
 
 class ControlPlaneApp:
@@ -103,7 +107,14 @@ class ControlPlaneApp:
             self.plane = ControlPlane(self.settings)
             await self.plane.start()
             return self.plane
-        from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+        from control_plane.api import (
+            ApiSettings,
+            Observability,
+            Tokens,
+            create_app,
+            ruleset_validator,
+            serve_api,
+        )
         from control_plane.providers import DirectoryRuleProvider, StoreRuleProvider
         from control_plane.store import open_store
 
@@ -123,7 +134,9 @@ class ControlPlaneApp:
                                                  ready=lambda: plane.plan is not None,
                                                  registry=self.registry,
                                                  problems=self.problems),
-                         plane.fleet_status)
+                         plane.fleet_status,
+                         Observability(metrics_urls=api.ext_proc_metrics,
+                                       audit_log=api.audit_log))
         self.api_server = await serve_api(app, api.host, api.port)
         return plane
 
@@ -316,6 +329,9 @@ class Gateway(Service):
             self.xds_port = s.xds_port or free_port()
             for worker in self.workers:
                 worker.port = worker.port or free_port()
+                if s.metrics_port is not None:  # known before the control plane starts
+                    given = s.metrics_port if worker.index == 0 else 0
+                    worker.metrics_port = given or worker.metrics_port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(
                 bootstrap_servers=s.bootstrap_servers,
@@ -336,9 +352,14 @@ class Gateway(Service):
             # The control plane first: the ext_proc service is given the key variables
             # of the rules it will be served, and finds its xDS server up at once.
             if s.api is not None:
-                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir),
-                                           registry=self.registry,
-                                           problems=self.supervisor.problems)
+                # The console reads this gateway's own ext_proc metrics (every worker's)
+                # and audit log (the first worker's).
+                metrics = tuple(f"http://127.0.0.1:{w.metrics_port}/metrics"
+                                for w in self.workers if w.metrics_port)
+                self.app = ControlPlaneApp(settings, replace(
+                    s.api, rules_dir=s.rules_dir, audit_log=s.api.audit_log or s.audit_log,
+                    ext_proc_metrics=s.api.ext_proc_metrics or metrics),
+                    registry=self.registry, problems=self.supervisor.problems)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
@@ -412,10 +433,7 @@ class Gateway(Service):
             cmd += ["--rules", str(s.rules_dir)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
-        if s.metrics_port is not None:
-            # Port 0 is resolved here: this process waits for /metrics and says where it is.
-            given = s.metrics_port if worker.index == 0 else 0
-            worker.metrics_port = given or worker.metrics_port or free_port()
+        if worker.metrics_port is not None:  # chosen in start(): this process waits for it
             cmd += ["--metrics-port", str(worker.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]

@@ -21,6 +21,14 @@ from control_plane.topology import Topology
 from kafka_wire.api_keys import API_VERSIONS, DESCRIBE_CONFIGS, METADATA
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
+from tests.dashboard import (
+    ENVOY_PREFIX,
+    NATIVE_PREFIX,
+    dashboard_queries,
+    exposed,
+    referenced,
+    unknown_references,
+)
 from tests.integration.conftest import create_topic
 from tests.integration.test_gateway_protocol import (  # noqa: F401  (collected here too)
     RawConnection,
@@ -133,6 +141,30 @@ def test_api_versions_request_count_is_an_envoy_stat(gateway: Gateway) -> None:
     prometheus = gateway.envoy.admin("/stats/prometheus")
     assert re.search(r"keg_kafka_api_api_versions_requests\S*\s+[1-9]", prometheus), \
         "per-API counters are visible on /stats/prometheus"
+
+
+def test_the_dashboard_queries_what_the_native_envoy_exposes(
+        gateway: Gateway, kafka: EmbeddedKafka) -> None:
+    """The Grafana dashboard's native-path panels (keg_kafka_*) and Envoy panels
+    (envoy_*) name series and labels this real Envoy, with keg's module, exposes on
+    /stats/prometheus after a produce and a consume."""
+    topic = create_topic(gateway.bootstrap)
+    produce_confluent(gateway.bootstrap, topic, make_records(20, "dash"), "none")
+    consumer = Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": f"d-{topic}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got = 0
+    for _ in range(60):
+        got += sum(1 for m in consumer.consume(50, 1.0) if m.error() is None)
+        if got >= 20:
+            break
+    consumer.close()
+    assert got == 20
+    assert gateway.envoy is not None
+    series = exposed(gateway.envoy.admin("/stats/prometheus"))
+    assert unknown_references(series, [NATIVE_PREFIX, ENVOY_PREFIX]) == []
+    queried = {n for _, e in dashboard_queries() for n in referenced(e)[0]}
+    assert any(n.startswith(NATIVE_PREFIX) for n in queried)
 
 
 def _advertised_listeners(conn: RawConnection) -> str:

@@ -5,24 +5,39 @@ and the Grafana dashboard against the metrics keg really exports."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import tomllib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
+from fastapi.testclient import TestClient
 from typer.main import get_command
 
-from control_plane.api.metrics import ApiMetrics
-from ext_proc.metrics import Metrics
+import kafka_wire
+from control_plane.api import ApiSettings, create_app, ruleset_validator
+from control_plane.store import open_store
+from ext_proc.connection import BROKER_ID
+from ext_proc.server import DataPath, NetworkProcessor, ProcessorSettings
+from kafka_wire.api_keys import PRODUCE
 from keg.cli import app
 from keg.embedded.envoy import envoy_binary
 from keg.paths import REPO_ROOT
+from tests.dashboard import (
+    NATIVE_PREFIX,
+    dashboard,
+    dashboard_queries,
+    exposed,
+    referenced,
+    unknown_references,
+)
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 DEPLOY = REPO_ROOT / "deploy"
@@ -123,6 +138,7 @@ def test_services_point_at_each_other(compose: dict[str, Any]) -> None:
     plane = options(services["control-plane"]["command"][1:])
     ext_proc = options(services["ext-proc"]["command"][1:])
     assert plane["--ext-proc"] == f"ext-proc:{ext_proc['--port']}"
+    assert plane["--ext-proc-metrics"] == f"http://ext-proc:{ext_proc['--metrics-port']}/metrics"
     assert ext_proc["--control-plane"] == f"control-plane:{plane['--xds-port']}"
     assert "--rules" not in ext_proc  # one rule source: the control plane
     envoy = services["envoy"]["command"][0]
@@ -157,39 +173,111 @@ def test_prometheus_scrapes_every_keg_part(compose: dict[str, Any]) -> None:
     assert jobs["envoy"]["metrics_path"] == "/stats/prometheus"
 
 
-def exported_series() -> set[str]:
-    """Every series name keg exports (counters with _total, histograms with _bucket...)."""
-    registry = CollectorRegistry()
-    ApiMetrics(registry)
-    families = [*Metrics().registry.collect(), *registry.collect()]
-    names: set[str] = set()
-    for family in families:
-        suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count"],
-                    "gauge": [""], "info": ["_info"]}.get(family.type, [""])
-        names.update(family.name + s for s in suffixes)
-    return names
+DENY_RULES = """\
+rules:
+  - id: no-writes-to-frozen
+    match: {apis: [Produce], topics: {prefix: [frozen.]}}
+    action: {deny: {error: TOPIC_AUTHORIZATION_FAILED}}
+  - id: watch-orders
+    mode: dry-run
+    match: {apis: [Produce], topics: {exact: [orders]}}
+    action: {deny: {}}
+"""
 
 
-def test_grafana_dashboard_queries_metrics_keg_exports() -> None:
-    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "keg-gateway.json").read_text())
+def produce_request(topic: str, correlation_id: int) -> bytes:
+    header = kafka_wire.RequestHeader(PRODUCE, 9, correlation_id, "dashboard-test", {})
+    return kafka_wire.encode_request(header, {
+        "TransactionalId": None, "Acks": -1, "TimeoutMs": 1000,
+        "TopicData": [{"Name": topic, "PartitionData": [{"Index": 0, "Records": b"r" * 64}]}]})
+
+
+class _StreamContext:
+    """What the adapter reads of a gRPC call: Envoy's metadata for the connection."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((BROKER_ID, "1"),)
+
+
+def ext_proc_after_traffic(rules_dir: Path) -> dict[str, set[str]]:
+    """What a real ext_proc data path exposes after traffic through its gRPC adapter
+    (NetworkProcessor, as Envoy drives it: one stream per Kafka connection): a Produce a
+    rule refuses, one that passes (read by a dry-run rule), and a connection that
+    breaks the protocol."""
+    (rules_dir / "rules.yaml").write_text(DENY_RULES)
+    data_path = DataPath(ProcessorSettings(rules_dir=rules_dir))
+    assert data_path.rules is not None and data_path.rules.reload()
+    processor = NetworkProcessor(ProcessorSettings(), data_path)
+
+    async def connection(*chunks: bytes) -> list[pb.ProcessingResponse]:
+        async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+            for chunk in chunks:
+                yield pb.ProcessingRequest(read_data=pb.Data(data=chunk))
+        return [r async for r in processor.Process(requests(), _StreamContext())]
+
+    async def traffic() -> None:
+        data_path.metrics.bind_loop(asyncio.get_running_loop())
+        replies = await connection(produce_request("frozen.ledger", 1),
+                                   produce_request("orders", 2))
+        assert any(r.HasField("write_data") for r in replies), "the refusal was answered"
+        broken = await connection(b"\x00\x00\x00\x01garbage!")  # size 1: no request
+        assert broken[-1].connection_status == pb.ProcessingResponse.CLOSE_RST, "closed"
+
+    asyncio.run(traffic())
+    series = exposed(data_path.metrics.exposition().decode())
+    data_path.close()
+    return series
+
+
+def control_plane_after_traffic(tmp_path: Path) -> dict[str, set[str]]:
+    """What a real control-plane API exposes after a read and a refused write."""
+    store = open_store(None, tmp_path, validator=ruleset_validator())
+    try:
+        client = TestClient(create_app(store, ApiSettings()))
+        assert client.get("/v1/rules").status_code == 401
+        assert client.get("/healthz").status_code == 200
+        return exposed(client.get("/metrics").text)
+    finally:
+        store.close()
+
+
+def test_grafana_dashboard_queries_metrics_keg_exports(tmp_path: Path) -> None:
+    board = dashboard()
     datasource = load_yaml(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
     uid = datasource["datasources"][0]["uid"]
-    assert dashboard["uid"] and dashboard["title"] and dashboard["panels"]
-    series = exported_series()
-    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert board["uid"] and board["title"] and board["panels"]
+    ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids))
-    used: set[str] = set()
-    for panel in dashboard["panels"]:
+    for panel in board["panels"]:
         assert panel["datasource"]["uid"] == uid and panel["targets"], panel["title"]
-        for target in panel["targets"]:
-            for name in re.findall(r"\bkeg_[a-z_]+", target["expr"]):
-                assert name in series, f"{panel['title']}: {name} is not exported"
-                used.add(name)
-    # The gateway's core series are all on the dashboard.
-    assert {"keg_requests_total", "keg_decisions_total", "keg_connections_active",
-            "keg_frame_latency_seconds_bucket", "keg_rule_set_version_info"} <= used
+    (tmp_path / "rules").mkdir()
+    series = {**ext_proc_after_traffic(tmp_path / "rules"), **control_plane_after_traffic(tmp_path)}
+    # The native path's series (envoy_dynamicmodulescustom_keg_kafka_*) and Envoy's own
+    # are a real Envoy's: tests/integration/test_native_path.py checks those.
+    assert unknown_references(series, ["keg_"]) == []
+    used = {name for _, expr in dashboard_queries() for name in referenced(expr)[0]}
+    # The gateway's core series are all on the dashboard: rates, error ratios, latency
+    # percentiles, rule decisions, per topic, client, principal and error code.
+    assert {"keg_requests_total", "keg_topic_requests_total", "keg_topic_record_bytes_total",
+            "keg_refusals_total", "keg_decisions_total", "keg_connections_active",
+            "keg_frame_latency_seconds_bucket", "keg_rule_set_version_info",
+            "keg_api_request_duration_seconds_bucket"} <= used
     provider = load_yaml(DEPLOY / "grafana" / "provisioning" / "dashboards" / "keg.yml")
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_the_dashboard_check_catches_what_is_not_exported() -> None:
+    series = {"keg_requests_total": {"api", "client_id", "version"}}
+    assert referenced('sum by (topic) (rate(keg_requests_total{api="Produce"}[5m]))') == (
+        {"keg_requests_total": {"api"}}, {"topic"})
+    assert unknown_references({}, ["keg_"])  # nothing exported: all unknown
+    assert not unknown_references({}, ["keg_"], ["keg_"])  # skipped prefixes are not checked
+    assert any(NATIVE_PREFIX in n for _, e in dashboard_queries() for n in referenced(e)[0])
+    assert referenced("histogram_quantile(0.9, sum by (le) (rate(keg_x_bucket[1m])))") == (
+        {"keg_x_bucket": set()}, set())
+    assert "keg_requests_total" in {n for _, e in dashboard_queries() for n in referenced(e)[0]}
+    problems = unknown_references(series, ["keg_requests"])
+    assert problems and all("principal" in p for p in problems)  # a label it lacks
 
 
 def test_the_envoy_container_command_renders_a_valid_bootstrap(

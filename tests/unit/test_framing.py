@@ -222,3 +222,45 @@ def test_injected_bytes_land_before_the_decided_frame_at_every_split() -> None:
         + response(3, b"third")
     for cut in range(1, len(stream)):
         assert split_with_injection(stream, cut) == expected
+
+
+def test_body_view_and_follow_give_every_passing_frame_whole_at_every_split() -> None:
+    """What metrics read of a passing frame (kafka_wire.produce_topics): `body_view` in `decide`
+    plus what `follow` gets later is exactly the frame after its head, however the
+    stream is cut; held frames give nothing to follow."""
+    stream = STREAM
+    expected = []
+    offset = 0
+    while offset < len(stream):
+        size = struct.unpack_from(">i", stream, offset)[0]
+        api_key = struct.unpack_from(">h", stream, offset + 4)[0]
+        expected.append((api_key, stream[offset + 12:offset + 4 + size]))
+        offset += 4 + size
+    # Three pieces: every pair of cuts at most 2 bytes apart (so every single cut), and
+    # every pair on a 5-byte grid: the full square of pairs takes seconds.
+    cuts = [(a, b) for a, b in itertools.combinations(range(1, len(stream)), 2)
+            if b - a <= 2 or (a % 5 == 0 and b % 5 == 0)]
+    for cut_a, cut_b in cuts:
+        reader = _BodyReader()
+        run(reader.splitter, [stream[:cut_a], stream[cut_a:cut_b], stream[cut_b:]])
+        for body, (api_key, whole) in zip(reader.seen, expected, strict=True):
+            if api_key != HOLD_KEY:  # passing frames only
+                assert bytes(body) == whole, (cut_a, cut_b)
+            else:
+                assert whole.startswith(bytes(body)), (cut_a, cut_b)
+
+
+class _BodyReader:
+    """Reads each frame as metrics do: `body_view` in `decide`, then `follow`."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytearray] = []
+        self.splitter = FrameSplitter(requests=True, decide=self.decide)
+
+    def decide(self, head: Head) -> Decision:
+        body = bytearray(self.splitter.body_view)
+        self.seen.append(body)
+        decision = hold_metadata(head)
+        if decision is Decision.PASS:
+            self.splitter.follow(body.extend)
+        return decision

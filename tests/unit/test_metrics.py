@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import urllib.request
+import uuid
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ext_proc.metrics import LATENCY_BUCKETS, OTHER, BoundedLabel, Metrics, api_label
+import kafka_wire
+from ext_proc.metrics import (
+    LATENCY_BUCKETS,
+    OTHER,
+    BoundedLabel,
+    ConnectionMeter,
+    Metrics,
+    api_label,
+)
+from kafka_wire.api_keys import PRODUCE
+from kafka_wire.framing import REQUEST_HEAD_SIZE
+from kafka_wire.produce_topics import ProduceTopics, client_id_of
 
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
@@ -15,13 +29,15 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
 
 def exercised() -> Metrics:
     m = Metrics()
-    m.request(0, 9, "User:alice", "orders")
-    m.request(0, 9, "User:alice", "orders")
+    m.request(0, 9, "User:alice", "billing-app")
+    m.request(0, 9, "User:alice", "billing-app")
     m.request(3, 12, "User:ANONYMOUS")
+    m.topic_request(0, "orders", "billing-app", "User:alice", record_bytes=700)
     m.frame_bytes(0, "request", 1500)
     m.frame_bytes(0, "response", 60)
-    m.decision("no-pii", "deny", "enforce", "denied")
+    m.decision("no-pii", "deny", "enforce", "denied", api_key=0, error_code=29)
     m.decision("no-pii", "deny", "dry-run", "would-deny")
+    m.refusal(0, "orders", "billing-app", "User:alice", "no-pii", 29)
     m.decode_error(1, "response")
     m.connection_opened()
     m.connection_opened()
@@ -37,12 +53,20 @@ def exercised() -> Metrics:
 def test_series_after_increments() -> None:
     m = exercised()
     assert value(m, "keg_requests_total", api="Produce", version="9", principal="User:alice",
-                 topic="orders") == 2
+                 client_id="billing-app") == 2
     assert value(m, "keg_requests_total", api="Metadata", version="12",
-                 principal="User:ANONYMOUS", topic="") == 1
+                 principal="User:ANONYMOUS", client_id="") == 1
+    orders = {"api": "Produce", "topic": "orders", "client_id": "billing-app",
+              "principal": "User:alice"}
+    assert value(m, "keg_topic_requests_total", **orders) == 1
+    assert value(m, "keg_topic_record_bytes_total", **orders) == 700
+    assert value(m, "keg_refusals_total", **orders, rule="no-pii",
+                 error="TOPIC_AUTHORIZATION_FAILED") == 1
+    assert value(m, "keg_decisions_total", rule="no-pii", action="deny", mode="enforce",
+                 outcome="denied", api="Produce", error="TOPIC_AUTHORIZATION_FAILED") == 1
     assert value(m, "keg_request_bytes_total", api="Produce", direction="request") == 1500
     assert value(m, "keg_decisions_total", rule="no-pii", action="deny", mode="dry-run",
-                 outcome="would-deny") == 1
+                 outcome="would-deny", api="", error="") == 1
     assert value(m, "keg_decode_errors_total", api="Fetch", direction="response") == 1
     assert value(m, "keg_connections_active") == 1
     assert value(m, "keg_connections_total") == 2
@@ -55,7 +79,8 @@ def test_series_after_increments() -> None:
 
     text = m.exposition().decode()
     for series in (
-        'keg_requests_total{api="Produce",principal="User:alice",topic="orders",version="9"} 2.0',
+        'keg_requests_total{api="Produce",client_id="billing-app",principal="User:alice",'
+        'version="9"} 2.0',
         'keg_connections_active 1.0',
         'keg_frame_latency_seconds_bucket{le="1.0"} 1.0',
         'keg_rule_set_version_info{version="sha256:abc"} 1.0',
@@ -80,18 +105,22 @@ def test_rule_set_version_has_one_value() -> None:
     assert value(m, "keg_rule_set_version_info", version="v2") == 1
 
 
-def test_principals_and_topics_are_bounded() -> None:
-    m = Metrics(max_principals=2, max_topics=1)
+def test_principals_clients_and_topics_are_bounded() -> None:
+    m = Metrics(max_principals=2, max_topics=1, max_clients=1)
     for name in ("User:a", "User:b", "User:c", "User:d", "User:a"):
-        m.request(0, 9, name, "t1")
-    m.request(0, 9, "User:a", "t2")
+        m.request(0, 9, name, "c1")
+    m.request(0, 9, "User:a", "c2")
     assert value(m, "keg_requests_total", api="Produce", version="9", principal="User:a",
-                 topic="t1") == 2
+                 client_id="c1") == 2
     assert value(m, "keg_requests_total", api="Produce", version="9", principal=OTHER,
-                 topic="t1") == 2
+                 client_id="c1") == 2
     assert value(m, "keg_requests_total", api="Produce", version="9", principal="User:a",
-                 topic=OTHER) == 1
-    assert len(m.principal_label) == 2
+                 client_id=OTHER) == 1
+    m.topic_request(0, "t1", "c1", "User:a")
+    m.topic_request(0, "t2", "c1", "User:a")
+    assert value(m, "keg_topic_requests_total", api="Produce", topic=OTHER, client_id="c1",
+                 principal="User:a") == 1
+    assert len(m.principal_label) == 2 and len(m.topic_label) == 1
 
 
 def test_bounded_label() -> None:
@@ -119,7 +148,8 @@ def test_http_endpoint_serves_the_registry() -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             assert response.status == 200
             body = response.read().decode()
-        assert 'keg_decisions_total{action="deny",mode="enforce",outcome="denied",' \
+        assert 'keg_decisions_total{action="deny",api="Produce",' \
+            'error="TOPIC_AUTHORIZATION_FAILED",mode="enforce",outcome="denied",' \
             'rule="no-pii"} 1.0' in body
         assert "keg_connections_total 2.0" in body
         m.connection_opened()
@@ -131,8 +161,6 @@ def test_http_endpoint_serves_the_registry() -> None:
 
 
 def test_connection_meters_count_exactly_and_flush_at_scrape() -> None:
-    from ext_proc.metrics import ConnectionMeter
-
     metrics = Metrics()
     meter = ConnectionMeter(metrics, 1, lambda: "User:alice")
     for _ in range(3):
@@ -140,11 +168,111 @@ def test_connection_meters_count_exactly_and_flush_at_scrape() -> None:
         meter.forwarded()
     meter.bytes(0, "response", 40)
     text = metrics.exposition().decode()  # the scrape flushes the pending counts
-    assert 'keg_requests_total{api="Produce",principal="User:alice",topic="",version="9"} 3.0' \
-        in text
+    assert 'keg_requests_total{api="Produce",client_id="",principal="User:alice",version="9"} '\
+        '3.0' in text
     assert 'keg_forwarded_requests_total{broker="1"} 3.0' in text
     assert 'keg_request_bytes_total{api="Produce",direction="request"} 300.0' in text
     meter.request(0, 9, 100)
     meter.close()  # a closing connection flushes too, and leaves the registry of meters
-    assert 'principal="User:alice",topic="",version="9"} 4.0' in metrics.exposition().decode()
+    assert 'principal="User:alice",version="9"} 4.0' in metrics.exposition().decode()
     assert len(metrics.meters) == 0
+
+
+def produce_frame(version: int, topics: dict[str, list[bytes]], client_id: str = "app",
+                  correlation_id: int = 7) -> bytes:
+    """A real Produce request frame (the codec's), size prefix included."""
+    header = kafka_wire.RequestHeader(PRODUCE, version, correlation_id, client_id, {})
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"Name": name, "PartitionData": [{"Index": i, "Records": batch}
+                                         for i, batch in enumerate(batches)]}
+        for name, batches in topics.items()]}
+    return kafka_wire.encode_request(header, body)
+
+
+def skimmed(frame: bytes, version: int, cuts: list[int]) -> list[tuple[bytes, int, int]]:
+    found: list[tuple[bytes, int, int]] = []
+    skim = ProduceTopics(version, lambda topic, is_id, parts, size: found.append(
+        (topic, parts, size)))
+    body = memoryview(frame)[REQUEST_HEAD_SIZE:]
+    edges = [0, *cuts, len(body)]
+    for start, end in itertools.pairwise(edges):
+        skim.feed(body[start:end])
+    assert skim.done
+    return found
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 12])
+def test_produce_topics_are_read_from_any_split_of_the_frame(version: int) -> None:
+    batches = {"orders": [b"x" * 300, b"y" * 5], "payments.eu": [], "audit": [b"z" * 70]}
+    frame = produce_frame(version, batches)
+    expected = [(b"orders", 2, 305), (b"payments.eu", 0, 0), (b"audit", 1, 70)]
+    body_size = len(frame) - REQUEST_HEAD_SIZE
+    assert skimmed(frame, version, []) == expected
+    for cut in range(body_size + 1):  # every two-piece split
+        assert skimmed(frame, version, [cut]) == expected, cut
+    assert skimmed(frame, version, list(range(1, body_size))) == expected  # byte by byte
+
+
+def test_produce_v13_topic_ids_are_named_from_what_metadata_taught() -> None:
+    orders, unknown = uuid.uuid4(), uuid.uuid4()
+    header = kafka_wire.RequestHeader(PRODUCE, 13, 1, "app", {})
+    body = {"TransactionalId": None, "Acks": 1, "TimeoutMs": 1000, "TopicData": [
+        {"TopicId": topic_id, "PartitionData": [{"Index": 0, "Records": b"r" * 10}]}
+        for topic_id in (orders, unknown)]}
+    frame = kafka_wire.encode_request(header, body)
+    metrics = Metrics()
+    metrics.topic_ids.add(orders, "orders")
+    meter = ConnectionMeter(metrics, 1, lambda: "User:alice")
+    meter.request(PRODUCE, 13, len(frame), memoryview(frame)[REQUEST_HEAD_SIZE:])
+    assert meter.topics(PRODUCE, 13, memoryview(frame)[REQUEST_HEAD_SIZE:]) is None
+    meter.close()
+    for topic in ("orders", str(unknown)):
+        assert value(metrics, "keg_topic_record_bytes_total", api="Produce", topic=topic,
+                     client_id="app", principal="User:alice") == 10
+
+
+def test_a_malformed_produce_stops_the_skim_without_raising() -> None:
+    frame = produce_frame(9, {"orders": [b"x" * 10]})
+    broken = bytearray(frame)
+    broken[REQUEST_HEAD_SIZE + 2 + 3 + 1 + 1 + 6] = 0  # the topic array's length: null
+    found: list[bytes] = []
+    skim = ProduceTopics(9, lambda topic, *_: found.append(topic))
+    skim.feed(memoryview(bytes(broken))[REQUEST_HEAD_SIZE:])
+    assert skim.done and found == []
+    assert client_id_of(b"\x00") is None and client_id_of(b"\xff\xff") == b""
+
+
+def test_a_session_counts_a_passing_produce_per_topic_across_chunks() -> None:
+    """Through a real KafkaSession without rules: the Produce frame passes unheld, cut
+    into three chunks, and still leaves series naming its topics and client id."""
+    from ext_proc.connection import ConnectionInfo
+    from ext_proc.server import DataPath, ProcessorSettings
+
+    data_path = DataPath(ProcessorSettings())
+    session = data_path.session(ConnectionInfo(), 1 << 20)
+    frame = produce_frame(9, {"orders": [b"x" * 5000], "audit": [b"y" * 100]},
+                          client_id="billing")
+    chunks = [frame[:40], frame[40:3000], frame[3000:]]
+    assert b"".join(session.from_client(chunk) for chunk in chunks) == frame
+    session.close()
+    m = data_path.metrics
+    assert value(m, "keg_topic_record_bytes_total", api="Produce", topic="orders",
+                 client_id="billing", principal="User:ANONYMOUS") == 5000
+    assert value(m, "keg_topic_requests_total", api="Produce", topic="audit",
+                 client_id="billing", principal="User:ANONYMOUS") == 1
+    assert value(m, "keg_requests_total", api="Produce", version="9", client_id="billing",
+                 principal="User:ANONYMOUS") == 1
+
+
+def test_topic_labels_can_be_turned_off() -> None:
+    from ext_proc.connection import ConnectionInfo
+    from ext_proc.server import DataPath, ProcessorSettings
+
+    data_path = DataPath(ProcessorSettings(metrics_topics=False))
+    session = data_path.session(ConnectionInfo(), 1 << 20)
+    frame = produce_frame(9, {"orders": [b"x" * 50]})
+    assert session.from_client(frame) == frame
+    session.close()
+    exposed = data_path.metrics.exposition().decode()
+    assert "keg_topic_requests_total{" not in exposed
+    assert 'keg_requests_total{api="Produce",client_id="app"' in exposed
