@@ -58,7 +58,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_wire.api_keys import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import Principal
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -291,9 +291,9 @@ class IdentityTracker:
     def observe_request(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded request; SaslHandshake and SaslAuthenticate teach it something."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 self._on_handshake(api_version, body)
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate(body)
         except Exception:  # never into the data path
             self._fail_candidate("SASL request could not be read")
@@ -301,12 +301,12 @@ class IdentityTracker:
     def observe_response(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded response to a SaslHandshake or SaslAuthenticate request."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 error = body.get("ErrorCode", 0)
                 if error:
                     self._in_exchange = False
                     self.reason = f"SaslHandshake failed with error code {error}"
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate_response(body)
         except Exception:  # never into the data path
             self._end_exchange(success=False, reason="SASL response could not be read")

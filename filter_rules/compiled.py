@@ -33,8 +33,9 @@ from filter_rules.model import (
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
+from kafka_wire import ApiKey
 
-RECORD_APIS: Final = frozenset({0, 1})  # Produce, Fetch
+RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 

@@ -22,13 +22,16 @@ from kafka_wire.codec import (
     write_request_header,
     write_response_header,
 )
+from kafka_wire.enums import ApiKey, ErrorCode
 from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError, UnknownApiError
 
 __all__ = [
     "UNKNOWN_TAGS",
+    "ApiKey",
     "Buffer",
     "DecodeError",
     "EncodeError",
+    "ErrorCode",
     "KafkaWireError",
     "RequestHeader",
     "UnknownApiError",

@@ -50,9 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import kafka_wire as kw
-from kafka_wire import _catalog
+from kafka_wire import ApiKey, _catalog
 from kafka_wire._schema import FieldSpec, StructSpec, in_versions, registry
-from kafka_wire.api_keys import API_VERSIONS, ENVELOPE, JOIN_GROUP, SYNC_GROUP
 from kafka_wire.envelope import (
     Principal,
     decode_client_address,
@@ -211,12 +210,12 @@ def _request_frame(
         out.frames_rejected += 1
         return
     out.frames_ok += 1
-    if header.api_key in (JOIN_GROUP, SYNC_GROUP):
+    if header.api_key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
         observation = groups.on_request(
             header.api_key, header.api_version, body, header.correlation_id
         )
         out.group_payloads += len(observation.payloads)
-    elif header.api_key == ENVELOPE:
+    elif header.api_key == ApiKey.ENVELOPE:
         with contextlib.suppress(KafkaWireError):
             _, forwarded = decode_envelope_request(frame)
             assert forwarded == read_envelope_request(body)
@@ -236,7 +235,7 @@ def _response_frame(
         try:
             correlation_id, body = kw.decode_response(frame, entry.api_key, version)
         except KafkaWireError:
-            if entry.api_key != API_VERSIONS:
+            if entry.api_key != ApiKey.API_VERSIONS:
                 raise
             version = 0
             correlation_id, body = kw.decode_response(frame, entry.api_key, version)
@@ -245,10 +244,10 @@ def _response_frame(
         out.frames_rejected += 1
         return
     out.frames_ok += 1
-    if entry.api_key in (JOIN_GROUP, SYNC_GROUP):
+    if entry.api_key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
         observation = groups.on_response(entry.api_key, version, body, correlation_id)
         out.group_payloads += len(observation.payloads)
-    elif entry.api_key == ENVELOPE and correlation_id in envelopes:
+    elif entry.api_key == ApiKey.ENVELOPE and correlation_id in envelopes:
         with contextlib.suppress(KafkaWireError):
             read_envelope_response(body, envelopes[correlation_id])
             out.envelopes += 1
@@ -423,10 +422,10 @@ def _group_seeds(rng: random.Random) -> list[bytes]:
             }
             synced = {"ProtocolType": protocol_type, "ProtocolName": name, "Assignment": asg}
             seeds.append(streams_input(
-                [kw.encode_request(kw.RequestHeader(JOIN_GROUP, join_v, 1, "c"), join),
-                 kw.encode_request(kw.RequestHeader(SYNC_GROUP, sync_v, 2, "c"), sync)],
-                [kw.encode_response(1, JOIN_GROUP, join_v, joined),
-                 kw.encode_response(2, SYNC_GROUP, sync_v, synced)],
+                [kw.encode_request(kw.RequestHeader(ApiKey.JOIN_GROUP, join_v, 1, "c"), join),
+                 kw.encode_request(kw.RequestHeader(ApiKey.SYNC_GROUP, sync_v, 2, "c"), sync)],
+                [kw.encode_response(1, ApiKey.JOIN_GROUP, join_v, joined),
+                 kw.encode_response(2, ApiKey.SYNC_GROUP, sync_v, synced)],
                 seed=rng.randrange(256),
             ))
         for selector, data in enumerate((md, asg)):
@@ -446,8 +445,8 @@ def _envelope_seeds(values: RandomValues) -> list[bytes]:
             answer = values.message(inner_key, inner_version, "response")
         except KafkaWireError:
             continue
-        request = kw.encode_request(kw.RequestHeader(ENVELOPE, 0, 9, "broker"), body)
-        response = kw.encode_response(9, ENVELOPE, 0, envelope_response_body(inner, answer))
+        request = kw.encode_request(kw.RequestHeader(ApiKey.ENVELOPE, 0, 9, "broker"), body)
+        response = kw.encode_response(9, ApiKey.ENVELOPE, 0, envelope_response_body(inner, answer))
         seeds.append(streams_input([request], [response]))
         seeds.append(bytes((MODE_ENVELOPE,)) + body["RequestData"])
         seeds.append(bytes((MODE_ENVELOPE,)) + (body["RequestPrincipal"] or b""))

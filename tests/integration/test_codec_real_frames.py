@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 import kafka_wire as kw
-from kafka_wire.api_keys import FETCH, JOIN_GROUP, METADATA, OFFSET_COMMIT, PRODUCE
+from kafka_wire import ApiKey
 from tests.integration.conftest import create_topic
 from tests.integration.relay import RecordingRelay
 
@@ -87,6 +87,12 @@ def test_real_client_frames_round_trip(relay: RecordingRelay) -> None:
                 f"{rec.direction} from {conn.client_id}"
             seen[(rec.direction, rec.api_key)] += 1
     # The run really covered the data path and the group protocol, both ways.
-    for api in (PRODUCE, FETCH, METADATA, JOIN_GROUP, OFFSET_COMMIT):
+    for api in (
+        ApiKey.PRODUCE,
+        ApiKey.FETCH,
+        ApiKey.METADATA,
+        ApiKey.JOIN_GROUP,
+        ApiKey.OFFSET_COMMIT,
+    ):
         assert seen[("request", api)] and seen[("response", api)], kw.api_name(api)
     assert sum(seen.values()) > 100

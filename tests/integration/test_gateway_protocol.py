@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient
 
 import kafka_wire
-from kafka_wire.api_keys import API_VERSIONS, DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA
+from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
@@ -61,7 +61,7 @@ class RawConnection:
 def broker_versions(bootstrap: str) -> dict[int, tuple[int, int]]:
     conn = RawConnection(bootstrap)
     try:
-        body = conn.request(API_VERSIONS, 0, {})
+        body = conn.request(ApiKey.API_VERSIONS, 0, {})
     finally:
         conn.close()
     return {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}
@@ -71,15 +71,15 @@ def test_metadata_every_version_names_only_gateway_listeners(
         gateway: Gateway, kafka: EmbeddedKafka) -> None:
     topic = create_topic(gateway.bootstrap)
     expected = gateway_addresses(gateway)
-    low, high = broker_versions(gateway.bootstrap)[METADATA]
-    direct_low, direct_high = broker_versions(kafka.bootstrap)[METADATA]
-    codec_versions = kafka_wire.supported_versions(METADATA)
+    low, high = broker_versions(gateway.bootstrap)[ApiKey.METADATA]
+    direct_low, direct_high = broker_versions(kafka.bootstrap)[ApiKey.METADATA]
+    codec_versions = kafka_wire.supported_versions(ApiKey.METADATA)
     assert codec_versions is not None
     assert (low, high) == (direct_low, min(direct_high, codec_versions[1]))
     conn = RawConnection(gateway.bootstrap)
     try:
         for version in range(low, high + 1):
-            body = conn.request(METADATA, version, {"Topics": [{"Name": topic}]})
+            body = conn.request(ApiKey.METADATA, version, {"Topics": [{"Name": topic}]})
             brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}
             assert brokers == expected, f"Metadata v{version}"
     finally:
@@ -91,10 +91,10 @@ def find_coordinators(conn: RawConnection, version: int) -> set[tuple[str, int]]
     deadline = time.monotonic() + 30
     while True:
         if version < 4:
-            body = conn.request(FIND_COORDINATOR, version, {"Key": "some-group"})
+            body = conn.request(ApiKey.FIND_COORDINATOR, version, {"Key": "some-group"})
             answers = [body]
         else:
-            body = conn.request(FIND_COORDINATOR, version, {"CoordinatorKeys": ["g1", "g2"]})
+            body = conn.request(ApiKey.FIND_COORDINATOR, version, {"CoordinatorKeys": ["g1", "g2"]})
             answers = body["Coordinators"]
         if all(a["ErrorCode"] == 0 for a in answers):
             return {(a["Host"], a["Port"]) for a in answers}
@@ -107,11 +107,15 @@ def test_coordinator_and_cluster_answers_name_only_gateway_listeners(gateway: Ga
     versions = broker_versions(gateway.bootstrap)
     conn = RawConnection(gateway.bootstrap)
     try:
-        for version in range(versions[FIND_COORDINATOR][0], versions[FIND_COORDINATOR][1] + 1):
+        for version in range(
+            versions[ApiKey.FIND_COORDINATOR][0], versions[ApiKey.FIND_COORDINATOR][1] + 1
+        ):
             found = find_coordinators(conn, version)
             assert found <= expected, f"FindCoordinator v{version}: {found}"
-        for version in range(versions[DESCRIBE_CLUSTER][0], versions[DESCRIBE_CLUSTER][1] + 1):
-            body = conn.request(DESCRIBE_CLUSTER, version, {})
+        for version in range(
+            versions[ApiKey.DESCRIBE_CLUSTER][0], versions[ApiKey.DESCRIBE_CLUSTER][1] + 1
+        ):
+            body = conn.request(ApiKey.DESCRIBE_CLUSTER, version, {})
             brokers = {(b["Host"], b["Port"]) for b in body["Brokers"]}
             assert brokers == expected, f"DescribeCluster v{version}"
     finally:

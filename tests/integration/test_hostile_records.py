@@ -28,6 +28,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import kafka_wire
+from kafka_wire import ApiKey
 from kafka_wire.compression import Compression
 from kafka_wire.records import BatchHeader, Record, encode_batch
 from keg.embedded.kafka import EmbeddedKafka
@@ -81,7 +82,9 @@ def record_count_bomb(records: int = 1_000_000) -> bytes:
 def produce_frame(cid: int, topic: str, records: bytes) -> bytes:
     body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 10000, "TopicData": [
         {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
-    return kafka_wire.encode_request(kafka_wire.RequestHeader(0, 9, cid, "bomber", {}), body)
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "bomber", {}), body
+    )
 
 
 def read_frame(sock: socket.socket) -> bytes:
@@ -105,7 +108,7 @@ def bomb_loop(bootstrap: str, topic: str, rounds: int, results: list[Any]) -> No
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         for cid in range(1, rounds + 1):
             sock.sendall(produce_frame(cid, topic, bomb))
-            _, answer = kafka_wire.decode_response(read_frame(sock), 0, 9)
+            _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
             partition = answer["Responses"][0]["PartitionResponses"][0]
             results.append((partition["ErrorCode"], partition["ErrorMessage"]))
 

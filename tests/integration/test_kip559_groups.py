@@ -27,7 +27,7 @@ from kafka import KafkaConsumer
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 import kafka_wire as kw
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire import ApiKey
 from kafka_wire.group_protocol import CONSUMER, DecodedGroupPayload, GroupProtocolTracker
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
@@ -111,11 +111,11 @@ class Replay:
 
 def replay(connection: Connection) -> Replay:
     tracker = GroupProtocolTracker()
-    versions: dict[int, set[int]] = {JOIN_GROUP: set(), SYNC_GROUP: set()}
+    versions: dict[int, set[int]] = {ApiKey.JOIN_GROUP: set(), ApiKey.SYNC_GROUP: set()}
     payloads: list[DecodedGroupPayload] = []
     member_id = ""
     for rec in sorted(connection.frames, key=lambda r: r.seq):
-        if rec.api_key not in (JOIN_GROUP, SYNC_GROUP):
+        if rec.api_key not in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
             continue
         versions[rec.api_key].add(rec.api_version)
         if rec.direction == "request":
@@ -125,7 +125,7 @@ def replay(connection: Connection) -> Replay:
         else:
             correlation_id, body = kw.decode_response(rec.frame, rec.api_key, rec.api_version)
             observation = tracker.on_response(rec.api_key, rec.api_version, body, correlation_id)
-            if rec.api_key == JOIN_GROUP and body["ErrorCode"] == 0:
+            if rec.api_key == ApiKey.JOIN_GROUP and body["ErrorCode"] == 0:
                 member_id = body["MemberId"]
         assert observation.inconsistencies == ()
         payloads += observation.payloads
@@ -167,7 +167,7 @@ def test_group_payloads_decode_on_old_and_new_versions(
     # Each member's coordinator connection(s), replayed one by one (the tracker's memory
     # is per connection), in the order they were used.
     replays: dict[str, Replay] = {}
-    group_conns = [c for c in connections if any(r.api_key == JOIN_GROUP for r in c.frames)]
+    group_conns = [c for c in connections if any(r.api_key == ApiKey.JOIN_GROUP for r in c.frames)]
     for conn in sorted(group_conns, key=lambda c: c.frames[0].seq):
         r = replay(conn)
         if r.client_id in replays:
@@ -180,9 +180,9 @@ def test_group_payloads_decode_on_old_and_new_versions(
     assert set(replays) == {OLD, NEW}
 
     # The versions each member really used.
-    assert replays[OLD].versions == {JOIN_GROUP: {5}, SYNC_GROUP: {3}}
-    assert min(replays[NEW].versions[JOIN_GROUP]) >= 7
-    assert min(replays[NEW].versions[SYNC_GROUP]) >= 5
+    assert replays[OLD].versions == {ApiKey.JOIN_GROUP: {5}, ApiKey.SYNC_GROUP: {3}}
+    assert min(replays[NEW].versions[ApiKey.JOIN_GROUP]) >= 7
+    assert min(replays[NEW].versions[ApiKey.SYNC_GROUP]) >= 5
     expected_path = {OLD: "connection-memory", NEW: "message"}
 
     member_ids = {name: r.member_id for name, r in replays.items()}

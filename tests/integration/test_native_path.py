@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from control_plane.topology import Topology
-from kafka_wire.api_keys import API_VERSIONS, DESCRIBE_CONFIGS, METADATA
+from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
@@ -75,11 +75,11 @@ def test_metadata_every_version_names_only_gateway_listeners(
         gateway: Gateway, kafka: EmbeddedKafka) -> None:
     topic = create_topic(gateway.bootstrap)
     expected = gateway_addresses(gateway)
-    low, high = broker_versions(kafka.bootstrap)[METADATA]
+    low, high = broker_versions(kafka.bootstrap)[ApiKey.METADATA]
     conn = RawConnection(gateway.bootstrap)
     try:
         for version in range(low, high + 1):
-            body = conn.request(METADATA, version, {"Topics": [{"Name": topic}]})
+            body = conn.request(ApiKey.METADATA, version, {"Topics": [{"Name": topic}]})
             assert {(b["Host"], b["Port"]) for b in body["Brokers"]} == expected, f"v{version}"
     finally:
         conn.close()
@@ -126,7 +126,9 @@ def test_requests_and_bytes_are_counted_per_api(gateway: Gateway) -> None:
 def test_api_versions_request_count_is_an_envoy_stat(gateway: Gateway) -> None:
     conn = RawConnection(gateway.bootstrap)
     try:
-        conn.request(API_VERSIONS, 3, {"ClientSoftwareName": "t", "ClientSoftwareVersion": "1"})
+        conn.request(
+            ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t", "ClientSoftwareVersion": "1"}
+        )
     finally:
         conn.close()
     assert gateway.envoy is not None
@@ -136,7 +138,7 @@ def test_api_versions_request_count_is_an_envoy_stat(gateway: Gateway) -> None:
 
 
 def _advertised_listeners(conn: RawConnection) -> str:
-    body = conn.request(DESCRIBE_CONFIGS, 4, {
+    body = conn.request(ApiKey.DESCRIBE_CONFIGS, 4, {
         "Resources": [{"ResourceType": 4, "ResourceName": "1",
                        "ConfigurationKeys": ["advertised.listeners"]}],
         "IncludeSynonyms": False, "IncludeDocumentation": False})

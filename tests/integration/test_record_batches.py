@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import kafka_wire
-from kafka_wire.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.records import (
     BatchHeader,
     BatchView,
@@ -46,7 +46,6 @@ from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 pytestmark = pytest.mark.integration
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
-INIT_PRODUCER_ID = 22
 INVALID_RECORD = 87
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 MESSAGES = 40  # per producer run
@@ -106,7 +105,7 @@ class RawBroker:
                 "LastFetchedEpoch": -1, "LogStartOffset": -1, "PartitionMaxBytes": max_bytes,
             }]}],
         }
-        response = self.request(FETCH, 12, body)
+        response = self.request(ApiKey.FETCH, 12, body)
         (partition,) = response["Responses"][0]["Partitions"]
         assert partition["ErrorCode"] == 0, partition
         return bytes(partition["Records"] or b"")
@@ -117,14 +116,14 @@ class RawBroker:
         # A topic just created may not have its leader yet: retry what Kafka calls retriable.
         deadline = time.monotonic() + 30
         while True:
-            response = self.request(PRODUCE, 9, body)
+            response = self.request(ApiKey.PRODUCE, 9, body)
             result: dict[str, Any] = response["Responses"][0]["PartitionResponses"][0]
             if result["ErrorCode"] not in _RETRIABLE or time.monotonic() > deadline:
                 return result
             time.sleep(0.2)
 
     def init_producer_id(self) -> tuple[int, int]:
-        response = self.request(INIT_PRODUCER_ID, 4, {
+        response = self.request(ApiKey.INIT_PRODUCER_ID, 4, {
             "TransactionalId": None, "TransactionTimeoutMs": 60_000,
             "ProducerId": -1, "ProducerEpoch": -1})
         assert response["ErrorCode"] == 0, response
@@ -476,7 +475,7 @@ class RewritingProxy:
             with client, socket.create_connection(self.upstream) as upstream:
                 while (frame := _read_frame(client)) is not None:
                     header, offset = kafka_wire.read_request_header(frame)
-                    if header.api_key == FETCH:
+                    if header.api_key == ApiKey.FETCH:
                         self._note_offsets(header.api_version, frame, offset)
                     upstream.sendall(struct.pack(">i", len(frame)) + frame)
                     response = _read_frame(upstream)
@@ -489,16 +488,16 @@ class RewritingProxy:
             self.errors.append(exc)
 
     def _note_offsets(self, version: int, frame: bytes, offset: int) -> None:
-        body, _ = kafka_wire.decode_body(FETCH, version, "request", frame, offset)
+        body, _ = kafka_wire.decode_body(ApiKey.FETCH, version, "request", frame, offset)
         for topic in body["Topics"]:
             self.fetch_offsets += [p["FetchOffset"] for p in topic["Partitions"]]
 
     def _rewrite(self, api_key: int, version: int, frame: bytes) -> bytes:
-        if api_key not in (METADATA, FIND_COORDINATOR, FETCH):
+        if api_key not in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.FETCH):
             return struct.pack(">i", len(frame)) + frame
         correlation, tags, offset = kafka_wire.read_response_header(frame, api_key, version)
         body, _ = kafka_wire.decode_body(api_key, version, "response", frame, offset)
-        if api_key == FETCH:
+        if api_key == ApiKey.FETCH:
             for topic in body["Responses"]:
                 for partition in topic["Partitions"]:
                     new = rewrite_records(partition["Records"], self.fn)

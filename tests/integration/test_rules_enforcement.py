@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 import kafka_wire
 from control_plane.service import free_port
 from control_plane.topology import SaslPlain
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.records import iter_batches
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
@@ -403,7 +403,7 @@ def test_a_dry_run_fetch_limit_never_reaches_the_broker(env: Env) -> None:
     # The consumer fetches this one topic (by name, or by id from Fetch v13 on).
     batches_per_fetch = [
         sum(1 for p in t["Partitions"] for _ in iter_batches(p["Records"] or b""))
-        for answer in answers_of(relay, FETCH) for t in answer["Responses"]]
+        for answer in answers_of(relay, ApiKey.FETCH) for t in answer["Responses"]]
     assert max(batches_per_fetch) == 5, batches_per_fetch
     limited = env.wait_for_audit("bulk-fetch-cap")
     assert limited and {(e["outcome"], e["reason"]) for e in limited} == {
@@ -428,7 +428,7 @@ def test_refusals_tell_each_client_the_rule_and_its_reason(env: Env) -> None:
     finally:
         relay.close()
     assert sorted(results) == sorted([(frozen, 44), (typed, 87)])  # POLICY_VIOLATION, INVALID
-    answers = {t["Name"]: t["PartitionResponses"][0] for answer in answers_of(relay, PRODUCE)
+    answers = {t["Name"]: t["PartitionResponses"][0] for answer in answers_of(relay, ApiKey.PRODUCE)
                for t in answer["Responses"]}
     assert answers[frozen]["ErrorMessage"] == frozen_text
     assert answers[typed]["ErrorMessage"] == typed_text

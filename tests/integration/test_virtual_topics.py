@@ -31,7 +31,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 import kafka_wire as kw
 from control_plane.service import free_port
 from control_plane.topology import SaslPlain
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire import ApiKey
 from kafka_wire.group_protocol import encode_subscription
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
@@ -336,9 +336,9 @@ class RawClient:
         return data
 
     def login(self, user: str) -> None:
-        assert self.call(17, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        assert self.call(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
         auth = b"\0" + user.encode() + b"\0" + USERS[user].encode()
-        assert self.call(36, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+        assert self.call(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
 
     def close(self) -> None:
         self.sock.close()
@@ -353,18 +353,18 @@ def test_inconsistent_sync_group_is_answered_by_the_gateway(env: Env) -> None:
         join = {"GroupId": group, "SessionTimeoutMs": 10000, "RebalanceTimeoutMs": 10000,
                 "MemberId": "", "GroupInstanceId": None, "ProtocolType": "consumer",
                 "Protocols": [{"Name": "range", "Metadata": meta}], "Reason": None}
-        first = raw.call(JOIN_GROUP, 9, join)
+        first = raw.call(ApiKey.JOIN_GROUP, 9, join)
         assert first["ErrorCode"] == 79  # MEMBER_ID_REQUIRED: join again with the id
-        joined = raw.call(JOIN_GROUP, 9, dict(join, MemberId=first["MemberId"]))
+        joined = raw.call(ApiKey.JOIN_GROUP, 9, dict(join, MemberId=first["MemberId"]))
         assert joined["ErrorCode"] == 0 and joined["ProtocolName"] == "range"
         sync = {"GroupId": group, "GenerationId": joined["GenerationId"],
                 "MemberId": joined["MemberId"], "GroupInstanceId": None,
                 "ProtocolType": "consumer", "ProtocolName": "roundrobin", "Assignments": []}
         before = env.forwarded()
-        answer = raw.call(SYNC_GROUP, 5, sync)
+        answer = raw.call(ApiKey.SYNC_GROUP, 5, sync)
         assert answer["ErrorCode"] == INCONSISTENT_GROUP_PROTOCOL
         assert env.forwarded() == before  # the broker never saw it
-        good = raw.call(SYNC_GROUP, 5, dict(sync, ProtocolName="range"))
+        good = raw.call(ApiKey.SYNC_GROUP, 5, dict(sync, ProtocolName="range"))
         assert good["ErrorCode"] == 0 and good["ProtocolName"] == "range"
         assert env.forwarded() > before
     finally:

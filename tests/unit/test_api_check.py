@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 import kafka_wire
 from control_plane.store import RuleStore, StoreUnavailable
 from filter_rules import DEFAULT_RULES_DIR
-from kafka_wire.api_keys import PRODUCE
+from kafka_wire import ApiKey
 from keg.cli_rules import Rollout
 from tests.unit.test_api_fixtures import ADMIN, client, make_client, public_client, store
 
@@ -57,7 +57,7 @@ def test_validate_accepts_a_rule_file_and_locates_every_problem(client: TestClie
 
 
 def test_dry_run_of_a_candidate_on_requests_and_records(client: TestClient) -> None:
-    frame = kafka_wire.encode_request(kafka_wire.RequestHeader(PRODUCE, 9, 7, "app", {}),
+    frame = kafka_wire.encode_request(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 7, "app", {}),
                                       produce("payments.eu"))[4:]
     body = {
         "rules": CANDIDATE,

@@ -29,6 +29,7 @@ from ext_proc.audit import (
 )
 from ext_proc.connection import ConnectionInfo
 from ext_proc.identity import IdentityTracker
+from kafka_wire import ApiKey
 
 FIXED_KEYS = [
     "ts", "connection_id", "principal", "client_id", "client_host", "client_port", "listener",
@@ -97,12 +98,12 @@ def test_for_connection_fills_in_who() -> None:
                           connection_id="42", broker_id=1)
     identity = IdentityTracker()
     identity.observe_client_id("billing")
-    e = AuditEvent.for_connection(conn, identity, api_key=3, outcome="observed")
+    e = AuditEvent.for_connection(conn, identity, api_key=ApiKey.METADATA, outcome="observed")
     assert (e.connection_id, e.client_host, e.client_port, e.listener, e.broker_id) == (
         "42", "10.0.0.5", 55000, "gw:19092", 1)
     assert (e.principal, e.client_id, e.security_protocol) == (
         "User:ANONYMOUS", "billing", "PLAINTEXT")
-    assert e.api_key == 3
+    assert e.api_key == ApiKey.METADATA
 
 
 # -- redaction ------------------------------------------------------------------------------

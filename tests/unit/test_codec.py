@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kafka_wire as kw
-from kafka_wire import _catalog
+from kafka_wire import ApiKey, _catalog
 from kafka_wire._schema import (
     FieldSpec,
     StructSpec,
@@ -145,8 +145,8 @@ def test_missing_fields_take_defaults(api_key: int, kind: str) -> None:
 
 
 def test_defaults_follow_the_schema() -> None:
-    raw = kw.encode_body(3, 12, "response", {})
-    value, _ = kw.decode_body(3, 12, "response", raw)
+    raw = kw.encode_body(ApiKey.METADATA, 12, "response", {})
+    value, _ = kw.decode_body(ApiKey.METADATA, 12, "response", raw)
     assert value == {
         "ThrottleTimeMs": 0,
         "Brokers": [],
@@ -155,13 +155,15 @@ def test_defaults_follow_the_schema() -> None:
         "Topics": [],
     }
     topic: dict[str, Any] = {"Partitions": [{}]}
-    raw = kw.encode_body(3, 12, "response", {"Topics": [topic]})
-    value, _ = kw.decode_body(3, 12, "response", raw)
+    raw = kw.encode_body(ApiKey.METADATA, 12, "response", {"Topics": [topic]})
+    value, _ = kw.decode_body(ApiKey.METADATA, 12, "response", raw)
     t = value["Topics"][0]
     assert t["Name"] == "" and t["TopicId"] == uuid.UUID(int=0)
     assert t["TopicAuthorizedOperations"] == -(2**31)
     assert t["Partitions"][0]["LeaderEpoch"] == -1
-    req, _ = kw.decode_body(3, 12, "request", kw.encode_body(3, 12, "request", {}))
+    req, _ = kw.decode_body(
+        ApiKey.METADATA, 12, "request", kw.encode_body(ApiKey.METADATA, 12, "request", {})
+    )
     assert req == {
         "Topics": [],
         "AllowAutoTopicCreation": True,
@@ -173,19 +175,21 @@ def test_known_tagged_fields_written_only_when_not_default() -> None:
     # ApiVersionsResponse v3: SupportedFeatures (tag 0), FinalizedFeaturesEpoch (tag 1),
     # FinalizedFeatures (tag 2), ZkMigrationReady (tag 3).
     base = {"ErrorCode": 0, "ApiKeys": [], "ThrottleTimeMs": 0}
-    plain = kw.encode_body(18, 3, "response", base)
+    plain = kw.encode_body(ApiKey.API_VERSIONS, 3, "response", base)
     assert plain.endswith(b"\x00")  # no tags
-    value, _ = kw.decode_body(18, 3, "response", plain)
+    value, _ = kw.decode_body(ApiKey.API_VERSIONS, 3, "response", plain)
     assert value["FinalizedFeaturesEpoch"] == -1 and value["SupportedFeatures"] == []
-    with_epoch = kw.encode_body(18, 3, "response", {**base, "FinalizedFeaturesEpoch": 5})
+    with_epoch = kw.encode_body(
+        ApiKey.API_VERSIONS, 3, "response", {**base, "FinalizedFeaturesEpoch": 5}
+    )
     assert with_epoch.endswith(b"\x01\x01\x08" + struct.pack(">q", 5))
     unknown = {**base, "FinalizedFeaturesEpoch": 5, "_unknown_tags": {0x7F: b"a", 0: b""}}
     with pytest.raises(EncodeError):
-        kw.encode_body(18, 3, "response", unknown)  # tag 0 is SupportedFeatures
+        kw.encode_body(ApiKey.API_VERSIONS, 3, "response", unknown)  # tag 0 is SupportedFeatures
     unknown["_unknown_tags"] = {7: b"z", 4: b"y"}
-    raw = kw.encode_body(18, 3, "response", unknown)
+    raw = kw.encode_body(ApiKey.API_VERSIONS, 3, "response", unknown)
     assert raw.endswith(b"\x03" + b"\x01\x08" + struct.pack(">q", 5) + b"\x04\x01y\x07\x01z")
-    decoded, _ = kw.decode_body(18, 3, "response", raw)
+    decoded, _ = kw.decode_body(ApiKey.API_VERSIONS, 3, "response", raw)
     assert decoded["_unknown_tags"] == {4: b"y", 7: b"z"}
 
 
@@ -193,10 +197,10 @@ def test_non_ignorable_field_missing_from_version_is_refused() -> None:
     # MetadataResponse TopicAuthorizedOperations (8+) is not ignorable.
     value = {"Topics": [{"Name": "t", "TopicAuthorizedOperations": 3}]}
     with pytest.raises(EncodeError, match="not ignorable"):
-        kw.encode_body(3, 7, "response", value)
+        kw.encode_body(ApiKey.METADATA, 7, "response", value)
     value["Topics"][0]["TopicAuthorizedOperations"] = -(2**31)
-    kw.encode_body(3, 7, "response", value)
-    kw.encode_body(3, 0, "response", {"ControllerId": 5})  # ignorable: dropped
+    kw.encode_body(ApiKey.METADATA, 7, "response", value)
+    kw.encode_body(ApiKey.METADATA, 0, "response", {"ControllerId": 5})  # ignorable: dropped
 
 
 def test_bad_values_raise_encode_error() -> None:
@@ -210,45 +214,49 @@ def test_bad_values_raise_encode_error() -> None:
         {"_unknown_tags": {"x": b""}},
     ):
         with pytest.raises(EncodeError):
-            kw.encode_body(3, 12, "response", value)
+            kw.encode_body(ApiKey.METADATA, 12, "response", value)
 
 
 def test_uuid_accepts_bytes_and_records_accept_any_buffer() -> None:
     u = uuid.UUID(int=42)
-    a = kw.encode_body(3, 12, "response", {"Topics": [{"TopicId": u}]})
-    b = kw.encode_body(3, 12, "response", {"Topics": [{"TopicId": u.bytes}]})
+    a = kw.encode_body(ApiKey.METADATA, 12, "response", {"Topics": [{"TopicId": u}]})
+    b = kw.encode_body(ApiKey.METADATA, 12, "response", {"Topics": [{"TopicId": u.bytes}]})
     assert a == b
     partition: dict[str, Any] = {"Index": 0, "Records": b"xyz"}
     req = {"Acks": -1, "TimeoutMs": 5, "TopicData": [{"Name": "t", "PartitionData": [partition]}]}
-    raw = kw.encode_body(0, 9, "request", req)
+    raw = kw.encode_body(ApiKey.PRODUCE, 9, "request", req)
     partition["Records"] = memoryview(b"xyz")
-    assert kw.encode_body(0, 9, "request", req) == raw
+    assert kw.encode_body(ApiKey.PRODUCE, 9, "request", req) == raw
     partition["Records"] = bytearray(b"xyz")
-    assert kw.encode_body(0, 9, "request", req) == raw
+    assert kw.encode_body(ApiKey.PRODUCE, 9, "request", req) == raw
 
 
 def test_records_are_zero_copy_views_over_bytes() -> None:
     topic = {"Name": "t", "PartitionData": [{"Index": 0, "Records": b"r" * 100}]}
-    raw = kw.encode_body(0, 9, "request", {"TopicData": [topic]})
-    records = kw.decode_body(0, 9, "request", raw)[0]["TopicData"][0]["PartitionData"][0]["Records"]
+    raw = kw.encode_body(ApiKey.PRODUCE, 9, "request", {"TopicData": [topic]})
+    records = kw.decode_body(ApiKey.PRODUCE, 9, "request", raw)[0]["TopicData"][0]["PartitionData"][
+        0
+    ]["Records"]
     assert isinstance(records, memoryview) and records.obj is raw and bytes(records) == b"r" * 100
     # Over a mutable buffer the records are copied, so the buffer stays resizable.
     buf = bytearray(raw)
-    value, _ = kw.decode_body(0, 9, "request", buf)
+    value, _ = kw.decode_body(ApiKey.PRODUCE, 9, "request", buf)
     buf += b"more"
     assert bytes(value["TopicData"][0]["PartitionData"][0]["Records"]) == b"r" * 100
 
 
 def test_nullable_struct_marker() -> None:
     # ConsumerGroupHeartbeatResponse.Assignment is a nullable struct: int8 -1 or 1.
-    null = kw.encode_body(68, 0, "response", {"Assignment": None})
-    full = kw.encode_body(68, 0, "response", {"Assignment": {"TopicPartitions": []}})
+    null = kw.encode_body(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, "response", {"Assignment": None})
+    full = kw.encode_body(
+        ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, "response", {"Assignment": {"TopicPartitions": []}}
+    )
     assert len(full) == len(null) + 2  # marker 1 + empty array + empty tags, vs marker -1
     bad = bytearray(null)
     marker = bad.rindex(b"\xff")
     bad[marker] = 2
     with pytest.raises(DecodeError, match="null marker"):
-        kw.decode_body(68, 0, "response", bytes(bad))
+        kw.decode_body(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, "response", bytes(bad))
 
 
 # -- hypothesis: values drawn from strategies built from the schemas --------------------
@@ -335,31 +343,31 @@ def test_every_truncation_raises_decode_error() -> None:
 def test_hostile_lengths_do_not_allocate() -> None:
     # MetadataResponse v0: Brokers is an int32-counted array.
     with pytest.raises(DecodeError, match="cannot fit"):
-        kw.decode_body(3, 0, "response", struct.pack(">i", 2**31 - 1) + b"\x00" * 8)
+        kw.decode_body(ApiKey.METADATA, 0, "response", struct.pack(">i", 2**31 - 1) + b"\x00" * 8)
     # Flexible: a 5-byte varint count.
     with pytest.raises(DecodeError):
-        kw.decode_body(3, 12, "response", b"\x00" * 4 + b"\xff\xff\xff\xff\x07")
+        kw.decode_body(ApiKey.METADATA, 12, "response", b"\x00" * 4 + b"\xff\xff\xff\xff\x07")
     with pytest.raises(DecodeError, match="longer than 5"):
-        kw.decode_body(3, 12, "response", b"\x00" * 4 + b"\xff" * 9)
+        kw.decode_body(ApiKey.METADATA, 12, "response", b"\x00" * 4 + b"\xff" * 9)
     # Strings and bytes cannot read past the end.
     with pytest.raises(DecodeError):
-        kw.decode_body(3, 1, "request", struct.pack(">ih", 1, 30000) + b"ab")
+        kw.decode_body(ApiKey.METADATA, 1, "request", struct.pack(">ih", 1, 30000) + b"ab")
     # A tagged-field count of 2**31 with nothing behind it.
     with pytest.raises(DecodeError):
-        kw.decode_body(18, 3, "request", b"\x01\x01\xff\xff\xff\xff\x07")
+        kw.decode_body(ApiKey.API_VERSIONS, 3, "request", b"\x01\x01\xff\xff\xff\xff\x07")
 
 
 def test_bad_lengths_and_markers_raise_decode_error() -> None:
     with pytest.raises(DecodeError, match="non-nullable"):
-        kw.decode_body(3, 0, "request", struct.pack(">ih", 1, -1))
+        kw.decode_body(ApiKey.METADATA, 0, "request", struct.pack(">ih", 1, -1))
     with pytest.raises(DecodeError, match="bad length"):
         # Brokers: [NodeId 1, Host "h", Port 9, Rack with length -2]
         broker = struct.pack(">ih", 1, 1) + b"h" + struct.pack(">ih", 9, -2)
-        kw.decode_body(3, 1, "response", struct.pack(">i", 1) + broker)
+        kw.decode_body(ApiKey.METADATA, 1, "response", struct.pack(">i", 1) + broker)
     with pytest.raises(DecodeError, match="utf-8"):
-        kw.decode_body(3, 0, "request", struct.pack(">ih", 1, 2) + b"\xff\xfe")
+        kw.decode_body(ApiKey.METADATA, 0, "request", struct.pack(">ih", 1, 2) + b"\xff\xfe")
     with pytest.raises(DecodeError, match="offset"):
-        kw.decode_body(3, 0, "request", b"", offset=5)
+        kw.decode_body(ApiKey.METADATA, 0, "request", b"", offset=5)
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)
@@ -400,22 +408,34 @@ def test_bit_flips_raise_only_decode_error(msg: tuple[int, int, str], data: st.D
 
 
 def test_header_versions_follow_kafka() -> None:
-    assert kw.request_header_version(3, 8) == 1 and kw.request_header_version(3, 9) == 2
-    assert kw.request_header_version(7, 0) == 0 and kw.request_header_version(7, 1) == 1
-    assert kw.response_header_version(3, 8) == 0 and kw.response_header_version(3, 9) == 1
-    assert kw.response_header_version(18, 3) == 0 and kw.request_header_version(18, 3) == 2
+    assert (
+        kw.request_header_version(ApiKey.METADATA, 8) == 1
+        and kw.request_header_version(ApiKey.METADATA, 9) == 2
+    )
+    assert (
+        kw.request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 0) == 0
+        and kw.request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 1) == 1
+    )
+    assert (
+        kw.response_header_version(ApiKey.METADATA, 8) == 0
+        and kw.response_header_version(ApiKey.METADATA, 9) == 1
+    )
+    assert (
+        kw.response_header_version(ApiKey.API_VERSIONS, 3) == 0
+        and kw.request_header_version(ApiKey.API_VERSIONS, 3) == 2
+    )
     # A version newer than the schemas still has a header version (flexible is "N+").
-    assert kw.request_header_version(0, 99) == 2
+    assert kw.request_header_version(ApiKey.PRODUCE, 99) == 2
     with pytest.raises(UnknownApiError):
         kw.request_header_version(9999, 0)
     with pytest.raises(UnknownApiError):
-        kw.request_header_version(3, -1)
+        kw.request_header_version(ApiKey.METADATA, -1)
 
 
 @pytest.mark.parametrize("version", [0, 3, 8, 9, 13])
 def test_request_frames_roundtrip(version: int) -> None:
     tagged = {5: b"t"} if version >= 9 else {}
-    header = kw.RequestHeader(3, version, 77, "client-é", tagged)
+    header = kw.RequestHeader(ApiKey.METADATA, version, 77, "client-é", tagged)
     body: dict[str, Any] = {"Topics": [{"Name": "a"}]}
     if version >= 4:
         body["AllowAutoTopicCreation"] = False
@@ -429,48 +449,48 @@ def test_request_frames_roundtrip(version: int) -> None:
 
 
 def test_request_header_variants() -> None:
-    h = kw.RequestHeader(7, 0, 1, "ignored")
+    h = kw.RequestHeader(ApiKey.CONTROLLED_SHUTDOWN, 0, 1, "ignored")
     assert kw.write_request_header(h) == struct.pack(">hhi", 7, 0, 1)
-    h = kw.RequestHeader(18, 3, 1, None)
+    h = kw.RequestHeader(ApiKey.API_VERSIONS, 3, 1, None)
     raw = kw.write_request_header(h)
     assert raw == struct.pack(">hhih", 18, 3, 1, -1) + b"\x00"  # ClientId is never compact
     assert kw.read_request_header(raw) == (h, len(raw))
     with pytest.raises(EncodeError):
-        kw.write_request_header(kw.RequestHeader(3, 1, 1, None, {1: b""}))
+        kw.write_request_header(kw.RequestHeader(ApiKey.METADATA, 1, 1, None, {1: b""}))
     with pytest.raises(DecodeError):
         kw.read_request_header(struct.pack(">hhih", 3, 1, 1, 5) + b"ab")
 
 
 def test_response_frames_roundtrip() -> None:
     body = {"ErrorCode": 0, "ApiKeys": [{"ApiKey": 0, "MinVersion": 0, "MaxVersion": 11}]}
-    frame = kw.encode_response(9, 18, 3, body)
+    frame = kw.encode_response(9, ApiKey.API_VERSIONS, 3, body)
     # ApiVersionsResponse: header v0 (no tag section) even though the body is flexible.
     assert frame[4:8] == struct.pack(">i", 9) and frame[8:10] == b"\x00\x00"
-    cid, value = kw.decode_response(frame[4:], 18, 3)
-    assert cid == 9 and kw.encode_response(cid, 18, 3, value) == frame
-    frame = kw.encode_response(10, 3, 12, {}, tagged={3: b"x"})
-    cid, tags, off = kw.read_response_header(frame[4:], 3, 12)
+    cid, value = kw.decode_response(frame[4:], ApiKey.API_VERSIONS, 3)
+    assert cid == 9 and kw.encode_response(cid, ApiKey.API_VERSIONS, 3, value) == frame
+    frame = kw.encode_response(10, ApiKey.METADATA, 12, {}, tagged={3: b"x"})
+    cid, tags, off = kw.read_response_header(frame[4:], ApiKey.METADATA, 12)
     assert (cid, tags) == (10, {3: b"x"})
-    assert kw.write_response_header(cid, 3, 12, tags) == frame[4 : 4 + off]
+    assert kw.write_response_header(cid, ApiKey.METADATA, 12, tags) == frame[4 : 4 + off]
     with pytest.raises(DecodeError, match="trailing"):
-        kw.decode_response(frame[4:] + b"\x00", 3, 12)
+        kw.decode_response(frame[4:] + b"\x00", ApiKey.METADATA, 12)
 
 
 # -- catalog and schemas ----------------------------------------------------------------
 
 
 def test_catalog() -> None:
-    assert kw.api_name(3) == "Metadata" and kw.api_name(0) == "Produce"
+    assert kw.api_name(ApiKey.METADATA) == "Metadata" and kw.api_name(ApiKey.PRODUCE) == "Produce"
     assert kw.api_name(12345) is None and kw.supported_versions(12345) is None
     keys = kw.known_api_keys()
     assert keys == sorted(keys) and {0, 1, 3, 18, 74} <= set(keys)
-    assert kw.supported_versions(0) == (0, 13)  # 2024: 0-11, kafka-python: 3-13
-    assert kw.supported_versions(3) == (0, 13)
-    assert kw.supported_versions(1) == (0, 18)
+    assert kw.supported_versions(ApiKey.PRODUCE) == (0, 13)  # 2024: 0-11, kafka-python: 3-13
+    assert kw.supported_versions(ApiKey.METADATA) == (0, 13)
+    assert kw.supported_versions(ApiKey.FETCH) == (0, 18)
     with pytest.raises(UnknownApiError):
-        kw.decode_body(0, 14, "request", b"")
+        kw.decode_body(ApiKey.PRODUCE, 14, "request", b"")
     with pytest.raises(UnknownApiError):
-        kw.encode_body(3, 0, "reply", {})
+        kw.encode_body(ApiKey.METADATA, 0, "reply", {})
     with pytest.raises(DecodeError):  # UnknownApiError is a DecodeError ...
         kw.decode_body(9999, 0, "request", b"")
     with pytest.raises(EncodeError):  # ... and an EncodeError
@@ -487,9 +507,14 @@ def test_the_brokers_schemas_win_then_the_newer_then_the_older() -> None:
     assert reg.file_for("ListOffsetsRequest", 11).source == "newer"  # past Kafka 4.1.1
     assert reg.file_for("FetchRequest", 3).source == "2024"
     # Api key 74 was renamed: v0 exists under both names, v1 only under the new one.
-    assert reg.file_for_key(74, "request", 0).name == "ListConfigResourcesRequest"
+    assert (
+        reg.file_for_key(ApiKey.LIST_CONFIG_RESOURCES, "request", 0).name
+        == "ListConfigResourcesRequest"
+    )
     assert reg.file_for("ListClientMetricsResourcesRequest", 0).source == "2024"
-    assert kw.api_name(74) == "ListConfigResources" and kw.supported_versions(74) == (0, 1)
+    assert kw.api_name(
+        ApiKey.LIST_CONFIG_RESOURCES
+    ) == "ListConfigResources" and kw.supported_versions(ApiKey.LIST_CONFIG_RESOURCES) == (0, 1)
     # Every version between min and max resolves (no gap between the two sets).
     for api_key, version, kind in ALL:
         _catalog.message_file(api_key, version, kind)
@@ -541,5 +566,5 @@ def test_data_schemas_by_name(version: int) -> None:
 
 
 def test_lazy_compile_is_cached() -> None:
-    a = _catalog.reader_for(3, 12, "response")
-    assert _catalog.reader_for(3, 12, "response") is a
+    a = _catalog.reader_for(ApiKey.METADATA, 12, "response")
+    assert _catalog.reader_for(ApiKey.METADATA, 12, "response") is a

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import kafka_wire as kw
-from kafka_wire import _catalog
+from kafka_wire import ApiKey, _catalog
 from kafka_wire._schema import FieldSpec, StructSpec, in_versions
 
 kp_api = pytest.importorskip("kafka.protocol.api_message")
@@ -140,7 +140,7 @@ def metadata_response(version: int) -> Any:
 
 @pytest.mark.parametrize("version", range(0, 14))
 def test_metadata_response_from_kafka_python(version: int) -> None:
-    value = check_kp_bytes(3, version, "response", metadata_response(version))
+    value = check_kp_bytes(ApiKey.METADATA, version, "response", metadata_response(version))
     assert value["Brokers"][1]["Host"] == "b1.example"
     assert value["Topics"][0]["Partitions"][0]["ReplicaNodes"] == [1, 2, 3]
     if version >= 10:
@@ -153,7 +153,9 @@ def test_metadata_request_from_kafka_python(version: int) -> None:
     kwargs: dict[str, Any] = {"topics": [topic]}
     if version >= 4:
         kwargs["allow_auto_topic_creation"] = False
-    value = check_kp_bytes(3, version, "request", MetadataRequest(version=version, **kwargs))
+    value = check_kp_bytes(
+        ApiKey.METADATA, version, "request", MetadataRequest(version=version, **kwargs)
+    )
     assert value["Topics"][0]["Name"] == "orders"
 
 
@@ -171,7 +173,7 @@ def test_produce_request_from_kafka_python(version: int) -> None:
     req = ProduceRequest(
         version=version, transactional_id="tx", acks=-1, timeout_ms=1500, topic_data=[T(**topic)]
     )
-    value = check_kp_bytes(0, version, "request", req)
+    value = check_kp_bytes(ApiKey.PRODUCE, version, "request", req)
     records = value["TopicData"][0]["PartitionData"][0]["Records"]
     assert bytes(records) == b"batch-bytes"
     # Whole frames, header included: kafka-python's framed encoding is ours.
@@ -197,14 +199,14 @@ def test_api_versions_response_from_kafka_python(version: int) -> None:
     if version >= 3:
         kwargs["finalized_features_epoch"] = 12  # a tagged field
     resp = ApiVersionsResponse(version=version, **kwargs)
-    value = check_kp_bytes(18, version, "response", resp)
+    value = check_kp_bytes(ApiKey.API_VERSIONS, version, "response", resp)
     assert [k["ApiKey"] for k in value["ApiKeys"]] == [0, 3, 18]
     if version >= 3:
         assert value["FinalizedFeaturesEpoch"] == 12
     resp.with_header(correlation_id=8)
     frame = bytes(resp.encode(header=True, framed=True))
-    cid, body = kw.decode_response(frame[4:], 18, version)
-    assert cid == 8 and kw.encode_response(cid, 18, version, body) == frame
+    cid, body = kw.decode_response(frame[4:], ApiKey.API_VERSIONS, version)
+    assert cid == 8 and kw.encode_response(cid, ApiKey.API_VERSIONS, version, body) == frame
 
 
 # -- every API and version kafka-python knows: our bytes survive its decode + encode ------

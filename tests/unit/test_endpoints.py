@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import kafka_wire as kw
+from kafka_wire import ApiKey
 from kafka_wire.endpoints import (
     EndpointPolicy,
     carries_endpoints,
@@ -27,7 +28,6 @@ from tests.unit.test_codec import ALL, Builder, spec_of
 
 BROKER_HOST = "broker-7.internal.example"
 GATEWAY = ("gw.example", 19092)
-DESCRIBE_CONFIGS = 32
 
 
 def has_host_field(api_key: int, version: int) -> bool:
@@ -109,10 +109,10 @@ def test_broker_configs_show_the_gateway_and_hide_other_endpoints() -> None:
         assert configs[name]["Synonyms"][0]["Value"] is None
     assert configs["log.dirs"]["Value"] == "/var/lib/kafka"
     assert configs["num.partitions"]["Value"] == "3"
-    encoded = kw.encode_body(DESCRIBE_CONFIGS, 4, "response", body)
+    encoded = kw.encode_body(ApiKey.DESCRIBE_CONFIGS, 4, "response", body)
     assert BROKER_HOST.encode() not in encoded and b"0.0.0.0" not in encoded
 
 
 def test_an_error_answer_without_a_node_is_left_alone() -> None:
     body = {"ErrorCode": 15, "ErrorMessage": None, "NodeId": -1, "Host": "", "Port": -1}
-    assert not rewrite_endpoints(10, 3, body, route)
+    assert not rewrite_endpoints(ApiKey.FIND_COORDINATOR, 3, body, route)

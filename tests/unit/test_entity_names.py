@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import kafka_wire as kw
+from kafka_wire import ApiKey
 from kafka_wire.entity_names import (
-    FIND_COORDINATOR,
     GROUP,
     TOPIC,
     TRANSACTIONAL_ID,
@@ -58,8 +58,8 @@ def test_the_named_messages_cover_what_tenants_use() -> None:
     keys = {k for k, _, _ in NAMED}
     assert {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 20, 22, 24, 25, 26, 28, 29, 30,
             31, 32, 33, 37, 42, 44, 47, 65, 66, 68, 69, 75} <= keys
-    assert not names_entities(18, 3)  # ApiVersions
-    assert not names_entities(17, 1)  # SaslHandshake
+    assert not names_entities(ApiKey.API_VERSIONS, 3)
+    assert not names_entities(ApiKey.SASL_HANDSHAKE, 1)
 
 
 @pytest.mark.parametrize("nulls", [False, True])
@@ -125,7 +125,7 @@ def test_a_response_loses_the_entries_outside_the_namespace() -> None:
         assert set(after) <= {strip(n) or n for n in before}, where
         outside = {n for n in before if not n.startswith(PREFIX)}
         # FindCoordinator answers keys the client asked for; the response has no key type.
-        assert not outside & set(after) or api_key == FIND_COORDINATOR, where
+        assert not outside & set(after) or api_key == ApiKey.FIND_COORDINATOR, where
         with_outside_names += bool(outside)
     assert with_outside_names > 150, with_outside_names  # the loop is not vacuous
 
@@ -138,15 +138,15 @@ def metadata_response(names: list[str | None]) -> dict[str, Any]:
 
 def test_metadata_of_every_topic_shows_only_the_namespace_stripped() -> None:
     body = metadata_response(["T.orders", "U.orders", "__consumer_offsets", "T.", None])
-    assert rename_entities(3, 12, "response", body, OUT)
+    assert rename_entities(ApiKey.METADATA, 12, "response", body, OUT)
     assert [t["Name"] for t in body["Topics"]] == ["orders", "", None]
-    kw.encode_body(3, 12, "response", body)
+    kw.encode_body(ApiKey.METADATA, 12, "response", body)
 
 
 def test_names_that_already_carry_the_prefix_are_prefixed_again() -> None:
     body: dict[str, Any] = {"Topics": [{"Name": "T.orders", "TopicId": uuid.UUID(int=0)}],
             "AllowAutoTopicCreation": False, "IncludeTopicAuthorizedOperations": False}
-    rename_entities(3, 12, "request", body, IN)
+    rename_entities(ApiKey.METADATA, 12, "request", body, IN)
     assert body["Topics"][0]["Name"] == "T.T.orders"
 
 
@@ -154,7 +154,7 @@ def test_only_the_entity_types_given_are_renamed() -> None:
     body: dict[str, Any] = {"GroupId": "g", "GenerationIdOrMemberEpoch": 1, "MemberId": "m",
             "GroupInstanceId": None, "RetentionTimeMs": -1,
             "Topics": [{"Name": "t", "Partitions": []}]}
-    rename_entities(8, 8, "request", body, {TOPIC: add})
+    rename_entities(ApiKey.OFFSET_COMMIT, 8, "request", body, {TOPIC: add})
     assert body["GroupId"] == "g" and body["Topics"][0]["Name"] == "T.t"
 
 
@@ -163,7 +163,7 @@ def test_topic_ids_pass_unchanged() -> None:
     body: dict[str, Any] = {"Topics": [{"Name": None, "TopicId": tid}],
                             "AllowAutoTopicCreation": False,
                             "IncludeTopicAuthorizedOperations": False}
-    assert not rename_entities(3, 12, "request", body, IN)
+    assert not rename_entities(ApiKey.METADATA, 12, "request", body, IN)
     assert body["Topics"] == [{"Name": None, "TopicId": tid}]
 
 
@@ -176,20 +176,20 @@ def test_config_resources_of_topics_and_groups_are_renamed() -> None:
         {"ResourceType": 4, "ResourceName": "1", "ConfigurationKeys": None},
         {"ResourceType": 32, "ResourceName": "g", "ConfigurationKeys": None},
     ], "IncludeSynonyms": False, "IncludeDocumentation": False}
-    assert rename_entities(32, 4, "request", body, IN)
+    assert rename_entities(ApiKey.DESCRIBE_CONFIGS, 4, "request", body, IN)
     assert [r["ResourceName"] for r in body["Resources"]] == ["T.orders", "1", "T.g"]
     response: dict[str, Any] = {"ThrottleTimeMs": 0, "Results": [
         {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": t, "ResourceName": n,
          "Configs": []} for t, n in ((2, "T.orders"), (4, "1"), (2, "U.x"))]}
-    assert rename_entities(32, 4, "response", response, OUT)
+    assert rename_entities(ApiKey.DESCRIBE_CONFIGS, 4, "response", response, OUT)
     assert [r["ResourceName"] for r in response["Results"]] == ["orders", "1"]
     alter: dict[str, Any] = {"Resources": [{"ResourceType": 2, "ResourceName": "t", "Configs": []}],
              "ValidateOnly": False}
-    rename_entities(44, 1, "request", alter, IN)
+    rename_entities(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, "request", alter, IN)
     assert alter["Resources"][0]["ResourceName"] == "T.t"
     answer: dict[str, Any] = {"ThrottleTimeMs": 0, "Responses": [
         {"ErrorCode": 3, "ErrorMessage": None, "ResourceType": 2, "ResourceName": "T.t"}]}
-    rename_entities(33, 2, "response", answer, OUT)
+    rename_entities(ApiKey.ALTER_CONFIGS, 2, "response", answer, OUT)
     assert answer["Responses"][0]["ResourceName"] == "t"
 
 
@@ -201,12 +201,12 @@ def acl(rtype: int, name: str, pattern: int = 3) -> dict[str, Any]:
 def test_acl_creations_rename_topics_groups_and_transactional_ids_only() -> None:
     body: dict[str, Any] = {"Creations": [acl(2, "orders"), acl(3, "g", 4), acl(5, "tx"),
                                           acl(4, "kafka-cluster"), acl(2, "*")]}
-    rename_entities(30, 3, "request", body, IN)
+    rename_entities(ApiKey.CREATE_ACLS, 3, "request", body, IN)
     got = [(c["ResourceName"], c["ResourcePatternType"]) for c in body["Creations"]]
     assert got == [("T.orders", 3), ("T.g", 4), ("T.tx", 3), ("kafka-cluster", 3), ("T.", 4)]
-    kw.encode_body(30, 3, "request", body)
+    kw.encode_body(ApiKey.CREATE_ACLS, 3, "request", body)
     with pytest.raises(EntityNameError, match="v1"):
-        rename_entities(30, 0, "request", {"Creations": [acl(2, "*")]}, IN)
+        rename_entities(ApiKey.CREATE_ACLS, 0, "request", {"Creations": [acl(2, "*")]}, IN)
 
 
 def test_described_acls_come_back_in_the_namespace_with_the_wildcard() -> None:
@@ -214,13 +214,15 @@ def test_described_acls_come_back_in_the_namespace_with_the_wildcard() -> None:
         "ResourceTypeFilter": 2, "ResourceNameFilter": None, "PatternTypeFilter": 1,
                "PrincipalFilter": None, "HostFilter": None, "Operation": 1,
                "PermissionType": 1}
-    assert not rename_entities(29, 3, "request", request, IN)  # every name: answer filtered
+    assert not rename_entities(
+        ApiKey.DESCRIBE_ACLS, 3, "request", request, IN
+    )  # every name: answer filtered
     response: dict[str, Any] = {
         "ThrottleTimeMs": 0, "ErrorCode": 0, "ErrorMessage": None, "Resources": [
         {"ResourceType": t, "ResourceName": n, "PatternType": p, "Acls": []}
         for t, n, p in ((2, "T.orders", 3), (2, "U.orders", 3), (2, "T.", 4), (2, "*", 3),
                         (4, "kafka-cluster", 3))]}
-    assert rename_entities(29, 3, "response", response, OUT)
+    assert rename_entities(ApiKey.DESCRIBE_ACLS, 3, "response", response, OUT)
     assert [(r["ResourceName"], r["PatternType"]) for r in response["Resources"]] == [
         ("orders", 3), ("*", 3), ("kafka-cluster", 3)]
 
@@ -232,11 +234,11 @@ def test_acl_deletion_that_could_reach_other_tenants_is_refused() -> None:
                 "Operation": 1, "PermissionType": 1}
 
     with pytest.raises(EntityNameError, match="ANY"):
-        rename_entities(31, 3, "request", {"Filters": [filt(1, "orders")]}, IN)
+        rename_entities(ApiKey.DELETE_ACLS, 3, "request", {"Filters": [filt(1, "orders")]}, IN)
     with pytest.raises(EntityNameError, match="null name"):
-        rename_entities(31, 3, "request", {"Filters": [filt(2, None)]}, IN)
+        rename_entities(ApiKey.DELETE_ACLS, 3, "request", {"Filters": [filt(2, None)]}, IN)
     body: dict[str, Any] = {"Filters": [filt(2, "orders"), filt(2, "*")]}
-    rename_entities(31, 3, "request", body, IN)
+    rename_entities(ApiKey.DELETE_ACLS, 3, "request", body, IN)
     assert [(f["ResourceNameFilter"], f["PatternTypeFilter"]) for f in body["Filters"]] == [
         ("T.orders", 3), ("T.", 4)]
     response: dict[str, Any] = {
@@ -245,7 +247,7 @@ def test_acl_deletion_that_could_reach_other_tenants_is_refused() -> None:
                          ("T.orders", "U.orders")]}]}
     for m in response["FilterResults"][0]["MatchingAcls"]:
         m["PatternType"] = m.pop("ResourcePatternType")
-    rename_entities(31, 3, "response", response, OUT)
+    rename_entities(ApiKey.DELETE_ACLS, 3, "response", response, OUT)
     assert [m["ResourceName"] for m in response["FilterResults"][0]["MatchingAcls"]] == [
         "orders"]
 
@@ -259,18 +261,18 @@ def test_find_coordinator_key_by_key_type(version: int, key_type: int, renames: 
     body: dict[str, Any] = {"Key": "g"}
     if version >= 1:
         body["KeyType"] = key_type
-    rename_entities(10, version, "request", body, renames)
+    rename_entities(ApiKey.FIND_COORDINATOR, version, "request", body, renames)
     assert body["Key"] == expected
 
 
 def test_find_coordinator_batched_keys_both_ways() -> None:
     body: dict[str, Any] = {"KeyType": 0, "CoordinatorKeys": ["a", "b"]}
-    rename_entities(10, 4, "request", body, IN)
+    rename_entities(ApiKey.FIND_COORDINATOR, 4, "request", body, IN)
     assert body["CoordinatorKeys"] == ["T.a", "T.b"]
     response: dict[str, Any] = {"ThrottleTimeMs": 0, "Coordinators": [
         {"Key": k, "NodeId": 1, "Host": "h", "Port": 1, "ErrorCode": 0, "ErrorMessage": None}
         for k in ("T.a", "T.b")]}
-    rename_entities(10, 4, "response", response, OUT)
+    rename_entities(ApiKey.FIND_COORDINATOR, 4, "response", response, OUT)
     assert [c["Key"] for c in response["Coordinators"]] == ["a", "b"]
 
 
@@ -337,10 +339,10 @@ def test_describe_groups_members_payloads_are_renamed_for_consumer_groups() -> N
         {"ErrorCode": 0, "ErrorMessage": None, "GroupId": "T.c", "GroupState": "Stable",
          "ProtocolType": "connect", "ProtocolData": "sessioned",
          "Members": [member(b"\x00\x09", b"")], "AuthorizedOperations": -2147483648}]}
-    assert rename_entities(15, 5, "response", response, OUT)
+    assert rename_entities(ApiKey.DESCRIBE_GROUPS, 5, "response", response, OUT)
     g, c = response["Groups"]
     assert g["GroupId"] == "g" and c["GroupId"] == "c"
     assert g["Members"][0]["MemberMetadata"] == subscription(["a"])
     assert g["Members"][0]["MemberAssignment"] == assignment(["a"])
     assert c["Members"][0]["MemberMetadata"] == b"\x00\x09"
-    kw.encode_body(15, 5, "response", response)
+    kw.encode_body(ApiKey.DESCRIBE_GROUPS, 5, "response", response)

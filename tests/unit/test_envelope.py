@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kafka_wire as kw
-from kafka_wire.api_keys import ENVELOPE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import (
     Principal,
     decode_client_address,
@@ -28,8 +28,6 @@ from kafka_wire.envelope import (
 )
 from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError
 
-CREATE_TOPICS, ALTER_CONFIGS = 19, 33
-
 CREATE_BODY: dict[str, Any] = {
     "Topics": [
         {"Name": "orders", "NumPartitions": 3, "ReplicationFactor": 1,
@@ -42,7 +40,7 @@ CREATE_BODY: dict[str, Any] = {
 
 def envelope_frame(inner: kw.RequestHeader, body: dict[str, Any], principal: Any,
                    address: str, correlation_id: int = 900) -> bytes:
-    outer = kw.RequestHeader(ENVELOPE, 0, correlation_id, "broker-2")
+    outer = kw.RequestHeader(ApiKey.ENVELOPE, 0, correlation_id, "broker-2")
     return kw.encode_request(outer, envelope_request_body(inner, body, principal, address))[4:]
 
 
@@ -77,25 +75,32 @@ def test_bad_client_addresses() -> None:
 
 
 def test_forwarded_create_topics_request() -> None:
-    inner = kw.RequestHeader(CREATE_TOPICS, 7, 42, "adminclient-1")
+    inner = kw.RequestHeader(ApiKey.CREATE_TOPICS, 7, 42, "adminclient-1")
     frame = envelope_frame(inner, CREATE_BODY, Principal("User", "alice"), "192.168.7.9")
     outer, forwarded = decode_envelope_request(frame)
-    assert (outer.api_key, outer.api_version, outer.client_id) == (ENVELOPE, 0, "broker-2")
+    assert (outer.api_key, outer.api_version, outer.client_id) == (ApiKey.ENVELOPE, 0, "broker-2")
     assert forwarded.header == inner
-    assert forwarded.body == kw.decode_body(
-        CREATE_TOPICS, 7, "request", kw.encode_body(CREATE_TOPICS, 7, "request", CREATE_BODY))[0]
+    assert (
+        forwarded.body
+        == kw.decode_body(
+            ApiKey.CREATE_TOPICS,
+            7,
+            "request",
+            kw.encode_body(ApiKey.CREATE_TOPICS, 7, "request", CREATE_BODY),
+        )[0]
+    )
     assert forwarded.body["Topics"][0]["Name"] == "orders"
     assert forwarded.principal == Principal("User", "alice", False)
     assert forwarded.principal_error is None
     assert forwarded.client_address == ipaddress.IPv4Address("192.168.7.9")
     # The envelope body round-trips byte-exactly through the codec.
-    body, _ = kw.decode_body(ENVELOPE, 0, "request", frame, kw.read_request_header(frame)[1])
+    body, _ = kw.decode_body(ApiKey.ENVELOPE, 0, "request", frame, kw.read_request_header(frame)[1])
     again = kw.encode_request(outer, body)[4:]
     assert again == frame
 
 
 def test_forwarded_request_with_a_custom_or_null_principal() -> None:
-    inner = kw.RequestHeader(ALTER_CONFIGS, 2, 5, None)
+    inner = kw.RequestHeader(ApiKey.ALTER_CONFIGS, 2, 5, None)
     body = {"Resources": [{"ResourceType": 2, "ResourceName": "orders",
                            "Configs": [{"Name": "retention.ms", "Value": "1000"}]}],
             "ValidateOnly": False}
@@ -110,24 +115,26 @@ def test_forwarded_request_with_a_custom_or_null_principal() -> None:
 
 
 def test_forwarded_response() -> None:
-    inner = kw.RequestHeader(CREATE_TOPICS, 7, 42, "adminclient-1")
+    inner = kw.RequestHeader(ApiKey.CREATE_TOPICS, 7, 42, "adminclient-1")
     answer = {"ThrottleTimeMs": 0, "Topics": [
         {"Name": "orders", "ErrorCode": 36, "ErrorMessage": "exists", "NumPartitions": 3,
          "ReplicationFactor": 1, "Configs": None}]}
-    frame = kw.encode_response(900, ENVELOPE, 0, envelope_response_body(inner, answer))[4:]
+    frame = kw.encode_response(900, ApiKey.ENVELOPE, 0, envelope_response_body(inner, answer))[4:]
     correlation_id, fwd = decode_envelope_response(frame, 0, inner)
     assert correlation_id == 900
     assert (fwd.error_code, fwd.correlation_id) == (0, 42)
     assert fwd.body is not None and fwd.body["Topics"][0]["ErrorMessage"] == "exists"
     # An envelope-level error carries no inner response (NOT_CONTROLLER = 41).
-    failed = kw.encode_response(901, ENVELOPE, 0, envelope_response_body(inner, None, 41))[4:]
+    failed = kw.encode_response(901, ApiKey.ENVELOPE, 0, envelope_response_body(inner, None, 41))[
+        4:
+    ]
     assert decode_envelope_response(failed, 0, inner)[1] == read_envelope_response(
         {"ResponseData": None, "ErrorCode": 41}, inner)
     assert decode_envelope_response(failed, 0, inner)[1].body is None
 
 
 def test_envelope_errors() -> None:
-    inner = kw.RequestHeader(CREATE_TOPICS, 7, 42, "adminclient-1")
+    inner = kw.RequestHeader(ApiKey.CREATE_TOPICS, 7, 42, "adminclient-1")
     not_envelope = kw.encode_request(inner, CREATE_BODY)[4:]
     with pytest.raises(DecodeError, match="not an EnvelopeRequest"):
         decode_envelope_request(not_envelope)
@@ -143,7 +150,7 @@ def test_envelope_errors() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=120))
 def test_random_envelope_bytes_raise_only_decode_errors(data: bytes) -> None:
-    inner = kw.RequestHeader(CREATE_TOPICS, 7, 42, "x")
+    inner = kw.RequestHeader(ApiKey.CREATE_TOPICS, 7, 42, "x")
     for attempt in (
         lambda: decode_envelope_request(data),
         lambda: decode_envelope_response(data, 0, inner),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import kafka_wire as kw
-from kafka_wire import _catalog
+from kafka_wire import ApiKey, _catalog
 from kafka_wire._schema import FieldSpec, StructSpec
 from kafka_wire.error_responses import (
     _BUILDERS,
@@ -207,46 +207,46 @@ class Mirror:
 
 def mirror(api_key: int, v: int) -> Mirror | None:
     S, M = Side, Mirror
-    if api_key == 0:
+    if api_key == ApiKey.PRODUCE:
         k = "TopicId" if v >= 13 else "Name"
         return M(S(("TopicData",), k, "PartitionData", "Index"),
                  S(("Responses",), k, "PartitionResponses", "Index"))
-    if api_key == 1:
+    if api_key == ApiKey.FETCH:
         k = "TopicId" if v >= 13 else "Topic"
         return M(S(("Topics",), k, "Partitions", "Partition"),
                  S(("Responses",), k, "Partitions", "PartitionIndex"), v < 13)
-    if api_key == 2:
+    if api_key == ApiKey.LIST_OFFSETS:
         return M(S(("Topics",), "Name", "Partitions", "PartitionIndex"),
                  S(("Topics",), "Name", "Partitions", "PartitionIndex"))
-    if api_key == 3:
+    if api_key == ApiKey.METADATA:
         return M(S(("Topics",), "Name"), S(("Topics",), "Name"))
-    if api_key == 8:
+    if api_key == ApiKey.OFFSET_COMMIT:
         k = "TopicId" if v >= 10 else "Name"
         return M(S(("Topics",), k, "Partitions", "PartitionIndex"),
                  S(("Topics",), k, "Partitions", "PartitionIndex"))
-    if api_key == 9:
+    if api_key == ApiKey.OFFSET_FETCH:
         if v < 8:
             return M(S(("Topics",), "Name", "PartitionIndexes"),
                      S(("Topics",), "Name", "Partitions", "PartitionIndex"), v < 2)
         k = "TopicId" if v >= 10 else "Name"
         return M(S(("Groups", "Topics"), k, "PartitionIndexes"),
                  S(("Groups", "Topics"), k, "Partitions", "PartitionIndex"), False)
-    if api_key == 10 and v >= 4:
+    if api_key == ApiKey.FIND_COORDINATOR and v >= 4:
         return M(S(("CoordinatorKeys",), None), S(("Coordinators",), "Key"))
-    if api_key == 15:
+    if api_key == ApiKey.DESCRIBE_GROUPS:
         return M(S(("Groups",), None), S(("Groups",), "GroupId"))
-    if api_key == 19:
+    if api_key == ApiKey.CREATE_TOPICS:
         return M(S(("Topics",), "Name"), S(("Topics",), "Name"))
-    if api_key == 20:
+    if api_key == ApiKey.DELETE_TOPICS:
         req = S(("TopicNames",), None) if v < 6 else S(("Topics",), "Name")
         return M(req, S(("Responses",), "Name"))
-    if api_key == 21:
+    if api_key == ApiKey.DELETE_RECORDS:
         return M(S(("Topics",), "Name", "Partitions", "PartitionIndex"),
                  S(("Topics",), "Name", "Partitions", "PartitionIndex"))
-    if api_key == 23:
+    if api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return M(S(("Topics",), "Topic", "Partitions", "Partition"),
                  S(("Topics",), "Topic", "Partitions", "Partition"))
-    if api_key == 24:
+    if api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
         if v < 4:
             return M(S(("V3AndBelowTopics",), "Name", "Partitions"),
                      S(("ResultsByTopicV3AndBelow",), "Name", "ResultsByPartition",
@@ -254,39 +254,39 @@ def mirror(api_key: int, v: int) -> Mirror | None:
         return M(S(("Transactions", "Topics"), "Name", "Partitions"),
                  S(("ResultsByTransaction", "TopicResults"), "Name", "ResultsByPartition",
                    "PartitionIndex"), False)
-    if api_key == 28:
+    if api_key == ApiKey.TXN_OFFSET_COMMIT:
         return M(S(("Topics",), "Name", "Partitions", "PartitionIndex"),
                  S(("Topics",), "Name", "Partitions", "PartitionIndex"))
-    if api_key == 32:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return M(S(("Resources",), "ResourceName"), S(("Results",), "ResourceName"))
-    if api_key in (33, 44):
+    if api_key in (ApiKey.ALTER_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS):
         return M(S(("Resources",), "ResourceName"), S(("Responses",), "ResourceName"))
-    if api_key == 34:
+    if api_key == ApiKey.ALTER_REPLICA_LOG_DIRS:
         return M(S(("Dirs", "Topics"), "Name", "Partitions"),
                  S(("Results",), "TopicName", "Partitions", "PartitionIndex"))
-    if api_key == 37:
+    if api_key == ApiKey.CREATE_PARTITIONS:
         return M(S(("Topics",), "Name"), S(("Results",), "Name"))
-    if api_key == 42:
+    if api_key == ApiKey.DELETE_GROUPS:
         return M(S(("GroupsNames",), None), S(("Results",), "GroupId"))
-    if api_key == 43:
+    if api_key == ApiKey.ELECT_LEADERS:
         return M(S(("TopicPartitions",), "Topic", "Partitions"),
                  S(("ReplicaElectionResults",), "Topic", "PartitionResult", "PartitionId"))
-    if api_key == 45:
+    if api_key == ApiKey.ALTER_PARTITION_REASSIGNMENTS:
         return M(S(("Topics",), "Name", "Partitions", "PartitionIndex"),
                  S(("Responses",), "Name", "Partitions", "PartitionIndex"))
-    if api_key == 47:
+    if api_key == ApiKey.OFFSET_DELETE:
         return M(S(("Topics",), "Name", "Partitions", "PartitionIndex"),
                  S(("Topics",), "Name", "Partitions", "PartitionIndex"), False)
-    if api_key == 50:
+    if api_key == ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS:
         return M(S(("Users",), "Name"), S(("Results",), "User"))
-    if api_key == 61:
+    if api_key == ApiKey.DESCRIBE_PRODUCERS:
         return M(S(("Topics",), "Name", "PartitionIndexes"),
                  S(("Topics",), "Name", "Partitions", "PartitionIndex"))
-    if api_key == 65:
+    if api_key == ApiKey.DESCRIBE_TRANSACTIONS:
         return M(S(("TransactionalIds",), None), S(("TransactionStates",), "TransactionalId"))
-    if api_key in (69, 77):
+    if api_key in (ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP_DESCRIBE):
         return M(S(("GroupIds",), None), S(("Groups",), "GroupId"))
-    if api_key == 75:
+    if api_key == ApiKey.DESCRIBE_TOPIC_PARTITIONS:
         return M(S(("Topics",), "Name"), S(("Topics",), "Name"))
     return None
 
@@ -309,7 +309,7 @@ def test_error_response(api_key: int, version: int) -> None:
 
     codes = error_codes(decoded)
     # DescribeLogDirs before v3 has nowhere to put an error: Kafka answers "no dirs".
-    assert codes or (api_key == 35 and version < 3), "no error code at all"
+    assert codes or (api_key == ApiKey.DESCRIBE_LOG_DIRS and version < 3), "no error code at all"
     assert all(code == ERROR for _, code in codes), codes
     for _, key, value in walk(decoded):
         if key == "ErrorMessage":
@@ -349,69 +349,71 @@ def test_builders_name_only_schema_fields(api_key: int) -> None:
 
 
 def test_produce_partitions() -> None:
-    request = request_for(0, 9)
-    body = roundtrip(0, 9, error_response(0, 9, request, ERROR, MESSAGE))
+    request = request_for(ApiKey.PRODUCE, 9)
+    body = roundtrip(ApiKey.PRODUCE, 9, error_response(ApiKey.PRODUCE, 9, request, ERROR, MESSAGE))
     part = body["Responses"][1]["PartitionResponses"][1]
     assert part["Index"] == 1 and part["ErrorCode"] == ERROR
     assert (part["BaseOffset"], part["LogAppendTimeMs"], part["LogStartOffset"]) == (-1, -1, -1)
     assert part["ErrorMessage"] == MESSAGE and part["RecordErrors"] == []
-    old = error_response(0, 0, request_for(0, 0), ERROR, MESSAGE)
+    old = error_response(ApiKey.PRODUCE, 0, request_for(ApiKey.PRODUCE, 0), ERROR, MESSAGE)
     assert set(old) == {"Responses"}
     assert set(old["Responses"][0]["PartitionResponses"][0]) == {"Index", "ErrorCode", "BaseOffset"}
-    v13 = error_response(0, 13, request_for(0, 13), ERROR)
+    v13 = error_response(ApiKey.PRODUCE, 13, request_for(ApiKey.PRODUCE, 13), ERROR)
     assert [t["TopicId"] for t in v13["Responses"]] == [topic_uuid(0), topic_uuid(1)]
     assert "Name" not in v13["Responses"][0]
 
 
 def test_produce_acks_zero_expects_no_response() -> None:
-    request = request_for(0, 9)
-    assert expects_response(0, 9, request)
-    assert not expects_response(0, 9, {**request, "Acks": 0})
-    assert expects_response(1, 12, request_for(1, 12))
+    request = request_for(ApiKey.PRODUCE, 9)
+    assert expects_response(ApiKey.PRODUCE, 9, request)
+    assert not expects_response(ApiKey.PRODUCE, 9, {**request, "Acks": 0})
+    assert expects_response(ApiKey.FETCH, 12, request_for(ApiKey.FETCH, 12))
 
 
 def test_fetch_shapes() -> None:
-    request = request_for(1, 12)
-    body = roundtrip(1, 12, error_response(1, 12, request, ERROR))
+    request = request_for(ApiKey.FETCH, 12)
+    body = roundtrip(ApiKey.FETCH, 12, error_response(ApiKey.FETCH, 12, request, ERROR))
     assert body["ErrorCode"] == ERROR and body["SessionId"] == request["SessionId"]
     part = body["Responses"][0]["Partitions"][1]
     assert part["PartitionIndex"] == 1 and part["ErrorCode"] == ERROR
     assert (part["HighWatermark"], part["LastStableOffset"], part["LogStartOffset"]) == (-1, -1, -1)
     assert bytes(part["Records"]) == b""
     # v13+: the top-level error alone, as Kafka does.
-    v13 = error_response(1, 13, request_for(1, 13), ERROR)
+    v13 = error_response(ApiKey.FETCH, 13, request_for(ApiKey.FETCH, 13), ERROR)
     assert v13["ErrorCode"] == ERROR and v13["Responses"] == []
     # Before v7 there is no top-level error: the partitions carry it.
-    v6 = error_response(1, 6, request_for(1, 6), ERROR)
+    v6 = error_response(ApiKey.FETCH, 6, request_for(ApiKey.FETCH, 6), ERROR)
     assert "ErrorCode" not in v6 and "SessionId" not in v6
     assert v6["Responses"][0]["Partitions"][0]["ErrorCode"] == ERROR
 
 
 def test_metadata_shapes() -> None:
-    body = error_response(3, 12, request_for(3, 12), ERROR)
+    body = error_response(ApiKey.METADATA, 12, request_for(ApiKey.METADATA, 12), ERROR)
     assert body["Brokers"] == [] and "ErrorCode" not in body
     topic = body["Topics"][0]
     assert (topic["Name"], topic["ErrorCode"], topic["IsInternal"], topic["Partitions"]) == (
         "topic-0", ERROR, False, [])
     assert topic["TopicId"] == topic_uuid(0)
     # All topics (null): no topics in the answer; v13 adds the top-level error.
-    assert error_response(3, 1, {"Topics": None}, ERROR)["Topics"] == []
-    v13 = error_response(3, 13, {"Topics": None}, ERROR)
+    assert error_response(ApiKey.METADATA, 1, {"Topics": None}, ERROR)["Topics"] == []
+    v13 = error_response(ApiKey.METADATA, 13, {"Topics": None}, ERROR)
     assert v13["ErrorCode"] == ERROR and v13["Topics"] == []
     # A topic asked by id only: Kafka answers with name "".
-    by_id = error_response(3, 12, {"Topics": [{"TopicId": topic_uuid(3), "Name": None}]}, ERROR)
+    by_id = error_response(
+        ApiKey.METADATA, 12, {"Topics": [{"TopicId": topic_uuid(3), "Name": None}]}, ERROR
+    )
     assert by_id["Topics"][0]["Name"] == ""
-    roundtrip(3, 12, by_id)
+    roundtrip(ApiKey.METADATA, 12, by_id)
 
 
 def test_offset_fetch_shapes() -> None:
-    v1 = error_response(9, 1, request_for(9, 1), ERROR)
+    v1 = error_response(ApiKey.OFFSET_FETCH, 1, request_for(ApiKey.OFFSET_FETCH, 1), ERROR)
     assert v1["Topics"][0]["Partitions"][0] == {
         "PartitionIndex": 0, "CommittedOffset": -1, "Metadata": "", "ErrorCode": ERROR}
     for v in (2, 7):
-        body = error_response(9, v, request_for(9, v), ERROR)
+        body = error_response(ApiKey.OFFSET_FETCH, v, request_for(ApiKey.OFFSET_FETCH, v), ERROR)
         assert body["ErrorCode"] == ERROR and body["Topics"] == []
-    v8 = error_response(9, 8, request_for(9, 8), ERROR)
+    v8 = error_response(ApiKey.OFFSET_FETCH, 8, request_for(ApiKey.OFFSET_FETCH, 8), ERROR)
     assert v8["Groups"] == [
         {"GroupId": "groupid-0", "ErrorCode": ERROR, "Topics": []},
         {"GroupId": "groupid-1", "ErrorCode": ERROR, "Topics": []},
@@ -419,60 +421,82 @@ def test_offset_fetch_shapes() -> None:
 
 
 def test_find_coordinator_shapes() -> None:
-    v3 = error_response(10, 3, request_for(10, 3), ERROR, MESSAGE)
+    v3 = error_response(
+        ApiKey.FIND_COORDINATOR, 3, request_for(ApiKey.FIND_COORDINATOR, 3), ERROR, MESSAGE
+    )
     assert v3 == {"ThrottleTimeMs": 0, "ErrorCode": ERROR, "ErrorMessage": MESSAGE,
                   "NodeId": -1, "Host": "", "Port": -1}
-    assert "ErrorMessage" not in error_response(10, 0, request_for(10, 0), ERROR)
-    v4 = error_response(10, 4, {"CoordinatorKeys": ["g1", "g2"]}, ERROR)
+    assert "ErrorMessage" not in error_response(
+        ApiKey.FIND_COORDINATOR, 0, request_for(ApiKey.FIND_COORDINATOR, 0), ERROR
+    )
+    v4 = error_response(ApiKey.FIND_COORDINATOR, 4, {"CoordinatorKeys": ["g1", "g2"]}, ERROR)
     assert [(c["Key"], c["NodeId"], c["ErrorCode"]) for c in v4["Coordinators"]] == [
         ("g1", -1, ERROR), ("g2", -1, ERROR)]
 
 
 def test_join_group_protocol_name() -> None:
-    assert error_response(11, 6, request_for(11, 6), 30)["ProtocolName"] == ""
-    v7 = error_response(11, 7, request_for(11, 7), 30)
+    assert (
+        error_response(ApiKey.JOIN_GROUP, 6, request_for(ApiKey.JOIN_GROUP, 6), 30)["ProtocolName"]
+        == ""
+    )
+    v7 = error_response(ApiKey.JOIN_GROUP, 7, request_for(ApiKey.JOIN_GROUP, 7), 30)
     assert v7["ProtocolName"] is None and v7["GenerationId"] == -1 and v7["MemberId"] == ""
-    roundtrip(11, 7, v7)
+    roundtrip(ApiKey.JOIN_GROUP, 7, v7)
 
 
 def test_api_versions_unsupported_version_lists_its_range() -> None:
-    body = error_response(18, 0, {}, 35)
-    lo, hi = kw.supported_versions(18) or (0, 0)
+    body = error_response(ApiKey.API_VERSIONS, 0, {}, 35)
+    lo, hi = kw.supported_versions(ApiKey.API_VERSIONS) or (0, 0)
     assert body["ApiKeys"] == [{"ApiKey": 18, "MinVersion": lo, "MaxVersion": hi}]
-    assert error_response(18, 3, {}, ERROR)["ApiKeys"] == []
+    assert error_response(ApiKey.API_VERSIONS, 3, {}, ERROR)["ApiKeys"] == []
 
 
 def test_add_partitions_to_txn_shapes() -> None:
-    v3 = error_response(24, 3, request_for(24, 3), 53)
+    v3 = error_response(
+        ApiKey.ADD_PARTITIONS_TO_TXN, 3, request_for(ApiKey.ADD_PARTITIONS_TO_TXN, 3), 53
+    )
     assert v3["ResultsByTopicV3AndBelow"][0]["ResultsByPartition"][1] == {
         "PartitionIndex": 1, "PartitionErrorCode": 53}
-    v4 = error_response(24, 4, request_for(24, 4), 53)
+    v4 = error_response(
+        ApiKey.ADD_PARTITIONS_TO_TXN, 4, request_for(ApiKey.ADD_PARTITIONS_TO_TXN, 4), 53
+    )
     assert v4 == {"ThrottleTimeMs": 0, "ErrorCode": 53, "ResultsByTransaction": []}
 
 
 def test_count_mirrors() -> None:
     """One result per ACL creation / filter / quota entry / SCRAM user, as Kafka answers."""
-    for api_key, v in versions({30, 31, 49}):
+    for api_key, v in versions(
+        {ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, ApiKey.ALTER_CLIENT_QUOTAS}
+    ):
         request = request_for(api_key, v)
         body = error_response(api_key, v, request, 31, MESSAGE)
         field, results = {30: ("Creations", "Results"), 31: ("Filters", "FilterResults"),
                           49: ("Entries", "Entries")}[api_key]
         assert len(body[results]) == len(request[field]) == 2
     scram = {"Deletions": [{"Name": "b"}], "Upsertions": [{"Name": "a"}, {"Name": "b"}]}
-    users = error_response(51, 0, scram, 31)["Results"]
+    users = error_response(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, scram, 31)["Results"]
     assert [u["User"] for u in users] == ["a", "b"]
 
 
 def test_unsupported_apis_raise() -> None:
-    for api_key in (4, 5, 6, 7, 27, 52, 58, 999):
+    for api_key in (
+        ApiKey.LEADER_AND_ISR,
+        ApiKey.STOP_REPLICA,
+        ApiKey.UPDATE_METADATA,
+        ApiKey.CONTROLLED_SHUTDOWN,
+        ApiKey.WRITE_TXN_MARKERS,
+        ApiKey.VOTE,
+        ApiKey.ENVELOPE,
+        999,
+    ):
         with pytest.raises(UnsupportedErrorResponse) as exc:
             error_response(api_key, 0, {}, ERROR)
         assert exc.value.api_key == api_key
         assert isinstance(exc.value, kw.KafkaWireError)
     with pytest.raises(UnsupportedErrorResponse):
-        partial_error_entries(12, 0, {}, {"t"}, ERROR)
+        partial_error_entries(ApiKey.HEARTBEAT, 0, {}, {"t"}, ERROR)
     with pytest.raises(UnsupportedErrorResponse):
-        remove_topics(11, 0, {}, {"t"})
+        remove_topics(ApiKey.JOIN_GROUP, 0, {}, {"t"})
 
 
 # --- partial_error_entries / remove_topics ----------------------------------------------------
@@ -511,7 +535,9 @@ def test_partial_split(api_key: int, version: int) -> None:
     for path, code in error_codes(body[root]):
         path = (root, *path)
         # OffsetFetch v8+ groups: the group itself is fine, its refused topics are not.
-        assert code == (0 if (api_key == 9 and path == ("Groups",)) else ERROR), path
+        assert code == (0 if (api_key == ApiKey.OFFSET_FETCH and path == ("Groups",)) else ERROR), (
+            path
+        )
     assert all(v == MESSAGE for _, k, v in walk(body[root]) if k == "ErrorMessage")
 
     rest = remove_topics(api_key, version, request, denied, topic_ids=ids)
@@ -536,16 +562,16 @@ def test_partial_split(api_key: int, version: int) -> None:
 
 
 def test_fetch_remove_topics_also_forgets() -> None:
-    request = request_for(1, 12)
-    rest = remove_topics(1, 12, request, {"topic-1"})
+    request = request_for(ApiKey.FETCH, 12)
+    rest = remove_topics(ApiKey.FETCH, 12, request, {"topic-1"})
     assert [t["Topic"] for t in rest["Topics"]] == ["topic-0"]
     assert [t["Topic"] for t in rest["ForgottenTopicsData"]] == ["topic-0"]
     assert [t["Topic"] for t in request["ForgottenTopicsData"]] == ["topic-0", "topic-1"]
 
 
 def test_fetch_v13_partial_entries_list_partitions() -> None:
-    request = request_for(1, 13)
-    entries = partial_error_entries(1, 13, request, {"topic-1"}, ERROR,
+    request = request_for(ApiKey.FETCH, 13)
+    entries = partial_error_entries(ApiKey.FETCH, 13, request, {"topic-1"}, ERROR,
                                     topic_ids={topic_uuid(1): "topic-1"})
     assert [e["TopicId"] for e in entries] == [topic_uuid(1)]
     assert [p["PartitionIndex"] for p in entries[0]["Partitions"]] == [0, 1]
@@ -568,9 +594,12 @@ def test_config_resources_match_topic_resources_only() -> None:
         {"ResourceType": 4, "ResourceName": "topic-0", "ConfigurationKeys": None},  # a broker
         {"ResourceType": 2, "ResourceName": "topic-0", "ConfigurationKeys": None},
     ]}
-    entries = partial_error_entries(32, 4, request, {"topic-0"}, ERROR)
+    entries = partial_error_entries(ApiKey.DESCRIBE_CONFIGS, 4, request, {"topic-0"}, ERROR)
     assert [(e["ResourceType"], e["ResourceName"]) for e in entries] == [(2, "topic-0")]
-    assert remove_topics(32, 4, request, {"topic-0"})["Resources"] == request["Resources"][:1]
+    assert (
+        remove_topics(ApiKey.DESCRIBE_CONFIGS, 4, request, {"topic-0"})["Resources"]
+        == request["Resources"][:1]
+    )
 
 
 def test_offset_fetch_v8_groups() -> None:
@@ -580,10 +609,10 @@ def test_offset_fetch_v8_groups() -> None:
                                      {"Name": "x", "PartitionIndexes": [2]}]},
         {"GroupId": "c", "Topics": None},
     ]}
-    entries = partial_error_entries(9, 8, request, {"x"}, ERROR)
+    entries = partial_error_entries(ApiKey.OFFSET_FETCH, 8, request, {"x"}, ERROR)
     assert [(g["GroupId"], [t["Name"] for t in g["Topics"]]) for g in entries] == [
         ("a", ["x"]), ("b", ["x"])]
-    rest = remove_topics(9, 8, request, {"x"})
+    rest = remove_topics(ApiKey.OFFSET_FETCH, 8, request, {"x"})
     assert [g["Topics"] for g in rest["Groups"]] == [[], [{"Name": "y", "PartitionIndexes": [1]}],
                                                       None]
     assert len(request["Groups"][0]["Topics"]) == 1

@@ -24,7 +24,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import FRAMES_MODE, MODE_HEADER, FramesSession, interest_table
 from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
-from kafka_wire.api_keys import FETCH, METADATA, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.errors import FrameError
 from kafka_wire.records import (
     BatchHeader,
@@ -63,7 +63,9 @@ def batch(*docs: dict[str, Any]) -> bytes:
 def produce(cid: int, topic: str) -> bytes:
     body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
         {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch({"a": 1})}]}]}
-    return kafka_wire.encode_request(kafka_wire.RequestHeader(PRODUCE, 9, cid, "app", {}), body)
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "app", {}), body
+    )
 
 
 def fetch(cid: int, topic_id: uuid.UUID, version: int = 16) -> bytes:
@@ -71,7 +73,7 @@ def fetch(cid: int, topic_id: uuid.UUID, version: int = 16) -> bytes:
             "IsolationLevel": 0, "SessionId": 0, "SessionEpoch": -1, "Topics": [
                 {"TopicId": topic_id, "Partitions": [{"Partition": 0, "FetchOffset": 0}]}],
             "ForgottenTopicsData": [], "RackId": ""}
-    header = kafka_wire.RequestHeader(FETCH, version, cid, "app", {})
+    header = kafka_wire.RequestHeader(ApiKey.FETCH, version, cid, "app", {})
     return kafka_wire.encode_request(header, body)
 
 
@@ -81,7 +83,7 @@ def fetch_answer(cid: int, topic_id: uuid.UUID, records: bytes, version: int = 1
             {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "LastStableOffset": 1,
              "LogStartOffset": 0, "AbortedTransactions": [], "PreferredReadReplica": -1,
              "Records": records}]}]}
-    return kafka_wire.encode_response(cid, FETCH, version, body)
+    return kafka_wire.encode_response(cid, ApiKey.FETCH, version, body)
 
 
 def fetched_values(fetch_body: dict[str, Any]) -> list[Any]:
@@ -91,7 +93,7 @@ def fetched_values(fetch_body: dict[str, Any]) -> list[Any]:
 
 
 def metadata(cid: int, version: int = 12) -> bytes:
-    header = kafka_wire.RequestHeader(METADATA, version, cid, "app", {})
+    header = kafka_wire.RequestHeader(ApiKey.METADATA, version, cid, "app", {})
     return kafka_wire.encode_request(header, {"Topics": None})
 
 
@@ -100,14 +102,14 @@ def metadata_answer(cid: int, topics: dict[str, uuid.UUID], version: int = 12) -
             "ClusterId": "c", "ControllerId": 1, "Topics": [
                 {"ErrorCode": 0, "Name": name, "TopicId": tid, "IsInternal": False,
                  "Partitions": []} for name, tid in topics.items()]}
-    return kafka_wire.encode_response(cid, METADATA, version, body)
+    return kafka_wire.encode_response(cid, ApiKey.METADATA, version, body)
 
 
 def test_a_denied_produce_is_answered_in_its_slot_and_never_forwarded() -> None:
     session = FramesSession(CONN, engine())
     reply = session.request(produce(1, "secret.x"))
     assert reply.to_broker == b"" and reply.answer is not None and not reply.want_response
-    _, answer = kafka_wire.decode_response(reply.answer[4:], PRODUCE, 9)
+    _, answer = kafka_wire.decode_response(reply.answer[4:], ApiKey.PRODUCE, 9)
     assert answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 29
     allowed = produce(2, "orders")
     assert session.request(allowed).to_broker == allowed  # the same bytes, untouched
@@ -118,7 +120,7 @@ def test_fetch_by_topic_id_is_judged_with_the_given_principal_and_masked() -> No
     pii = uuid.uuid4()
     learn = session.request(metadata(1))
     assert learn.want_response  # topic ids are learned from the answer
-    session.response(metadata_answer(1, {"pii.users": pii}), METADATA, 12)
+    session.response(metadata_answer(1, {"pii.users": pii}), ApiKey.METADATA, 12)
 
     refused = session.request(fetch(2, pii), principal="User:bob",
                               security_protocol="SASL_PLAINTEXT")
@@ -126,15 +128,15 @@ def test_fetch_by_topic_id_is_judged_with_the_given_principal_and_masked() -> No
     allowed = session.request(fetch(3, pii), principal="User:alice",
                               security_protocol="SASL_PLAINTEXT")
     assert allowed.to_broker and allowed.want_response
-    out = session.response(fetch_answer(3, pii, batch({"email": "a@x", "n": 1})), FETCH, 16)
-    _, body = kafka_wire.decode_response(out[4:], FETCH, 16)
+    out = session.response(fetch_answer(3, pii, batch({"email": "a@x", "n": 1})), ApiKey.FETCH, 16)
+    _, body = kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)
     assert fetched_values(body) == [{"email": "****", "n": 1}]
 
 
 def test_a_response_not_asked_for_or_a_cut_frame_is_refused() -> None:
     session = FramesSession(CONN, engine())
     with pytest.raises(FrameError):
-        session.response(fetch_answer(9, uuid.uuid4(), b""), FETCH, 16)
+        session.response(fetch_answer(9, uuid.uuid4(), b""), ApiKey.FETCH, 16)
     with pytest.raises(FrameError):
         session.request(produce(1, "orders")[:-3])
 
@@ -143,9 +145,9 @@ def test_the_interest_table_names_only_what_the_rules_need() -> None:
     quiet = {k for k, _, _ in interest_table(RuleEngine(CompiledRuleSet(RuleSet())))}
     # Without rules only what teaches topic ids (Metadata, CreateTopics, DeleteTopics,
     # DescribeTopicPartitions answers) and group protocols (JoinGroup, SyncGroup) goes.
-    assert quiet == {METADATA, 11, 14, 19, 20, 75}
+    assert quiet == {ApiKey.METADATA, 11, 14, 19, 20, 75}
     ruled = {k: (lo, hi) for k, lo, hi in interest_table(engine())}
-    assert ruled[PRODUCE] == (0, 0x7FFF) and ruled[FETCH] == (0, 0x7FFF)
+    assert ruled[ApiKey.PRODUCE] == (0, 0x7FFF) and ruled[ApiKey.FETCH] == (0, 0x7FFF)
 
 
 # -- over a real gRPC stream, as the native module speaks it ----------------------------
@@ -175,12 +177,12 @@ def test_the_service_speaks_frames_mode_over_grpc(tmp_path: Any) -> None:
                 async def messages() -> AsyncIterator[pb.ProcessingRequest]:
                     yield message(metadata(1))
                     yield message(metadata_answer(1, {"pii.users": pii}), response=True,
-                                  api_key=METADATA, api_version=12)
+                                  api_key=ApiKey.METADATA, api_version=12)
                     yield message(produce(2, "secret.x"))
                     yield message(fetch(3, pii), principal="User:alice",
                                   security_protocol="SASL_PLAINTEXT")
                     yield message(fetch_answer(3, pii, batch({"email": "a@x"})),
-                                  response=True, api_key=FETCH, api_version=16)
+                                  response=True, api_key=ApiKey.FETCH, api_version=16)
 
                 call = stub.Process(messages(), metadata=(
                     (MODE_HEADER, FRAMES_MODE), ("x-keg-client-address", "10.0.0.5:5000"),
@@ -196,5 +198,5 @@ def test_the_service_speaks_frames_mode_over_grpc(tmp_path: Any) -> None:
     assert denied.read_data.data == b"" and denied.write_data.data
     assert MessageToDict(denied.dynamic_metadata) == {"keg": {"want_response": False}}
     assert allowed.read_data.data == fetch(3, pii)
-    _, body = kafka_wire.decode_response(masked.write_data.data[4:], FETCH, 16)
+    _, body = kafka_wire.decode_response(masked.write_data.data[4:], ApiKey.FETCH, 16)
     assert fetched_values(body) == [{"email": "****"}]

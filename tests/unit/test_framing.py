@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kafka_wire import ApiKey
 from kafka_wire.errors import FrameError
 from kafka_wire.framing import (
     CorrelationTracker,
@@ -33,7 +34,7 @@ def response(correlation_id: int, payload: bytes) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
-HOLD_KEY = 3  # Metadata: the frames these tests hold
+HOLD_KEY = ApiKey.METADATA  # the frames these tests hold
 
 
 def hold_metadata(head: Head) -> Decision:
@@ -57,24 +58,24 @@ def run(splitter: FrameSplitter, chunks: list[bytes]) -> tuple[bytes, list[Frame
 
 
 STREAM = (
-    request(0, 1, b"produce-1" * 7)
+    request(ApiKey.PRODUCE, 1, b"produce-1" * 7)
     + request(HOLD_KEY, 2, b"meta")
-    + request(1, 3, b"")
+    + request(ApiKey.FETCH, 3, b"")
     + request(HOLD_KEY, 4, b"meta-2" * 40)
-    + request(0, 5, b"x")
+    + request(ApiKey.PRODUCE, 5, b"x")
 )
 EXPECTED = (
-    request(0, 1, b"produce-1" * 7)
+    request(ApiKey.PRODUCE, 1, b"produce-1" * 7)
     + b"<HELD>"
-    + request(1, 3, b"")
+    + request(ApiKey.FETCH, 3, b"")
     + b"<HELD>"
-    + request(0, 5, b"x")
+    + request(ApiKey.PRODUCE, 5, b"x")
 )
 
 
 def test_whole_chunk_of_pass_frames_is_returned_as_is() -> None:
     splitter = FrameSplitter(requests=True, decide=lambda h: Decision.PASS)
-    chunk = request(0, 1, b"a" * 100) + request(1, 2, b"b")
+    chunk = request(ApiKey.PRODUCE, 1, b"a" * 100) + request(ApiKey.FETCH, 2, b"b")
     out = splitter.feed(chunk)
     assert len(out) == 1 and out[0] is chunk
     assert splitter.at_frame_boundary
@@ -145,7 +146,7 @@ def test_tracker_skips_unanswered_produce_requests() -> None:
     for cid in (1, 2, 3):
         forwarded(tracker, cid, hold_response=cid == 3)
     entry, due = tracker.answered(3)  # 1 and 2 were acks=0 produces: no response comes
-    assert entry.hold_response and entry.api_key == 0 and due == []
+    assert entry.hold_response and entry.api_key == ApiKey.PRODUCE and due == []
     assert len(tracker) == 0
     with pytest.raises(FrameError):
         tracker.answered(4)
@@ -153,16 +154,16 @@ def test_tracker_skips_unanswered_produce_requests() -> None:
 
 def test_tracker_refuses_a_skipped_answer_to_anything_but_produce() -> None:
     tracker = CorrelationTracker()
-    forwarded(tracker, 1, api_key=3)  # Metadata is always answered
-    forwarded(tracker, 2, api_key=3)
+    forwarded(tracker, 1, api_key=ApiKey.METADATA)  # Metadata is always answered
+    forwarded(tracker, 2, api_key=ApiKey.METADATA)
     with pytest.raises(FrameError, match="request 1 was due"):
         tracker.answered(2)
 
 
 def test_tracker_refuses_an_answer_before_a_held_request_is_forwarded() -> None:
     tracker = CorrelationTracker()
-    tracker.reserve(RequestHead(10, 3, 12, 1))  # held, still undecided
-    forwarded(tracker, 2, api_key=3)
+    tracker.reserve(RequestHead(10, ApiKey.METADATA, 12, 1))  # held, still undecided
+    forwarded(tracker, 2, api_key=ApiKey.METADATA)
     assert tracker.take_due_answers() == []
     with pytest.raises(FrameError, match="before request 1 was forwarded"):
         tracker.answered(2)
@@ -179,10 +180,10 @@ def test_tracker_bounds_in_flight() -> None:
 def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
     tracker = CorrelationTracker()
     forwarded(tracker, 1)
-    tracker.reserve(RequestHead(10, 0, 3, 2)).answer_with(b"answer-2")
+    tracker.reserve(RequestHead(10, ApiKey.PRODUCE, 3, 2)).answer_with(b"answer-2")
     forwarded(tracker, 3)
-    tracker.reserve(RequestHead(10, 0, 3, 4)).answer_with(b"answer-4")
-    tracker.reserve(RequestHead(10, 0, 3, 5)).drop_answer()  # refused acks=0 produce
+    tracker.reserve(RequestHead(10, ApiKey.PRODUCE, 3, 4)).answer_with(b"answer-4")
+    tracker.reserve(RequestHead(10, ApiKey.PRODUCE, 3, 5)).drop_answer()  # refused acks=0 produce
     assert tracker.take_due_answers() == []  # the broker still owes the answer to 1
     assert tracker.answered(1)[1] == []
     assert tracker.take_due_answers() == [b"answer-2"]
@@ -195,8 +196,8 @@ def test_gateway_answers_keep_their_place_in_the_response_order() -> None:
 def test_slots_decided_out_of_order_answer_in_request_order() -> None:
     """A held request decided after later requests passed keeps its place."""
     tracker = CorrelationTracker()
-    held = tracker.reserve(RequestHead(10, 3, 12, 1))
-    forwarded(tracker, 2, api_key=2)  # passed while 1 was still held
+    held = tracker.reserve(RequestHead(10, ApiKey.METADATA, 12, 1))
+    forwarded(tracker, 2, api_key=ApiKey.LIST_OFFSETS)  # passed while 1 was still held
     held.forward(hold_response=True)  # decided afterwards
     entry, _ = tracker.answered(1)
     assert entry is held

@@ -14,14 +14,13 @@ import kafka_wire as kw
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.session import KafkaSession
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError, UnknownApiError
 from kafka_wire.framing import frame_bytes
 from kafka_wire.group_protocol import (
     CONNECT,
     CONNECTOR_TASK,
     CONSUMER,
-    INCONSISTENT_GROUP_PROTOCOL,
     GroupObservation,
     GroupPayload,
     GroupProtocolTracker,
@@ -296,7 +295,7 @@ def wire_body(api_key: int, version: int, kind: str, value: dict[str, Any]) -> d
 
 def join_request(version: int, member: str = "", group: str = "g1",
                  protocol_type: str = CONSUMER) -> dict[str, Any]:
-    return wire_body(JOIN_GROUP, version, "request", {
+    return wire_body(ApiKey.JOIN_GROUP, version, "request", {
         "GroupId": group, "SessionTimeoutMs": 10000, "RebalanceTimeoutMs": 30000,
         "MemberId": member, "ProtocolType": protocol_type,
         "Protocols": [{"Name": "cooperative-sticky", "Metadata": COOP_SUB},
@@ -307,7 +306,7 @@ def join_request(version: int, member: str = "", group: str = "g1",
 def join_response(version: int, member: str, leader: str,
                   members: list[tuple[str, bytes]], name: str = "range",
                   protocol_type: str | None = CONSUMER) -> dict[str, Any]:
-    return wire_body(JOIN_GROUP, version, "response", {
+    return wire_body(ApiKey.JOIN_GROUP, version, "response", {
         "ErrorCode": 0, "GenerationId": 4, "ProtocolType": protocol_type, "ProtocolName": name,
         "Leader": leader, "MemberId": member,
         "Members": [{"MemberId": m, "Metadata": md} for m, md in members],
@@ -317,7 +316,7 @@ def join_response(version: int, member: str, leader: str,
 def sync_request(version: int, member: str, assignments: list[tuple[str, bytes]],
                  protocol_type: str | None = CONSUMER, name: str | None = "range",
                  group: str = "g1") -> dict[str, Any]:
-    return wire_body(SYNC_GROUP, version, "request", {
+    return wire_body(ApiKey.SYNC_GROUP, version, "request", {
         "GroupId": group, "GenerationId": 4, "MemberId": member,
         "ProtocolType": protocol_type, "ProtocolName": name,
         "Assignments": [{"MemberId": m, "Assignment": a} for m, a in assignments],
@@ -326,7 +325,7 @@ def sync_request(version: int, member: str, assignments: list[tuple[str, bytes]]
 
 def sync_response(version: int, assignment: bytes, protocol_type: str | None = CONSUMER,
                   name: str | None = "range") -> dict[str, Any]:
-    return wire_body(SYNC_GROUP, version, "response", {
+    return wire_body(ApiKey.SYNC_GROUP, version, "response", {
         "ErrorCode": 0, "ProtocolType": protocol_type, "ProtocolName": name,
         "Assignment": assignment,
     })
@@ -346,25 +345,30 @@ def topics(observation: GroupObservation) -> list[tuple[str, str, Any]]:
 
 def test_old_versions_use_the_connection_memory() -> None:
     t = GroupProtocolTracker()
-    first = t.on_request(JOIN_GROUP, 5, join_request(5, "m-a"), correlation_id=10)
+    first = t.on_request(ApiKey.JOIN_GROUP, 5, join_request(5, "m-a"), correlation_id=10)
     assert [(p.protocol_name, p.path) for p in first.payloads] == [
         ("cooperative-sticky", "message"), ("range", "message")]
     assert first.payloads[0].payload is not None
     assert first.payloads[0].payload.fields["RackId"] == "az-1"
     # JoinGroupResponse v5: ProtocolName is there, ProtocolType is not.
     joined = t.on_response(
-        JOIN_GROUP, 5, join_response(5, "m-a", "m-a", [("m-a", RANGE_SUB), ("m-b", RANGE_SUB)],
-                                     protocol_type=None), correlation_id=10)
+        ApiKey.JOIN_GROUP,
+        5,
+        join_response(
+            5, "m-a", "m-a", [("m-a", RANGE_SUB), ("m-b", RANGE_SUB)], protocol_type=None
+        ),
+        correlation_id=10,
+    )
     assert topics(joined) == [("m-a", "connection-memory", ["orders"]),
                               ("m-b", "connection-memory", ["orders"])]
     assert {p.protocol_name for p in joined.payloads} == {"range"}
     assert t.group_protocol("g1") == (CONSUMER, "range")
     # SyncGroup v3 carries neither.
-    synced = t.on_request(SYNC_GROUP, 3, sync_request(3, "m-a", [("m-a", ASSIGN_A),
+    synced = t.on_request(ApiKey.SYNC_GROUP, 3, sync_request(3, "m-a", [("m-a", ASSIGN_A),
                                                                  ("m-b", ASSIGN_B)]), 11)
     assert topics(synced) == [("m-a", "connection-memory", [("orders", [0])]),
                               ("m-b", "connection-memory", [("orders", [1])])]
-    answer = t.on_response(SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None), 11)
+    answer = t.on_response(ApiKey.SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None), 11)
     assert topics(answer) == [("m-a", "connection-memory", [("orders", [0])])]
     assert answer.payloads[0].group_id == "g1"
     assert (t.counters.message, t.counters.connection_memory) == (2, 5)
@@ -373,82 +377,84 @@ def test_old_versions_use_the_connection_memory() -> None:
 def test_new_versions_are_self_describing() -> None:
     t = GroupProtocolTracker()
     # No JoinGroupRequest seen (say the tracker started late): v7+/v5+ still decode.
-    joined = t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)]))
+    joined = t.on_response(
+        ApiKey.JOIN_GROUP, 7, join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)])
+    )
     assert topics(joined) == [("m-a", "message", ["orders"])]
-    synced = t.on_request(SYNC_GROUP, 5, sync_request(5, "m-a", [("m-a", ASSIGN_A)]), 3)
+    synced = t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(5, "m-a", [("m-a", ASSIGN_A)]), 3)
     assert topics(synced) == [("m-a", "message", [("orders", [0])])]
-    answer = t.on_response(SYNC_GROUP, 5, sync_response(5, ASSIGN_A), 3)
+    answer = t.on_response(ApiKey.SYNC_GROUP, 5, sync_response(5, ASSIGN_A), 3)
     assert topics(answer) == [("m-a", "message", [("orders", [0])])]
     assert answer.payloads[0].protocol_name == "range"
 
 
 def test_old_versions_without_memory_are_reported_unknown() -> None:
     t = GroupProtocolTracker()
-    synced = t.on_request(SYNC_GROUP, 3, sync_request(3, "m-a", [("m-a", ASSIGN_A)]), 1)
+    synced = t.on_request(ApiKey.SYNC_GROUP, 3, sync_request(3, "m-a", [("m-a", ASSIGN_A)]), 1)
     [p] = synced.payloads
     assert (p.path, p.payload, p.raw) == ("unknown", None, ASSIGN_A)
     assert p.error is not None and "no protocol type" in p.error
-    answer = t.on_response(SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None), 1)
+    answer = t.on_response(ApiKey.SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None), 1)
     assert [x.path for x in answer.payloads] == ["unknown"]
     assert t.counters.unknown == 2
 
 
 def test_inconsistent_sync_group_is_reported() -> None:
     t = GroupProtocolTracker()
-    t.on_request(JOIN_GROUP, 7, join_request(7, "m-a"), 1)
-    t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)]), 1)
-    ok = t.on_request(SYNC_GROUP, 5, sync_request(5, "m-a", []), 2)
+    t.on_request(ApiKey.JOIN_GROUP, 7, join_request(7, "m-a"), 1)
+    t.on_response(ApiKey.JOIN_GROUP, 7, join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)]), 1)
+    ok = t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(5, "m-a", []), 2)
     assert ok.inconsistencies == ()
-    bad = t.on_request(SYNC_GROUP, 5, sync_request(
+    bad = t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(
         5, "m-a", [("m-a", ASSIGN_A)], protocol_type=CONSUMER, name="roundrobin"), 3)
     [i] = bad.inconsistencies
     assert (i.group_id, i.field, i.expected, i.actual, i.error_code) == (
-        "g1", "ProtocolName", "range", "roundrobin", INCONSISTENT_GROUP_PROTOCOL)
-    worse = t.on_request(SYNC_GROUP, 5, sync_request(
+        "g1", "ProtocolName", "range", "roundrobin", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+    worse = t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(
         5, "m-a", [], protocol_type=CONNECT, name="range"), 4)
     assert [(i.field, i.expected, i.actual) for i in worse.inconsistencies] == [
         ("ProtocolType", CONSUMER, CONNECT)]
     # Null fields (ignorable in v5) are not checked, like the coordinator does.
-    assert t.on_request(SYNC_GROUP, 5, sync_request(5, "m-a", [], None, None), 5) \
+    assert t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(5, "m-a", [], None, None), 5) \
         .inconsistencies == ()
     assert t.counters.inconsistencies == 2
 
 
 def test_responses_match_their_requests_by_correlation_or_order() -> None:
     t = GroupProtocolTracker()
-    t.on_request(JOIN_GROUP, 5, join_request(5, "a", group="g-a"), 1)
-    t.on_request(JOIN_GROUP, 5, join_request(5, "b", group="g-b", protocol_type=CONNECT), 2)
+    t.on_request(ApiKey.JOIN_GROUP, 5, join_request(5, "a", group="g-a"), 1)
+    t.on_request(ApiKey.JOIN_GROUP, 5, join_request(5, "b", group="g-b", protocol_type=CONNECT), 2)
     # Answered by correlation id: the consumer group's answer first.
-    r1 = t.on_response(JOIN_GROUP, 5, join_response(5, "a", "a", [("a", RANGE_SUB)]), 1)
+    r1 = t.on_response(ApiKey.JOIN_GROUP, 5, join_response(5, "a", "a", [("a", RANGE_SUB)]), 1)
     assert r1.payloads[0].group_id == "g-a" and r1.payloads[0].protocol_type == CONSUMER
     connect_md = encode_subscription(CONNECT, 0, {"Url": "http://w:8083", "ConfigOffset": 3})
-    r2 = t.on_response(JOIN_GROUP, 5, join_response(
+    r2 = t.on_response(ApiKey.JOIN_GROUP, 5, join_response(
         5, "b", "b", [("b", connect_md)], name="default"))  # no id: oldest unanswered
     [p] = r2.payloads
     assert (p.group_id, p.protocol_type, p.protocol_name, p.path) == (
         "g-b", CONNECT, "default", "connection-memory")
     assert p.payload is not None and p.payload.fields["Url"] == "http://w:8083"
     # A response to a request this tracker never saw matches nothing.
-    stray = t.on_response(JOIN_GROUP, 5, join_response(5, "c", "c", [("c", RANGE_SUB)]), 99)
+    stray = t.on_response(ApiKey.JOIN_GROUP, 5, join_response(5, "c", "c", [("c", RANGE_SUB)]), 99)
     assert [x.path for x in stray.payloads] == ["unknown"]
 
 
 def test_bad_payload_bytes_are_reported_not_raised() -> None:
     t = GroupProtocolTracker()
-    t.on_request(JOIN_GROUP, 5, join_request(5, "a"), 1)
-    r = t.on_response(JOIN_GROUP, 5, join_response(5, "a", "a", [("a", b"\x00\x00\x00")]), 1)
+    t.on_request(ApiKey.JOIN_GROUP, 5, join_request(5, "a"), 1)
+    r = t.on_response(ApiKey.JOIN_GROUP, 5, join_response(5, "a", "a", [("a", b"\x00\x00\x00")]), 1)
     [p] = r.payloads
     assert p.payload is None and p.error is not None and p.path == "connection-memory"
     assert t.counters.errors == 1
     # An empty SyncGroup assignment (an error answer) yields no payload.
-    t.on_request(SYNC_GROUP, 3, sync_request(3, "a", []), 2)
-    assert t.on_response(SYNC_GROUP, 3, sync_response(3, b"", None, None), 2).payloads == ()
+    t.on_request(ApiKey.SYNC_GROUP, 3, sync_request(3, "a", []), 2)
+    assert t.on_response(ApiKey.SYNC_GROUP, 3, sync_response(3, b"", None, None), 2).payloads == ()
 
 
 def test_unrelated_api_keys_are_ignored() -> None:
     t = GroupProtocolTracker()
-    assert t.on_request(3, 12, {}, 1) == GroupObservation()
-    assert t.on_response(3, 12, {}, 1) == GroupObservation()
+    assert t.on_request(ApiKey.METADATA, 12, {}, 1) == GroupObservation()
+    assert t.on_response(ApiKey.METADATA, 12, {}, 1) == GroupObservation()
 
 
 # -- the observing filter inside a session ------------------------------------------
@@ -465,16 +471,16 @@ def test_session_observes_requests_and_forwards_every_byte_unchanged(split: int)
     observer = GroupProtocolObserver(sink=lambda conn, obs: seen.append(obs))
     session = KafkaSession(ConnectionInfo(connection_id="c1"), [observer])
     requests = b"".join([
-        kw.encode_request(kw.RequestHeader(3, 12, 1, "cli"), {"Topics": None}),
-        kw.encode_request(kw.RequestHeader(JOIN_GROUP, 5, 2, "cli"), join_request(5, "m-a")),
-        kw.encode_request(kw.RequestHeader(SYNC_GROUP, 3, 3, "cli"),
+        kw.encode_request(kw.RequestHeader(ApiKey.METADATA, 12, 1, "cli"), {"Topics": None}),
+        kw.encode_request(kw.RequestHeader(ApiKey.JOIN_GROUP, 5, 2, "cli"), join_request(5, "m-a")),
+        kw.encode_request(kw.RequestHeader(ApiKey.SYNC_GROUP, 3, 3, "cli"),
                           sync_request(3, "m-a", [("m-a", ASSIGN_A)])),
     ])
     responses = b"".join([
-        response_frame(1, 3, 12, {"Brokers": [], "Topics": []}),
-        response_frame(2, JOIN_GROUP, 5, join_response(5, "m-a", "m-a", [("m-a", RANGE_SUB)],
+        response_frame(1, ApiKey.METADATA, 12, {"Brokers": [], "Topics": []}),
+        response_frame(2, ApiKey.JOIN_GROUP, 5, join_response(5, "m-a", "m-a", [("m-a", RANGE_SUB)],
                                                        protocol_type=None)),
-        response_frame(3, SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None)),
+        response_frame(3, ApiKey.SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None)),
     ])
     out_requests = b"".join(session.from_client(requests[i:i + split])
                             for i in range(0, len(requests), split))
@@ -495,7 +501,7 @@ def test_session_observes_requests_and_forwards_every_byte_unchanged(split: int)
 def test_session_forwards_an_undecodable_observed_request() -> None:
     observer = GroupProtocolObserver()
     session = KafkaSession(ConnectionInfo(), [observer])
-    good = kw.encode_request(kw.RequestHeader(JOIN_GROUP, 5, 2, "cli"), join_request(5))
+    good = kw.encode_request(kw.RequestHeader(ApiKey.JOIN_GROUP, 5, 2, "cli"), join_request(5))
     bad = frame_bytes(good[4:-3])  # its last field cut short: it does not decode
     with pytest.raises(DecodeError):
         kw.decode_request(bad[4:], trailing=True)
@@ -508,13 +514,13 @@ def test_session_forwards_an_undecodable_observed_request() -> None:
 
 def test_conflicts_are_judged_only_against_a_confirmed_group_when_asked() -> None:
     t = GroupProtocolTracker()
-    t.on_request(JOIN_GROUP, 7, join_request(7, "m-a"), 1)
+    t.on_request(ApiKey.JOIN_GROUP, 7, join_request(7, "m-a"), 1)
     # Only the JoinGroupRequest seen: the group's protocol name is not known yet.
     assert t.conflicts("g1", "m-a", "connect", None, confirmed=True) == ()
     [c] = t.conflicts("g1", "m-a", "connect", None)
     assert (c.field, c.expected, c.actual, c.error_code) == ("ProtocolType", CONSUMER,
                                                              "connect", 23)
-    t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
+    t.on_response(ApiKey.JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
     assert [(c.field, c.actual) for c in t.conflicts(
         "g1", "m-a", CONSUMER, "roundrobin", confirmed=True)] == [("ProtocolName", "roundrobin")]
     assert t.conflicts("g1", "m-a", None, None, confirmed=True) == ()  # fields not given
@@ -523,13 +529,13 @@ def test_conflicts_are_judged_only_against_a_confirmed_group_when_asked() -> Non
 
 def test_a_cancelled_request_is_not_matched_to_a_later_response() -> None:
     t = GroupProtocolTracker()
-    t.on_request(JOIN_GROUP, 7, join_request(7, "m-a"), 1)
-    t.on_response(JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
-    t.on_request(SYNC_GROUP, 5, sync_request(5, "m-a", [], name="roundrobin"), 2)
-    assert t.cancel(SYNC_GROUP, 2) and not t.cancel(SYNC_GROUP, 2)
-    t.on_request(SYNC_GROUP, 3, sync_request(3, "m-a", []), 3)
+    t.on_request(ApiKey.JOIN_GROUP, 7, join_request(7, "m-a"), 1)
+    t.on_response(ApiKey.JOIN_GROUP, 7, join_response(7, "m-a", "m-a", []), 1)
+    t.on_request(ApiKey.SYNC_GROUP, 5, sync_request(5, "m-a", [], name="roundrobin"), 2)
+    assert t.cancel(ApiKey.SYNC_GROUP, 2) and not t.cancel(ApiKey.SYNC_GROUP, 2)
+    t.on_request(ApiKey.SYNC_GROUP, 3, sync_request(3, "m-a", []), 3)
     # Matched by order (no correlation id): must be request 3's, decoded from memory.
-    [p] = t.on_response(SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None)).payloads
+    [p] = t.on_response(ApiKey.SYNC_GROUP, 3, sync_response(3, ASSIGN_A, None, None)).payloads
     assert p.path == "connection-memory" and p.payload is not None
 
 
@@ -537,16 +543,16 @@ def test_guard_answers_an_inconsistent_sync_group_in_the_session() -> None:
     version = 5  # the first SyncGroup carrying ProtocolType/ProtocolName
     observer = GroupProtocolObserver()
     session = KafkaSession(ConnectionInfo(connection_id="c1"), [observer, observer.guard()])
-    session.from_client(kw.encode_request(kw.RequestHeader(JOIN_GROUP, 7, 1, "cli"),
+    session.from_client(kw.encode_request(kw.RequestHeader(ApiKey.JOIN_GROUP, 7, 1, "cli"),
                                           join_request(7, "m-a")))
-    session.from_broker(response_frame(1, JOIN_GROUP, 7,
+    session.from_broker(response_frame(1, ApiKey.JOIN_GROUP, 7,
                                        join_response(7, "m-a", "m-a", [("m-a", RANGE_SUB)])))
-    bad = kw.encode_request(kw.RequestHeader(SYNC_GROUP, version, 2, "cli"),
+    bad = kw.encode_request(kw.RequestHeader(ApiKey.SYNC_GROUP, version, 2, "cli"),
                             sync_request(version, "m-a", [], protocol_type="connect"))
     assert session.from_client(bad) == b""  # never forwarded
-    _, answer = kw.decode_response(session.take_client_bytes()[4:], SYNC_GROUP, version)
+    _, answer = kw.decode_response(session.take_client_bytes()[4:], ApiKey.SYNC_GROUP, version)
     assert answer["ErrorCode"] == 23
-    good = kw.encode_request(kw.RequestHeader(SYNC_GROUP, version, 3, "cli"),
+    good = kw.encode_request(kw.RequestHeader(ApiKey.SYNC_GROUP, version, 3, "cli"),
                              sync_request(version, "m-a", [("m-a", ASSIGN_A)]))
     assert session.from_client(good) == good
-    assert not observer.guard().wants(SYNC_GROUP, 4, "request")
+    assert not observer.guard().wants(ApiKey.SYNC_GROUP, 4, "request")

@@ -24,7 +24,7 @@ from ext_proc.identity import (
     principal_for_envelope,
     unescape_saslname,
 )
-from kafka_wire.api_keys import PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import Principal, decode_principal, encode_principal
 
 PASSWORD = "Tr0ub4dor&3-never-logged"
@@ -32,18 +32,20 @@ SASL_AUTHENTICATION_FAILED = 58
 
 
 def handshake(t: IdentityTracker, mechanism: str, version: int = 1, error: int = 0) -> None:
-    t.observe_request(SASL_HANDSHAKE, version, {"Mechanism": mechanism})
-    t.observe_response(SASL_HANDSHAKE, version, {"ErrorCode": error, "Mechanisms": [mechanism]})
+    t.observe_request(ApiKey.SASL_HANDSHAKE, version, {"Mechanism": mechanism})
+    t.observe_response(
+        ApiKey.SASL_HANDSHAKE, version, {"ErrorCode": error, "Mechanisms": [mechanism]}
+    )
 
 
 def auth_request(t: IdentityTracker, data: bytes) -> None:
-    t.observe_request(SASL_AUTHENTICATE, 2, {"AuthBytes": data})
+    t.observe_request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": data})
 
 
 def auth_response(
     t: IdentityTracker, error: int = 0, data: bytes = b"", lifetime: int = 0
 ) -> None:
-    t.observe_response(SASL_AUTHENTICATE, 2, {
+    t.observe_response(ApiKey.SASL_AUTHENTICATE, 2, {
         "ErrorCode": error,
         "ErrorMessage": "Authentication failed" if error else None,
         "AuthBytes": data,
@@ -405,10 +407,10 @@ def test_odd_bodies_never_raise(body: dict[str, Any]) -> None:
     t = IdentityTracker()
     for mechanism in ("PLAIN", "SCRAM-SHA-256", "OAUTHBEARER", "GSSAPI"):
         handshake(t, mechanism)
-        t.observe_request(SASL_HANDSHAKE, 1, body)
-        t.observe_request(SASL_AUTHENTICATE, 2, body)
-        t.observe_response(SASL_AUTHENTICATE, 2, body)
-        t.observe_response(SASL_HANDSHAKE, 1, body)
+        t.observe_request(ApiKey.SASL_HANDSHAKE, 1, body)
+        t.observe_request(ApiKey.SASL_AUTHENTICATE, 2, body)
+        t.observe_response(ApiKey.SASL_AUTHENTICATE, 2, body)
+        t.observe_response(ApiKey.SASL_HANDSHAKE, 1, body)
     assert t.principal.startswith("User:")
 
 
@@ -424,8 +426,8 @@ def test_bodies_decoded_by_kafka_wire() -> None:
     """The field names the tracker reads are the codec's."""
     t = IdentityTracker()
     frames: list[tuple[int, int, dict[str, Any]]] = [
-        (SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"}),
-        (SASL_AUTHENTICATE, 2, {"AuthBytes": f"\0carol\0{PASSWORD}".encode()}),
+        (ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"}),
+        (ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": f"\0carol\0{PASSWORD}".encode()}),
     ]
     for api_key, version, body in frames:
         header = kafka_wire.RequestHeader(api_key, version, 1, "cli", {})
@@ -435,9 +437,9 @@ def test_bodies_decoded_by_kafka_wire() -> None:
         t.observe_client_id(decoded_header.client_id)
         t.observe_request(api_key, version, decoded)
     response = {"ErrorCode": 0, "ErrorMessage": None, "AuthBytes": b"", "SessionLifetimeMs": 0}
-    encoded = kafka_wire.encode_response(1, SASL_AUTHENTICATE, 2, response)
-    _, decoded_response = kafka_wire.decode_response(encoded[4:], SASL_AUTHENTICATE, 2)
-    t.observe_response(SASL_AUTHENTICATE, 2, decoded_response)
+    encoded = kafka_wire.encode_response(1, ApiKey.SASL_AUTHENTICATE, 2, response)
+    _, decoded_response = kafka_wire.decode_response(encoded[4:], ApiKey.SASL_AUTHENTICATE, 2)
+    t.observe_response(ApiKey.SASL_AUTHENTICATE, 2, decoded_response)
     assert t.principal == "User:carol" and t.client_id == "cli"
     assert_no_secret(t, PASSWORD)
 
@@ -460,7 +462,7 @@ def test_random_sasl_bytes_never_raise(
         auth_request(t, data)
     for error, data in responses:
         auth_response(t, error, data)
-    t.observe_request(PRODUCE, 9, {})
+    t.observe_request(ApiKey.PRODUCE, 9, {})
     assert t.principal.startswith("User:")
     if not t.authenticated:
         assert t.principal == ANONYMOUS

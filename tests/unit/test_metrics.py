@@ -7,6 +7,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc.metrics import LATENCY_BUCKETS, OTHER, BoundedLabel, Metrics, api_label
+from kafka_wire import ApiKey
 
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
@@ -15,14 +16,14 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
 
 def exercised() -> Metrics:
     m = Metrics()
-    m.request(0, 9, "User:alice", "orders")
-    m.request(0, 9, "User:alice", "orders")
-    m.request(3, 12, "User:ANONYMOUS")
-    m.frame_bytes(0, "request", 1500)
-    m.frame_bytes(0, "response", 60)
+    m.request(ApiKey.PRODUCE, 9, "User:alice", "orders")
+    m.request(ApiKey.PRODUCE, 9, "User:alice", "orders")
+    m.request(ApiKey.METADATA, 12, "User:ANONYMOUS")
+    m.frame_bytes(ApiKey.PRODUCE, "request", 1500)
+    m.frame_bytes(ApiKey.PRODUCE, "response", 60)
     m.decision("no-pii", "deny", "enforce", "denied")
     m.decision("no-pii", "deny", "dry-run", "would-deny")
-    m.decode_error(1, "response")
+    m.decode_error(ApiKey.FETCH, "response")
     m.connection_opened()
     m.connection_opened()
     m.connection_closed()
@@ -83,8 +84,8 @@ def test_rule_set_version_has_one_value() -> None:
 def test_principals_and_topics_are_bounded() -> None:
     m = Metrics(max_principals=2, max_topics=1)
     for name in ("User:a", "User:b", "User:c", "User:d", "User:a"):
-        m.request(0, 9, name, "t1")
-    m.request(0, 9, "User:a", "t2")
+        m.request(ApiKey.PRODUCE, 9, name, "t1")
+    m.request(ApiKey.PRODUCE, 9, "User:a", "t2")
     assert value(m, "keg_requests_total", api="Produce", version="9", principal="User:a",
                  topic="t1") == 2
     assert value(m, "keg_requests_total", api="Produce", version="9", principal=OTHER,
@@ -100,7 +101,10 @@ def test_bounded_label() -> None:
 
 
 def test_api_label() -> None:
-    assert api_label(0) == "Produce" and api_label(36) == "SaslAuthenticate"
+    assert (
+        api_label(ApiKey.PRODUCE) == "Produce"
+        and api_label(ApiKey.SASL_AUTHENTICATE) == "SaslAuthenticate"
+    )
     assert api_label(32767) == "32767"
 
 
@@ -136,7 +140,7 @@ def test_connection_meters_count_exactly_and_flush_at_scrape() -> None:
     metrics = Metrics()
     meter = ConnectionMeter(metrics, 1, lambda: "User:alice")
     for _ in range(3):
-        meter.request(0, 9, 100)
+        meter.request(ApiKey.PRODUCE, 9, 100)
         meter.forwarded()
     meter.bytes(0, "response", 40)
     text = metrics.exposition().decode()  # the scrape flushes the pending counts
@@ -144,7 +148,7 @@ def test_connection_meters_count_exactly_and_flush_at_scrape() -> None:
         in text
     assert 'keg_forwarded_requests_total{broker="1"} 3.0' in text
     assert 'keg_request_bytes_total{api="Produce",direction="request"} 300.0' in text
-    meter.request(0, 9, 100)
+    meter.request(ApiKey.PRODUCE, 9, 100)
     meter.close()  # a closing connection flushes too, and leaves the registry of meters
     assert 'principal="User:alice",topic="",version="9"} 4.0' in metrics.exposition().decode()
     assert len(metrics.meters) == 0

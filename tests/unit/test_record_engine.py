@@ -13,6 +13,7 @@ import pytest
 from filter_rules import CompiledRuleSet, MatchContext, RuleSetInvalid, load_rule_text
 from interceptors import BuildContext, InterceptedRecord, NoSideEffects, RecordRejected
 from interceptors.engine import RecordEngine
+from kafka_wire import ApiKey
 from kafka_wire.records import BatchHeader, BatchView, Record, decode_records, encode_batch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "filter_rules" / "examples"
@@ -82,13 +83,17 @@ def test_plan_follows_topic_direction_and_principal() -> None:
         match: {direction: response, principals: {exact: [bob]}}
         action: {interceptor: {class: "tests.unit.test_record_engine:Upper"}}
     """)
-    ctx = MatchContext(api_key=0, api_version=9, principal="alice")
+    ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal="alice")
     assert [s.rule_id for s in e.plan("produce", "t.a", ctx)] == ["produce-only"]
     assert e.plan("produce", "t.b", ctx) == ()
     assert e.plan("consume", "t.a", ctx) == ()
-    bob = MatchContext(api_key=1, api_version=12, principal="bob")
+    bob = MatchContext(api_key=ApiKey.FETCH, api_version=12, principal="bob")
     assert [s.rule_id for s in e.plan("consume", "any", bob)] == ["consume-for-bob"]
-    assert e.interested(0, 9) and e.interested(1, 12) and not e.interested(3, 12)
+    assert (
+        e.interested(ApiKey.PRODUCE, 9)
+        and e.interested(ApiKey.FETCH, 12)
+        and not e.interested(ApiKey.METADATA, 12)
+    )
 
 
 def test_dry_run_reports_but_changes_nothing() -> None:
@@ -177,7 +182,7 @@ def batch(values: list[bytes], **header: Any) -> BatchView:
 
 def test_process_batch_keeps_untouched_batches_as_bytes() -> None:
     e = engine(CUSTOM)
-    stages = e.plan("produce", "t.a", MatchContext(api_key=0, api_version=9))
+    stages = e.plan("produce", "t.a", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
     outcome = e.process_batch(batch([b"ABC", b"DEF"]), stages, topic="t.a", partition=0,
                               direction="produce", principal=None)
     assert outcome.records is None and not outcome.refused
@@ -186,7 +191,7 @@ def test_process_batch_keeps_untouched_batches_as_bytes() -> None:
 
 def test_process_batch_changes_drops_and_refuses() -> None:
     e = engine(CUSTOM)
-    stages = e.plan("produce", "t.a", MatchContext(api_key=0, api_version=9))
+    stages = e.plan("produce", "t.a", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
     outcome = e.process_batch(batch([b"abc", b"drop", b"DEF"]), stages, topic="t.a",
                               partition=0, direction="produce", principal=None)
     assert outcome.records is not None
@@ -218,7 +223,7 @@ def test_consume_side_sees_offsets() -> None:
     e = RecordEngine(CompiledRuleSet(load_rule_text(
         "rules: [{id: spy, match: {direction: response}, action: {mask: {fields: [$.a]}}}]",
         "r.yaml")), builders={"mask": lambda spec, ctx: Spy()})
-    stages = e.plan("consume", "x", MatchContext(api_key=1, api_version=12))
+    stages = e.plan("consume", "x", MatchContext(api_key=ApiKey.FETCH, api_version=12))
     e.process_batch(batch([b"1", b"2"]), stages, topic="x", partition=0, direction="consume",
                     principal=None)
     assert seen == [100, 101]

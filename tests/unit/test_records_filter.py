@@ -18,7 +18,7 @@ from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRuleSet, load_rule_text
 from interceptors.engine import RecordLimits
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.compression import MAX_DECOMPRESSED, Compression
 from kafka_wire.records import (
     BatchHeader,
@@ -63,7 +63,7 @@ def produce(topic: str, records: bytes, partition: int = 0) -> dict[str, Any]:
         {"Name": "untouched", "PartitionData": [{"Index": 0, "Records": b"raw"}]}]}
 
 
-HEADER = kafka_wire.RequestHeader(PRODUCE, 9, 1, "client", {})
+HEADER = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "client", {})
 
 
 def values(records: bytes) -> list[dict[str, Any]]:
@@ -74,11 +74,11 @@ def values(records: bytes) -> list[dict[str, Any]]:
 
 def test_only_produce_and_fetch_with_record_rules_are_asked_for() -> None:
     f, _ = records_filter()
-    assert f.wants_request(PRODUCE, 9) and f.wants_request(FETCH, 12)
-    assert not f.wants_request(3, 12)
+    assert f.wants_request(ApiKey.PRODUCE, 9) and f.wants_request(ApiKey.FETCH, 12)
+    assert not f.wants_request(ApiKey.METADATA, 12)
     empty = RecordsFilter(RuleEngine(CompiledRuleSet(load_rule_text("rules: []", "e.yaml"))),
                           IdentityTracker())
-    assert not empty.wants_request(PRODUCE, 9) and not empty.wants_request(FETCH, 12)
+    assert not empty.wants_request(ApiKey.PRODUCE, 9) and not empty.wants_request(ApiKey.FETCH, 12)
 
 
 def test_drops_renumber_and_other_topics_pass_as_bytes() -> None:
@@ -128,8 +128,8 @@ def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
     assert refused["RecordErrors"][0]["BatchIndex"] == 1
     assert "keg rule amounts" in refused["RecordErrors"][0]["BatchIndexErrorMessage"]
     assert refused["ErrorMessage"].startswith("keg rule amounts rejected record 1: $.amount")
-    encoded = kafka_wire.encode_body(PRODUCE, 9, "response", response)
-    assert kafka_wire.decode_body(PRODUCE, 9, "response", encoded)[0]["Responses"][1]
+    encoded = kafka_wire.encode_body(ApiKey.PRODUCE, 9, "response", response)
+    assert kafka_wire.decode_body(ApiKey.PRODUCE, 9, "response", encoded)[0]["Responses"][1]
 
 
 def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
@@ -157,7 +157,7 @@ def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
 
 def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
     f, _ = records_filter()
-    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
     assert verdict is not None and verdict.patch is not None
     stored = batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
                    base_offset=40)
@@ -231,7 +231,7 @@ def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
 
 def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
     f, _ = records_filter()
-    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
     assert verdict is not None and verdict.patch is not None
     response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
         {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "Records": bomb_batch()}]}]}

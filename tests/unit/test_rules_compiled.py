@@ -24,9 +24,7 @@ from filter_rules import (
 )
 from filter_rules.compiled import StringMatcher
 from filter_rules.model import StringMatch
-from kafka_wire.api_keys import CREATE_TOPICS, FETCH, METADATA, PRODUCE
-
-DELETE_TOPICS = 20
+from kafka_wire import ApiKey
 
 
 def compiled(*rules: dict[str, Any]) -> CompiledRuleSet:
@@ -41,7 +39,7 @@ def rule(rule_id: str, match: dict[str, Any] | None = None, **fields: Any) -> di
     return body
 
 
-def ctx(api_key: int = PRODUCE, api_version: int = 9, **fields: Any) -> MatchContext:
+def ctx(api_key: int = ApiKey.PRODUCE, api_version: int = 9, **fields: Any) -> MatchContext:
     return MatchContext(api_key=api_key, api_version=api_version, **fields)
 
 
@@ -176,13 +174,13 @@ def test_versions() -> None:
         rule("mid", {"apis": ["Fetch"], "versions": {"min": 4, "max": 11}}),
         rule("any", {"apis": ["Fetch"]}),
     )
-    assert ids(c.candidates(FETCH, 0, "request")) == ["old", "any"]
-    assert ids(c.candidates(FETCH, 3, "request")) == ["old", "any"]
-    assert ids(c.candidates(FETCH, 4, "request")) == ["mid", "any"]
-    assert ids(c.candidates(FETCH, 12, "request")) == ["new", "any"]
-    assert ids(c.candidates(FETCH, 400, "request")) == ["new", "any"], "beyond the schemas"
-    assert ids(c.matching(ctx(FETCH, 2))) == ["old", "any"]
-    assert not c.get("old").matches(ctx(FETCH, 5))  # type: ignore[union-attr]
+    assert ids(c.candidates(ApiKey.FETCH, 0, "request")) == ["old", "any"]
+    assert ids(c.candidates(ApiKey.FETCH, 3, "request")) == ["old", "any"]
+    assert ids(c.candidates(ApiKey.FETCH, 4, "request")) == ["mid", "any"]
+    assert ids(c.candidates(ApiKey.FETCH, 12, "request")) == ["new", "any"]
+    assert ids(c.candidates(ApiKey.FETCH, 400, "request")) == ["new", "any"], "beyond the schemas"
+    assert ids(c.matching(ctx(ApiKey.FETCH, 2))) == ["old", "any"]
+    assert not c.get("old").matches(ctx(ApiKey.FETCH, 5))  # type: ignore[union-attr]
 
 
 def test_direction() -> None:
@@ -193,11 +191,11 @@ def test_direction() -> None:
         rule("not-resp", {"apis": ["Fetch"], "direction": "both",
                           "not": {"direction": "response"}}),
     )
-    assert ids(c.candidates(FETCH, 12, "request")) == ["default", "both", "not-resp"]
-    assert ids(c.candidates(FETCH, 12, "response")) == ["resp", "both", "not-resp"]
-    assert ids(c.matching(ctx(FETCH, 12, direction="response"))) == ["resp", "both"]
-    assert ids(c.matching(ctx(FETCH, 12))) == ["default", "both", "not-resp"]
-    assert not c.get("resp").matches(ctx(FETCH, 12))  # type: ignore[union-attr]
+    assert ids(c.candidates(ApiKey.FETCH, 12, "request")) == ["default", "both", "not-resp"]
+    assert ids(c.candidates(ApiKey.FETCH, 12, "response")) == ["resp", "both", "not-resp"]
+    assert ids(c.matching(ctx(ApiKey.FETCH, 12, direction="response"))) == ["resp", "both"]
+    assert ids(c.matching(ctx(ApiKey.FETCH, 12))) == ["default", "both", "not-resp"]
+    assert not c.get("resp").matches(ctx(ApiKey.FETCH, 12))  # type: ignore[union-attr]
 
 
 def test_order_then_file_then_position(tmp_path: Path) -> None:
@@ -214,7 +212,7 @@ def test_order_then_file_then_position(tmp_path: Path) -> None:
     c = CompiledRuleSet(load_rule_dir(tmp_path))
     expected = ["b-first", "b-default", "a-tie-1", "a-tie-2", "b-tie", "a-late"]
     assert ids(c.rules) == expected
-    assert ids(c.candidates(PRODUCE, 9, "request")) == expected
+    assert ids(c.candidates(ApiKey.PRODUCE, 9, "request")) == expected
     assert [r.position for r in c.rules] == list(range(6))
 
 
@@ -227,7 +225,7 @@ def test_disabled_rules_are_left_out_and_dry_run_is_flagged() -> None:
     assert ids(c.rules) == ["try", "on"]
     assert c.get("off") is None
     assert [r.dry_run for r in c.rules] == [True, False]
-    assert ids(c.candidates(PRODUCE, 9, "request")) == ["try", "on"]
+    assert ids(c.candidates(ApiKey.PRODUCE, 9, "request")) == ["try", "on"]
     assert len(c.ruleset.rules) == 3
 
 
@@ -239,15 +237,15 @@ def test_index_returns_only_relevant_rules() -> None:
         rule("admin", {"apis": ["CreateTopics", "DeleteTopics"]}),
         rule("future", {"apis": [1000]}),
     )
-    assert ids(c.candidates(PRODUCE, 9, "request")) == ["produce", "everything"]
-    assert ids(c.candidates(FETCH, 12, "request")) == ["fetch", "everything"]
-    assert ids(c.candidates(CREATE_TOPICS, 7, "request")) == ["everything", "admin"]
-    assert ids(c.candidates(METADATA, 12, "request")) == ["everything"]
+    assert ids(c.candidates(ApiKey.PRODUCE, 9, "request")) == ["produce", "everything"]
+    assert ids(c.candidates(ApiKey.FETCH, 12, "request")) == ["fetch", "everything"]
+    assert ids(c.candidates(ApiKey.CREATE_TOPICS, 7, "request")) == ["everything", "admin"]
+    assert ids(c.candidates(ApiKey.METADATA, 12, "request")) == ["everything"]
     assert ids(c.candidates(1000, 0, "request")) == ["everything", "future"]
     assert ids(c.candidates(999, 0, "request")) == ["everything"], "an unknown key"
-    assert c.candidates(PRODUCE, 9, "response") == ()
-    assert not c.interested(METADATA, 12, "response")
-    assert c.interested(PRODUCE, 9, "request")
+    assert c.candidates(ApiKey.PRODUCE, 9, "response") == ()
+    assert not c.interested(ApiKey.METADATA, 12, "response")
+    assert c.interested(ApiKey.PRODUCE, 9, "request")
 
 
 def test_allow_apis_and_deny_apis_apply_where_they_refuse() -> None:
@@ -258,19 +256,25 @@ def test_allow_apis_and_deny_apis_apply_where_they_refuse() -> None:
         {"id": "deny-in-scope", "match": {"apis": ["DeleteTopics", "Produce"]},
          "action": {"deny_apis": ["DeleteTopics", "CreateTopics"]}},
     )
-    assert ids(c.candidates(PRODUCE, 9, "request")) == []
-    assert ids(c.candidates(FETCH, 12, "request")) == ["allow"]
-    assert ids(c.candidates(DELETE_TOPICS, 6, "request")) == ["allow", "deny", "deny-in-scope"]
-    assert ids(c.candidates(CREATE_TOPICS, 7, "request")) == ["allow"]
+    assert ids(c.candidates(ApiKey.PRODUCE, 9, "request")) == []
+    assert ids(c.candidates(ApiKey.FETCH, 12, "request")) == ["allow"]
+    assert ids(c.candidates(ApiKey.DELETE_TOPICS, 6, "request")) == [
+        "allow",
+        "deny",
+        "deny-in-scope",
+    ]
+    assert ids(c.candidates(ApiKey.CREATE_TOPICS, 7, "request")) == ["allow"]
     assert ids(c.candidates(1000, 0, "request")) == ["allow", "deny"]
     assert ids(c.candidates(4321, 0, "request")) == ["allow"], "unknown APIs are not allowed"
     public = {"listener": "0.0.0.0:29092"}
     allow, deny, scoped = c.rules
-    assert allow.matches(ctx(FETCH, 12, **public))
-    assert not allow.matches(ctx(PRODUCE, 9, **public))
-    assert not allow.matches(ctx(FETCH, 12, listener="127.0.0.1:19092"))
-    assert deny.matches(ctx(DELETE_TOPICS, 6)) and not deny.matches(ctx(PRODUCE, 9))
-    assert scoped.matches(ctx(DELETE_TOPICS, 6)) and not scoped.matches(ctx(CREATE_TOPICS, 7))
+    assert allow.matches(ctx(ApiKey.FETCH, 12, **public))
+    assert not allow.matches(ctx(ApiKey.PRODUCE, 9, **public))
+    assert not allow.matches(ctx(ApiKey.FETCH, 12, listener="127.0.0.1:19092"))
+    assert deny.matches(ctx(ApiKey.DELETE_TOPICS, 6)) and not deny.matches(ctx(ApiKey.PRODUCE, 9))
+    assert scoped.matches(ctx(ApiKey.DELETE_TOPICS, 6)) and not scoped.matches(
+        ctx(ApiKey.CREATE_TOPICS, 7)
+    )
 
 
 def test_rule_facts_for_the_engine() -> None:
@@ -282,8 +286,10 @@ def test_rule_facts_for_the_engine() -> None:
         rule("silent", audit={"enabled": False}),
     )
     quiet, loud, silent = c.rules
-    assert quiet.applies_to(FETCH, 4, "response") and not quiet.applies_to(FETCH, 3, "request")
-    assert not quiet.applies_to(PRODUCE, 9, "request")
+    assert quiet.applies_to(ApiKey.FETCH, 4, "response") and not quiet.applies_to(
+        ApiKey.FETCH, 3, "request"
+    )
+    assert not quiet.applies_to(ApiKey.PRODUCE, 9, "request")
     assert (quiet.audited, loud.audited, silent.audited) == (False, True, False)
     assert loud.kind == "deny" and loud.action.deny.error == "POLICY_VIOLATION"  # type: ignore[union-attr]
     assert loud.source is not None and loud.source.file == "<data>"
@@ -292,9 +298,11 @@ def test_rule_facts_for_the_engine() -> None:
 def test_lookups_are_precomputed_dict_hits() -> None:
     c = compiled(rule("p", {"apis": ["Produce"]}), rule("v", {"apis": ["Fetch"],
                                                              "versions": {"min": 4}}))
-    assert c.candidates(PRODUCE, 9, "request") is c.candidates(PRODUCE, 3, "request")
-    assert c.candidates(FETCH, 12, "request") is c.candidates(FETCH, 12, "request")
-    assert c.candidates(FETCH, 12, "request") is c.candidates(FETCH, 5, "request"), "shared"
+    assert c.candidates(ApiKey.PRODUCE, 9, "request") is c.candidates(ApiKey.PRODUCE, 3, "request")
+    assert c.candidates(ApiKey.FETCH, 12, "request") is c.candidates(ApiKey.FETCH, 12, "request")
+    assert c.candidates(ApiKey.FETCH, 12, "request") is c.candidates(ApiKey.FETCH, 5, "request"), (
+        "shared"
+    )
 
 
 def test_a_thousand_rules_compile_and_lookup_stays_a_dict_hit() -> None:
@@ -302,21 +310,23 @@ def test_a_thousand_rules_compile_and_lookup_stays_a_dict_hit() -> None:
     (how fast that is: python -m benchmarks.rule_lookup)."""
     c = compiled(*thousand_rules())
     assert len(c) == 1000
-    produce = c.candidates(PRODUCE, 9, "request")
+    produce = c.candidates(ApiKey.PRODUCE, 9, "request")
     assert {r.id for r in produce} == {
         f"r{n:04d}" for n in range(1000)
         if (n % 5 == 0 or n % 4 == 0) and not (n % 10 == 0 and n % 11 > 9)
     }
     assert all(produce[i].order <= produce[i + 1].order for i in range(len(produce) - 1))
-    fetch = c.candidates(FETCH, 12, "request")
+    fetch = c.candidates(ApiKey.FETCH, 12, "request")
     for _ in range(1000):  # nothing is computed per call: the same objects come back
-        assert c.candidates(PRODUCE, 9, "request") is produce
-        assert c.candidates(FETCH, 12, "request") is fetch
-    assert ids(c.matching(ctx(PRODUCE, 9, principal="user-4"), topic="tenant-4.x")) == ["r0004"]
-    assert ids(c.matching(ctx(PRODUCE, 9), topic="t8-x")) == ["r0008"]
-    assert ids(c.matching(ctx(PRODUCE, 9), topic="tenant-12.x")) == [], "r0012 needs user-12"
-    assert ids(c.matching(ctx(FETCH, 9, principal="user-12"), topic="t12-")) == []
-    assert ids(c.matching(ctx(PRODUCE, 9, principal="user-12"), topic="t12-")) == ["r0012"]
+        assert c.candidates(ApiKey.PRODUCE, 9, "request") is produce
+        assert c.candidates(ApiKey.FETCH, 12, "request") is fetch
+    assert ids(c.matching(ctx(ApiKey.PRODUCE, 9, principal="user-4"), topic="tenant-4.x")) == [
+        "r0004"
+    ]
+    assert ids(c.matching(ctx(ApiKey.PRODUCE, 9), topic="t8-x")) == ["r0008"]
+    assert ids(c.matching(ctx(ApiKey.PRODUCE, 9), topic="tenant-12.x")) == [], "r0012 needs user-12"
+    assert ids(c.matching(ctx(ApiKey.FETCH, 9, principal="user-12"), topic="t12-")) == []
+    assert ids(c.matching(ctx(ApiKey.PRODUCE, 9, principal="user-12"), topic="t12-")) == ["r0012"]
 
 
 def test_version_is_a_content_hash() -> None:
@@ -336,16 +346,16 @@ def test_version_is_a_content_hash() -> None:
 def test_match_context_for_frame_copies_the_connection() -> None:
     base = ctx(principal="alice", client_host="10.0.0.1:5000", listener="l:1", broker_id=3,
                client_id="app")
-    frame = base.for_frame(FETCH, 12, "response")
-    assert (frame.api_key, frame.api_version, frame.direction) == (FETCH, 12, "response")
+    frame = base.for_frame(ApiKey.FETCH, 12, "response")
+    assert (frame.api_key, frame.api_version, frame.direction) == (ApiKey.FETCH, 12, "response")
     assert (frame.principal, str(frame.client_ip), frame.listener, frame.broker_id,
             frame.client_id) == ("User:alice", "10.0.0.1", "l:1", 3, "app")
-    assert (base.api_key, base.direction) == (PRODUCE, "request")
+    assert (base.api_key, base.direction) == (ApiKey.PRODUCE, "request")
     for name in (f.name for f in dataclasses.fields(MatchContext)):
         if name not in ("api_key", "api_version", "direction"):
             assert getattr(frame, name) == getattr(base, name), name
     with pytest.raises(AttributeError):
-        frame.api_key = 3  # type: ignore[misc]
+        frame.api_key = ApiKey.METADATA  # type: ignore[misc]
 
 
 def test_compile_rules_and_default_rules_block_nothing() -> None:

@@ -9,7 +9,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.rules import RuleDecision, RuleEngine, RulesFilter
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, load_rule_text
-from kafka_wire.api_keys import ENVELOPE, FETCH, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import Principal, envelope_request_body
 from kafka_wire.records import BatchHeader, Record, encode_batch
 
@@ -34,26 +34,26 @@ def rules_filter() -> tuple[RulesFilter, list[RuleDecision]]:
 
 
 def envelope(principal: str, *topics: str) -> tuple[kafka_wire.RequestHeader, dict[str, Any]]:
-    inner = kafka_wire.RequestHeader(PRODUCE, 9, 77, "client-of-broker", {})
+    inner = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 77, "client-of-broker", {})
     body = envelope_request_body(inner, produce_body(*topics), Principal("User", principal),
                                  "192.0.2.9")
-    header = kafka_wire.RequestHeader(ENVELOPE, 0, 5, "broker-1", {})
-    decoded = kafka_wire.decode_body(ENVELOPE, 0, "request", kafka_wire.encode_body(
-        ENVELOPE, 0, "request", body))[0]
+    header = kafka_wire.RequestHeader(ApiKey.ENVELOPE, 0, 5, "broker-1", {})
+    decoded = kafka_wire.decode_body(ApiKey.ENVELOPE, 0, "request", kafka_wire.encode_body(
+        ApiKey.ENVELOPE, 0, "request", body))[0]
     return header, decoded
 
 
 def test_envelope_is_judged_as_its_inner_principal() -> None:
     f, decisions = rules_filter()
-    assert f.wants_request(ENVELOPE, 0)
+    assert f.wants_request(ApiKey.ENVELOPE, 0)
     assert f.judge(*envelope("alice", "payments.x"), CONN) is None
 
     verdict = f.judge(*envelope("bob", "payments.x"), CONN)
     assert verdict is not None and verdict.answer is not None
     assert verdict.answer["ErrorCode"] == 0  # the envelope itself succeeded...
     data = verdict.answer["ResponseData"]
-    correlation_id, _tags, offset = kafka_wire.read_response_header(data, PRODUCE, 9)
-    inner, _ = kafka_wire.decode_body(PRODUCE, 9, "response", data, offset)
+    correlation_id, _tags, offset = kafka_wire.read_response_header(data, ApiKey.PRODUCE, 9)
+    inner, _ = kafka_wire.decode_body(ApiKey.PRODUCE, 9, "response", data, offset)
     assert correlation_id == 77  # ...and carries the inner request's refusal
     assert inner["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 29
     assert [(d.principal, d.outcome, d.topic) for d in decisions] == [
@@ -67,19 +67,19 @@ def test_partial_denial_inside_an_envelope_rewrites_the_inner_request() -> None:
     assert verdict is not None and verdict.changed and verdict.patch is not None
     _inner_header, inner_body = kafka_wire.decode_request(body["RequestData"])
     assert [t["Name"] for t in inner_body["TopicData"]] == ["other"]
-    answer = kafka_wire.write_response_header(77, PRODUCE, 9) + kafka_wire.encode_body(
-        PRODUCE, 9, "response", {"Responses": [{"Name": "other", "PartitionResponses": [
+    answer = kafka_wire.write_response_header(77, ApiKey.PRODUCE, 9) + kafka_wire.encode_body(
+        ApiKey.PRODUCE, 9, "response", {"Responses": [{"Name": "other", "PartitionResponses": [
             {"Index": 0, "ErrorCode": 0, "BaseOffset": 5}]}]})
     response: dict[str, Any] = {"ErrorCode": 0, "ResponseData": answer}
     assert verdict.patch(response)
-    _, merged = kafka_wire.decode_response(response["ResponseData"], PRODUCE, 9)
+    _, merged = kafka_wire.decode_response(response["ResponseData"], ApiKey.PRODUCE, 9)
     codes = {t["Name"]: t["PartitionResponses"][0]["ErrorCode"] for t in merged["Responses"]}
     assert codes == {"other": 0, "payments.x": 29}
 
 
 def test_direct_requests_use_the_connections_principal() -> None:
     f, decisions = rules_filter()
-    header = kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {})
+    header = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "c", {})
     verdict = f.judge(header, produce_body("payments.y"), CONN)  # ANONYMOUS
     assert verdict is not None and verdict.answer is not None
     assert decisions[0].principal == "User:ANONYMOUS"
@@ -109,7 +109,7 @@ def test_a_dry_run_fetch_limit_never_changes_the_request() -> None:
     engine = RuleEngine(CompiledRuleSet(load_rule_text(LIMITS, "l.yaml")), decisions.append)
     f = RulesFilter(engine, IdentityTracker())
     body = fetch_body(52_428_800, 1_048_576)
-    assert f.judge(kafka_wire.RequestHeader(FETCH, 12, 1, "free", {}), body,
+    assert f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 1, "free", {}), body,
                             CONN) is None
     assert body == fetch_body(52_428_800, 1_048_576)  # as the client wrote it
     assert [(d.rule.id, d.outcome, d.reason) for d in decisions] == [
@@ -117,7 +117,7 @@ def test_a_dry_run_fetch_limit_never_changes_the_request() -> None:
 
     # Enforced, the cap applies; the dry-run rule still reports (and changes nothing).
     decisions.clear()
-    verdict = f.judge(kafka_wire.RequestHeader(FETCH, 12, 2, "bounded", {}), body,
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "bounded", {}), body,
                                CONN)
     assert verdict is not None and verdict.changed
     assert body == fetch_body(5000, 5000)
@@ -156,8 +156,8 @@ def partition_answers(verdict: Any, version: int) -> dict[str, dict[str, Any]]:
     else:
         answer = {"ThrottleTimeMs": 0, "Responses": []}
         assert verdict.patch(answer)
-    data = kafka_wire.encode_body(PRODUCE, version, "response", answer)
-    decoded, _ = kafka_wire.decode_body(PRODUCE, version, "response", data)
+    data = kafka_wire.encode_body(ApiKey.PRODUCE, version, "response", answer)
+    decoded, _ = kafka_wire.decode_body(ApiKey.PRODUCE, version, "response", data)
     return {t["Name"]: t["PartitionResponses"][0] for t in decoded["Responses"]}
 
 
@@ -166,7 +166,7 @@ def test_refusals_tell_the_client_the_rule_and_its_reason() -> None:
     body = produce_body("frozen.a", "typed.b", "free")
     body["TopicData"][1]["PartitionData"][0]["Records"] = typed_batch(
         [("schema-id", b"1")], [], [("schema-id", b"2")])
-    verdict = f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.changed
     assert [t["Name"] for t in body["TopicData"]] == ["free"]
     answers = partition_answers(verdict, 9)
@@ -184,10 +184,10 @@ def test_refusals_tell_the_client_the_rule_and_its_reason() -> None:
         ("schema-id-required", "record 1: lacks header(s) schema-id")}
 
     # Produce v7 has neither field: the code alone. Other APIs carry the message too.
-    old = f.judge(kafka_wire.RequestHeader(PRODUCE, 7, 2, "c", {}),
+    old = f.judge(kafka_wire.RequestHeader(ApiKey.PRODUCE, 7, 2, "c", {}),
                            produce_body("frozen.a"), CONN)
     assert partition_answers(old, 7)["frozen.a"]["ErrorCode"] == 44
-    delete = f.judge(kafka_wire.RequestHeader(20, 6, 3, "c", {}), {
+    delete = f.judge(kafka_wire.RequestHeader(ApiKey.DELETE_TOPICS, 6, 3, "c", {}), {
         "Topics": [{"Name": "x", "TopicId": None}], "TimeoutMs": 1000}, CONN)
     assert delete is not None and delete.answer is not None
     assert delete.answer["Responses"][0]["ErrorMessage"] == \
@@ -198,11 +198,11 @@ def test_refusals_of_acks_zero_produce_are_marked_unanswered() -> None:
     f, decisions = refusing_filter()
     body = produce_body("frozen.a")
     body["Acks"] = 0
-    verdict = f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 1, "c", {}), body, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.answer is not None
     assert not verdict.expects_response  # Kafka never answers acks=0: nor does keg
     assert [(d.outcome, d.answered) for d in decisions] == [("denied", False)]
     decisions.clear()
-    f.judge(kafka_wire.RequestHeader(PRODUCE, 9, 2, "c", {}),
+    f.judge(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 2, "c", {}),
                      produce_body("frozen.a"), CONN)
     assert [(d.outcome, d.answered) for d in decisions] == [("denied", True)]

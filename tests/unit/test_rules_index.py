@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_text
-
-PRODUCE = 0
+from kafka_wire import ApiKey
 
 
 def rules_text(n: int) -> str:
@@ -31,14 +30,14 @@ COMPILED = CompiledRuleSet(load_rule_text(rules_text(1000), "generated.yaml"))
 
 
 def scan(topic: str, principal: str) -> set[str]:
-    ctx = MatchContext(api_key=PRODUCE, api_version=9, principal=principal)
-    return {r.id for r in COMPILED.candidates(PRODUCE, 9, "request")
+    ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal=principal)
+    return {r.id for r in COMPILED.candidates(ApiKey.PRODUCE, 9, "request")
             if r.matches(ctx, topic)}
 
 
 def indexed(topic: str, principal: str) -> set[str]:
-    ctx = MatchContext(api_key=PRODUCE, api_version=9, principal=principal)
-    rules = COMPILED.relevant(PRODUCE, 9, "request", [topic], ctx.principal)
+    ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal=principal)
+    rules = COMPILED.relevant(ApiKey.PRODUCE, 9, "request", [topic], ctx.principal)
     return {r.id for r in rules if r.matches(ctx, topic)}
 
 
@@ -58,13 +57,13 @@ def test_index_agrees_with_a_scan(topic: str, principal: str) -> None:
 
 
 def test_index_returns_few_candidates_in_order() -> None:
-    ctx = MatchContext(api_key=PRODUCE, api_version=9, principal="user-2")
-    rules = COMPILED.relevant(PRODUCE, 9, "request", ["team-4.x"], ctx.principal)
+    ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal="user-2")
+    rules = COMPILED.relevant(ApiKey.PRODUCE, 9, "request", ["team-4.x"], ctx.principal)
     assert [r.id for r in rules] == ["r2", "r4"]  # the principal rule, the prefix rule
     assert [r.position for r in rules] == sorted(r.position for r in rules)
 
 
 def test_an_unrelated_frame_meets_no_rule() -> None:
-    assert COMPILED.relevant(PRODUCE, 9, "request", ["unrelated"], "User:nobody") == ()
-    regex_hit = COMPILED.relevant(PRODUCE, 9, "request", ["logs-7-42"], None)
+    assert COMPILED.relevant(ApiKey.PRODUCE, 9, "request", ["unrelated"], "User:nobody") == ()
+    regex_hit = COMPILED.relevant(ApiKey.PRODUCE, 9, "request", ["logs-7-42"], None)
     assert [r.id for r in regex_hit] == ["r7"]

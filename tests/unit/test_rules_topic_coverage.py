@@ -20,7 +20,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.rules import RuleEngine, RulesFilter, request_entities
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, load_rule_text
-from kafka_wire import RequestHeader
+from kafka_wire import ApiKey, RequestHeader
 from kafka_wire.error_responses import UnsupportedErrorResponse
 from kafka_wire.topic_ids import TopicIds
 from tests.unit.schema_scan import has_field
@@ -113,7 +113,7 @@ def test_a_topic_rule_sees_every_topic_the_request_names(api_key: int, version: 
 def test_an_unknown_topic_id_is_refused_when_a_topic_rule_may_apply() -> None:
     f, _ = rules_filter("orders")
     body = {"Topics": [{"TopicId": uuid.uuid4(), "Name": None}]}  # DeleteTopics v6
-    verdict = f.judge(RequestHeader(20, 6, 1, "c", {}), body, CONN)
+    verdict = f.judge(RequestHeader(ApiKey.DELETE_TOPICS, 6, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.answer is not None
     assert verdict.answer["Responses"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
 
@@ -122,8 +122,8 @@ def test_describe_groups_names_groups_not_topics() -> None:
     """Item 1 of the defects: DescribeGroups' Groups is a list of group ids."""
     f, _ = rules_filter("orders")
     body = {"Groups": ["g1", "g2"], "IncludeAuthorizedOperations": False}
-    assert f.judge(RequestHeader(15, 5, 1, "c", {}), body, CONN) is None
-    named = request_entities(15, 5, body, TopicIds())
+    assert f.judge(RequestHeader(ApiKey.DESCRIBE_GROUPS, 5, 1, "c", {}), body, CONN) is None
+    named = request_entities(ApiKey.DESCRIBE_GROUPS, 5, body, TopicIds())
     assert named.groups == ["g1", "g2"] and named.topics == []
 
 
@@ -137,7 +137,7 @@ def test_a_produce_by_topic_id_is_split_by_topic_like_by_name() -> None:
     body: dict[str, Any] = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
         {"TopicId": tid, "PartitionData": [{"Index": 0, "Records": b""}]}
         for tid in (secret, public)]}
-    verdict = f.judge(RequestHeader(0, 13, 1, "c", {}), body, CONN)
+    verdict = f.judge(RequestHeader(ApiKey.PRODUCE, 13, 1, "c", {}), body, CONN)
     assert verdict is not None and verdict.changed and verdict.patch is not None
     assert [t["TopicId"] for t in body["TopicData"]] == [public]
     response: dict[str, Any] = {"Responses": [{"TopicId": public, "PartitionResponses": [

@@ -8,7 +8,7 @@ import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.server import rule_free_session
 from ext_proc.session import KafkaSession, ProtocolViolation
-from kafka_wire.api_keys import API_VERSIONS, FETCH, METADATA, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.framing import HeldBytes
 
 CONN = ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092), 2: ("gw", 19093)})
@@ -29,7 +29,7 @@ def metadata_response(correlation_id: int, version: int = 12) -> bytes:
         "ControllerId": 1,
         "Topics": [],
     }
-    return kafka_wire.encode_response(correlation_id, METADATA, version, body)
+    return kafka_wire.encode_response(correlation_id, ApiKey.METADATA, version, body)
 
 
 def max_version(api_key: int) -> int:
@@ -47,13 +47,13 @@ def split_feed(feed: object, data: bytes, cut: int) -> bytes:
 
 
 def test_metadata_brokers_point_at_gateway_at_every_split() -> None:
-    meta_request = request(METADATA, 12, 7, {"Topics": None})
+    meta_request = request(ApiKey.METADATA, 12, 7, {"Topics": None})
     response = metadata_response(7)
     for cut in range(1, len(response)):
         s = session()
         assert s.from_client(meta_request) == meta_request
         out = split_feed(s.from_broker, response, cut)
-        _, body = kafka_wire.decode_response(out[4:], METADATA, 12)
+        _, body = kafka_wire.decode_response(out[4:], ApiKey.METADATA, 12)
         assert [(b["Host"], b["Port"]) for b in body["Brokers"]] == [("gw", 19092),
                                                                        ("gw", 19093)]
         assert body["ClusterId"] == "abc" and body["Brokers"][1]["Rack"] == "r2"
@@ -61,61 +61,61 @@ def test_metadata_brokers_point_at_gateway_at_every_split() -> None:
 
 def test_unknown_broker_goes_to_own_listener() -> None:
     s = rule_free_session(ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092)}))
-    s.from_client(request(METADATA, 12, 1, {"Topics": None}))
+    s.from_client(request(ApiKey.METADATA, 12, 1, {"Topics": None}))
     out = s.from_broker(metadata_response(1))
-    _, body = kafka_wire.decode_response(out[4:], METADATA, 12)
+    _, body = kafka_wire.decode_response(out[4:], ApiKey.METADATA, 12)
     assert {(b["Host"], b["Port"]) for b in body["Brokers"]} == {("gw", 19092)}
 
 
 def test_frames_nobody_wants_pass_as_the_same_object() -> None:
     s = session()
-    produce = request(PRODUCE, 9, 1, {"Acks": -1, "TimeoutMs": 1000, "TopicData": []})
+    produce = request(ApiKey.PRODUCE, 9, 1, {"Acks": -1, "TimeoutMs": 1000, "TopicData": []})
     assert s.from_client(produce) is produce
-    response = kafka_wire.encode_response(1, PRODUCE, 9, {"Responses": []})
+    response = kafka_wire.encode_response(1, ApiKey.PRODUCE, 9, {"Responses": []})
     assert s.from_broker(response) is response
     assert s.frames_rewritten == 0
 
 
 def test_api_versions_pass_as_the_broker_sent_them() -> None:
     s = session()
-    s.from_client(request(API_VERSIONS, 3, 1, {"ClientSoftwareName": "t",
+    s.from_client(request(ApiKey.API_VERSIONS, 3, 1, {"ClientSoftwareName": "t",
                                                 "ClientSoftwareVersion": "1"}))
     advertised = [
-        {"ApiKey": PRODUCE, "MinVersion": 3, "MaxVersion": 13},
-        {"ApiKey": FETCH, "MinVersion": 4, "MaxVersion": 18},
-        {"ApiKey": METADATA, "MinVersion": 0, "MaxVersion": 99},
+        {"ApiKey": ApiKey.PRODUCE, "MinVersion": 3, "MaxVersion": 13},
+        {"ApiKey": ApiKey.FETCH, "MinVersion": 4, "MaxVersion": 18},
+        {"ApiKey": ApiKey.METADATA, "MinVersion": 0, "MaxVersion": 99},
         {"ApiKey": 78, "MinVersion": 1, "MaxVersion": 1},
         {"ApiKey": 4242, "MinVersion": 0, "MaxVersion": 3},  # unknown to the codec: kept
     ]
-    response = kafka_wire.encode_response(1, API_VERSIONS, 3, {"ErrorCode": 0,
+    response = kafka_wire.encode_response(1, ApiKey.API_VERSIONS, 3, {"ErrorCode": 0,
                                                                "ApiKeys": advertised})
     out = s.from_broker(response)
-    _, body = kafka_wire.decode_response(out[4:], API_VERSIONS, 3)
+    _, body = kafka_wire.decode_response(out[4:], ApiKey.API_VERSIONS, 3)
     got = {e["ApiKey"]: (e["MinVersion"], e["MaxVersion"]) for e in body["ApiKeys"]}
-    assert got[PRODUCE] == (3, 13)  # KIP-890 transactions need Produce v12+
-    assert got[FETCH] == (4, 18)
+    assert got[ApiKey.PRODUCE] == (3, 13)  # KIP-890 transactions need Produce v12+
+    assert got[ApiKey.FETCH] == (4, 18)
     assert got[78] == (1, 1)  # share groups (KIP-932)
     assert got[4242] == (0, 3)  # unknown to the codec: kept
     # Only an address-carrying API past what keg reads is clipped (a newer broker).
-    assert got[METADATA] == (0, max_version(METADATA))
+    assert got[ApiKey.METADATA] == (0, max_version(ApiKey.METADATA))
 
 
 def test_api_versions_within_what_keg_reads_are_forwarded_untouched() -> None:
     s = session()
-    s.from_client(request(API_VERSIONS, 3, 1, {"ClientSoftwareName": "t",
+    s.from_client(request(ApiKey.API_VERSIONS, 3, 1, {"ClientSoftwareName": "t",
                                                 "ClientSoftwareVersion": "1"}))
-    advertised = [{"ApiKey": PRODUCE, "MinVersion": 3, "MaxVersion": 13},
+    advertised = [{"ApiKey": ApiKey.PRODUCE, "MinVersion": 3, "MaxVersion": 13},
                   {"ApiKey": 76, "MinVersion": 1, "MaxVersion": 1}]
-    response = kafka_wire.encode_response(1, API_VERSIONS, 3, {"ErrorCode": 0,
+    response = kafka_wire.encode_response(1, ApiKey.API_VERSIONS, 3, {"ErrorCode": 0,
                                                                "ApiKeys": advertised})
     assert s.from_broker(response) == response
 
 
 def test_unsupported_api_versions_answer_is_read_as_v0() -> None:
     s = session()
-    s.from_client(request(API_VERSIONS, 3, 5, {"ClientSoftwareName": "t",
+    s.from_client(request(ApiKey.API_VERSIONS, 3, 5, {"ClientSoftwareName": "t",
                                                 "ClientSoftwareVersion": "1"}))
-    v0 = kafka_wire.encode_response(5, API_VERSIONS, 0, {
+    v0 = kafka_wire.encode_response(5, ApiKey.API_VERSIONS, 0, {
         "ErrorCode": 35, "ApiKeys": [{"ApiKey": 18, "MinVersion": 0, "MaxVersion": 3}]})
     assert s.from_broker(v0) == v0
 
@@ -139,7 +139,7 @@ def test_held_frames_are_bounded_for_the_whole_process() -> None:
     hold at most the budget; a frame past it closes its connection only."""
     budget = HeldBytes(limit=1000)
     # ApiVersions requests are held (the identity observer reads their client id).
-    meta = request(API_VERSIONS, 3, 1, {"ClientSoftwareName": "x" * 600,
+    meta = request(ApiKey.API_VERSIONS, 3, 1, {"ClientSoftwareName": "x" * 600,
                                          "ClientSoftwareVersion": "1"})
     first = KafkaSession(CONN, rule_free_session(CONN).chain.filters, held_bytes=budget)
     second = KafkaSession(CONN, rule_free_session(CONN).chain.filters, held_bytes=budget)

@@ -20,13 +20,13 @@ import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import BaseFilter, Direction, RequestContext, RequestVerdict
 from ext_proc.session import KafkaSession
-from kafka_wire.api_keys import LIST_OFFSETS, METADATA, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.error_responses import error_response
 
 CONN = ConnectionInfo(gateway_address="gw:19092", routes={1: ("gw", 19092)})
 # What happens to each request: the API it is, and what the filter decides.
 FATES = ("pass", "held-forward", "held-answer", "acks0-pass", "acks0-held-refuse")
-HELD_API = METADATA  # the filter holds Metadata and acks=0 Produce requests it refuses
+HELD_API = ApiKey.METADATA  # the filter holds Metadata and acks=0 Produce requests it refuses
 LIST_OFFSETS_VERSION, METADATA_VERSION, PRODUCE_VERSION = 7, 12, 9
 
 
@@ -37,7 +37,7 @@ class Plan(BaseFilter):
     fates: dict[int, str]
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return direction == "request" and api_key in (HELD_API, PRODUCE)
+        return direction == "request" and api_key in (HELD_API, ApiKey.PRODUCE)
 
     def on_request(self, ctx: RequestContext) -> None:
         ctx.decide(self.judge(ctx.header, ctx.body))
@@ -55,15 +55,15 @@ class Plan(BaseFilter):
 
 def request_frame(cid: int, fate: str) -> bytes:
     if fate.startswith("acks0"):
-        api_key, version = PRODUCE, PRODUCE_VERSION
+        api_key, version = ApiKey.PRODUCE, PRODUCE_VERSION
         body: dict[str, Any] = {"Acks": 0, "TimeoutMs": 1000, "TopicData": [
             {"Name": "t", "PartitionData": [{"Index": 0, "Records": None}]}]}
     elif fate == "pass":
-        api_key, version = LIST_OFFSETS, LIST_OFFSETS_VERSION
+        api_key, version = ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION
         body = {"ReplicaId": -1, "Topics": [{"Name": "t", "Partitions": [
             {"PartitionIndex": 0, "Timestamp": -1}]}]}
     else:
-        api_key, version = METADATA, METADATA_VERSION
+        api_key, version = ApiKey.METADATA, METADATA_VERSION
         body = {"Topics": [{"Name": "t"}]}
     header = kafka_wire.RequestHeader(api_key, version, cid, "order-test", {})
     return kafka_wire.encode_request(header, body)
@@ -78,7 +78,7 @@ def broker_answers(forwarded: bytes) -> bytes:
         size = int.from_bytes(forwarded[pos:pos + 4], "big", signed=True)
         header, body = kafka_wire.decode_request(forwarded[pos + 4:pos + 4 + size])
         pos += 4 + size
-        if header.api_key == PRODUCE and body["Acks"] == 0:
+        if header.api_key == ApiKey.PRODUCE and body["Acks"] == 0:
             continue
         answer = error_response(header.api_key, header.api_version, body, 0)
         out += kafka_wire.encode_response(header.correlation_id, header.api_key,

@@ -12,15 +12,12 @@ import kafka_wire as kw
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.rules import RuleEngine, RulesFilter
-from ext_proc.filters.virtual_topics import (
-    INVALID_REGULAR_EXPRESSION,
-    Namespace,
-    VirtualTopicsFilter,
-)
+from ext_proc.filters.virtual_topics import Namespace, VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from ext_proc.session import KafkaSession
 from filter_rules import CompiledRuleSet, load_rule_text
 from filter_rules.patterns import PatternError
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.group_protocol import decode_assignment, encode_assignment, encode_subscription
 
 RULES = """
@@ -109,9 +106,11 @@ def test_no_virtual_topics_rule_asks_for_nothing() -> None:
 
 def test_names_free_apis_are_not_held() -> None:
     c = Client("app-a")
-    assert not c.vt.wants_request(18, 3)  # ApiVersions
-    assert not c.vt.wants_request(36, 2)  # SaslAuthenticate
-    assert c.vt.wants_request(3, 12) and c.vt.wants_request(9999, 0)  # unknown: fail closed
+    assert not c.vt.wants_request(ApiKey.API_VERSIONS, 3)
+    assert not c.vt.wants_request(ApiKey.SASL_AUTHENTICATE, 2)
+    assert c.vt.wants_request(ApiKey.METADATA, 12) and c.vt.wants_request(
+        9999, 0
+    )  # unknown: fail closed
 
 
 def test_a_connection_no_rule_matches_is_untouched() -> None:
@@ -206,10 +205,10 @@ rules:
     c = Client("any", rules)
     body = produce("orders")
     assert c.send(0, 9, body) == body  # not authenticated yet
-    c.identity.observe_request(17, 1, {"Mechanism": "PLAIN"})
-    c.identity.observe_response(17, 1, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]})
-    c.identity.observe_request(36, 2, {"AuthBytes": b"\0alice\0pw"})
-    c.identity.observe_response(36, 2, {"ErrorCode": 0, "ErrorMessage": None,
+    c.identity.observe_request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})
+    c.identity.observe_response(ApiKey.SASL_HANDSHAKE, 1, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]})
+    c.identity.observe_request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": b"\0alice\0pw"})
+    c.identity.observe_response(ApiKey.SASL_AUTHENTICATE, 2, {"ErrorCode": 0, "ErrorMessage": None,
                                         "AuthBytes": b"", "SessionLifetimeMs": 0})
     sent = c.send(0, 9, produce("orders"))
     assert sent is not None and sent["TopicData"][0]["Name"] == "tenant-a.orders"
@@ -308,7 +307,7 @@ def test_regexes_that_could_escape_are_refused(regex: str) -> None:
     c = Client("app-a-1")
     assert c.send(68, 1, heartbeat(regex)) is None
     answer = c.gateway_answer()
-    assert answer["ErrorCode"] == INVALID_REGULAR_EXPRESSION
+    assert answer["ErrorCode"] == ErrorCode.INVALID_REGULAR_EXPRESSION
     assert "virtual topics" in answer["ErrorMessage"]
 
 
