@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from control_plane.ads import RequestPump, next_nonce
 from control_plane.fleet import Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
+from control_plane.xds_stream import RequestPump, next_nonce
 
 log = logging.getLogger(__name__)
 

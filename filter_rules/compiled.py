@@ -305,7 +305,7 @@ class CompiledRuleSet:
         self._by_version: dict[tuple[int, str], dict[int, Entry]] = {}
         self._unfiltered: dict[tuple[int, str], Entry] = {}
         self._fallback: dict[str, Entry] = {}
-        self._indexes: dict[tuple[int, int, str], RuleIndex] = {}
+        self._indexes: dict[tuple[int, int, str], RuleIndex[CompiledRule]] = {}
         self._build_index()
 
     def _build_index(self) -> None:
