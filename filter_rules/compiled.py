@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 import kafka_wire
+from filter_rules._base import StringMatch
 from filter_rules.apis import resolve_api
 from filter_rules.context import FrameDirection, MatchContext, normalize_principal
 from filter_rules.index import RuleIndex
@@ -29,7 +30,6 @@ from filter_rules.model import (
     Rule,
     RuleSet,
     RuleSource,
-    StringMatch,
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS

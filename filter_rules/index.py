@@ -18,8 +18,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import re2
 
+from filter_rules._base import StringMatch
 from filter_rules.context import normalize_principal
-from filter_rules.model import Rule, StringMatch
+from filter_rules.model import Rule
 
 
 class IndexedRule(Protocol):

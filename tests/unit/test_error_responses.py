@@ -17,7 +17,7 @@ import pytest
 
 import kafka_wire as kw
 from kafka_wire import ApiKey, _catalog
-from kafka_wire._schema import FieldSpec, StructSpec
+from kafka_wire._schema import FieldSpec, StructSpec, registry
 from kafka_wire.error_responses import (
     _BUILDERS,
     ERROR_RESPONSE_APIS,
@@ -337,7 +337,7 @@ def test_builders_name_only_schema_fields(api_key: int) -> None:
             if f.struct is not None:
                 collect(f.struct, (*path, f.name))
 
-    for f in _catalog.registry().key_files(api_key, "response"):
+    for f in registry().key_files(api_key, "response"):
         collect(f.spec().struct, ())
     for v in range(rng[0], rng[1] + 1):
         raw = _BUILDERS[api_key](_Ctx(v, ERROR, MESSAGE, 0), request_for(api_key, v))

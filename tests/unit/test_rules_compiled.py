@@ -16,6 +16,7 @@ from filter_rules import (
     CompiledRuleSet,
     MatchContext,
     RuleSet,
+    StringMatch,
     compile_rules,
     load_rule_data,
     load_rule_dir,
@@ -23,7 +24,6 @@ from filter_rules import (
     parse_host,
 )
 from filter_rules.compiled import StringMatcher
-from filter_rules.model import StringMatch
 from kafka_wire import ApiKey
 
 
