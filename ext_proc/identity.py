@@ -273,7 +273,6 @@ class IdentityTracker:
         self.reason: str | None = None  # why the principal is not (or not yet) known
         self.opaque_token = False  # token login whose owner only the broker knows
         self.handshake_seen = False
-        self.handshake_version: int | None = None
         self.session_lifetime_ms: int | None = None  # KIP-368 re-authentication deadline
         self._name: str | None = None  # the authenticated principal's name
         self._in_exchange = False
@@ -356,7 +355,6 @@ class IdentityTracker:
     def _on_handshake(self, api_version: int, body: Mapping[str, Any]) -> None:
         mechanism = body.get("Mechanism")
         self.handshake_seen = True
-        self.handshake_version = api_version
         self.mechanism = mechanism.upper() if isinstance(mechanism, str) else None
         # A new handshake on an authenticated connection is KIP-368 re-authentication:
         # the current principal holds until the new exchange ends (Kafka refuses a

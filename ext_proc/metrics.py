@@ -6,7 +6,7 @@ exactly these series on ``/metrics``.
 
 Series:
 
-    keg_requests_total{api,version,principal,topic}   requests seen
+    keg_requests_total{api,version,principal,topic}   requests seen (topic: see below)
     keg_request_bytes_total{api,direction}             frame bytes, request/response
     keg_decisions_total{rule,action,mode,outcome}      rule decisions
     keg_unanswered_refusals_total{api,rule}            refusals no answer can carry (acks=0)
@@ -18,13 +18,17 @@ Series:
     keg_rule_set_version_info{version}                 1 for the active rule set
     keg_rule_reloads_total{result}                     rule reloads by result
 
+The data path counts a request when its header arrives, before anything decodes it
+(most frames never are), so its `keg_requests_total` series carry `topic=""`: a frame
+is never decoded for a label. Only a caller that has decoded the request anyway and
+passes `Metrics.request(..., topic=...)` labels a topic.
+
 Cardinality: every distinct label combination is a time series held in this process
-and in Prometheus, forever. `topic` is labelled only where the frame was decoded
-anyway (otherwise it is ""), never worth decoding a frame for. Principals and topics
-come from clients and are unbounded (one per OAuth subject, per workload, ...), so
-only the first `max_principals` distinct principals (and `max_topics` topics) get
-their own label value; later ones are counted as "other". The first ones seen are
-kept, so established series stay stable; a restart starts over.
+and in Prometheus, forever. Principals and topics come from clients and are unbounded
+(one per OAuth subject, per workload, ...), so only the first `max_principals`
+distinct principals (and `max_topics` topics) get their own label value; later ones
+are counted as "other". The first ones seen are kept, so established series stay
+stable; a restart starts over.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rule language: model, loader, JSON Schema, compiled matchers and actions (issue 4).
+"""The rule language: model, loader, JSON Schema, compiled matchers and actions.
 
     ruleset = load_rule_dir()                    # filter_rules/rules/*.yaml by default
     compiled = CompiledRuleSet(ruleset)          # once per rule-set version

@@ -59,10 +59,6 @@ _WORKERS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
                                                  thread_name_prefix="keg-interceptor")
 
 
-class StageTimeout(Exception):
-    """A custom interceptor ran past its budget on every attempt."""
-
-
 MiB: Final = 1024 * 1024
 
 

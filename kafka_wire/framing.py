@@ -118,7 +118,6 @@ class FrameSplitter:
         self._hold_parts: list[bytes | memoryview] = []
         self._hold_remaining = 0
         self._injected: list[bytes] = []
-        self.frames_seen = 0
 
     def inject_before_current(self, data: bytes) -> None:
         """From inside `decide`: emit `data` in the stream just before the frame decided."""
@@ -173,7 +172,6 @@ class FrameSplitter:
 
             head = self._parse_head(head_bytes)
             self._check_size(head.size)
-            self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
             decision = self._decide(head)
             if self._injected:

@@ -402,7 +402,7 @@ class Gateway(Service):
             # for a close from inside a dynamic module's callback.
             runtime[CLOSE_THROUGH_FILTER_MANAGER] = True
             log.warning("native data path: request and record rules are not enforced by "
-                        "keg's Envoy filter yet (issue 15, phase 2)")
+                        "keg's Envoy filter yet (its phase 2: docs/native.md)")
         self.envoy = EmbeddedEnvoy(
             "127.0.0.1",
             self.control_plane.xds_port,

@@ -1,4 +1,4 @@
-"""Virtual topics: each tenant sees its own namespace of topics (issue 5, item 6).
+"""Virtual topics: each tenant sees its own namespace of topics.
 
 A `virtual_topics` rule (`{prefix: "tenant-a.", groups: true, transactional_ids:
 true}`) matched by the usual matchers (principals, listeners, client addresses, client

@@ -1,6 +1,6 @@
 """Hostile records through the real gateway: bombs are refused, masks fail closed.
 
-Regression tests (issue: hardening): a 660-byte zstd batch holding a million records,
+Regression tests (hardening): a 660-byte zstd batch holding a million records,
 or batches decompressing to tens of MiB, blocked the single event loop for seconds,
 and Envoy's message timeout then dropped every healthy client; a JSON value nested
 deeper than the parser follows skipped masking, and the card number was stored in

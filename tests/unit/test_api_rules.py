@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from control_plane.api import ApiSettings, Tokens, create_app
 from control_plane.store import RuleStore
+from keg.cli import app
 from tests.unit.test_api_fixtures import ADMIN, CI, client, public_client, rule_json, store
 
 __all__ = ["client", "public_client", "store"]
@@ -197,3 +202,18 @@ def test_apply_reports_every_invalid_file_with_its_location(client: TestClient,
     assert located == {("rules/b.yaml", 2), ("rules/c.yaml", 3)}
     bad_owner = client.post("/v1/apply", json={"owner": "has space", "files": {}}, headers=CI)
     assert bad_owner.status_code == 422 and bad_owner.json()["errors"][0]["field"] == "body.owner"
+
+
+def test_the_no_token_warning_names_flags_that_exist(
+        store: RuleStore, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="control_plane.api.app"):
+        create_app(store, ApiSettings(tokens=Tokens()))
+    warning = next(r.getMessage() for r in caplog.records if "no API tokens" in r.getMessage())
+    flags = re.findall(r"--[a-z][a-z-]+", warning)
+    assert flags, warning
+    runner = CliRunner()
+    for command in ("up", "control-plane"):
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        for flag in flags:
+            assert flag in result.output, f"keg {command} has no {flag}"
