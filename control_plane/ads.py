@@ -13,8 +13,6 @@ applied and nothing is resent (go-control-plane does the same).
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,11 +20,9 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from control_plane.delta import DeltaStream
-from control_plane.fleet import Fleet, NodeInfo, NodeStatus
+from control_plane.fleet import Fleet, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
-from control_plane.xds_stream import RequestPump, next_nonce
-
-log = logging.getLogger(__name__)
+from control_plane.xds_stream import RequestPump, end_stream, next_nonce, node_of
 
 
 @dataclass
@@ -51,18 +47,9 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         subscribed: set[str] = set()
         sent: dict[str, _Sent] = {}
         try:
-            while True:
-                try:
-                    _, request = await pump.wait()
-                except EOFError:
-                    return
+            async for request in pump.requests():
                 if request is not None:
-                    if status is None:
-                        status = self._fleet.connected(NodeInfo.from_proto(request.node), "sotw")
-                        log.info("node %s (%s, cluster %s) connected over SotW ADS",
-                                 status.node_id, status.role, status.cluster)
-                        pump.watch(status.node_id)
-                    status.last_seen = time.time()
+                    status = node_of(pump, self._fleet, status, request.node, "sotw")
                     self._on_request(status, request, sent)
                     subscribed.add(request.type_url)
                 if status is None:
@@ -73,10 +60,7 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                         if response is not None:
                             yield response
         finally:
-            await pump.close()
-            if status is not None:
-                self._fleet.disconnected(status.node_id)
-                log.info("node %s disconnected", status.node_id)
+            await end_stream(pump, self._fleet, status)
 
     async def DeltaAggregatedResources(
         self,

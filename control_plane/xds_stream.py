@@ -9,10 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
+from control_plane.fleet import Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import SnapshotCache
+
+log = logging.getLogger(__name__)
 
 _nonces = itertools.count(1)
 
@@ -67,9 +72,39 @@ class RequestPump(Generic[Request]):
             self._next = asyncio.create_task(self._queue.get())
         return changed, request
 
+    async def requests(self) -> AsyncIterator[Request | None]:
+        """Each wake-up: the stream's next request, or None when only the node's
+        snapshot changed. Ends with the stream."""
+        while True:
+            try:
+                _, request = await self.wait()
+            except EOFError:
+                return
+            yield request
+
     async def close(self) -> None:
         for task in (self._reader, self._change, self._next):
             if task is not None:
                 task.cancel()
         with contextlib.suppress(BaseException):
             await self._reader
+
+
+def node_of(pump: RequestPump[Any], fleet: Fleet, status: NodeStatus | None, node: Any,
+            variant: str) -> NodeStatus:
+    """The stream's node, connected to the fleet on its first request (and its snapshot
+    watched from then on); seen now."""
+    if status is None:
+        status = fleet.connected(NodeInfo.from_proto(node), variant)
+        log.info("node %s (%s, cluster %s) connected over %s ADS", status.node_id,
+                 status.role, status.cluster, "SotW" if variant == "sotw" else variant)
+        pump.watch(status.node_id)
+    status.last_seen = time.time()
+    return status
+
+
+async def end_stream(pump: RequestPump[Any], fleet: Fleet, status: NodeStatus | None) -> None:
+    await pump.close()
+    if status is not None:
+        fleet.disconnected(status.node_id)
+        log.info("node %s disconnected", status.node_id)

@@ -95,22 +95,18 @@ def response_header_version(api_key: int, api_version: int) -> int:
 
 
 def reader_for(api_key: int, api_version: int, kind: str) -> StructReader:
-    key = (api_key, api_version, kind)
-    reader = _readers.get(key)
+    reader = _readers.get((api_key, api_version, kind))
     if reader is None:
-        reader = _readers[key] = compile_reader(
-            message_file(api_key, api_version, kind).spec(), api_version
-        )
+        spec = message_file(api_key, api_version, kind).spec()
+        reader = _readers[(api_key, api_version, kind)] = compile_reader(spec, api_version)
     return reader
 
 
 def writer_for(api_key: int, api_version: int, kind: str) -> StructWriter:
-    key = (api_key, api_version, kind)
-    writer = _writers.get(key)
+    writer = _writers.get((api_key, api_version, kind))
     if writer is None:
-        writer = _writers[key] = compile_writer(
-            message_file(api_key, api_version, kind).spec(), api_version
-        )
+        spec = message_file(api_key, api_version, kind).spec()
+        writer = _writers[(api_key, api_version, kind)] = compile_writer(spec, api_version)
     return writer
 
 

@@ -326,7 +326,7 @@ class RulesFilter(BaseFilter):
                      conn: ConnectionInfo, body: dict[str, Any], hits: list[str | None]) -> bool:
         """A `max_fetch_bytes` safeguard: caps the Fetch's byte limits (True: changed); in
         dry-run it only reports the cap it would apply and leaves the request alone."""
-        spec = rule.action.safeguard  # type: ignore[union-attr]
+        spec = rule.action.safeguard
         asked = fetch_over_limit(spec, body)
         if asked is None:
             return False
@@ -344,7 +344,7 @@ class RulesFilter(BaseFilter):
         """The topics (None: the request) a Produce safeguard refuses, and why."""
         if header.api_key != ApiKey.PRODUCE:
             return {}
-        spec = rule.action.safeguard  # type: ignore[union-attr]
+        spec = rule.action.safeguard
         refused: dict[str | None, Refusal] = {}
         for topic in hits:
             found = produce_violations(spec, body, topic, self._engine.topic_ids)
@@ -361,7 +361,7 @@ class RulesFilter(BaseFilter):
 
     def _rate(self, rule: CompiledRule, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
               body: dict[str, Any], hits: list[str | None]) -> float:
-        spec = rule.action.rate  # type: ignore[union-attr]
+        spec = rule.action.rate
         nbytes = produce_bytes(body) if header.api_key == ApiKey.PRODUCE else 0
         keys: list[str | None]
         if spec.per == "topic":

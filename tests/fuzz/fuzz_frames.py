@@ -84,6 +84,7 @@ from kafka_wire.group_protocol import (
     encode_payload,
     encode_subscription,
 )
+from tests.unit.test_codec import INT_RANGES
 
 MODE_STREAMS, MODE_GROUP, MODE_ENVELOPE = 0, 1, 2
 MAX_FRAME = 1 << 20  # fuzz inputs are small: bigger sizes must be refused, not buffered
@@ -293,14 +294,6 @@ def _envelope_parts(payload: bytes, out: Outcome) -> None:
 
 # -- valid inputs from the schemas -------------------------------------------------------
 
-_INT_RANGES = {
-    "int8": (-(2**7), 2**7 - 1),
-    "int16": (-(2**15), 2**15 - 1),
-    "uint16": (0, 2**16 - 1),
-    "int32": (-(2**31), 2**31 - 1),
-    "uint32": (0, 2**32 - 1),
-    "int64": (-(2**63), 2**63 - 1),
-}
 
 
 class RandomValues:
@@ -325,8 +318,8 @@ class RandomValues:
 
     def scalar(self, t: str, f: FieldSpec, version: int, depth: int) -> Any:
         rng = self.rng
-        if t in _INT_RANGES:
-            lo, hi = _INT_RANGES[t]
+        if t in INT_RANGES:
+            lo, hi = INT_RANGES[t]
             return rng.choice((0, -1, 1, lo, hi, rng.randint(lo, hi)))
         if t == "bool":
             return rng.random() < 0.5

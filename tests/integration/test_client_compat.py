@@ -10,7 +10,6 @@ default transaction.version=2 never committed; share consumers received nothing)
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +18,11 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "filter_rules" / "examples"
 RECORD_RULE = """
 rules:
   - id: copier-headers
@@ -39,14 +37,8 @@ def ruled_gateway(kafka: EmbeddedKafka,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway with the shipped rate-limit example and a record rule loaded."""
     base = tmp_path_factory.mktemp("compat")
-    rules = base / "rules"
-    rules.mkdir()
-    shutil.copy(EXAMPLES / "rate-limits.yaml", rules / "rate-limits.yaml")
-    (rules / "records.yaml").write_text(RECORD_RULE)
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING")
-    with Gateway(settings) as gateway:
+    rules = rule_dir(base / "rules", {"records.yaml": RECORD_RULE}, ["rate-limits.yaml"])
+    with Gateway(gateway_settings(kafka, base / "envoy", rules_dir=rules)) as gateway:
         yield gateway
 
 

@@ -32,8 +32,8 @@ from kafka_wire import ApiKey
 from kafka_wire.compression import Compression
 from kafka_wire.records import BatchHeader, Record, encode_batch
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +53,8 @@ DEEP = 1100  # past orjson's 1024 levels
 @pytest.fixture(scope="module")
 def guarded(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("hostile")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING")
-    with Gateway(settings) as gateway:
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
+    with Gateway(gateway_settings(kafka, base / "envoy", rules_dir=rules)) as gateway:
         yield gateway
 
 
@@ -225,13 +220,9 @@ def test_connections_holding_big_frames_are_bounded_together(
     never finish it: the ext_proc service holds at most its budget (32 MiB here), the
     connections past it are closed, and a healthy producer still delivers."""
     base = tmp_path_factory.mktemp("held")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     budget = 32 * 1024 * 1024
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING", max_held_bytes=budget)
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules, max_held_bytes=budget)
     topic = create_topic(kafka.bootstrap, name=f"pii.held-{uuid.uuid4().hex[:6]}")
     big = produce_frame(1, topic, encode_batch(
         BatchHeader(base_timestamp=1_700_000_000_000),

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from interceptors.capture import read_capture
 from keg.cli import app
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = pytest.mark.integration
 
@@ -141,17 +141,12 @@ def _captured(root: Path) -> int:
 
 @pytest.fixture
 def capturing_gateway(kafka: EmbeddedKafka, tmp_path: Path) -> Iterator[tuple[Gateway, Path]]:
-    rules = tmp_path / "live"
-    rules.mkdir()
     capture = tmp_path / "captured"
-    (rules / "capture.yaml").write_text(
+    rules = rule_dir(tmp_path / "live", {"capture.yaml": (
         "apiVersion: keg/v1\nkind: RuleSet\nrules:\n  - id: capture-pipeline\n"
         "    match: {topics: {prefix: [pipeline-]}}\n"
-        f"    action: {{capture: {{path: {capture}}}}}\n")
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, work_dir=tmp_path / "envoy",
-                               ext_proc_log_level="WARNING")
-    with Gateway(settings) as gateway:
+        f"    action: {{capture: {{path: {capture}}}}}\n")})
+    with Gateway(gateway_settings(kafka, tmp_path / "envoy", rules_dir=rules)) as gateway:
         yield gateway, capture
 
 

@@ -32,12 +32,14 @@ from filter_rules.record_actions import HEADER_ENCRYPTION_KEY_ID
 from interceptors.builtin import build_decrypt
 from interceptors.contract import BuildContext, InterceptedRecord
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
+from keg.gateway import Gateway
 from tests.integration.conftest import (
     SASL_USERS,
     create_topic,
     dumped_codecs,
+    gateway_settings,
     java_sasl,
+    rule_dir,
     sasl_conf,
 )
 
@@ -187,19 +189,14 @@ class Env:
 @pytest.fixture(scope="module")
 def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("record-rules")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
-    (rules / "plugin.py").write_text(PLUGIN)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES, "plugin.py": PLUGIN})
     load_rule_text(RULES, "check.yaml")  # a broken test rule set fails here, not in Envoy
     audit = base / "audit.jsonl"
     previous = os.environ.get(KEY_ENV)
     os.environ[KEY_ENV] = CARD_KEY  # read by the ext_proc child when it builds the rules
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
-        sasl=SaslPlain("keg", SASL_USERS["keg"]), rules_dir=rules, audit_log=audit,
-        work_dir=base / "envoy", ext_proc_log_level="WARNING",
-    )
+    settings = gateway_settings(kafka, base / "envoy", bootstrap_servers=kafka.sasl_bootstrap,
+                                sasl=SaslPlain("keg", SASL_USERS["keg"]), rules_dir=rules,
+                                audit_log=audit)
     for name in ("copies.produced", "copies.consumed"):
         create_topic(kafka.bootstrap, name=name)
     try:
@@ -346,7 +343,7 @@ def decrypt_cards(records: list[Rec]) -> list[Rec]:
 rules:
   - id: d
     action: {decrypt: {fields: [$.card.number], keys: [{id: cards-2026, secret: {env: X}}]}}
-""", "d.yaml").rules[0].action.decrypt  # type: ignore[union-attr]
+""", "d.yaml").rules[0].action.decrypt
     decrypt = build_decrypt(spec, BuildContext(environ={"X": CARD_KEY}))
     out = []
     for key, value, headers in records:

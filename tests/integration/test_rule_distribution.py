@@ -18,8 +18,8 @@ from benchmarks.fleet_rollout import run
 from control_plane.service import ControlPlaneSettings, free_port
 from filter_rules import load_rule_dir
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway, GatewaySettings
-from tests.integration.conftest import create_topic, produce_one
+from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway
+from tests.integration.conftest import create_topic, gateway_settings, produce_one, rule_dir
 
 pytestmark = pytest.mark.integration
 
@@ -138,14 +138,11 @@ def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """`keg up`'s default: the ext_proc child subscribes to the in-process control plane,
     and Envoy starts only once it has ACKed the rule set."""
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir()
-    (rules_dir / "deny.yaml").write_text(
+    rules_dir = rule_dir(tmp_path / "rules", {"deny.yaml": (
         "rules:\n  - id: no-up-topics\n    match: {apis: [Produce], topics: {prefix: [up.]}}\n"
-        "    action: {deny: {}}\n")
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules_dir, rules_delivery="control-plane",
-                               work_dir=tmp_path / "envoy", ext_proc_log_level="WARNING")
+        "    action: {deny: {}}\n")})
+    settings = gateway_settings(kafka, tmp_path / "envoy", rules_dir=rules_dir,
+                                rules_delivery="control-plane")
     with Gateway(settings) as gateway:
         (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
         version = load_rule_dir(rules_dir).version
@@ -170,9 +167,8 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
     token = "reader-token-0123456789"
     (tmp_path / "tokens").write_text(f"ci:{token}\n")
     (tmp_path / "token").write_text(f"{token}\n")
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules_dir,
-        work_dir=tmp_path / "work", ext_proc_log_level="WARNING",
+    settings = gateway_settings(
+        kafka, tmp_path / "work", rules_dir=rules_dir,
         api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
     topic = create_topic(kafka.bootstrap, name=f"nack.{time.monotonic_ns()}")
     with Gateway(settings) as gateway:

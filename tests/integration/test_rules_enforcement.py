@@ -24,8 +24,15 @@ from control_plane.topology import SaslPlain
 from kafka_wire import ApiKey
 from kafka_wire.records import iter_batches
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import SASL_USERS, create_topic, dumped_codecs, java_sasl
+from keg.gateway import Gateway
+from tests.integration.conftest import (
+    SASL_USERS,
+    create_topic,
+    dumped_codecs,
+    gateway_settings,
+    java_sasl,
+    rule_dir,
+)
 from tests.integration.relay import RecordingRelay, gateway_listener
 
 pytestmark = pytest.mark.integration
@@ -131,16 +138,12 @@ class Env:
 @pytest.fixture(scope="module")
 def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("rules-env")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     audit = base / "audit.jsonl"
     metrics_port = free_port()
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
-        sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, audit_log=audit,
-        metrics_port=metrics_port, work_dir=base / "envoy", ext_proc_log_level="WARNING",
-    )
+    settings = gateway_settings(kafka, base / "envoy", bootstrap_servers=kafka.sasl_bootstrap,
+                                sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules,
+                                audit_log=audit, metrics_port=metrics_port)
     with Gateway(settings) as gateway:
         yield Env(kafka, gateway, rules, audit, metrics_port)
 

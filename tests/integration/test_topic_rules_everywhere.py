@@ -9,10 +9,8 @@ and DescribeGroups crashed rule evaluation when a rule had `topics:` but no `api
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -28,12 +26,11 @@ from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType
 
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "filter_rules" / "examples"
 DENY_SECRET = """
 rules:
   - id: secret-topics-denied
@@ -50,14 +47,8 @@ rules:
 @pytest.fixture(scope="module")
 def guarded(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("topic-rules")
-    rules = base / "rules"
-    rules.mkdir()
-    shutil.copy(EXAMPLES / "safeguards.yaml", rules / "safeguards.yaml")
-    (rules / "deny.yaml").write_text(DENY_SECRET)
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING")
-    with Gateway(settings) as gateway:
+    rules = rule_dir(base / "rules", {"deny.yaml": DENY_SECRET}, ["safeguards.yaml"])
+    with Gateway(gateway_settings(kafka, base / "envoy", rules_dir=rules)) as gateway:
         yield gateway
 
 

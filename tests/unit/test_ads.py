@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from control_plane.ads import AggregatedDiscovery
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, RULES, SnapshotCache
+from tests.unit.xds_client import ScriptedStream, start_ads
 
 
 def plan(port: int) -> GatewayPlan:
@@ -21,25 +20,12 @@ def plan(port: int) -> GatewayPlan:
                        "127.0.0.1", 50051)
 
 
-class ScriptedEnvoy:
-    """Sends DiscoveryRequests when told; collects responses."""
-
+class ScriptedEnvoy(ScriptedStream[discovery_pb2.DiscoveryRequest,
+                                   discovery_pb2.DiscoveryResponse]):
     def __init__(self, stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub) -> None:
-        self._out: asyncio.Queue[discovery_pb2.DiscoveryRequest] = asyncio.Queue()
-        self._call = stub.StreamAggregatedResources(self._requests())
+        super().__init__(stub.StreamAggregatedResources)
         self.node = base_pb2.Node(id="envoy-a", cluster="keg")
         self.node.extensions.add(name="envoy.filters.network.ext_proc")
-        # Cancelling a grpc.aio read cancels the call, so one task reads for good.
-        self._in: asyncio.Queue[discovery_pb2.DiscoveryResponse] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for response in self._call:
-            await self._in.put(response)
-
-    async def _requests(self) -> AsyncIterator[discovery_pb2.DiscoveryRequest]:
-        while True:
-            yield await self._out.get()
 
     async def send(self, type_url: str, version: str = "", nonce: str = "",
                    error: str | None = None) -> None:
@@ -49,28 +35,10 @@ class ScriptedEnvoy:
             request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
         await self._out.put(request)
 
-    async def receive(self, timeout: float = 5.0) -> discovery_pb2.DiscoveryResponse:
-        return await asyncio.wait_for(self._in.get(), timeout)
-
-    async def nothing_within(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self._in.get(), seconds)
-        except TimeoutError:
-            return True
-        return False
-
-    def close(self) -> None:
-        self._reader.cancel()
-        self._call.cancel()
-
 
 async def scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server = grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
-        AggregatedDiscovery(cache, fleet), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await start_ads(cache, fleet)
     cache.set(ANY_NODE, compile_snapshot(plan(19092)))
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
@@ -119,11 +87,7 @@ def test_ads_ack_nack_push() -> None:
 
 async def resume_scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server = grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
-        AggregatedDiscovery(cache, fleet), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await start_ads(cache, fleet)
     snapshot = compile_snapshot(plan(19092))
     cache.set("envoy-a", snapshot)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

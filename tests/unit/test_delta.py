@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from control_plane.ads import AggregatedDiscovery
 from control_plane.delta import TypeState, delta_response
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import CLUSTER, LISTENER, Snapshot, SnapshotCache
+from tests.unit.xds_client import ScriptedStream, start_ads
 
 
 def snapshot(*brokers: int, port_shift: int = 0) -> Snapshot:
@@ -71,21 +70,11 @@ def test_named_subscriptions_get_only_their_resources() -> None:
     assert delta_response(state, CLUSTER, snapshot(1, 2)) is None
 
 
-class DeltaEnvoy:
+class DeltaEnvoy(ScriptedStream[discovery_pb2.DeltaDiscoveryRequest,
+                                 discovery_pb2.DeltaDiscoveryResponse]):
     def __init__(self, stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub, node_id: str) -> None:
-        self._out: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest] = asyncio.Queue()
-        self._call = stub.DeltaAggregatedResources(self._requests())
+        super().__init__(stub.DeltaAggregatedResources)
         self.node = base_pb2.Node(id=node_id, cluster="keg")
-        self._in: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for response in self._call:
-            await self._in.put(response)
-
-    async def _requests(self) -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
-        while True:
-            yield await self._out.get()
 
     async def send(self, type_url: str, nonce: str = "", error: str | None = None,
                    initial: dict[str, str] | None = None) -> None:
@@ -96,28 +85,10 @@ class DeltaEnvoy:
             request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
         await self._out.put(request)
 
-    async def receive(self) -> discovery_pb2.DeltaDiscoveryResponse:
-        return await asyncio.wait_for(self._in.get(), 5)
-
-    async def nothing_within(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self._in.get(), seconds)
-        except TimeoutError:
-            return True
-        return False
-
-    def close(self) -> None:
-        self._reader.cancel()
-        self._call.cancel()
-
 
 async def delta_scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server = grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
-        AggregatedDiscovery(cache, fleet), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await start_ads(cache, fleet)
     first = snapshot(1)
     cache.set("envoy-d", first)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -291,7 +291,7 @@ def test_rule_facts_for_the_engine() -> None:
     )
     assert not quiet.applies_to(ApiKey.PRODUCE, 9, "request")
     assert (quiet.audited, loud.audited, silent.audited) == (False, True, False)
-    assert loud.kind == "deny" and loud.action.deny.error == "POLICY_VIOLATION"  # type: ignore[union-attr]
+    assert loud.kind == "deny" and loud.action.deny.error == "POLICY_VIOLATION"
     assert loud.source is not None and loud.source.file == "<data>"
 
 
