@@ -74,7 +74,7 @@ class GatewayPlan:
     advertised_host: str
     ext_proc_host: str
     ext_proc_port: int
-    message_timeout_s: float = 2.0
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     # What Envoy buffers per connection before it stops reading from that peer (set on
     # every listener and cluster): a client that sends faster than the data path takes

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, RESPONSE, Filter
+from ext_proc.filters import REQUEST, Filter
 from ext_proc.metrics import ConnectionMeter
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
@@ -26,6 +26,7 @@ from kafka_wire.framing import (
     Head,
     HeldBytes,
     InFlight,
+    Inspector,
     Piece,
     RequestHead,
 )
@@ -107,7 +108,7 @@ class KafkaSession:
         except KafkaWireError as err:
             raise ProtocolViolation(f"malformed {what}: {err}") from err
 
-    def _render(self, piece: Piece) -> bytes | memoryview:
+    def _render(self, piece: Piece) -> bytes | memoryview | bytearray:
         if isinstance(piece, Frame):
             size = piece.head.size
             self._budget.give(size)
@@ -132,7 +133,7 @@ class KafkaSession:
         if self.chain.wants(head.api_key, head.api_version, REQUEST):
             self._held_requests.append(slot)  # its fate is decided in _process_request
             return self._hold(head.size)
-        slot.forward(hold_response=self.chain.wants(head.api_key, head.api_version, RESPONSE))
+        slot.forward(hold_response=self.chain.response_plan(head.api_key, head.api_version).hold)
         if self._meter is not None:
             self._meter.forwarded()
         return Decision.PASS
@@ -144,6 +145,9 @@ class KafkaSession:
         for answer in due:
             self._responses.inject_before_current(answer)
         if not entry.hold_response:
+            inspectors = self.chain.response_plan(entry.api_key, entry.api_version).inspectors
+            if inspectors:
+                self._responses.inspect_current(_together([new() for new in inspectors]))
             return Decision.PASS
         self._held.append(entry)
         return self._hold(head.size)
@@ -171,3 +175,13 @@ class KafkaSession:
         if out is not frame.raw:
             self.frames_rewritten += 1
         return out
+
+
+def _together(inspectors: list[Inspector]) -> Inspector:
+    if len(inspectors) == 1:
+        return inspectors[0]
+
+    def inspect(chunk: memoryview, base: int) -> list[tuple[int, int]]:
+        return [change for inspector in inspectors for change in inspector(chunk, base)]
+
+    return inspect

@@ -75,7 +75,10 @@ class Frame:
         return memoryview(self.raw)[4:]
 
 
-Piece = bytes | memoryview | Frame
+Piece = bytes | memoryview | bytearray | Frame
+# Shown the bytes of a passing frame (and their offset in the frame after its size
+# prefix); returns the (frame offset, new byte) changes to make, within those bytes.
+Inspector = Callable[[memoryview, int], list[tuple[int, int]]]
 Head = RequestHead | ResponseHead
 
 
@@ -118,10 +121,18 @@ class FrameSplitter:
         self._hold_parts: list[bytes | memoryview] = []
         self._hold_remaining = 0
         self._injected: list[bytes] = []
+        self._inspector: Inspector | None = None  # of the PASS frame going through
+        self._inspected = 0  # frame offset (after the size prefix) of its next byte
 
     def inject_before_current(self, data: bytes) -> None:
         """From inside `decide`: emit `data` in the stream just before the frame decided."""
         self._injected.append(data)
+
+    def inspect_current(self, inspector: Inspector) -> None:
+        """From inside `decide`, for a PASS frame: show `inspector` the frame's bytes as
+        they pass (after the size prefix) and apply the byte changes it asks for. The
+        frame still passes as it arrives; a piece with a change goes on as a copy."""
+        self._inspector = inspector
 
     @property
     def at_frame_boundary(self) -> bool:
@@ -139,8 +150,17 @@ class FrameSplitter:
                 if pass_start < 0:
                     pass_start = pos
                 take = min(self._pass_remaining, n - pos)
+                if self._inspector is not None:
+                    patched = self._inspect(view, pos, take)
+                    if patched is not None:  # this run goes on as a changed copy
+                        if pos > pass_start:
+                            out.append(view[pass_start:pos])
+                        out.append(patched)
+                        pass_start = pos + take
                 pos += take
                 self._pass_remaining -= take
+                if not self._pass_remaining:
+                    self._inspector = None
                 continue
             if self._hold_remaining:
                 take = min(self._hold_remaining, n - pos)
@@ -190,7 +210,13 @@ class FrameSplitter:
                 elif pass_start < 0:
                     pass_start = pos - self._head_size
                 self._pass_remaining = body_left
+                if self._inspector is not None:
+                    self._inspected = 0
+                    self._inspect(memoryview(head_bytes), 4, self._head_size - 4)
+                    if not body_left:
+                        self._inspector = None
             else:
+                self._inspector = None
                 if pass_start >= 0:
                     end = pos - self._head_size
                     if end > pass_start:
@@ -208,6 +234,20 @@ class FrameSplitter:
             else:
                 out.append(view[pass_start:pos])
         return out
+
+    def _inspect(self, view: memoryview, start: int, length: int) -> bytearray | None:
+        """Show the inspector `view[start:start+length]`; a changed copy if it asks."""
+        inspector = self._inspector
+        assert inspector is not None
+        base = self._inspected
+        self._inspected += length
+        changes = inspector(view[start : start + length], base)
+        if not changes:
+            return None
+        patched = bytearray(view[start : start + length])
+        for offset, value in changes:
+            patched[offset - base] = value
+        return patched
 
     def _check_size(self, size: int) -> None:
         if size < self._min_size:

@@ -115,7 +115,8 @@ def up(
     data_path: Annotated[str, typer.Option(
         help="ext-proc: every byte through the ext_proc service; native: keg's Kafka filter "
              "inside Envoy (a dynamic module built by make setup; Envoys of another version "
-             "get ext-proc). The native filter does not enforce rules yet.")] = "ext-proc",
+             "get ext-proc); it hands the ext_proc service only the frames rules need."
+    )] = "ext-proc",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -137,6 +138,10 @@ def up(
         = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
+    ext_proc_env: Annotated[list[str] | None, typer.Option(
+        help="Pass this environment variable to the ext_proc service too (repeatable; "
+             "e.g. what a custom interceptor reads). It gets the key variables its "
+             "rules name without this; Envoy and the broker get neither.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -145,7 +150,9 @@ def up(
     It serves exactly the rule directory it is given (--rules, default filter_rules/rules).
     Its state (rule store, audit log, Envoy's files) lives in the user cache, one
     directory per rule directory; a second keg up on the same rule directory refuses to
-    start while the first runs.
+    start while the first runs. The ext_proc service, Envoy and the embedded broker are
+    restarted whenever they exit (keg_component_restarts_total; /readyz says which part
+    is down).
     """
     api_port = api_port or None
     setup_logging(log_level, log_format)
@@ -156,8 +163,9 @@ def up(
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
-    from keg.gateway import ApiOptions, Gateway, GatewayError, GatewaySettings
+    from keg.gateway import KAFKA_COMPONENT, ApiOptions, Gateway, GatewayError, GatewaySettings
     from keg.state import DirectoryLock, StateInUse, up_state_dir
+    from keg.supervisor import Child
 
     rules_dir = (rules or DEFAULT_RULES_DIR).resolve()
     try:
@@ -201,9 +209,13 @@ def up(
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
+                ext_proc_env=tuple(ext_proc_env or ()),
             )
         )
         with gateway:
+            if kafka is not None:
+                gateway.supervise(KAFKA_COMPONENT, Child(
+                    poll=kafka.poll, restart=kafka.restart, pid=lambda: kafka.pid))
             console.print(styled(("keg is up.", "bold green"),
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))

@@ -90,7 +90,8 @@ def _corrupt(index: int, err: Exception) -> Body:
 
 def _too_costly(index: int, err: OverBudget) -> Body:
     entry = _success(index)
-    entry["ErrorCode"] = ErrorCode.MESSAGE_TOO_LARGE
+    entry["ErrorCode"] = (ErrorCode.REQUEST_TIMED_OUT if err.retriable
+                          else ErrorCode.MESSAGE_TOO_LARGE)
     entry["ErrorMessage"] = f"keg: {err}"[:1000]
     return entry
 

@@ -10,6 +10,7 @@ application endpoints).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -116,3 +117,56 @@ def test_broker_configs_show_the_gateway_and_hide_other_endpoints() -> None:
 def test_an_error_answer_without_a_node_is_left_alone() -> None:
     body = {"ErrorCode": 15, "ErrorMessage": None, "NodeId": -1, "Host": "", "Port": -1}
     assert not rewrite_endpoints(ApiKey.FIND_COORDINATOR, 3, body, route)
+
+
+# -- leader hints hidden as a response passes (Produce v10+, Fetch v16+) -----------------
+
+
+def fetch_answer(cid: int, version: int, with_hints: bool) -> bytes:
+    from kafka_wire.records import BatchHeader, Record, encode_batch
+
+    records = encode_batch(BatchHeader(base_timestamp=1), [Record(0, 0, b"k", b"v" * 300, [])])
+    body: dict[str, Any] = {"ThrottleTimeMs": 0, "ErrorCode": 0, "SessionId": 7, "Responses": [
+        {"TopicId": uuid.UUID(int=5), "Partitions": [
+            {"PartitionIndex": p, "ErrorCode": 6 if with_hints else 0, "HighWatermark": 10,
+             "LastStableOffset": 10, "LogStartOffset": 0, "AbortedTransactions": None,
+             "PreferredReadReplica": -1, "Records": records,
+             "CurrentLeader": {"LeaderId": 7, "LeaderEpoch": 3}} for p in range(3)]}]}
+    if with_hints:
+        body["NodeEndpoints"] = [{"NodeId": 7, "Host": BROKER_HOST, "Port": 9092,
+                                  "Rack": None}]
+    return kw.encode_response(cid, ApiKey.FETCH, version, body)
+
+
+def test_a_passing_fetch_answer_loses_its_leader_hints_at_every_split() -> None:
+    from ext_proc.connection import ConnectionInfo
+    from ext_proc.server import rule_free_session
+
+    conn = ConnectionInfo(gateway_address="gw.example:19092", routes={7: GATEWAY})
+    request = kw.encode_request(kw.RequestHeader(ApiKey.FETCH, 16, 1, "c", {}), {
+        "ReplicaId": -1, "MaxWaitMs": 1, "MinBytes": 1, "MaxBytes": 1, "IsolationLevel": 0,
+        "SessionId": 0, "SessionEpoch": -1, "Topics": [], "ForgottenTopicsData": [],
+        "RackId": ""})
+    for with_hints in (True, False):
+        answer = fetch_answer(1, 16, with_hints)
+        for cut in range(0, len(answer), 7):
+            session = rule_free_session(conn)
+            session.from_client(request)
+            out = session.from_broker(answer[:cut]) + session.from_broker(answer[cut:])
+            assert len(out) == len(answer)  # passed, never held or re-encoded
+            assert BROKER_HOST.encode() not in out
+            assert out == answer or with_hints
+            _, body = kw.decode_response(out[4:], ApiKey.FETCH, 16)
+            assert "NodeEndpoints" not in body or not body["NodeEndpoints"]
+            if with_hints:  # hidden as an unknown tag the client skips
+                assert 0x7F in body.get("_unknown_tags", {})
+            assert [p["Records"] for p in body["Responses"][0]["Partitions"]] == [
+                p["Records"] for p in kw.decode_response(answer[4:], ApiKey.FETCH, 16)[1][
+                    "Responses"][0]["Partitions"]]
+
+
+def test_the_hints_of_a_held_answer_are_rewritten_not_hidden() -> None:
+    body = kw.decode_response(fetch_answer(1, 16, True)[4:], ApiKey.FETCH, 16)[1]
+    assert rewrite_endpoints(ApiKey.FETCH, 16, body, route)
+    assert body["NodeEndpoints"] == [{"NodeId": 7, "Host": GATEWAY[0], "Port": GATEWAY[1],
+                                      "Rack": None}]
