@@ -57,7 +57,7 @@ system-deps:
 
 # pytest exits 5 when it collected no tests: that must fail, never pass silently.
 test: setup system-deps lint native-test
-	$(PY) -m pytest -q; rc=$$?; \
+	$(PY) -m pytest -q --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 unit: $(STAMP)

@@ -36,7 +36,7 @@ rules:
 
 
 def bomb_until(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    from tests.integration.test_hostile_records import bomb_loop
+    from tests.integration.rules.test_hostile_records import bomb_loop
 
     while not stop.is_set():
         answers: list[Any] = []

@@ -3,7 +3,7 @@
     python -m benchmarks.rule_lookup [--rules 1000] [--lookups 40000]
 
 Prints the compile time and the mean time of one `candidates()` lookup for the
-generated rule set `thousand_rules` (also what tests/unit/test_rules_compiled.py checks
+generated rule set `thousand_rules` (also what tests/unit/filter_rules/test_rules_compiled.py checks
 for behaviour: lookups are precomputed, identical tuples). Numbers depend on the
 machine; nothing is asserted here.
 """

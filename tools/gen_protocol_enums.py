@@ -11,7 +11,7 @@ default message), an error being retriable when its exception class extends
 `RetriableException` (as Kafka's protocol guide says). The jar is read from the local
 Maven repository and fetched there with `mvn dependency:get` when missing; the generated
 module is checked in, so neither keg nor its tests need the jar or the network
-(tests/unit/test_protocol_enums.py checks the module against both inputs).
+(tests/unit/kafka_wire/test_protocol_enums.py checks the module against both inputs).
 """
 
 from __future__ import annotations

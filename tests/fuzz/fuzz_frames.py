@@ -84,7 +84,7 @@ from kafka_wire.group_protocol import (
     encode_payload,
     encode_subscription,
 )
-from tests.unit.test_codec import INT_RANGES
+from tests.unit.kafka_wire.test_codec import INT_RANGES
 
 MODE_STREAMS, MODE_GROUP, MODE_ENVELOPE = 0, 1, 2
 MAX_FRAME = 1 << 20  # fuzz inputs are small: bigger sizes must be refused, not buffered

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SKIPPED = {".git", ".venv", "build", "target", "node_modules", "schemas", "__pycache__"}
 SUFFIXES = {".py", ".md", ".rs", ".toml", ".yaml", ".yml", ".json", ".txt", ".cfg"}
 # "issue 14", "Issue #3"; and the design notes that live outside the repository.

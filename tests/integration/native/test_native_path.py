@@ -22,7 +22,7 @@ from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
-from tests.integration.test_gateway_protocol import (  # noqa: F401  (collected here too)
+from tests.integration.protocol.test_gateway_protocol import (  # noqa: F401  (collected here too)
     RawConnection,
     broker_versions,
     gateway_addresses,
@@ -30,7 +30,7 @@ from tests.integration.test_gateway_protocol import (  # noqa: F401  (collected 
     test_malformed_frames_close_only_their_connection,
     test_real_clients_only_learn_gateway_addresses,
 )
-from tests.integration.test_passthrough import (  # noqa: F401  (collected here too)
+from tests.integration.protocol.test_passthrough import (  # noqa: F401  (collected here too)
     make_records,
     produce_confluent,
     test_consumer_group_of_two_commits_through_gateway,

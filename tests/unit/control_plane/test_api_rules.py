@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from control_plane.api import ApiSettings, Tokens, create_app
 from control_plane.store import RuleStore
 from keg.cli import app
-from tests.unit.test_api_fixtures import ADMIN, CI, client, public_client, rule_json, store
+from tests.unit.control_plane.conftest import ADMIN, CI, client, public_client, rule_json, store
 
 __all__ = ["client", "public_client", "store"]
 
@@ -145,7 +145,7 @@ def test_an_invalid_rule_is_422_with_its_location(client: TestClient) -> None:
 
 
 def test_oversized_bodies_are_413(store: RuleStore) -> None:
-    from tests.unit.test_api_fixtures import make_client
+    from tests.unit.control_plane.conftest import make_client
 
     small = make_client(store, max_body_bytes=100)
     response = small.put("/v1/rules/r1", content=rule_json("r1", description="x" * 200),

@@ -25,7 +25,7 @@ from control_plane.store import (
     open_store,
 )
 from filter_rules import CompiledRuleSet, Rule, RuleSet, RuleSetInvalid, RuleSource
-from tests.unit.test_store_postgres_server import postgres_url
+from tests.unit.control_plane.test_store_postgres_server import postgres_url
 
 __all__ = ["postgres_url"]  # the session fixture, imported to be found here
 

@@ -1,4 +1,4 @@
-"""The supervisor's logic on fake children (the real ones: tests/integration/test_faults.py),
+"""The supervisor's logic on fake children (real ones: tests/integration/runtime/test_faults.py),
 and the environment keg gives its children."""
 
 from __future__ import annotations

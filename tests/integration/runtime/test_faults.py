@@ -57,8 +57,8 @@ from keg.gateway import (
 from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
 from tests.integration.conftest import create_topic, produce_one
-from tests.integration.faults import run_through_fault, stored_values, wait_serving
-from tests.integration.test_keg_up import KegUp, run_keg_up
+from tests.integration.runtime.faults import run_through_fault, stored_values, wait_serving
+from tests.integration.runtime.test_keg_up import KegUp, run_keg_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

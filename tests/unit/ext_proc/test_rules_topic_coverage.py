@@ -23,8 +23,8 @@ from filter_rules import CompiledRuleSet, load_rule_text
 from kafka_wire import ApiKey, RequestHeader
 from kafka_wire.error_responses import UnsupportedErrorResponse
 from kafka_wire.topic_ids import TopicIds
-from tests.unit.schema_scan import has_field
-from tests.unit.test_codec import ALL, Builder, spec_of
+from tests.unit.kafka_wire.schema_scan import has_field
+from tests.unit.kafka_wire.test_codec import ALL, Builder, spec_of
 
 CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092")
 # Resource types that name a topic: ConfigResource.Type TOPIC and AclResourceType TOPIC.

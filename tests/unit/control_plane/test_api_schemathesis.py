@@ -11,7 +11,7 @@ from schemathesis.checks import positive_data_acceptance
 
 from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
 from control_plane.store import open_store
-from tests.unit.test_api_fixtures import sample_fleet
+from tests.unit.control_plane.conftest import sample_fleet
 
 TOKEN = "fuzz-token-0123456789abcdef"
 STORE = open_store("sqlite://:memory:", validator=ruleset_validator(build_record_rules=True))

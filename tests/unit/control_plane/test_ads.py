@@ -12,7 +12,7 @@ from google.rpc import status_pb2
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, RULES, SnapshotCache
-from tests.unit.xds_client import ScriptedStream, start_ads
+from tests.unit.control_plane.xds_client import ScriptedStream, start_ads
 
 
 def plan(port: int) -> GatewayPlan:

@@ -3,7 +3,7 @@
 librdkafka and kafka-python produce (compressed), consume in a group, commit and run
 admin calls through a recording relay in front of the gateway; kafka_wire must read
 every recorded request and response and write each back as the same bytes.
-(Values against kafka-python's own decoder: tests/unit/test_codec_crosscheck.py.)
+(Values against kafka-python's own decoder: tests/unit/kafka_wire/test_codec_crosscheck.py.)
 """
 
 from __future__ import annotations

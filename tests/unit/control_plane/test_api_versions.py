@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from control_plane.store import RuleStore
-from tests.unit.test_api_fixtures import ADMIN, client, rule_json, store
+from tests.unit.control_plane.conftest import ADMIN, client, rule_json, store
 
 __all__ = ["client", "store"]
 

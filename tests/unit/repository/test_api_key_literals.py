@@ -27,7 +27,7 @@ import pytest
 
 from kafka_wire import ApiKey
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SKIPPED = {".venv", "build", "kafka_wire", ".git", "envoy", "node_modules"}
 KEYS = {int(k) for k in ApiKey}
 API_NAME = re.compile(r"(^|_)APIS?$|API_KEY|^HOLD_KEY$")  # PRODUCE_API, _TOPIC_APIS

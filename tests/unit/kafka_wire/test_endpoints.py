@@ -24,8 +24,8 @@ from kafka_wire.endpoints import (
     rewrite_config_endpoints,
     rewrite_endpoints,
 )
-from tests.unit.schema_scan import has_field
-from tests.unit.test_codec import ALL, Builder, spec_of
+from tests.unit.kafka_wire.schema_scan import has_field
+from tests.unit.kafka_wire.test_codec import ALL, Builder, spec_of
 
 BROKER_HOST = "broker-7.internal.example"
 GATEWAY = ("gw.example", 19092)

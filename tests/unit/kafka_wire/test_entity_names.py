@@ -22,7 +22,7 @@ from kafka_wire.entity_names import (
     rename_group_payload,
 )
 from kafka_wire.group_protocol import decode_assignment, decode_subscription, encode_payload
-from tests.unit.test_codec import ALL, Builder, spec_of
+from tests.unit.kafka_wire.test_codec import ALL, Builder, spec_of
 
 PREFIX = "T."
 

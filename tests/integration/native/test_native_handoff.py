@@ -24,7 +24,7 @@ from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import SASL_USERS, create_topic
-from tests.integration.test_rules_enforcement import produce
+from tests.integration.rules.test_rules_enforcement import produce
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from control_plane.delta import TypeState, delta_response
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import CLUSTER, LISTENER, Snapshot, SnapshotCache
-from tests.unit.xds_client import ScriptedStream, start_ads
+from tests.unit.control_plane.xds_client import ScriptedStream, start_ads
 
 
 def snapshot(*brokers: int, port_shift: int = 0) -> Snapshot:

@@ -12,7 +12,7 @@ from control_plane.store import RuleStore, StoreUnavailable
 from filter_rules import DEFAULT_RULES_DIR
 from kafka_wire import ApiKey
 from keg.cli_rules import Rollout
-from tests.unit.test_api_fixtures import ADMIN, client, make_client, public_client, store
+from tests.unit.control_plane.conftest import ADMIN, client, make_client, public_client, store
 
 __all__ = ["client", "public_client", "store"]
 

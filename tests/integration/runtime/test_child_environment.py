@@ -19,7 +19,7 @@ from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import EXT_PROC_COMPONENT, Gateway, GatewaySettings
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 from tests.integration.conftest import create_topic
-from tests.integration.faults import stored_values, wait_serving
+from tests.integration.runtime.faults import stored_values, wait_serving
 
 pytestmark = pytest.mark.integration
 

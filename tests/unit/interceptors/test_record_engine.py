@@ -16,7 +16,7 @@ from interceptors.engine import RecordEngine
 from kafka_wire import ApiKey
 from kafka_wire.records import BatchHeader, BatchView, Record, decode_records, encode_batch
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "filter_rules" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "filter_rules" / "examples"
 
 
 class Upper:
@@ -56,7 +56,9 @@ CUSTOM = """
 rules:
   - id: upper
     match: {topics: {prefix: [t.]}}
-    action: {interceptor: {class: "tests.unit.test_record_engine:Upper", config: {suffix: "!"}}}
+    action:
+      interceptor: {class: "tests.unit.interceptors.test_record_engine:Upper",
+                    config: {suffix: "!"}}
 """
 
 
@@ -78,10 +80,10 @@ def test_plan_follows_topic_direction_and_principal() -> None:
     rules:
       - id: produce-only
         match: {topics: {exact: [t.a]}}
-        action: {interceptor: {class: "tests.unit.test_record_engine:Upper"}}
+        action: {interceptor: {class: "tests.unit.interceptors.test_record_engine:Upper"}}
       - id: consume-for-bob
         match: {direction: response, principals: {exact: [bob]}}
-        action: {interceptor: {class: "tests.unit.test_record_engine:Upper"}}
+        action: {interceptor: {class: "tests.unit.interceptors.test_record_engine:Upper"}}
     """)
     ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal="alice")
     assert [s.rule_id for s in e.plan("produce", "t.a", ctx)] == ["produce-only"]
@@ -136,8 +138,8 @@ def test_budget_retries_then_times_out() -> None:
     rules:
       - id: sleepy
         action:
-          interceptor: {class: "tests.unit.test_record_engine:Sleepy", config: {seconds: 0.3},
-                        timeout_ms: 20, retries: 2}
+          interceptor: {class: "tests.unit.interceptors.test_record_engine:Sleepy",
+                        config: {seconds: 0.3}, timeout_ms: 20, retries: 2}
     """)
     assert e.blocking
     outcome = e.evaluate(record(b"x"))
@@ -155,7 +157,7 @@ def test_rules_that_cannot_be_built_name_their_file_and_line(tmp_path: Path) -> 
           - id: nope
             action: {interceptor: {class: "no_such_module_here:Thing"}}
           - id: nope2
-            action: {interceptor: {class: "tests.unit.test_record_engine:Missing"}}
+            action: {interceptor: {class: "tests.unit.interceptors.test_record_engine:Missing"}}
         """, tmp_path)
     text = str(info.value)
     assert f"{tmp_path / 'r.yaml'}:3:" in text and "no module 'no_such_module_here'" in text
