@@ -13,30 +13,16 @@ applied and nothing is resent (go-control-plane does the same).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
-import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from control_plane.fleet import Fleet, NodeInfo, NodeStatus
+from control_plane.delta import DeltaStream
+from control_plane.fleet import Fleet, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
-
-log = logging.getLogger(__name__)
-
-_nonces = itertools.count(1)
-
-Request = TypeVar("Request")
-
-
-def next_nonce() -> str:
-    return str(next(_nonces))
+from control_plane.xds_stream import RequestPump, end_stream, next_nonce, node_of
 
 
 @dataclass
@@ -44,58 +30,6 @@ class _Sent:
     version: str
     nonce: str
     snapshot: Snapshot
-
-
-class RequestPump(Generic[Request]):
-    """Requests of one stream and cache changes of its node, as one sequence of wake-ups.
-
-    grpc.aio cancels a call when a read is cancelled, so one task reads for good."""
-
-    def __init__(self, request_iterator: AsyncIterator[Request], cache: SnapshotCache) -> None:
-        self._cache = cache
-        self._queue: asyncio.Queue[Request | None] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read(request_iterator))
-        self._next: asyncio.Task[Request | None] = asyncio.create_task(self._queue.get())
-        self._change: asyncio.Task[int] | None = None
-        self._node = ""
-
-    async def _read(self, requests: AsyncIterator[Request]) -> None:
-        try:
-            async for request in requests:
-                await self._queue.put(request)
-        finally:
-            await self._queue.put(None)
-
-    def watch(self, node_id: str) -> None:
-        self._node = node_id
-        self._change = asyncio.create_task(
-            self._cache.wait_for_change(node_id, self._cache.generation(node_id)))
-
-    async def wait(self) -> tuple[bool, Request | None]:
-        """(the cache changed, the next request or None); raises EOFError at stream end."""
-        waiting: set[asyncio.Task[Any]] = {self._next}
-        if self._change is not None:
-            waiting.add(self._change)
-        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        changed = False
-        if self._change is not None and self._change in done:
-            changed = True
-            self._change = asyncio.create_task(
-                self._cache.wait_for_change(self._node, self._change.result()))
-        request = None
-        if self._next in done:
-            request = self._next.result()
-            if request is None:
-                raise EOFError
-            self._next = asyncio.create_task(self._queue.get())
-        return changed, request
-
-    async def close(self) -> None:
-        for task in (self._reader, self._change, self._next):
-            if task is not None:
-                task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._reader
 
 
 class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -113,18 +47,9 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         subscribed: set[str] = set()
         sent: dict[str, _Sent] = {}
         try:
-            while True:
-                try:
-                    _, request = await pump.wait()
-                except EOFError:
-                    return
+            async for request in pump.requests():
                 if request is not None:
-                    if status is None:
-                        status = self._fleet.connected(NodeInfo.from_proto(request.node), "sotw")
-                        log.info("node %s (%s, cluster %s) connected over SotW ADS",
-                                 status.node_id, status.role, status.cluster)
-                        pump.watch(status.node_id)
-                    status.last_seen = time.time()
+                    status = node_of(pump, self._fleet, status, request.node, "sotw")
                     self._on_request(status, request, sent)
                     subscribed.add(request.type_url)
                 if status is None:
@@ -135,18 +60,13 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                         if response is not None:
                             yield response
         finally:
-            await pump.close()
-            if status is not None:
-                self._fleet.disconnected(status.node_id)
-                log.info("node %s disconnected", status.node_id)
+            await end_stream(pump, self._fleet, status)
 
     async def DeltaAggregatedResources(
         self,
         request_iterator: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
-        from control_plane.delta import DeltaStream
-
         stream = DeltaStream(self._cache, self._fleet)
         async for response in stream.serve(request_iterator):
             yield response

@@ -144,7 +144,12 @@ class SnapshotCache:
         return True
 
     def clear(self, node_id: str) -> None:
+        """Forget a node (the fleet forgot it): its snapshot, its generation and the
+        wake-up event a cancelled watch left. A watch still waiting wakes up: the node
+        now gets the default snapshot."""
         self._snapshots.pop(node_id, None)
+        self._generations.pop(node_id, None)
+        self._wake(node_id)
 
     def get(self, node_id: str) -> Snapshot | None:
         return self._snapshots.get(node_id) or self._snapshots.get(ANY_NODE)

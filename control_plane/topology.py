@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kafka_wire
-from kafka_wire.api_keys import API_VERSIONS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ async def fetch_topology(bootstrap: str, timeout: float = 10.0,
 async def _authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         sasl: SaslPlain) -> None:
     handshake = await _round_trip(
-        reader, writer, kafka_wire.RequestHeader(SASL_HANDSHAKE, 1, 10, _CLIENT_ID, {}),
+        reader, writer, kafka_wire.RequestHeader(ApiKey.SASL_HANDSHAKE, 1, 10, _CLIENT_ID, {}),
         {"Mechanism": "PLAIN"},
     )
     if handshake["ErrorCode"]:
@@ -86,7 +86,7 @@ async def _authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
                              f"broker offers {handshake.get('Mechanisms')}")
     token = b"\0" + sasl.username.encode() + b"\0" + sasl.password.encode()
     answer = await _round_trip(
-        reader, writer, kafka_wire.RequestHeader(SASL_AUTHENTICATE, 1, 11, _CLIENT_ID, {}),
+        reader, writer, kafka_wire.RequestHeader(ApiKey.SASL_AUTHENTICATE, 1, 11, _CLIENT_ID, {}),
         {"AuthBytes": token},
     )
     if answer["ErrorCode"]:
@@ -98,14 +98,14 @@ async def _fetch_from(host: str, port: int, sasl: SaslPlain | None = None) -> To
     reader, writer = await asyncio.open_connection(host, port)
     try:
         versions = await _round_trip(
-            reader, writer, kafka_wire.RequestHeader(API_VERSIONS, 0, 1, _CLIENT_ID, {}), {},
+            reader, writer, kafka_wire.RequestHeader(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, {}), {},
         )
         if sasl is not None:
             await _authenticate(reader, writer, sasl)
         ranges = {e["ApiKey"]: e["MaxVersion"] for e in versions["ApiKeys"]}
-        version = min(_METADATA_VERSION, ranges.get(METADATA, 1))
+        version = min(_METADATA_VERSION, ranges.get(ApiKey.METADATA, 1))
         metadata = await _round_trip(
-            reader, writer, kafka_wire.RequestHeader(METADATA, version, 2, _CLIENT_ID, {}),
+            reader, writer, kafka_wire.RequestHeader(ApiKey.METADATA, version, 2, _CLIENT_ID, {}),
             {"Topics": []},
         )
     finally:

@@ -58,7 +58,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_wire.api_keys import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import Principal
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -273,7 +273,6 @@ class IdentityTracker:
         self.reason: str | None = None  # why the principal is not (or not yet) known
         self.opaque_token = False  # token login whose owner only the broker knows
         self.handshake_seen = False
-        self.handshake_version: int | None = None
         self.session_lifetime_ms: int | None = None  # KIP-368 re-authentication deadline
         self._name: str | None = None  # the authenticated principal's name
         self._in_exchange = False
@@ -291,9 +290,9 @@ class IdentityTracker:
     def observe_request(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded request; SaslHandshake and SaslAuthenticate teach it something."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 self._on_handshake(api_version, body)
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate(body)
         except Exception:  # never into the data path
             self._fail_candidate("SASL request could not be read")
@@ -301,12 +300,12 @@ class IdentityTracker:
     def observe_response(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded response to a SaslHandshake or SaslAuthenticate request."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 error = body.get("ErrorCode", 0)
                 if error:
                     self._in_exchange = False
                     self.reason = f"SaslHandshake failed with error code {error}"
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate_response(body)
         except Exception:  # never into the data path
             self._end_exchange(success=False, reason="SASL response could not be read")
@@ -356,7 +355,6 @@ class IdentityTracker:
     def _on_handshake(self, api_version: int, body: Mapping[str, Any]) -> None:
         mechanism = body.get("Mechanism")
         self.handshake_seen = True
-        self.handshake_version = api_version
         self.mechanism = mechanism.upper() if isinstance(mechanism, str) else None
         # A new handshake on an authenticated connection is KIP-368 re-authentication:
         # the current principal holds until the new exchange ends (Kafka refuses a

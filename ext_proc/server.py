@@ -1,11 +1,11 @@
 """The grpc.aio adapter: Envoy's network ext_proc stream in, KafkaSession in between.
 
-Facts this adapter is built on (measured, see DESIGN.md): Envoy sends every TCP
-read as `read_data` (client -> broker) and every write as `write_data` (broker ->
-client) without waiting for replies; replies are injected in arrival order, so
-every chunk gets exactly one reply, an empty one while a frame is being held; a
-reply without data would lose the chunk. Half-close arrives as an empty chunk
-with end_of_stream and is echoed.
+Facts this adapter is built on (measured against Envoy's network ext_proc filter):
+Envoy sends every TCP read as `read_data` (client -> broker) and every write as
+`write_data` (broker -> client) without waiting for replies; replies are injected in
+arrival order, so every chunk gets exactly one reply, an empty one while a frame is
+being held; a reply without data would lose the chunk. Half-close arrives as an empty
+chunk with end_of_stream and is echoed.
 """
 
 from __future__ import annotations
@@ -174,7 +174,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     def __init__(self, settings: ProcessorSettings, data_path: DataPath) -> None:
         self._settings = settings
         self._data_path = data_path
-        self.active_connections = 0
 
     async def _run(self, step: Callable[[bytes], _T], data: bytes) -> _T:
         """One chunk (or handed-off frame) through its session: inline, or in a worker
@@ -199,7 +198,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             return
         session = self._data_path.session(conn, self._settings.max_frame_size)
         metrics = self._data_path.metrics
-        self.active_connections += 1
         self._data_path.metrics.connection_opened()
         log.debug("connection opened %s", conn.describe())
         try:
@@ -237,7 +235,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             log.exception("closing connection after an internal error (%s)", conn.describe())
             yield _CLOSE_RST
         finally:
-            self.active_connections -= 1
             self._data_path.metrics.connection_closed()
             session.close()
             if session.pending_bytes():
@@ -250,7 +247,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         one whole frame per message, one reply each, in order."""
         data_path = self._data_path
         session = data_path.frames_session(conn)
-        self.active_connections += 1
         data_path.metrics.connection_opened()
         try:
             async for request in requests:
@@ -284,7 +280,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             log.exception("closing connection after an internal error (%s)", conn.describe())
             yield _CLOSE_RST
         finally:
-            self.active_connections -= 1
             data_path.metrics.connection_closed()
             session.close()
 

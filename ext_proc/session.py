@@ -61,7 +61,6 @@ class KafkaSession:
             requests=False, decide=self._on_response_head, max_frame_size=max_frame_size
         )
         self.frames_rewritten = 0
-        self.requests_answered = 0
         self._delay_s = 0.0
 
     # -- the two directions -------------------------------------------------------
@@ -174,9 +173,7 @@ class KafkaSession:
             slot.answer_with(judged.answer)
         else:
             slot.forward(judged.want_response, patch=judged.patch)
-        if judged.answered:
-            self.requests_answered += 1
-        elif self._meter is not None:
+        if not judged.answered and self._meter is not None:
             self._meter.forwarded()
         return judged.to_broker
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 import kafka_wire
+from filter_rules._base import StringMatch
 from filter_rules.apis import resolve_api
 from filter_rules.context import FrameDirection, MatchContext, normalize_principal
 from filter_rules.index import RuleIndex
@@ -29,12 +30,12 @@ from filter_rules.model import (
     Rule,
     RuleSet,
     RuleSource,
-    StringMatch,
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
+from kafka_wire import ApiKey
 
-RECORD_APIS: Final = frozenset({0, 1})  # Produce, Fetch
+RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
@@ -304,7 +305,7 @@ class CompiledRuleSet:
         self._by_version: dict[tuple[int, str], dict[int, Entry]] = {}
         self._unfiltered: dict[tuple[int, str], Entry] = {}
         self._fallback: dict[str, Entry] = {}
-        self._indexes: dict[tuple[int, int, str], RuleIndex] = {}
+        self._indexes: dict[tuple[int, int, str], RuleIndex[CompiledRule]] = {}
         self._build_index()
 
     def _build_index(self) -> None:

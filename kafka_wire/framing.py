@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from kafka_wire.api_keys import PRODUCE
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import FrameError
 
 _INT32 = struct.Struct(">i")
@@ -209,7 +209,6 @@ class FrameSplitter:
 
             head = self._parse_head(head_bytes)
             self._check_size(head.size)
-            self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
             self.body_view = view[pos : pos + body_left]
             decision = self._decide(head)
@@ -361,7 +360,7 @@ class CorrelationTracker:
             elif entry.fate is Fate.FORWARDED:
                 if entry.correlation_id == correlation_id:
                     return entry, due
-                if entry.api_key != PRODUCE:  # only an acks=0 Produce goes unanswered
+                if entry.api_key != ApiKey.PRODUCE:  # only an acks=0 Produce goes unanswered
                     raise FrameError(f"response with correlation id {correlation_id} where "
                                      f"request {entry.correlation_id} was due")
         raise FrameError(f"response with correlation id {correlation_id} matches no request")

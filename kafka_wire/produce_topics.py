@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Final
 
 from kafka_wire._prims import read_uvarint
-from kafka_wire.api_keys import PRODUCE
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import DecodeError
 
 _INT16: Final = struct.Struct(">h")
@@ -245,7 +245,7 @@ def _skip_tags(b: memoryview | bytes, p: int) -> int:
 
 def wants_topics(api_key: int) -> bool:
     """Whether `ProduceTopics` reads this API's requests."""
-    return api_key == PRODUCE
+    return api_key == ApiKey.PRODUCE
 
 
 __all__ = ["ProduceTopics", "TopicSink", "client_id_of", "wants_topics"]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from keg import cli_pipeline, cli_rules
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
@@ -547,5 +548,6 @@ def validate(
                f"({len(compiled.rules)} enabled), version {compiled.version}; {checked_text}")
 
 
-from keg import cli_pipeline as _cli_pipeline  # noqa: E402,F401  (registers capture, backtest, analyze)
-from keg import cli_rules as _cli_rules  # noqa: E402,F401  (registers diff, apply)
+# The commands of their own modules, after keg's own in `keg --help`.
+for _module in (cli_pipeline, cli_rules):
+    app.registered_commands.extend(_module.commands.registered_commands)

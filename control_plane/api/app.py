@@ -66,7 +66,7 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
 
     metrics.watch_live(store.live)
     if not settings.tokens:
-        log.warning("no API tokens configured (--api-token-file or KEG_API_TOKENS): "
+        log.warning("no API tokens configured (--api-tokens or KEG_API_TOKENS): "
                     "every write will be refused")
     app.openapi = _openapi_with_rule_schemas(app)  # type: ignore[method-assign]
     return app

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Final
 
+from control_plane.store import errors
 from control_plane.store.entries import (
     Change,
     Operation,
@@ -33,16 +34,8 @@ from control_plane.store.entries import (
     rules_yaml,
     to_ruleset,
 )
-from control_plane.store.errors import (
-    InvalidChange,
-    PreconditionFailed,
-    PreconditionRequired,
-    RuleNotFound,
-    RuleOwned,
-    StoreError,
-    StoreUnavailable,
-    VersionNotFound,
-)
+from control_plane.store.errors import *  # noqa: F403  (the store's exceptions)
+from control_plane.store.errors import StoreError
 from control_plane.store.rule_store import (
     ApplyResult,
     RuleStore,
@@ -58,24 +51,16 @@ __all__ = [
     "SQLITE_FILE",
     "ApplyResult",
     "Change",
-    "InvalidChange",
     "Operation",
-    "PreconditionFailed",
-    "PreconditionRequired",
     "RuleDiff",
-    "RuleNotFound",
-    "RuleOwned",
     "RuleStore",
     "RuleWrite",
-    "StoreError",
-    "StoreUnavailable",
     "StoredRule",
     "Subscriber",
     "Validator",
     "Verdict",
     "Version",
     "VersionInfo",
-    "VersionNotFound",
     "VersionStatus",
     "describe_url",
     "diff_rules",
@@ -85,6 +70,7 @@ __all__ = [
     "rules_yaml",
     "to_ruleset",
 ]
+__all__ += errors.__all__
 
 
 def open_store(url: str | None, data_dir: str | os.PathLike[str] | None = None,

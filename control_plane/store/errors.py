@@ -7,6 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+__all__ = [
+    "InvalidChange",
+    "PreconditionFailed",
+    "PreconditionRequired",
+    "RuleNotFound",
+    "RuleOwned",
+    "StoreError",
+    "StoreUnavailable",
+    "VersionNotFound",
+]
+
 
 class StoreError(Exception):
     """Base of every error the rule store raises."""

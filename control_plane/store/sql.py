@@ -84,22 +84,6 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class _Dialect(Protocol):
-    name: str
-    placeholder: str
-
-    def connect(self) -> Any: ...
-
-    def schema(self) -> Sequence[str]: ...
-
-    @contextmanager
-    def write_transaction(self, conn: Any) -> Iterator[None]: ...
-
-    def driver_errors(self) -> tuple[type[BaseException], ...]: ...
-
-    def is_broken(self, conn: Any) -> bool: ...
-
-
 _TABLES = """
 CREATE TABLE IF NOT EXISTS keg_schema (
     id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
@@ -230,10 +214,6 @@ class SqlBackend:
                     f"the database holds keg store schema {found and found[0]}, "
                     f"this keg reads schema {SCHEMA_VERSION}"
                 )
-
-    @property
-    def dialect_name(self) -> str:
-        return self._dialect.name
 
     # --- connection and error translation --------------------------------------------
 

@@ -42,6 +42,7 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Self
 
+from kafka_wire import ApiKey
 from keg.children import JAVA, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.state import DirectoryLock, StateInUse
@@ -445,12 +446,12 @@ def probe_broker(host: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            body = _kafka_request(sock, 18, 0, 1, b"")  # ApiVersions v0
+            body = _kafka_request(sock, ApiKey.API_VERSIONS, 0, 1, b"")  # ApiVersions v0
             (error_code,) = struct.unpack(">h", body[:2])
             if error_code != 0:
                 return False
             # Metadata v4: topics = [] (none), allow_auto_topic_creation = false.
-            body = _kafka_request(sock, 3, 4, 2, struct.pack(">ib", 0, 0))
+            body = _kafka_request(sock, ApiKey.METADATA, 4, 2, struct.pack(">ib", 0, 0))
             _throttle, brokers = struct.unpack(">ii", body[:8])
             return bool(brokers > 0)
     except (OSError, ConnectionError, struct.error):

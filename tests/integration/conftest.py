@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from filter_rules import DEFAULT_RULES_DIR
 from keg.embedded.kafka import EmbeddedKafka, ensure_kafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
@@ -52,15 +56,29 @@ def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
             if "compresscodec: " in line}
 
 
+EXAMPLES = DEFAULT_RULES_DIR.parent / "examples"
+
+
+def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:
+    """A gateway in front of the session's broker: ports picked free, quiet logs."""
+    base: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap, "listen_port_base": 0,
+                            "work_dir": work_dir, "ext_proc_log_level": "WARNING"}
+    return GatewaySettings(**(base | overrides))
+
+
+def rule_dir(path: Path, files: Mapping[str, str], examples: Sequence[str] = ()) -> Path:
+    """A rule directory at `path`: the shipped examples named, then these files."""
+    path.mkdir()
+    for name in examples:
+        shutil.copy(EXAMPLES / name, path / name)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
 @pytest.fixture(scope="session")
 def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap,
-        listen_port_base=0,
-        work_dir=tmp_path_factory.mktemp("envoy"),
-        ext_proc_log_level="WARNING",
-    )
-    with Gateway(settings) as gw:
+    with Gateway(gateway_settings(kafka, tmp_path_factory.mktemp("envoy"))) as gw:
         yield gw
 
 
@@ -68,14 +86,8 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
 def native_gateway(kafka: EmbeddedKafka,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """The gateway on the native data path: keg's Kafka filter inside Envoy."""
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap,
-        listen_port_base=0,
-        work_dir=tmp_path_factory.mktemp("envoy-native"),
-        ext_proc_log_level="WARNING",
-        data_path="native",
-    )
-    with Gateway(settings) as gw:
+    work_dir = tmp_path_factory.mktemp("envoy-native")
+    with Gateway(gateway_settings(kafka, work_dir, data_path="native")) as gw:
         yield gw
 
 
