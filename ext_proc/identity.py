@@ -39,11 +39,14 @@ The principal is Kafka's ``Type:name`` form as DefaultKafkaPrincipalBuilder buil
 it; a broker with a custom ``principal.builder.class`` (or Kerberos name rules) may
 attribute the connection differently.
 
-Security protocol: TLS is not terminated by the gateway; Envoy passes TLS through as
-opaque bytes (which the processor cannot read), so the protocol here is as seen:
-``SASL_PLAINTEXT`` once a SaslHandshake passed, ``PLAINTEXT`` otherwise (``SSL`` and
-``SASL_SSL`` only if the tracker is told the connection was TLS, for a future where
-Envoy terminates TLS).
+Security protocol: on a TLS listener Envoy terminates TLS and tells the data path so
+(`ConnectionInfo.tls`): ``SSL``, or ``SASL_SSL`` once a SaslHandshake passed; on a
+plaintext listener ``PLAINTEXT`` / ``SASL_PLAINTEXT``.
+
+Mutual TLS: a client certificate names a principal (its subject mapped through
+Kafka's ssl.principal.mapping.rules, ext_proc.tls_principal), which holds until a SASL
+exchange authenticates another one, as on a broker's SASL_SSL listener, where the SASL
+principal wins.
 
 Malformed SASL bytes never raise: the principal stays ANONYMOUS and `reason` says
 why (reasons are fixed texts and never quote the client's bytes).
@@ -264,9 +267,12 @@ class IdentityTracker:
     read from them, until the broker accepts or refuses it.
     """
 
-    def __init__(self, *, oauth_principal_claim: str = "sub", tls: bool = False) -> None:
+    def __init__(self, *, oauth_principal_claim: str = "sub", tls: bool = False,
+                 certificate_principal: str | None = None) -> None:
         self.oauth_principal_claim = oauth_principal_claim
         self.tls = tls
+        # The client certificate's principal ("User:alice"), mutual TLS only.
+        self.certificate_principal = certificate_principal
         self.mechanism: str | None = None
         self.authenticated = False
         self.client_id: str | None = None
@@ -330,13 +336,16 @@ class IdentityTracker:
     def principal(self) -> str:
         """Kafka's form: ``User:alice``; ``User:ANONYMOUS`` until authenticated."""
         if not self.authenticated or self._name is None:
-            return ANONYMOUS
+            return self.certificate_principal or ANONYMOUS
         return f"User:{self._name}"
 
     @property
     def principal_known(self) -> bool:
-        """Authenticated and the gateway could read who (not ANONYMOUS/unknown)."""
-        return self.authenticated and self._name not in (None, UNKNOWN_NAME)
+        """Authenticated (by SASL or a client certificate) and the gateway could read who
+        (not ANONYMOUS/unknown)."""
+        if self.authenticated:
+            return self._name not in (None, UNKNOWN_NAME)
+        return self.certificate_principal is not None
 
     @property
     def security_protocol(self) -> str:

@@ -35,6 +35,7 @@ from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import RuleSubscription, default_node_id
 from ext_proc.session import KafkaSession, ProtocolViolation
+from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
@@ -114,13 +115,20 @@ class DataPath:
         self.audit.close()
         log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
+    @staticmethod
+    def identity(conn: ConnectionInfo) -> IdentityTracker:
+        """A connection's identity as it starts: TLS or not, and with mutual TLS the
+        principal its client certificate names. NoMatchingRule / MappingRuleError when
+        no principal can be given (the connection is refused, as a broker would)."""
+        return IdentityTracker(tls=conn.tls, certificate_principal=certificate_principal(conn))
+
     def frames_session(self, conn: ConnectionInfo) -> FramesSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return FramesSession(conn, self.engine, identity, meter)
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
                             meter, self.held_bytes)
@@ -174,11 +182,20 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         metadata = context.invocation_metadata() or ()
         conn = ConnectionInfo.from_metadata(metadata)
+        try:
+            if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+                frames = self._data_path.frames_session(conn)
+            else:
+                session = self._data_path.session(conn, self._settings.max_frame_size)
+        except (NoMatchingRule, MappingRuleError) as err:
+            log.warning("refusing connection: %s (%s)", err, conn.describe())
+            self._data_path.metrics.decode_error(-1, "stream")
+            yield _CLOSE_RST
+            return
         if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
-            async for reply in self._frames(request_iterator, conn):
+            async for reply in self._frames(request_iterator, conn, frames):
                 yield reply
             return
-        session = self._data_path.session(conn, self._settings.max_frame_size)
         metrics = self._data_path.metrics
         self.active_connections += 1
         self._data_path.metrics.connection_opened()
@@ -226,11 +243,11 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
 
 
     async def _frames(self, requests: AsyncIterator[pb.ProcessingRequest],
-                      conn: ConnectionInfo) -> AsyncIterator[pb.ProcessingResponse]:
+                      conn: ConnectionInfo,
+                      session: FramesSession) -> AsyncIterator[pb.ProcessingResponse]:
         """A connection's frames handed over by keg's native filter (ext_proc.frames):
         one whole frame per message, one reply each, in order."""
         data_path = self._data_path
-        session = data_path.frames_session(conn)
         self.active_connections += 1
         try:
             async for request in requests:

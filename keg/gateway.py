@@ -38,10 +38,11 @@ from control_plane.service import (
     free_port,
 )
 from control_plane.snapshot import RULES
-from control_plane.topology import DiscoveryError, SaslPlain
+from control_plane.tls import ListenerTls, TlsConfigError, UpstreamTls
+from control_plane.topology import DiscoveryError, SaslCredentials
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
-from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import SecretMissing, ext_proc_security
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,13 @@ class GatewaySettings:
     rules_dir: Path | None = None
     audit_log: Path | None = None
     metrics_port: int | None = None
-    sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
+    # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER); with SASL
+    # termination also the service account the gateway logs in as.
+    sasl: SaslCredentials | None = None
+    tls: ListenerTls | None = None  # TLS (mutual with a client CA) on the listeners
+    upstream_tls: UpstreamTls | None = None  # TLS to the brokers
+    # The listeners authenticate clients themselves (YAML: ext_proc.sasl.termination).
+    sasl_termination: Path | None = None
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     rules_delivery: str = "directory"  # or "control-plane" (xDS to the ext_proc service)
@@ -260,6 +267,9 @@ class Gateway(Service):
                 message_timeout_s=s.message_timeout_s,
                 failure_mode_allow=s.failure_mode_allow,
                 sasl=s.sasl,
+                tls=s.tls,
+                upstream_tls=s.upstream_tls,
+                sasl_termination=s.sasl_termination is not None,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
@@ -275,7 +285,7 @@ class Gateway(Service):
             self.start_envoy()
         except BaseException as err:
             self.stop()
-            if isinstance(err, TimeoutError | DiscoveryError):
+            if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing):
                 raise GatewayError(str(err)) from err
             raise
 
@@ -312,12 +322,10 @@ class Gateway(Service):
             cmd += ["--metrics-port", str(self.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
-        env = {**os.environ, **s.extra_env}
-        if s.sasl is not None:
-            cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
-                    "--side-effects-config", "sasl.mechanism=PLAIN",
-                    "--side-effects-config", f"sasl.username={s.sasl.username}"]
-            env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
+        # Secrets by environment, never on the command line (ps shows it).
+        args, secrets = ext_proc_security(s.sasl, s.upstream_tls, s.sasl_termination)
+        cmd += args
+        env = {**os.environ, **s.extra_env, **secrets}
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
         if self.metrics_port is not None:  # gRPC listens early; /metrics means started
