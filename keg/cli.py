@@ -12,6 +12,24 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from keg.cli_security import (
+    SaslMechanism,
+    SaslPasswordFile,
+    SaslTermination,
+    SaslUsername,
+    SecurityOptions,
+    TlsCert,
+    TlsClientCa,
+    TlsKey,
+    TlsPrincipalFrom,
+    TlsPrincipalRules,
+    UpstreamServerName,
+    UpstreamTlsCa,
+    UpstreamTlsCert,
+    UpstreamTlsFlag,
+    UpstreamTlsKey,
+    UpstreamVerifyHostname,
+)
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
@@ -136,6 +154,21 @@ def up(
         = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    sasl_termination: SaslTermination = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -152,6 +185,17 @@ def up(
         raise _fail(f"--data-path is ext-proc or native, not {data_path!r}")
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
+    try:  # before anything starts: a missing secret or a bad certificate stops here
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file, sasl_termination).build()
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
+        raise _fail("--sasl-* and --upstream-tls-* are for an existing cluster: give "
+                    "--bootstrap-servers")
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
@@ -200,6 +244,10 @@ def up(
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
+                sasl=sasl,
+                tls=listener_tls,
+                upstream_tls=broker_tls,
+                sasl_termination=sasl_termination,
             )
         )
         with gateway:

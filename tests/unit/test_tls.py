@@ -84,7 +84,7 @@ def test_secrets_hold_the_files_and_listeners_and_clusters_name_them(ca: DevCa) 
     tls = TlsMaterial(ListenerTls(server.cert, server.key, ca.cert_file, "RULE:^CN=(.*?),.*$/$1/"),
                       UpstreamTls(ca.cert_file, client.cert, client.key))
     assert set(tls.secrets) == {LISTENER_CERT, LISTENER_CLIENT_CA, UPSTREAM_CA, UPSTREAM_CERT}
-    cert = tls.secrets[LISTENER_CERT].tls_certificate  # type: ignore[attr-defined]
+    cert = tls.secrets[LISTENER_CERT].tls_certificate
     assert cert.certificate_chain.inline_bytes == server.cert.read_bytes()
     assert cert.private_key.inline_bytes == server.key.read_bytes()
     plan = GatewayPlan(routes=(BrokerRoute(1, "kafka-1.example", 9093, 19092),
@@ -93,7 +93,7 @@ def test_secrets_hold_the_files_and_listeners_and_clusters_name_them(ca: DevCa) 
                        ext_proc_host="127.0.0.1", ext_proc_port=50051)
     snapshot = compile_snapshot(plan, tls=tls)
     assert set(snapshot.resources[SECRET]) == set(tls.secrets)
-    chain = snapshot.resources[LISTENER]["kafka_broker_1"].filter_chains[0]  # type: ignore[attr-defined]
+    chain = snapshot.resources[LISTENER]["kafka_broker_1"].filter_chains[0]
     downstream = tls_pb2.DownstreamTlsContext()
     chain.transport_socket.typed_config.Unpack(downstream)
     assert downstream.require_client_certificate.value
@@ -114,7 +114,7 @@ def test_secrets_hold_the_files_and_listeners_and_clusters_name_them(ca: DevCa) 
                                 ("kafka_broker_2", common_pb2.SubjectAltNameMatcher.IP_ADDRESS,
                                  "")):
         upstream = tls_pb2.UpstreamTlsContext()
-        snapshot.resources[CLUSTER][name].transport_socket.typed_config.Unpack(upstream)  # type: ignore[attr-defined]
+        snapshot.resources[CLUSTER][name].transport_socket.typed_config.Unpack(upstream)
         assert upstream.sni == sni
         combined = upstream.common_tls_context.combined_validation_context
         matcher = combined.default_validation_context.match_typed_subject_alt_names[0]
@@ -123,7 +123,7 @@ def test_secrets_hold_the_files_and_listeners_and_clusters_name_them(ca: DevCa) 
         assert [s.name for s in upstream.common_tls_context.tls_certificate_sds_secret_configs] \
             == [UPSTREAM_CERT]
     # The ext_proc cluster stays plaintext (loopback, inside the gateway).
-    assert not snapshot.resources[CLUSTER]["keg_ext_proc"].HasField("transport_socket")  # type: ignore[attr-defined]
+    assert not snapshot.resources[CLUSTER]["keg_ext_proc"].HasField("transport_socket")
 
 
 def test_hostname_verification_can_be_turned_off_only_explicitly(ca: DevCa) -> None:
@@ -163,7 +163,7 @@ def test_rotation_keeps_the_last_good_files_until_both_halves_match(ca: DevCa,
     shutil.copy(second.key, key)
     assert tls.reload()
     assert tls.secrets[LISTENER_CERT].tls_certificate.certificate_chain.inline_bytes \
-        == second.cert.read_bytes()  # type: ignore[attr-defined]
+        == second.cert.read_bytes()
 
 
 def test_certificate_principal_from_subject_or_uri_san() -> None:
