@@ -34,6 +34,7 @@ from tests.integration.tls_clients import (
     kafka_python_conf,
     librdkafka_conf,
     plaintext_answer,
+    produce_records,
     served_certificate,
 )
 
@@ -84,18 +85,6 @@ def mtls(kafka: EmbeddedKafka, dev_ca: DevCa,
         yield MtlsEnv(gateway, dev_ca, alice, bob, base / "audit.jsonl", base)
 
 
-def _produce(conf: dict[str, str], topic: str, count: int,
-             timeout_ms: int = 20000) -> list[str | None]:
-    errors: list[str | None] = []
-    producer = Producer({**conf, "retries": 0, "message.timeout.ms": timeout_ms,
-                         "socket.timeout.ms": min(timeout_ms, 60000) // 2})
-    for i in range(count):
-        producer.produce(topic, b"value-%d" % i, on_delivery=lambda err, _m: errors.append(
-            None if err is None else err.name()))
-    producer.flush(30)
-    return errors
-
-
 def _consume(conf: dict[str, str], topic: str, count: int) -> tuple[list[bytes], str | None]:
     consumer = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest"})
@@ -122,7 +111,7 @@ def _consume(conf: dict[str, str], topic: str, count: int) -> tuple[list[bytes],
 def test_librdkafka_produces_and_consumes_over_tls(mtls: MtlsEnv, kafka: EmbeddedKafka) -> None:
     topic = create_topic(kafka.bootstrap)
     conf = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.alice)
-    assert _produce(conf, topic, 20) == [None] * 20
+    assert produce_records(conf, topic, 20) == [None] * 20
     values, error = _consume(conf, topic, 20)
     assert error is None and sorted(values) == sorted(b"value-%d" % i for i in range(20))
 
@@ -162,8 +151,8 @@ def test_the_certificate_names_the_principal_a_rule_allows_alice_denies_bob(
     topic = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:8]}")
     alice = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.alice)
     bob = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.bob)
-    assert _produce(alice, topic, 3) == [None] * 3
-    assert _produce(bob, topic, 1) == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert produce_records(alice, topic, 3) == [None] * 3
+    assert produce_records(bob, topic, 1) == ["TOPIC_AUTHORIZATION_FAILED"]
     values, error = _consume(alice, topic, 3)
     assert error is None and len(values) == 3
     _, error = _consume(bob, topic, 1)
@@ -186,7 +175,7 @@ def test_mutual_tls_refuses_a_client_without_a_trusted_certificate(
     stranger = DevCa(tmp_path / "other-ca").client("mallory", "Mallory", "people")
     for client in (None, stranger):
         conf = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, client)
-        assert _produce(conf, topic, 1, timeout_ms=6000) == ["_MSG_TIMED_OUT"], client
+        assert produce_records(conf, topic, 1, timeout_ms=6000) == ["_MSG_TIMED_OUT"], client
 
 
 def test_discovery_verifies_the_brokers_certificate_and_host(kafka: EmbeddedKafka,

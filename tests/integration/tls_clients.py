@@ -8,6 +8,8 @@ import socket
 import ssl
 from pathlib import Path
 
+from confluent_kafka import Producer
+
 from keg.embedded.certs import DevCa, Issued
 
 
@@ -89,3 +91,16 @@ def plaintext_answer(host: str, port: int) -> bytes:
         except (ConnectionResetError, TimeoutError):
             pass
     return received
+
+
+def produce_records(conf: dict[str, str], topic: str, count: int,
+             timeout_ms: int = 20000) -> list[str | None]:
+    """librdkafka's delivery errors (None: stored) for `count` records, no retries."""
+    errors: list[str | None] = []
+    producer = Producer({**conf, "retries": 0, "message.timeout.ms": timeout_ms,
+                         "socket.timeout.ms": min(timeout_ms, 60000) // 2})
+    for i in range(count):
+        producer.produce(topic, b"value-%d" % i, on_delivery=lambda err, _m: errors.append(
+            None if err is None else err.name()))
+    producer.flush(30)
+    return errors
