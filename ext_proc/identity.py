@@ -197,13 +197,10 @@ def jwt_claims(token: str) -> dict[str, Any] | None:
     return payload
 
 
-def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
-    """The principal claim of an OAUTHBEARER client initial response (RFC 7628).
+def parse_oauthbearer_token(data: bytes) -> tuple[str, str]:
+    """(authzid, bearer token) of an OAUTHBEARER client initial response (RFC 7628).
 
-    ``gs2-header \\x01 (key=value \\x01)* \\x01`` with ``auth=Bearer <token>``. Returns
-    None when the token is not a JWT (opaque). The signature is NOT verified: the
-    broker verifies the token; the gateway only reads it.
-    """
+    ``gs2-header \\x01 (key=value \\x01)* \\x01`` with ``auth=Bearer <token>``."""
     text = _utf8(data, "OAUTHBEARER initial response")
     gs2, sep, rest = text.partition("\x01")
     if not sep:
@@ -229,13 +226,22 @@ def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
     match = _BEARER.match(auth)
     if match is None or match.group(1).lower() != "bearer":
         raise SaslParseError("OAUTHBEARER auth= is not 'Bearer <token>'")
-    claims = jwt_claims(match.group(2))
+    return gs2_parts[1][2:], match.group(2)
+
+
+def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
+    """The principal claim of an OAUTHBEARER client initial response (RFC 7628).
+
+    Returns None when the token is not a JWT (opaque). The signature is NOT verified:
+    the broker verifies the token; the gateway only reads it.
+    """
+    authzid, token = parse_oauthbearer_token(data)
+    claims = jwt_claims(token)
     if claims is None:
         return None
     subject = claims.get(principal_claim)
     if not isinstance(subject, str) or not subject:
         raise SaslParseError(f"OAUTHBEARER JWT has no string {principal_claim!r} claim")
-    authzid = gs2_parts[1][2:]
     if authzid and authzid != subject:
         raise SaslParseError("OAUTHBEARER authzid differs from the token's principal")
     return subject
@@ -316,6 +322,14 @@ class IdentityTracker:
                 self._on_authenticate_response(body)
         except Exception:  # never into the data path
             self._end_exchange(success=False, reason="SASL response could not be read")
+
+    def authenticated_by_gateway(self, mechanism: str, name: str) -> None:
+        """The gateway itself authenticated the client (SASL termination) as `name`."""
+        self.handshake_seen = True
+        self.mechanism = mechanism
+        self.authenticated = True
+        self._name = name
+        self.reason = None
 
     def learned_elsewhere(self, principal: str | None, security_protocol: str | None) -> None:
         """What another observer of the connection learned (the native module, which
@@ -495,6 +509,7 @@ __all__ = [
     "SaslParseError",
     "jwt_claims",
     "parse_oauthbearer",
+    "parse_oauthbearer_token",
     "parse_plain",
     "parse_scram_client_first",
     "principal_for_envelope",

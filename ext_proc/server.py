@@ -34,6 +34,17 @@ from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter, Metrics
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import RuleSubscription, default_node_id
+from ext_proc.sasl.login import SaslCredentials
+from ext_proc.sasl.termination import (
+    ALLOWED,
+    SASL_AUTHENTICATION_FAILED,
+    Attempt,
+    Authenticator,
+    SaslTerminationFilter,
+    TerminationConfig,
+    TerminationConfigError,
+    TerminationState,
+)
 from ext_proc.session import KafkaSession, ProtocolViolation
 from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
@@ -41,6 +52,7 @@ from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
 from interceptors.engine import DEFAULT_LIMITS, RecordLimits
 from interceptors.side_effects import DataPathSideEffects
+from kafka_wire.api_keys import SASL_AUTHENTICATE
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE, HeldBytes
 
@@ -79,6 +91,10 @@ class ProcessorSettings:
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
     side_effects_config: tuple[tuple[str, str], ...] = ()
+    # SASL termination (ext_proc.sasl.termination): what terminating listeners accept,
+    # and the service account the gateway logs in to the brokers as.
+    sasl_termination: Path | None = None
+    service_sasl: SaslCredentials | None = None
 
     def __post_init__(self) -> None:
         if self.control_plane is not None and self.rules_dir is not None:
@@ -106,6 +122,25 @@ class DataPath:
             on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
+        self.termination: Authenticator | None = None
+        if settings.sasl_termination is not None:
+            if settings.service_sasl is None:
+                raise TerminationConfigError("SASL termination needs the service account "
+                                             "the gateway logs in to the brokers as")
+            self.termination = Authenticator(TerminationConfig.load(settings.sasl_termination),
+                                             settings.service_sasl, self._login_attempt)
+
+    def _login_attempt(self, attempt: Attempt) -> None:
+        """A client's login at a terminating listener: counted and audited."""
+        self.metrics.sasl_logins.labels(attempt.mechanism, attempt.outcome).inc()
+        self.audit.emit(AuditEvent.for_connection(
+            attempt.conn, principal=f"User:{attempt.user}" if attempt.user else None,
+            client_id=attempt.client_id,
+            security_protocol="SASL_SSL" if attempt.conn.tls else "SASL_PLAINTEXT",
+            api_key=SASL_AUTHENTICATE, api_name=kafka_wire.api_name(SASL_AUTHENTICATE),
+            action="authenticate", outcome=attempt.outcome, reason=attempt.reason,
+            error_code=None if attempt.outcome == ALLOWED else SASL_AUTHENTICATION_FAILED,
+            extra={"mechanism": attempt.mechanism}))
 
     def close(self) -> None:
         """Flush what outlives connections: captures, copies queued, the audit log."""
@@ -130,8 +165,16 @@ class DataPath:
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
         identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
-        return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
-                            meter, self.held_bytes)
+        filters = connection_filters(self.engine, identity)
+        termination = None
+        if conn.sasl_termination:
+            if self.termination is None:
+                raise TerminationConfigError("the listener terminates SASL but this ext_proc "
+                                             "service has no --sasl-termination")
+            termination = TerminationState(self.termination, identity, conn)
+            filters = [SaslTerminationFilter(termination), *filters]
+        return KafkaSession(conn, filters, max_frame_size, meter, self.held_bytes,
+                            termination)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
@@ -187,7 +230,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 frames = self._data_path.frames_session(conn)
             else:
                 session = self._data_path.session(conn, self._settings.max_frame_size)
-        except (NoMatchingRule, MappingRuleError) as err:
+        except (NoMatchingRule, MappingRuleError, TerminationConfigError) as err:
             log.warning("refusing connection: %s (%s)", err, conn.describe())
             self._data_path.metrics.decode_error(-1, "stream")
             yield _CLOSE_RST
@@ -226,6 +269,11 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     yield pb.ProcessingResponse(
                         write_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )
+                    # SASL termination: the service account's next login step, or the
+                    # requests that waited for the login, go to the broker unasked.
+                    to_broker = session.take_broker_bytes()
+                    if to_broker:
+                        yield pb.ProcessingResponse(read_data=pb.Data(data=to_broker))
         except ProtocolViolation as err:
             log.warning("closing connection: %s (%s)", err, conn.describe())
             metrics.decode_error(-1, "stream")

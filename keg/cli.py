@@ -33,8 +33,10 @@ from keg.cli_security import (
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import SERVICE_PASSWORD_ENV
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
+    from ext_proc import ExtProcServer, ProcessorSettings
     from filter_rules import RuleSet
     from keg.gateway import Gateway
 
@@ -325,12 +327,18 @@ def ext_proc_cmd(
     side_effects_config: Annotated[list[str] | None, typer.Option(
         help="A librdkafka property for that producer, key=value (repeatable); the SASL "
              f"password comes from ${SIDE_EFFECTS_PASSWORD_ENV}.")] = None,
+    sasl_termination: SaslTermination = None,
+    service_sasl_mechanism: Annotated[str | None, typer.Option(
+        help="With --sasl-termination: the mechanism of the service account the gateway "
+             f"logs in to the brokers as (its password from ${SERVICE_PASSWORD_ENV}).")] = None,
+    service_sasl_username: Annotated[str | None, typer.Option(
+        help="The service account's user name.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the ext_proc service (Envoy's network external processor for Kafka)."""
     setup_logging(log_level, log_format)
-    from ext_proc import ExtProcServer, ProcessorSettings
+    from ext_proc import ProcessorSettings
 
     if control_plane is not None and rules is not None:
         raise _fail("give --rules or --control-plane, not both")
@@ -340,10 +348,21 @@ def ext_proc_cmd(
         if not sep or not key:
             raise _fail(f"--side-effects-config wants key=value, not {item!r}")
         producer_config.append((key, value))
-    password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
+    password = os.environ.pop(SIDE_EFFECTS_PASSWORD_ENV, None)
     if password:
         producer_config.append(("sasl.password", password))
-    server = ExtProcServer(ProcessorSettings(
+    from ext_proc.sasl.login import SaslCredentials
+    from ext_proc.sasl.termination import TerminationConfigError
+
+    service = None
+    if service_sasl_mechanism is not None:
+        service_password = os.environ.pop(SERVICE_PASSWORD_ENV, None)
+        if not service_password:
+            raise _fail(f"--service-sasl-mechanism needs ${SERVICE_PASSWORD_ENV}")
+        service = SaslCredentials(service_sasl_username or "", service_password,
+                                  service_sasl_mechanism.upper())
+    try:
+        server = _ext_proc_server(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
@@ -351,7 +370,11 @@ def ext_proc_cmd(
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
-    ))
+        sasl_termination=sasl_termination,
+        service_sasl=service,
+        ))
+    except (TerminationConfigError, ValueError) as err:
+        raise _fail(str(err)) from None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -363,6 +386,12 @@ def ext_proc_cmd(
             await server.serve_forever()
 
     asyncio.run(main())
+
+
+def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:
+    from ext_proc import ExtProcServer
+
+    return ExtProcServer(settings)
 
 
 @app.command("control-plane")
@@ -467,6 +496,40 @@ def kafka(
             _wait_for_ctrl_c()
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
+
+
+credentials_app = typer.Typer(help="The users listeners that terminate SASL authenticate "
+                                    "(salted SCRAM keys, never passwords).",
+                               no_args_is_help=True)
+app.add_typer(credentials_app, name="credentials")
+
+
+@credentials_app.command("add")
+def credentials_add(
+    file: Annotated[Path, typer.Argument(help="Credential file (YAML; created if absent).")],
+    user: Annotated[str, typer.Argument(help="User name (the principal is User:<name>).")],
+    password_file: Annotated[Path | None, typer.Option(
+        help="File holding the password; else it is read from standard input.")] = None,
+    iterations: Annotated[int, typer.Option(help="SCRAM iterations (4096 at least).")] = 8192,
+) -> None:
+    """Add or replace a user: SCRAM-SHA-256 and SCRAM-SHA-512 keys (PLAIN checks them too)."""
+    import sys
+
+    from ext_proc.sasl.credentials import CredentialFileError, add_user
+    from ext_proc.sasl.scram import ScramError
+    from keg.security import SecretMissing, read_secret
+
+    try:
+        if password_file is not None:
+            password = read_secret(password_file, "")
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise SecretMissing("an empty password")
+        add_user(file, user, password, iterations)
+    except (CredentialFileError, ScramError, SecretMissing, OSError, ValueError) as err:
+        raise _fail(str(err)) from None
+    console.print(f"{file}: {user} (SCRAM-SHA-256, SCRAM-SHA-512, {iterations} iterations)")
 
 
 @app.command()

@@ -31,7 +31,12 @@ LOGIN_CORRELATION_BASE: Final = -0x4B450000
 
 
 class LoginFailed(Exception):
-    """The broker refused the login (or did not speak SASL as expected)."""
+    """The broker refused the login (or did not speak SASL as expected); `error_code`
+    is the broker's Kafka error code when it answered with one."""
+
+    def __init__(self, message: str, error_code: int | None = None) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ class BrokerLogin:
         if body.get("ErrorCode"):
             message = body.get("ErrorMessage") or f"error {body.get('ErrorCode')}"
             raise LoginFailed(f"SASL {creds.mechanism} login as {creds.username!r} refused: "
-                              f"{message}")
+                              f"{message}", int(body["ErrorCode"]))  # type: ignore[call-overload]
         challenge = bytes(body.get("AuthBytes") or b"")  # type: ignore[call-overload]
         lifetime = body.get("SessionLifetimeMs")
         if isinstance(lifetime, int):
