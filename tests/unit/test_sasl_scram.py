@@ -24,9 +24,10 @@ def test_rfc7677_sha256_vector() -> None:
     client.verify(b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
 
 
-def _server(credential: ScramCredential, nonce: str = "server-nonce") -> ScramServer:
+def _server(credential: ScramCredential, nonce: str = "server-nonce",
+            user: str = "alice") -> ScramServer:
     return ScramServer(credential.mechanism,
-                       lambda mechanism, user: credential if user == "alice" else None,
+                       lambda mechanism, name: credential if name == user else None,
                        nonce=nonce)
 
 
@@ -73,9 +74,9 @@ class FakeBroker:
     """Answers keg's login frames as a broker with `credential` for user alice would."""
 
     def __init__(self, mechanism: str, credential: ScramCredential | None = None,
-                 password: str = "pw") -> None:
+                 password: str = "pw", user: str = "alice") -> None:
         self.mechanism, self.password = mechanism, password
-        self.scram = _server(credential) if credential is not None else None
+        self.scram = _server(credential, user=user) if credential is not None else None
         self.steps = 0
 
     def answer(self, frame: bytes) -> bytes:
