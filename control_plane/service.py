@@ -42,7 +42,7 @@ from control_plane.native_filter import NativeFilter, runs_module
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
-from control_plane.tls import ListenerTls, TlsMaterial, UpstreamTls
+from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
 from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
 from filter_rules import CompiledRuleSet
 
@@ -143,6 +143,9 @@ class ControlPlaneSettings:
     # (the control plane's discovery uses the same); see control_plane.tls.
     tls: ListenerTls | None = None
     upstream_tls: UpstreamTls | None = None
+    # TLS of the xDS/ADS server (it carries listener keys over SDS): with a client CA,
+    # Envoys and ext_proc instances must present a certificate it signed.
+    xds_tls: ServerTls | None = None
     # How often the certificate files are checked for a change (rotation).
     tls_poll_interval_s: float = 1.0
     # The listeners authenticate Kafka clients themselves (SASL termination, in the
@@ -169,6 +172,10 @@ class ControlPlaneSettings:
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
                              f"not {self.data_path!r}")
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -227,11 +234,20 @@ class ControlPlane:
             AggregatedDiscovery(self.cache, self.fleet), server
         )
         address = f"{self.settings.xds_host}:{self.settings.xds_port}"
-        self.xds_port = server.add_insecure_port(address)
+        xds_tls = self.settings.xds_tls
+        if xds_tls is not None:
+            self.xds_port = server.add_secure_port(address, xds_tls.grpc_credentials())
+        else:
+            self.xds_port = server.add_insecure_port(address)
+            if self.tls is not None and self.tls.listener is not None and not _loopback(
+                    self.settings.xds_host):
+                log.warning("xDS on %s without TLS carries the listeners' private keys "
+                            "(SDS) in plaintext: give the control plane a certificate",
+                            self.settings.xds_host)
         await server.start()
         self._server = server
-        log.info("xDS (ADS, SotW and delta) listening on %s:%d", self.settings.xds_host,
-                 self.xds_port)
+        log.info("xDS (ADS, SotW and delta) listening on %s:%d%s", self.settings.xds_host,
+                 self.xds_port, " over TLS" if xds_tls is not None else "")
         await self._first_refresh()
         self._tasks.append(asyncio.create_task(self._refresh_forever()))
         if self.tls is not None:

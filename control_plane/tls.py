@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from envoy.config.core.v3 import base_pb2, config_source_pb2
@@ -112,6 +113,45 @@ class UpstreamTls:
                 raise TlsConfigError(f"upstream client certificate {self.cert_file} / key "
                                      f"{self.key_file}: {_reason(err)}") from None
         return context
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS of the control plane's own servers (xDS/ADS gRPC, the REST API); with a
+    client CA, clients (Envoys, ext_proc instances) must present a certificate it signed."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def check(self) -> None:
+        """TlsConfigError when the files do not load or do not belong together."""
+        _key_pair(self.cert_file, self.key_file, "control plane TLS")
+        if self.client_ca_file is not None:
+            _certificates(self.client_ca_file, "control plane client CA")
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        self.check()
+        return grpc.ssl_server_credentials(
+            [(self.key_file.read_bytes(), self.cert_file.read_bytes())],
+            root_certificates=(self.client_ca_file.read_bytes()
+                               if self.client_ca_file is not None else None),
+            require_client_auth=self.client_ca_file is not None)
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """How a client of the control plane (an ext_proc instance, an Envoy) reaches it
+    over TLS: the CA to trust, and a certificate when the control plane asks for one."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials:
+        cert = self.cert_file.read_bytes() if self.cert_file is not None else None
+        key = self.key_file.read_bytes() if self.key_file is not None else None
+        return grpc.ssl_channel_credentials(self.ca_file.read_bytes(), key, cert)
 
 
 def _reason(err: BaseException) -> str:
@@ -291,7 +331,9 @@ __all__ = [
     "LISTENER_CLIENT_CA",
     "UPSTREAM_CA",
     "UPSTREAM_CERT",
+    "ClientTls",
     "ListenerTls",
+    "ServerTls",
     "TlsConfigError",
     "TlsMaterial",
     "UpstreamTls",

@@ -95,6 +95,19 @@ class ProcessorSettings:
     # and the service account the gateway logs in to the brokers as.
     sasl_termination: Path | None = None
     service_sasl: SaslCredentials | None = None
+    # TLS to the control plane's xDS server: the CA to trust, and a client certificate
+    # when it asks for one (mutual TLS).
+    control_plane_ca: Path | None = None
+    control_plane_cert: Path | None = None
+    control_plane_key: Path | None = None
+
+    def control_plane_credentials(self) -> grpc.ChannelCredentials | None:
+        if self.control_plane_ca is None:
+            return None
+        key, cert = self.control_plane_key, self.control_plane_cert
+        return grpc.ssl_channel_credentials(
+            self.control_plane_ca.read_bytes(), key.read_bytes() if key is not None else None,
+            cert.read_bytes() if cert is not None else None)
 
     def __post_init__(self) -> None:
         if self.control_plane is not None and self.rules_dir is not None:
@@ -368,7 +381,8 @@ class ExtProcServer:
             self.subscription = RuleSubscription(
                 self.settings.control_plane, self.data_path.engine,
                 self.settings.node_id or default_node_id(self.port),
-                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics)
+                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics,
+                credentials=self.settings.control_plane_credentials())
             self.subscription.restore()  # serve the last good set even if the plane is down
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.

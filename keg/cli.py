@@ -333,6 +333,11 @@ def ext_proc_cmd(
              f"logs in to the brokers as (its password from ${SERVICE_PASSWORD_ENV}).")] = None,
     service_sasl_username: Annotated[str | None, typer.Option(
         help="The service account's user name.")] = None,
+    control_plane_ca: Annotated[Path | None, typer.Option(
+        help="Reach --control-plane over TLS, trusting this CA.")] = None,
+    control_plane_cert: Annotated[Path | None, typer.Option(
+        help="Client certificate for a control plane that asks for one (mutual TLS).")] = None,
+    control_plane_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -372,6 +377,9 @@ def ext_proc_cmd(
         side_effects_config=tuple(producer_config),
         sasl_termination=sasl_termination,
         service_sasl=service,
+        control_plane_ca=control_plane_ca,
+        control_plane_cert=control_plane_cert,
+        control_plane_key=control_plane_key,
         ))
     except (TerminationConfigError, ValueError) as err:
         raise _fail(str(err)) from None
@@ -429,6 +437,38 @@ def control_plane_cmd(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
         help="Let reads of the REST API go without a token.")] = False,
+    xds_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve xDS over TLS with this certificate (it carries the listeners' keys).")]
+        = None,
+    xds_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    xds_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="Envoys and ext_proc instances must present a certificate this CA signed.")]
+        = None,
+    api_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve the REST API over HTTPS with this certificate.")] = None,
+    api_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    api_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="REST clients must present a certificate this CA signed.")] = None,
+    api_insecure_tokens: Annotated[bool, typer.Option(
+        help="Take write tokens over plaintext HTTP on a non-loopback address anyway (a "
+             "TLS-terminating proxy in front); refused otherwise.")] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    terminate_sasl: Annotated[bool, typer.Option(
+        help="The listeners authenticate clients themselves (the ext_proc instances run "
+             "with --sasl-termination).")] = False,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -436,12 +476,28 @@ def control_plane_cmd(
     setup_logging(log_level, log_format)
     from control_plane.service import ControlPlaneSettings, load_groups
     from control_plane.store import StoreError
+    from control_plane.tls import ServerTls
     from ext_proc.connection import split_host_port
     from filter_rules import RuleSetInvalid
     from keg.embedded.kafka import cache_dir
     from keg.gateway import ApiOptions, ControlPlaneApp
 
+    def server_tls(cert: Path | None, key: Path | None, ca: Path | None,
+                   what: str) -> ServerTls | None:
+        if cert is None and key is None and ca is None:
+            return None
+        if cert is None or key is None:
+            raise ValueError(f"--{what}-tls-cert and --{what}-tls-key go together")
+        return ServerTls(cert, key, ca)
+
     try:
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file).build()
+        xds_tls = server_tls(xds_tls_cert, xds_tls_key, xds_tls_client_ca, "xds")
+        api_tls = server_tls(api_tls_cert, api_tls_key, api_tls_client_ca, "api")
         host, port = split_host_port(ext_proc)
         settings = ControlPlaneSettings(
             bootstrap_servers=bootstrap_servers,
@@ -455,12 +511,18 @@ def control_plane_cmd(
             rules_dir=rules,
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
+            sasl=sasl,
+            tls=listener_tls,
+            upstream_tls=broker_tls,
+            sasl_termination=terminate_sasl,
+            xds_tls=xds_tls,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
-        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
+        tls=api_tls, insecure_tokens=api_insecure_tokens)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:

@@ -38,11 +38,17 @@ from control_plane.service import (
     free_port,
 )
 from control_plane.snapshot import RULES
-from control_plane.tls import ListenerTls, TlsConfigError, UpstreamTls
+from control_plane.tls import ClientTls, ListenerTls, ServerTls, TlsConfigError, UpstreamTls
 from control_plane.topology import DiscoveryError, SaslCredentials
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
-from keg.security import SecretMissing, ext_proc_security
+from keg.security import (
+    PlaintextTokens,
+    SecretMissing,
+    control_plane_client_args,
+    ext_proc_security,
+    refuse_plaintext_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,9 @@ class ApiOptions:
     tokens_file: Path | None = None
     public_reads: bool = False
     rules_dir: Path | None = None
+    tls: ServerTls | None = None  # HTTPS (mutual with a client CA)
+    # Serve tokens over plaintext on a non-loopback address anyway (a TLS proxy in front).
+    insecure_tokens: bool = False
 
 
 class ControlPlaneApp:
@@ -93,6 +102,8 @@ class ControlPlaneApp:
 
         api = self.api
         tokens = Tokens.load(api.tokens_file)  # before anything binds: a bad file stops here
+        refuse_plaintext_tokens(api.host, bool(tokens), api.tls is not None,
+                                api.insecure_tokens)
         self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
@@ -106,7 +117,7 @@ class ControlPlaneApp:
         app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
                                                  ready=lambda: plane.plan is not None),
                          plane.fleet_status)
-        self.api_server = await serve_api(app, api.host, api.port)
+        self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
 
     def _apply_directory(self, at_start: bool = False) -> None:
@@ -168,6 +179,10 @@ class GatewaySettings:
     upstream_tls: UpstreamTls | None = None  # TLS to the brokers
     # The listeners authenticate clients themselves (YAML: ext_proc.sasl.termination).
     sasl_termination: Path | None = None
+    # The control plane's xDS server over TLS, and how Envoy and the ext_proc service
+    # reach it (the CA they trust, their certificate for mutual TLS).
+    control_plane_tls: ServerTls | None = None
+    control_plane_client_tls: ClientTls | None = None
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     rules_delivery: str = "directory"  # or "control-plane" (xDS to the ext_proc service)
@@ -270,6 +285,7 @@ class Gateway(Service):
                 tls=s.tls,
                 upstream_tls=s.upstream_tls,
                 sasl_termination=s.sasl_termination is not None,
+                xds_tls=s.control_plane_tls,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
@@ -285,7 +301,8 @@ class Gateway(Service):
             self.start_envoy()
         except BaseException as err:
             self.stop()
-            if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing):
+            if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing
+                                | PlaintextTokens):
                 raise GatewayError(str(err)) from err
             raise
 
@@ -325,6 +342,7 @@ class Gateway(Service):
         # Secrets by environment, never on the command line (ps shows it).
         args, secrets = ext_proc_security(s.sasl, s.upstream_tls, s.sasl_termination)
         cmd += args
+        cmd += control_plane_client_args(s.control_plane_client_tls)
         env = {**os.environ, **s.extra_env, **secrets}
         self._ext_proc = subprocess.Popen(cmd, env=env)
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
@@ -419,6 +437,7 @@ class Gateway(Service):
             delta=self.settings.envoy_delta,
             extra_env=env,
             runtime=runtime,
+            xds_tls=self.settings.control_plane_client_tls,
         )
         self.envoy.start()
         self.envoy.wait_for_listeners(len(self.control_plane.plan.routes))

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from control_plane.tls import UpstreamTls
+from control_plane.tls import ClientTls, UpstreamTls
 from ext_proc.sasl.login import SaslCredentials
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
 
@@ -105,3 +105,30 @@ def ext_proc_security(sasl: SaslCredentials | None, tls: UpstreamTls | None,
                  "--service-sasl-username", sasl.username]
         env[SERVICE_PASSWORD_ENV] = sasl.password
     return args, env
+
+
+class PlaintextTokens(ValueError):
+    """The REST API would take tokens over plaintext on a non-loopback address."""
+
+
+def refuse_plaintext_tokens(host: str, has_tokens: bool, tls: bool, insecure: bool) -> None:
+    """Tokens never cross a network in plaintext: an API with write tokens on an address
+    other machines reach needs TLS (--api-tls-cert), or the explicit
+    --api-insecure-tokens for a TLS-terminating proxy in front of it."""
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    if has_tokens and not tls and not loopback and not insecure:
+        raise PlaintextTokens(
+            f"the REST API on {host} would take write tokens over plaintext HTTP: give it "
+            "a certificate (--api-tls-cert/--api-tls-key), bind it to 127.0.0.1, or, with "
+            "a TLS proxy in front, --api-insecure-tokens")
+
+
+def control_plane_client_args(tls: ClientTls | None) -> list[str]:
+    """The ext_proc service's arguments to reach the control plane over TLS."""
+    if tls is None:
+        return []
+    args = ["--control-plane-ca", str(tls.ca_file)]
+    if tls.cert_file is not None and tls.key_file is not None:
+        args += ["--control-plane-cert", str(tls.cert_file),
+                 "--control-plane-key", str(tls.key_file)]
+    return args
