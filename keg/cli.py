@@ -594,6 +594,33 @@ def credentials_add(
     console.print(f"{file}: {user} (SCRAM-SHA-256, SCRAM-SHA-512, {iterations} iterations)")
 
 
+@app.command("dev-certs")
+def dev_certs(
+    directory: Annotated[Path, typer.Argument(help="Where the CA and certificates go.")],
+    server: Annotated[list[str] | None, typer.Option(
+        help="A server certificate <name>[=host,host...] (repeatable; default hosts: the "
+             "name, localhost, 127.0.0.1); <name>-keystore.pem holds key and chain for "
+             "Kafka.")] = None,
+    client: Annotated[list[str] | None, typer.Option(
+        help="A client certificate <name> with subject CN=<name> (repeatable).")] = None,
+    readable_keys: Annotated[bool, typer.Option(
+        help="Keys readable by every user (containers running as other users).")] = False,
+) -> None:
+    """Throw-away certificates for trying TLS out: a CA and certificates it signed.
+    Never for anything real."""
+    from keg.embedded.certs import DevCa
+
+    ca = DevCa(directory, key_mode=0o644 if readable_keys else 0o600)
+    for entry in server or []:
+        name, _, hosts = entry.partition("=")
+        names = [h for h in hosts.split(",") if h] or [name, "localhost", "127.0.0.1"]
+        ca.keystore(ca.server(name, names))
+    for name in client or []:
+        ca.client(name, name)
+    console.print(f"{directory}: ca.pem, {len(server or [])} server and "
+                  f"{len(client or [])} client certificate(s)")
+
+
 @app.command()
 def setup() -> None:
     """Fetch what keg runs on (the Kafka jars from Maven Central) into the user cache."""

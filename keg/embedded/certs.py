@@ -39,13 +39,14 @@ def _name(common_name: str, organizational_unit: str | None = None) -> x509.Name
     return x509.Name(parts)
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey, mode: int = 0o600) -> None:
     data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
+    os.chmod(tmp, mode)
     tmp.replace(path)
 
 
@@ -58,8 +59,10 @@ def _write_cert(path: Path, *certs: x509.Certificate) -> None:
 class DevCa:
     """A development CA in `directory` (created, or loaded when its files exist)."""
 
-    def __init__(self, directory: Path, name: str = "keg dev CA") -> None:
+    def __init__(self, directory: Path, name: str = "keg dev CA", key_mode: int = 0o600) -> None:
         self.directory = directory
+        # 0o644 for containers running as other users (docker-compose.tls.yml): dev only.
+        self.key_mode = key_mode
         directory.mkdir(parents=True, exist_ok=True)
         self.cert_file = directory / "ca.pem"
         self.key_file = directory / "ca-key.pem"
@@ -84,7 +87,7 @@ class DevCa:
                                          key_agreement=False, encipher_only=False,
                                          decipher_only=False), critical=True)
             .sign(self._key, hashes.SHA256()))
-        _write_key(self.key_file, self._key)
+        _write_key(self.key_file, self._key)  # the CA's own key stays private
         _write_cert(self.cert_file, self._cert)
 
     def _issue(self, stem: str, subject: x509.Name, sans: list[x509.GeneralName],
@@ -102,9 +105,20 @@ class DevCa:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         issued = Issued(self.directory / f"{stem}.pem", self.directory / f"{stem}-key.pem")
-        _write_key(issued.key, key)
+        _write_key(issued.key, key, self.key_mode)
         _write_cert(issued.cert, cert)
         return issued
+
+    def keystore(self, issued: Issued) -> Path:
+        """The key and chain in one PEM file, as Kafka's PEM key store reads it."""
+        path = issued.cert.with_name(issued.cert.stem + "-keystore.pem")
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.key_mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(issued.key.read_bytes() + issued.cert.read_bytes())
+        os.chmod(tmp, self.key_mode)
+        tmp.replace(path)
+        return path
 
     def server(self, stem: str, hosts: list[str] | tuple[str, ...] = ("localhost", "127.0.0.1"),
                common_name: str | None = None, days: float = 30) -> Issued:
