@@ -257,6 +257,10 @@ def up(
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
+            if listener_tls is not None or sasl_termination is not None:
+                console.print(_security_line(listener_tls is not None,
+                                             listener_tls is not None and listener_tls.mutual,
+                                             sasl_termination is not None))
             s = gateway.settings
             metrics = ("off" if gateway.metrics_port is None
                        else f"http://127.0.0.1:{gateway.metrics_port}/metrics")
@@ -275,6 +279,17 @@ def up(
         if kafka is not None:
             kafka.stop()
         lock.stop()
+
+
+def _security_line(tls: bool, mutual: bool, terminated: bool) -> str:
+    """What Kafka clients must speak to the listeners."""
+    protocol = ("SASL_SSL" if terminated else "SSL or SASL_SSL") if tls else "SASL_PLAINTEXT"
+    notes = []
+    if mutual:
+        notes.append("client certificates required")
+    if terminated:
+        notes.append("SASL logins checked by keg")
+    return f"clients: security.protocol={protocol}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
