@@ -123,3 +123,31 @@ def test_broker_login_scram_plain_and_refusals() -> None:
     with pytest.raises(LoginFailed, match="does not accept SASL PLAIN"):
         _log_in(BrokerLogin(SaslCredentials("alice", "pw")), FakeBroker("SCRAM-SHA-256"))
     assert "pw" not in repr(SaslCredentials("alice", "pw"))
+
+
+def test_broker_login_oauthbearer_sends_the_token_and_follows_an_error_challenge() -> None:
+    sent: list[bytes] = []
+
+    def answer(frame: bytes, challenge: bytes, error: int) -> bytes:
+        header, body = kafka_wire.decode_request(memoryview(frame)[4:])
+        if header.api_key == SASL_HANDSHAKE:
+            reply: dict[str, object] = {"ErrorCode": 0, "Mechanisms": ["OAUTHBEARER"]}
+        else:
+            sent.append(bytes(body["AuthBytes"]))
+            reply = {"ErrorCode": error, "ErrorMessage": "invalid_token" if error else None,
+                     "AuthBytes": challenge, "SessionLifetimeMs": 0}
+        return kafka_wire.encode_response(header.correlation_id, header.api_key,
+                                          header.api_version, reply)
+
+    login = BrokerLogin(SaslCredentials("", "a.b.c", "OAUTHBEARER"))
+    request = login.on_response(answer(login.start(), b"", 0))
+    assert request is not None and login.on_response(answer(request, b"", 0)) is None
+    assert login.done and sent == [b"n,,\x01auth=Bearer a.b.c\x01\x01"]
+    refused = BrokerLogin(SaslCredentials("", "a.b.c", "OAUTHBEARER"))
+    request = refused.on_response(answer(refused.start(), b"", 0))
+    assert request is not None
+    request = refused.on_response(answer(request, b'{"status":"invalid_token"}', 0))
+    assert request is not None  # RFC 7628: the client answers the error with 0x01
+    with pytest.raises(LoginFailed, match="invalid_token") as err:
+        refused.on_response(answer(request, b"", 58))
+    assert err.value.error_code == 58 and sent[-1] == b"\x01"
