@@ -10,7 +10,6 @@ Kafka connections), so everything per-connection the processor needs rides in
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,7 +35,7 @@ from control_plane.kafka_broker import kafka_broker_config
 from control_plane.native_filter import FILTER_TYPE as NATIVE_FILTER_TYPE
 from control_plane.native_filter import NativeFilter, module_config, network_filter
 from control_plane.snapshot import CLUSTER, EXTENSION_CONFIG, LISTENER, SECRET, Snapshot
-from control_plane.tls import TlsMaterial
+from control_plane.tls import TlsMaterial, is_ip
 from ext_proc.connection import (
     BROKER_ID,
     BROKER_ROUTES,
@@ -117,14 +116,6 @@ def _socket_address(host: str, port: int) -> address_pb2.Address:
     )
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
     limit = wrappers_pb2.UInt32Value(value=_UNLIMITED)
     return circuit_breaker_pb2.CircuitBreakers(
@@ -150,7 +141,7 @@ def _cluster(name: str, host: str, port: int, http2: bool = False,
         name=name,
         per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
         connect_timeout=_duration(5),
-        type=cluster_pb2.Cluster.STATIC if _is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
+        type=cluster_pb2.Cluster.STATIC if is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
         circuit_breakers=_unlimited_breakers(),
         load_assignment=endpoint_pb2.ClusterLoadAssignment(
             cluster_name=name,

@@ -285,7 +285,7 @@ class TlsMaterial:
         name = self.upstream.server_name or broker_host
         default = common_pb2.CertificateValidationContext()
         if self.upstream.verify_hostname:
-            san_type = (common_pb2.SubjectAltNameMatcher.IP_ADDRESS if _is_ip(name)
+            san_type = (common_pb2.SubjectAltNameMatcher.IP_ADDRESS if is_ip(name)
                         else common_pb2.SubjectAltNameMatcher.DNS)
             default.match_typed_subject_alt_names.append(common_pb2.SubjectAltNameMatcher(
                 san_type=san_type, matcher=string_pb2.StringMatcher(exact=name)))
@@ -297,14 +297,14 @@ class TlsMaterial:
             common.tls_certificate_sds_secret_configs.append(sds(UPSTREAM_CERT))
         # SNI never carries an IP address (RFC 6066).
         return tls_pb2.UpstreamTlsContext(common_tls_context=common,
-                                          sni="" if _is_ip(name) else name)
+                                          sni="" if is_ip(name) else name)
 
 
 def _bool(value: bool) -> wrappers_pb2.BoolValue:
     return wrappers_pb2.BoolValue(value=value)
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -338,5 +338,6 @@ __all__ = [
     "TlsMaterial",
     "UpstreamTls",
     "certificate_fingerprint",
+    "is_ip",
     "sds",
 ]

@@ -78,11 +78,15 @@ class KegUp:
 
 @contextmanager
 def keg_up(kafka: EmbeddedKafka, cwd: Path, cache: Path, rules: Path,
-           *extra: str) -> Iterator[KegUp]:
-    command = [sys.executable, "-m", "keg", "up", "--bootstrap-servers", kafka.bootstrap,
+           *extra: str, bootstrap: str | None = None,
+           environment: dict[str, str] | None = None) -> Iterator[KegUp]:
+    """`keg up` fronting `bootstrap` (default: the broker's PLAINTEXT listener), with
+    `environment` added to its environment."""
+    command = [sys.executable, "-m", "keg", "up", "--bootstrap-servers",
+               bootstrap or kafka.bootstrap,
                "--rules", str(rules), "--listen-port-base", "0", "--metrics-port", "0",
                "--api-port", str(free_port()), "--log-level", "WARNING", *extra]
-    env = {**os.environ, "KEG_CACHE_DIR": str(cache)}
+    env = {**os.environ, "KEG_CACHE_DIR": str(cache), **(environment or {})}
     env.pop("COLUMNS", None)
     process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)

@@ -8,10 +8,6 @@ need it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.service import free_port
 from keg.embedded.certs import DevCa
 from keg.embedded.kafka import EmbeddedKafka
 from keg.security import SASL_PASSWORD_ENV
 from tests.integration.conftest import SASL_USERS, create_topic
-from tests.integration.test_keg_up import KegUp
+from tests.integration.test_keg_up import KegUp, keg_up
 from tests.integration.tls_clients import librdkafka_conf, produce_records
 
 pytestmark = pytest.mark.integration
@@ -43,26 +38,14 @@ def secure_keg_up(kafka: EmbeddedKafka, ca: DevCa, tmp_path: Path) -> Iterator[K
     rules.mkdir()
     (rules / "watch.yaml").write_text(RULES)
     server = ca.server("keg-up-gateway")
-    command = [sys.executable, "-m", "keg", "up",
-               "--bootstrap-servers", kafka.sasl_ssl_bootstrap,
-               "--upstream-tls-ca", str(ca.cert_file),
-               "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "keg",
-               "--tls-cert", str(server.cert), "--tls-key", str(server.key),
-               "--rules", str(rules), "--listen-port-base", "0", "--metrics-port", "0",
-               "--api-port", str(free_port()), "--log-level", "INFO"]
-    env = {**os.environ, "KEG_CACHE_DIR": str(tmp_path / "cache"),
-           SASL_PASSWORD_ENV: SASL_USERS["keg"]}
-    env.pop("COLUMNS", None)
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    up = KegUp(process)
-    reader = threading.Thread(target=up.read, daemon=True)
-    reader.start()
-    try:
+    with keg_up(kafka, tmp_path, tmp_path / "cache", rules,
+                "--upstream-tls-ca", str(ca.cert_file),
+                "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "keg",
+                "--tls-cert", str(server.cert), "--tls-key", str(server.key),
+                "--log-level", "INFO",  # the most the logs say: no secret in them either
+                bootstrap=kafka.sasl_ssl_bootstrap,
+                environment={SASL_PASSWORD_ENV: SASL_USERS["keg"]}) as up:
         yield up
-    finally:
-        up.stop()
-        reader.join(10)
 
 
 def _descendants(pid: int) -> list[int]:
