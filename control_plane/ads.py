@@ -30,6 +30,7 @@ class _Sent:
     version: str
     nonce: str
     snapshot: Snapshot
+    names: frozenset[str] = frozenset()  # the resource names subscribed when sent
 
 
 class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -46,17 +47,19 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         status: NodeStatus | None = None
         subscribed: set[str] = set()
         sent: dict[str, _Sent] = {}
+        names: dict[str, frozenset[str]] = {}  # type -> resource names last asked for
         try:
             async for request in pump.requests():
                 if request is not None:
                     status = node_of(pump, self._fleet, status, request.node, "sotw")
-                    self._on_request(status, request, sent)
+                    self._on_request(status, request, sent, names)
                     subscribed.add(request.type_url)
                 if status is None:
                     continue
                 for type_url in TYPE_ORDER:
                     if type_url in subscribed:
-                        response = self._response(status, type_url, sent)
+                        response = self._response(status, type_url, sent,
+                                                  names.get(type_url, frozenset()))
                         if response is not None:
                             yield response
         finally:
@@ -72,15 +75,16 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             yield response
 
     def _on_request(self, status: NodeStatus, request: discovery_pb2.DiscoveryRequest,
-                    sent: dict[str, _Sent]) -> None:
+                    sent: dict[str, _Sent], names: dict[str, frozenset[str]]) -> None:
         type_url = request.type_url
+        names[type_url] = frozenset(request.resource_names)
         if not request.response_nonce:
             # A (re)subscription wants a reply, unless it already has the current version.
             sent.pop(type_url, None)
             snapshot = self._cache.get(status.node_id)
             if (snapshot is not None and snapshot.has(type_url) and request.version_info
                     and request.version_info == snapshot.version(type_url)):
-                sent[type_url] = _Sent(request.version_info, "", snapshot)
+                sent[type_url] = _Sent(request.version_info, "", snapshot, names[type_url])
                 self._fleet.sent(status, type_url, request.version_info)
                 self._fleet.ack(status, type_url, request.version_info, snapshot)
             return
@@ -91,9 +95,14 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self._fleet.nack(status, type_url, last.version, request.error_detail.message)
         else:
             self._fleet.ack(status, type_url, request.version_info, last.snapshot)
+        if frozenset(request.resource_names) != last.names:
+            # A named type (SDS) whose subscription grew: a new listener names another
+            # secret. Envoy keeps only what it had subscribed to when a response came,
+            # so the current resources go again.
+            del sent[type_url]
 
-    def _response(self, status: NodeStatus, type_url: str,
-                  sent: dict[str, _Sent]) -> discovery_pb2.DiscoveryResponse | None:
+    def _response(self, status: NodeStatus, type_url: str, sent: dict[str, _Sent],
+                  names: frozenset[str]) -> discovery_pb2.DiscoveryResponse | None:
         snapshot = self._cache.get(status.node_id)
         if snapshot is None or not snapshot.has(type_url):
             return None  # no opinion: the node keeps what it has
@@ -101,7 +110,7 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if type_url in sent and sent[type_url].version == version:
             return None
         nonce = next_nonce()
-        sent[type_url] = _Sent(version, nonce, snapshot)
+        sent[type_url] = _Sent(version, nonce, snapshot, names)
         self._fleet.sent(status, type_url, version)
         resources = [pack(m) for m in snapshot.resources[type_url].values()]
         return discovery_pb2.DiscoveryResponse(

@@ -41,8 +41,9 @@ from control_plane.kafka_broker import global_api_lists
 from control_plane.native_filter import HandOff, NativeFilter, interest, runs_module
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
-from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
-from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
+from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
+from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
+from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
 from filter_rules import CompiledRuleSet, RuleSet
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class EnvoyGroup:
     listen_host: str = "0.0.0.0"
     advertised_host: str = "127.0.0.1"
     listen_port_base: int = 19092
+    sasl_termination: bool | None = None  # None: the control plane's setting
 
     def fronts(self, broker: int) -> bool:
         return self.brokers is None or broker in self.brokers
@@ -73,7 +75,8 @@ def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a mapping with a 'groups' list")
     groups = []
-    allowed = {"name", "brokers", "listen_host", "advertised_host", "listen_port_base"}
+    allowed = {"name", "brokers", "listen_host", "advertised_host", "listen_port_base",
+               "sasl_termination"}
     for i, entry in enumerate(entries):
         where = f"{path}: groups[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -88,8 +91,12 @@ def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
         port = entry.get("listen_port_base", 19092)
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"{where}: 'listen_port_base' must be a port number")
+        termination = entry.get("sasl_termination")
+        if termination is not None and not isinstance(termination, bool):
+            raise ValueError(f"{where}: 'sasl_termination' must be true or false")
         groups.append(EnvoyGroup(
             name=entry["name"],
+            sasl_termination=termination,
             brokers=None if brokers is None else frozenset(brokers),
             listen_host=str(entry.get("listen_host", "0.0.0.0")),
             advertised_host=str(entry.get("advertised_host", "127.0.0.1")),
@@ -133,7 +140,22 @@ class ControlPlaneSettings:
     message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
-    sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
+    # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER).
+    sasl: SaslCredentials | None = None
+    # TLS on the gateway's listeners (SDS; mutual with a client CA) and to the brokers
+    # (the control plane's discovery uses the same); see control_plane.tls.
+    tls: ListenerTls | None = None
+    upstream_tls: UpstreamTls | None = None
+    # TLS of the xDS/ADS server (it carries listener keys over SDS): with a client CA,
+    # Envoys and ext_proc instances must present a certificate it signed.
+    xds_tls: ServerTls | None = None
+    # How often the certificate files are checked for a change (rotation).
+    tls_poll_interval_s: float = 1.0
+    # The listeners authenticate Kafka clients themselves (SASL termination, in the
+    # ext_proc service) and reach the brokers as its service account; groups may say
+    # otherwise (EnvoyGroup.sasl_termination). Such listeners run the ext_proc chain on
+    # every node: the native module cannot log in to brokers (docs/production.md).
+    sasl_termination: bool = False
     # A watched rule directory as the rule source (when no provider is passed).
     rules_dir: Path | None = None
     # Envoy groups of a mesh; nodes of other clusters get the default group.
@@ -170,6 +192,10 @@ class ControlPlaneSettings:
                              f"not {self.data_path!r}")
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -186,7 +212,10 @@ class ControlPlane:
         self.rules = rules or (DirectoryRuleProvider(settings.rules_dir)
                                if settings.rules_dir is not None else None)
         self._fetch = topology_source or (lambda: fetch_topology(
-            settings.bootstrap_servers, sasl=settings.sasl))
+            settings.bootstrap_servers, sasl=settings.sasl, tls=settings.upstream_tls))
+        # TlsConfigError here: a certificate that cannot serve stops the start.
+        self.tls = (TlsMaterial(settings.tls, settings.upstream_tls)
+                    if settings.tls is not None or settings.upstream_tls is not None else None)
         self.cache = SnapshotCache()
         self.fleet = Fleet()
         self.topology: Topology | None = None
@@ -225,13 +254,24 @@ class ControlPlane:
             AggregatedDiscovery(self.cache, self.fleet), server
         )
         address = f"{self.settings.xds_host}:{self.settings.xds_port}"
-        self.xds_port = server.add_insecure_port(address)
+        xds_tls = self.settings.xds_tls
+        if xds_tls is not None:
+            self.xds_port = server.add_secure_port(address, xds_tls.grpc_credentials())
+        else:
+            self.xds_port = server.add_insecure_port(address)
+            if self.tls is not None and self.tls.listener is not None and not _loopback(
+                    self.settings.xds_host):
+                log.warning("xDS on %s without TLS carries the listeners' private keys "
+                            "(SDS) in plaintext: give the control plane a certificate",
+                            self.settings.xds_host)
         await server.start()
         self._server = server
-        log.info("xDS (ADS, SotW and delta) listening on %s:%d", self.settings.xds_host,
-                 self.xds_port)
+        log.info("xDS (ADS, SotW and delta) listening on %s:%d%s", self.settings.xds_host,
+                 self.xds_port, " over TLS" if xds_tls is not None else "")
         await self._first_refresh()
         self._tasks.append(asyncio.create_task(self._refresh_forever()))
+        if self.tls is not None:
+            self._tasks.append(asyncio.create_task(self._watch_tls()))
 
     async def _first_refresh(self, timeout: float = 60.0) -> None:
         """The brokers may still be starting: retry until one answers."""
@@ -266,6 +306,15 @@ class ControlPlane:
             except (DiscoveryError, OSError) as err:
                 # Keep serving the last good snapshots; brokers may be restarting.
                 log.warning("topology refresh failed, keeping the last snapshots: %s", err)
+
+    async def _watch_tls(self) -> None:
+        """Certificate files replaced: their new secrets go to every Envoy (SDS); no
+        listener changes, so no connection is drained or dropped."""
+        assert self.tls is not None
+        while True:
+            await asyncio.sleep(self.settings.tls_poll_interval_s)
+            if self.tls.reload():
+                self._publish_envoys()
 
     # -- topology ----------------------------------------------------------------------
 
@@ -323,9 +372,14 @@ class ControlPlane:
             ext_proc_more_ports=s.ext_proc_more_ports,
             message_timeout_s=s.message_timeout_s,
             failure_mode_allow=s.failure_mode_allow,
+            sasl_termination=self.terminates_sasl(group),
             elsewhere=tuple(elsewhere),
         )
         return plan
+
+    def terminates_sasl(self, group: EnvoyGroup) -> bool:
+        return (self.settings.sasl_termination if group.sasl_termination is None
+                else group.sasl_termination)
 
     # -- snapshots per node ------------------------------------------------------------
 
@@ -343,7 +397,9 @@ class ControlPlane:
                                    interest=self.native_interest()) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,
-                                                          native=filter_)
+                                                          native=filter_, tls=self.tls)
+        if self.tls is not None:  # the current certificates (they rotate, listeners stay)
+            base = base.with_resources(SECRET, self.tls.secrets)
         return base.retaining(status.of(LISTENER).accepted)
 
     def native_interest(self) -> dict[str, Any]:
@@ -366,9 +422,11 @@ class ControlPlane:
         self._publish_envoys()
 
     def runs_native(self, status: NodeStatus) -> bool:
-        """Whether this Envoy gets keg's own filter: native asked for, and its Envoy
-        version is the one the module is built for."""
-        return self.settings.data_path == NATIVE and runs_module(status.build_version)
+        """Whether this Envoy gets keg's own filter: native asked for, its Envoy version
+        is the one the module is built for, and its listeners do not terminate SASL
+        (keg's service-account login to the brokers lives in the ext_proc service)."""
+        return (self.settings.data_path == NATIVE and runs_module(status.build_version)
+                and not self.terminates_sasl(self.group_of(status)))
 
     def _publish_node(self, status: NodeStatus) -> None:
         if status.role == EXT_PROC:
@@ -389,7 +447,12 @@ class ControlPlane:
             log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
         if status.role != EXT_PROC:
             status.data_path = NATIVE if self.runs_native(status) else EXT_PROC_PATH
-            if self.settings.data_path == NATIVE and status.data_path != NATIVE:
+            if (self.settings.data_path == NATIVE and status.data_path != NATIVE
+                    and self.terminates_sasl(self.group_of(status))):
+                log.warning("node %s's listeners terminate SASL: they get the ext_proc data "
+                            "path (keg's Envoy filter cannot log in to the brokers)",
+                            status.node_id)
+            elif self.settings.data_path == NATIVE and status.data_path != NATIVE:
                 log.warning("node %s runs Envoy %s, not the version keg's filter is built for: "
                             "it gets the ext_proc data path", status.node_id,
                             status.user_agent or "of unknown version")

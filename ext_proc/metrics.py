@@ -193,6 +193,10 @@ class Metrics:
         self.rule_set_version = Gauge(
             "keg_rule_set_version_info", "The active rule set (value 1)", ["version"], registry=r,
         )
+        self.sasl_logins = Counter(
+            "keg_sasl_logins", "Client logins at listeners that terminate SASL, by outcome "
+            "(allowed, denied)", ["mechanism", "outcome"], registry=r,
+        )
         self.rule_reloads = Counter(
             "keg_rule_reloads", "Rule set reloads by result", ["result"], registry=r,
         )

@@ -99,8 +99,10 @@ class RuleSubscription:
 
     def __init__(self, target: str, engine: RuleEngine, node_id: str, *,
                  cache_file: Path | None = None, metrics: Metrics | None = None,
-                 backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER) -> None:
+                 backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.target = target
+        self.credentials = credentials  # TLS to the control plane; None: plaintext
         self.engine = engine
         self.node_id = node_id
         self.cache_file = cache_file
@@ -184,7 +186,9 @@ class RuleSubscription:
 
     async def run(self) -> None:
         attempt = 0
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        channel = (grpc.aio.secure_channel(self.target, self.credentials)
+                   if self.credentials is not None else grpc.aio.insecure_channel(self.target))
+        async with channel:
             stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
             while True:
                 try:

@@ -40,12 +40,25 @@ from ext_proc.metrics import (
 )
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import RuleSubscription, default_node_id
+from ext_proc.sasl.login import SaslCredentials
+from ext_proc.sasl.termination import (
+    ALLOWED,
+    SASL_AUTHENTICATION_FAILED,
+    Attempt,
+    Authenticator,
+    SaslTerminationFilter,
+    TerminationConfig,
+    TerminationConfigError,
+    TerminationState,
+)
 from ext_proc.session import KafkaSession, ProtocolViolation
+from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
 from interceptors.engine import DEFAULT_LIMITS, RecordLimits
 from interceptors.side_effects import DataPathSideEffects
+from kafka_wire import ApiKey
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE, HeldBytes
 
@@ -89,6 +102,23 @@ class ProcessorSettings:
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
     side_effects_config: tuple[tuple[str, str], ...] = ()
+    # SASL termination (ext_proc.sasl.termination): what terminating listeners accept,
+    # and the service account the gateway logs in to the brokers as.
+    sasl_termination: Path | None = None
+    service_sasl: SaslCredentials | None = None
+    # TLS to the control plane's xDS server: the CA to trust, and a client certificate
+    # when it asks for one (mutual TLS).
+    control_plane_ca: Path | None = None
+    control_plane_cert: Path | None = None
+    control_plane_key: Path | None = None
+
+    def control_plane_credentials(self) -> grpc.ChannelCredentials | None:
+        if self.control_plane_ca is None:
+            return None
+        key, cert = self.control_plane_key, self.control_plane_cert
+        return grpc.ssl_channel_credentials(
+            self.control_plane_ca.read_bytes(), key.read_bytes() if key is not None else None,
+            cert.read_bytes() if cert is not None else None)
 
     def __post_init__(self) -> None:
         if self.control_plane is not None and self.rules_dir is not None:
@@ -120,6 +150,26 @@ class DataPath:
         self.metrics.topic_ids = self.engine.topic_ids  # names Produce v13's topic ids
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
+        self.termination: Authenticator | None = None
+        if settings.sasl_termination is not None:
+            if settings.service_sasl is None:
+                raise TerminationConfigError("SASL termination needs the service account "
+                                             "the gateway logs in to the brokers as")
+            self.termination = Authenticator(TerminationConfig.load(settings.sasl_termination),
+                                             settings.service_sasl, self._login_attempt)
+
+    def _login_attempt(self, attempt: Attempt) -> None:
+        """A client's login at a terminating listener: counted and audited."""
+        self.metrics.sasl_logins.labels(attempt.mechanism, attempt.outcome).inc()
+        self.audit.emit(AuditEvent.for_connection(
+            attempt.conn, principal=f"User:{attempt.user}" if attempt.user else None,
+            client_id=attempt.client_id,
+            security_protocol="SASL_SSL" if attempt.conn.tls else "SASL_PLAINTEXT",
+            api_key=ApiKey.SASL_AUTHENTICATE,
+            api_name=kafka_wire.api_name(ApiKey.SASL_AUTHENTICATE),
+            action="authenticate", outcome=attempt.outcome, reason=attempt.reason,
+            error_code=None if attempt.outcome == ALLOWED else SASL_AUTHENTICATION_FAILED,
+            extra={"mechanism": attempt.mechanism}))
 
     def close(self) -> None:
         """Flush what outlives connections: captures, copies queued, the audit log."""
@@ -129,16 +179,31 @@ class DataPath:
         self.audit.close()
         log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
+    @staticmethod
+    def identity(conn: ConnectionInfo) -> IdentityTracker:
+        """A connection's identity as it starts: TLS or not, and with mutual TLS the
+        principal its client certificate names. NoMatchingRule / MappingRuleError when
+        no principal can be given (the connection is refused, as a broker would)."""
+        return IdentityTracker(tls=conn.tls, certificate_principal=certificate_principal(conn))
+
     def frames_session(self, conn: ConnectionInfo) -> FramesSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return FramesSession(conn, self.engine, identity, meter)
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
-        return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
-                            meter, self.held_bytes)
+        filters = connection_filters(self.engine, identity)
+        termination = None
+        if conn.sasl_termination:
+            if self.termination is None:
+                raise TerminationConfigError("the listener terminates SASL but this ext_proc "
+                                             "service has no --sasl-termination")
+            termination = TerminationState(self.termination, identity, conn)
+            filters = [SaslTerminationFilter(termination), *filters]
+        return KafkaSession(conn, filters, max_frame_size, meter, self.held_bytes,
+                            termination)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
@@ -192,11 +257,20 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         metadata = context.invocation_metadata() or ()
         conn = ConnectionInfo.from_metadata(metadata)
+        try:
+            if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+                frames = self._data_path.frames_session(conn)
+            else:
+                session = self._data_path.session(conn, self._settings.max_frame_size)
+        except (NoMatchingRule, MappingRuleError, TerminationConfigError) as err:
+            log.warning("refusing connection: %s (%s)", err, conn.describe())
+            self._data_path.metrics.decode_error(-1, "stream")
+            yield _CLOSE_RST
+            return
         if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
-            async for reply in self._frames(request_iterator, conn):
+            async for reply in self._frames(request_iterator, conn, frames):
                 yield reply
             return
-        session = self._data_path.session(conn, self._settings.max_frame_size)
         metrics = self._data_path.metrics
         self._data_path.metrics.connection_opened()
         log.debug("connection opened %s", conn.describe())
@@ -226,6 +300,11 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     yield pb.ProcessingResponse(
                         write_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )
+                    # SASL termination: the service account's next login step, or the
+                    # requests that waited for the login, go to the broker unasked.
+                    to_broker = session.take_broker_bytes()
+                    if to_broker:
+                        yield pb.ProcessingResponse(read_data=pb.Data(data=to_broker))
         except ProtocolViolation as err:
             log.warning("closing connection: %s (%s)", err, conn.describe())
             metrics.decode_error(-1, "stream")
@@ -242,7 +321,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
 
 
     async def _frames(self, requests: AsyncIterator[pb.ProcessingRequest],
-                      conn: ConnectionInfo) -> AsyncIterator[pb.ProcessingResponse]:
+                      conn: ConnectionInfo,
+                      session: FramesSession) -> AsyncIterator[pb.ProcessingResponse]:
         """A connection's frames handed over by keg's native filter (ext_proc.frames):
         one whole frame per message, one reply each, in order."""
         data_path = self._data_path
@@ -319,7 +399,8 @@ class ExtProcServer:
             self.subscription = RuleSubscription(
                 self.settings.control_plane, self.data_path.engine,
                 self.settings.node_id or default_node_id(self.port),
-                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics)
+                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics,
+                credentials=self.settings.control_plane_credentials())
             self.subscription.restore()  # serve the last good set even if the plane is down
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.

@@ -13,11 +13,31 @@ from typing import TYPE_CHECKING, Annotated, Final
 import typer
 
 from keg import cli_pipeline, cli_rules
+from keg.cli_security import (
+    SaslMechanism,
+    SaslPasswordFile,
+    SaslTermination,
+    SaslUsername,
+    SecurityOptions,
+    TlsCert,
+    TlsClientCa,
+    TlsKey,
+    TlsPrincipalFrom,
+    TlsPrincipalRules,
+    UpstreamServerName,
+    UpstreamTlsCa,
+    UpstreamTlsCert,
+    UpstreamTlsFlag,
+    UpstreamTlsKey,
+    UpstreamVerifyHostname,
+)
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import SERVICE_PASSWORD_ENV
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
+    from ext_proc import ExtProcServer, ProcessorSettings
     from filter_rules import RuleSet
     from keg.gateway import Gateway
 
@@ -162,6 +182,21 @@ def up(
         help="Pass this environment variable to the ext_proc service too (repeatable; "
              "e.g. what a custom interceptor reads). It gets the key variables its "
              "rules name without this; Envoy and the broker get neither.")] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    sasl_termination: SaslTermination = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -180,6 +215,17 @@ def up(
         raise _fail(f"--data-path is ext-proc or native, not {data_path!r}")
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
+    try:  # before anything starts: a missing secret or a bad certificate stops here
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file, sasl_termination).build()
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
+        raise _fail("--sasl-* and --upstream-tls-* are for an existing cluster: give "
+                    "--bootstrap-servers")
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
@@ -232,6 +278,10 @@ def up(
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
                 ext_proc_env=tuple(ext_proc_env or ()),
+                sasl=sasl,
+                tls=listener_tls,
+                upstream_tls=broker_tls,
+                sasl_termination=sasl_termination,
             )
         )
         with gateway:
@@ -242,6 +292,10 @@ def up(
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
+            if listener_tls is not None or sasl_termination is not None:
+                console.print(_security_line(listener_tls is not None,
+                                             listener_tls is not None and listener_tls.mutual,
+                                             sasl_termination is not None))
             s = gateway.settings
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
@@ -262,6 +316,17 @@ def up(
         if kafka is not None:
             kafka.stop()
         lock.stop()
+
+
+def _security_line(tls: bool, mutual: bool, terminated: bool) -> str:
+    """What Kafka clients must speak to the listeners."""
+    protocol = ("SASL_SSL" if terminated else "SSL or SASL_SSL") if tls else "SASL_PLAINTEXT"
+    notes = []
+    if mutual:
+        notes.append("client certificates required")
+    if terminated:
+        notes.append("SASL logins checked by keg")
+    return f"clients: security.protocol={protocol}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
@@ -330,12 +395,23 @@ def ext_proc_cmd(
     side_effects_config: Annotated[list[str] | None, typer.Option(
         help="A librdkafka property for that producer, key=value (repeatable); the SASL "
              f"password comes from ${SIDE_EFFECTS_PASSWORD_ENV}.")] = None,
+    sasl_termination: SaslTermination = None,
+    service_sasl_mechanism: Annotated[str | None, typer.Option(
+        help="With --sasl-termination: the mechanism of the service account the gateway "
+             f"logs in to the brokers as (its password from ${SERVICE_PASSWORD_ENV}).")] = None,
+    service_sasl_username: Annotated[str | None, typer.Option(
+        help="The service account's user name.")] = None,
+    control_plane_ca: Annotated[Path | None, typer.Option(
+        help="Reach --control-plane over TLS, trusting this CA.")] = None,
+    control_plane_cert: Annotated[Path | None, typer.Option(
+        help="Client certificate for a control plane that asks for one (mutual TLS).")] = None,
+    control_plane_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the ext_proc service (Envoy's network external processor for Kafka)."""
     setup_logging(log_level, log_format)
-    from ext_proc import ExtProcServer, ProcessorSettings
+    from ext_proc import ProcessorSettings
 
     if control_plane is not None and rules is not None:
         raise _fail("give --rules or --control-plane, not both")
@@ -345,11 +421,22 @@ def ext_proc_cmd(
         if not sep or not key:
             raise _fail(f"--side-effects-config wants key=value, not {item!r}")
         producer_config.append((key, value))
-    password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
+    password = os.environ.pop(SIDE_EFFECTS_PASSWORD_ENV, None)
     if password:
         producer_config.append(("sasl.password", password))
+    from ext_proc.sasl.login import SaslCredentials
+    from ext_proc.sasl.termination import TerminationConfigError
+
+    service = None
+    if service_sasl_mechanism is not None:
+        service_password = os.environ.pop(SERVICE_PASSWORD_ENV, None)
+        if not service_password:
+            raise _fail(f"--service-sasl-mechanism needs ${SERVICE_PASSWORD_ENV}")
+        service = SaslCredentials(service_sasl_username or "", service_password,
+                                  service_sasl_mechanism.upper())
     default = ProcessorSettings()  # the label bounds not given keep their defaults
-    settings = ProcessorSettings(
+    try:
+        server = _ext_proc_server(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
@@ -361,8 +448,14 @@ def ext_proc_cmd(
         metrics_max_clients=metrics_max_clients or default.metrics_max_clients,
         metrics_max_principals=metrics_max_principals or default.metrics_max_principals,
         metrics_topics=metrics_topics,
-    )
-    server = ExtProcServer(settings)
+        sasl_termination=sasl_termination,
+        service_sasl=service,
+        control_plane_ca=control_plane_ca,
+        control_plane_cert=control_plane_cert,
+        control_plane_key=control_plane_key,
+        ))
+    except (TerminationConfigError, ValueError) as err:
+        raise _fail(str(err)) from None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -374,6 +467,12 @@ def ext_proc_cmd(
             await server.serve_forever()
 
     asyncio.run(main())
+
+
+def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:
+    from ext_proc import ExtProcServer
+
+    return ExtProcServer(settings)
 
 
 @app.command("control-plane")
@@ -421,6 +520,38 @@ def control_plane_cmd(
     audit_log: Annotated[Path | None, typer.Option(
         help="An audit log file (JSON Lines) this process can read: the console's audit "
              "tail.")] = None,
+    xds_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve xDS over TLS with this certificate (it carries the listeners' keys).")]
+        = None,
+    xds_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    xds_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="Envoys and ext_proc instances must present a certificate this CA signed.")]
+        = None,
+    api_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve the REST API over HTTPS with this certificate.")] = None,
+    api_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    api_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="REST clients must present a certificate this CA signed.")] = None,
+    api_insecure_tokens: Annotated[bool, typer.Option(
+        help="Take write tokens over plaintext HTTP on a non-loopback address anyway (a "
+             "TLS-terminating proxy in front); refused otherwise.")] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    terminate_sasl: Annotated[bool, typer.Option(
+        help="The listeners authenticate clients themselves (the ext_proc instances run "
+             "with --sasl-termination).")] = False,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -428,12 +559,28 @@ def control_plane_cmd(
     setup_logging(log_level, log_format)
     from control_plane.service import ControlPlaneSettings, load_groups
     from control_plane.store import StoreError
+    from control_plane.tls import ServerTls
     from ext_proc.connection import split_host_port
     from filter_rules import RuleSetInvalid
     from keg.embedded.kafka import cache_dir
     from keg.gateway import ApiOptions, ControlPlaneApp
 
+    def server_tls(cert: Path | None, key: Path | None, ca: Path | None,
+                   what: str) -> ServerTls | None:
+        if cert is None and key is None and ca is None:
+            return None
+        if cert is None or key is None:
+            raise ValueError(f"--{what}-tls-cert and --{what}-tls-key go together")
+        return ServerTls(cert, key, ca)
+
     try:
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file).build()
+        xds_tls = server_tls(xds_tls_cert, xds_tls_key, xds_tls_client_ca, "xds")
+        api_tls = server_tls(api_tls_cert, api_tls_key, api_tls_client_ca, "api")
         host, port = split_host_port(ext_proc)
         settings = ControlPlaneSettings(
             bootstrap_servers=bootstrap_servers,
@@ -448,13 +595,19 @@ def control_plane_cmd(
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
             data_path=data_path,
+            sasl=sasl,
+            tls=listener_tls,
+            upstream_tls=broker_tls,
+            sasl_termination=terminate_sasl,
+            xds_tls=xds_tls,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
         store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
-        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_log=audit_log)
+        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_log=audit_log,
+        tls=api_tls, insecure_tokens=api_insecure_tokens)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:
@@ -490,6 +643,67 @@ def kafka(
             _wait_for_ctrl_c()
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
+
+
+credentials_app = typer.Typer(help="The users listeners that terminate SASL authenticate "
+                                    "(salted SCRAM keys, never passwords).",
+                               no_args_is_help=True)
+app.add_typer(credentials_app, name="credentials")
+
+
+@credentials_app.command("add")
+def credentials_add(
+    file: Annotated[Path, typer.Argument(help="Credential file (YAML; created if absent).")],
+    user: Annotated[str, typer.Argument(help="User name (the principal is User:<name>).")],
+    password_file: Annotated[Path | None, typer.Option(
+        help="File holding the password; else it is read from standard input.")] = None,
+    iterations: Annotated[int, typer.Option(help="SCRAM iterations (4096 at least).")] = 8192,
+) -> None:
+    """Add or replace a user: SCRAM-SHA-256 and SCRAM-SHA-512 keys (PLAIN checks them too)."""
+    import sys
+
+    from ext_proc.sasl.credentials import CredentialFileError, add_user
+    from ext_proc.sasl.scram import ScramError
+    from keg.security import SecretMissing, read_secret
+
+    try:
+        if password_file is not None:
+            password = read_secret(password_file, "")
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise SecretMissing("an empty password")
+        add_user(file, user, password, iterations)
+    except (CredentialFileError, ScramError, SecretMissing, OSError, ValueError) as err:
+        raise _fail(str(err)) from None
+    console.print(f"{file}: {user} (SCRAM-SHA-256, SCRAM-SHA-512, {iterations} iterations)")
+
+
+@app.command("dev-certs")
+def dev_certs(
+    directory: Annotated[Path, typer.Argument(help="Where the CA and certificates go.")],
+    server: Annotated[list[str] | None, typer.Option(
+        help="A server certificate <name>[=host,host...] (repeatable; default hosts: the "
+             "name, localhost, 127.0.0.1); <name>-keystore.pem holds key and chain for "
+             "Kafka.")] = None,
+    client: Annotated[list[str] | None, typer.Option(
+        help="A client certificate <name> with subject CN=<name> (repeatable).")] = None,
+    readable_keys: Annotated[bool, typer.Option(
+        help="Keys readable by every user (containers running as other users).")] = False,
+) -> None:
+    """Throw-away certificates for trying TLS out: a CA and certificates it signed.
+    Never for anything real."""
+    from keg.embedded.certs import DevCa
+
+    ca = DevCa(directory, key_mode=0o644 if readable_keys else 0o600)
+    for entry in server or []:
+        name, _, hosts = entry.partition("=")
+        names = [h for h in hosts.split(",") if h] or [name, "localhost", "127.0.0.1"]
+        ca.keystore(ca.server(name, names))
+    for name in client or []:
+        ca.client(name, name)
+    console.print(f"{directory}: ca.pem, {len(server or [])} server and "
+                  f"{len(client or [])} client certificate(s)")
 
 
 @app.command()

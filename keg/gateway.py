@@ -43,11 +43,18 @@ from control_plane.service import (
     free_port,
 )
 from control_plane.snapshot import RULES
-from control_plane.topology import DiscoveryError, SaslPlain
+from control_plane.tls import ClientTls, ListenerTls, ServerTls, TlsConfigError, UpstreamTls
+from control_plane.topology import DiscoveryError, SaslCredentials
 from keg.children import PYTHON, child_environment, die_with_parent
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
-from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import (
+    PlaintextTokens,
+    SecretMissing,
+    control_plane_client_args,
+    ext_proc_security,
+    refuse_plaintext_tokens,
+)
 from keg.supervisor import Child, Supervisor
 
 log = logging.getLogger(__name__)
@@ -81,6 +88,9 @@ class ApiOptions:
     # ext_proc /metrics URLs, and an audit log file this process can read.
     ext_proc_metrics: tuple[str, ...] = ()
     audit_log: Path | None = None
+    tls: ServerTls | None = None  # HTTPS (mutual with a client CA)
+    # Serve tokens over plaintext on a non-loopback address anyway (a TLS proxy in front).
+    insecure_tokens: bool = False
 
 
 class ControlPlaneApp:
@@ -120,6 +130,8 @@ class ControlPlaneApp:
 
         api = self.api
         tokens = Tokens.load(api.tokens_file)  # before anything binds: a bad file stops here
+        refuse_plaintext_tokens(api.host, bool(tokens), api.tls is not None,
+                                api.insecure_tokens)
         self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
@@ -137,7 +149,7 @@ class ControlPlaneApp:
                          plane.fleet_status,
                          Observability(metrics_urls=api.ext_proc_metrics,
                                        audit_log=api.audit_log))
-        self.api_server = await serve_api(app, api.host, api.port)
+        self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
 
     def _apply_directory(self, at_start: bool = False) -> None:
@@ -195,7 +207,17 @@ class GatewaySettings:
     rules_dir: Path | None = None
     audit_log: Path | None = None
     metrics_port: int | None = None
-    sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
+    # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER); with SASL
+    # termination also the service account the gateway logs in as.
+    sasl: SaslCredentials | None = None
+    tls: ListenerTls | None = None  # TLS (mutual with a client CA) on the listeners
+    upstream_tls: UpstreamTls | None = None  # TLS to the brokers
+    # The listeners authenticate clients themselves (YAML: ext_proc.sasl.termination).
+    sasl_termination: Path | None = None
+    # The control plane's xDS server over TLS, and how Envoy and the ext_proc service
+    # reach it (the CA they trust, their certificate for mutual TLS).
+    control_plane_tls: ServerTls | None = None
+    control_plane_client_tls: ClientTls | None = None
     work_dir: Path | None = None
     # Variables the ext_proc service gets besides its allow-list (keg.children) and
     # the key variables its rules name: `extra_env` as given, `ext_proc_env` by name from
@@ -345,6 +367,10 @@ class Gateway(Service):
                 message_timeout_s=s.message_timeout_s,
                 failure_mode_allow=s.failure_mode_allow,
                 sasl=s.sasl,
+                tls=s.tls,
+                upstream_tls=s.upstream_tls,
+                sasl_termination=s.sasl_termination is not None,
+                xds_tls=s.control_plane_tls,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
@@ -370,7 +396,8 @@ class Gateway(Service):
             self.start_envoy()
         except BaseException as err:
             self.stop()
-            if isinstance(err, TimeoutError | DiscoveryError):
+            if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing
+                                | PlaintextTokens):
                 raise GatewayError(str(err)) from err
             raise
 
@@ -437,11 +464,12 @@ class Gateway(Service):
             cmd += ["--metrics-port", str(worker.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
-        if s.sasl is not None:
-            cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
-                    "--side-effects-config", "sasl.mechanism=PLAIN",
-                    "--side-effects-config", f"sasl.username={s.sasl.username}"]
-        worker.proc = subprocess.Popen(die_with_parent(cmd), env=self._ext_proc_environment())
+        # Secrets by environment, never on the command line (ps shows it).
+        args, secrets = ext_proc_security(s.sasl, s.upstream_tls, s.sasl_termination)
+        cmd += args
+        cmd += control_plane_client_args(s.control_plane_client_tls)
+        worker.proc = subprocess.Popen(die_with_parent(cmd),
+                                       env=self._ext_proc_environment(secrets))
         try:
             wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
             if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
@@ -450,15 +478,12 @@ class Gateway(Service):
             worker.end()
             raise
 
-    def _ext_proc_environment(self) -> dict[str, str]:
+    def _ext_proc_environment(self, secrets: dict[str, str]) -> dict[str, str]:
         """The allow-list of a Python child, the key variables the rules name, what the
-        settings add; the SASL password of `copy` rules (never on a command line)."""
+        settings add, and `secrets` (the brokers' passwords: never on a command line)."""
         s = self.settings
         names = {*s.ext_proc_env, *self._rule_secret_env_names()}
-        extra = dict(s.extra_env)
-        if s.sasl is not None:
-            extra[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password
-        return child_environment((*PYTHON, *sorted(names)), extra)
+        return child_environment((*PYTHON, *sorted(names)), {**s.extra_env, **secrets})
 
     def _rule_secret_env_names(self) -> set[str]:
         """The environment variables the served rules read keys from: those of the
@@ -564,6 +589,7 @@ class Gateway(Service):
             delta=self.settings.envoy_delta,
             extra_env=env,
             runtime=runtime,
+            xds_tls=self.settings.control_plane_client_tls,
         )
         envoy = self.envoy
         envoy.start()

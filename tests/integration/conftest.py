@@ -13,7 +13,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from filter_rules import DEFAULT_RULES_DIR
-from keg.embedded.kafka import EmbeddedKafka, ensure_kafka, run_java_tool
+from keg.embedded.certs import DevCa
+from keg.embedded.kafka import BrokerTls, EmbeddedKafka, ensure_kafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
 
@@ -25,9 +26,19 @@ SASL_USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secr
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[EmbeddedKafka]:
+def dev_ca(tmp_path_factory: pytest.TempPathFactory) -> DevCa:
+    """A throw-away CA for the session: the broker's TLS listeners, gateways, clients."""
+    return DevCa(tmp_path_factory.mktemp("dev-ca"))
+
+
+@pytest.fixture(scope="session")
+def kafka(dev_ca: DevCa) -> Iterator[EmbeddedKafka]:
+    """The session's broker: PLAINTEXT, SASL_PLAINTEXT, SSL and SASL_SSL listeners (the
+    TLS ones with a certificate of `dev_ca` for 127.0.0.1 and localhost)."""
     ensure_kafka()
-    with EmbeddedKafka(sasl_users=SASL_USERS) as broker:
+    server = dev_ca.server("broker")
+    tls = BrokerTls(server.cert, server.key, dev_ca.cert_file, client_auth="requested")
+    with EmbeddedKafka(sasl_users=SASL_USERS, tls=tls) as broker:
         yield broker
 
 

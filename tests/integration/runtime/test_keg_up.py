@@ -78,19 +78,24 @@ class KegUp:
 
 @contextmanager
 def keg_up(kafka: EmbeddedKafka, cwd: Path, cache: Path, rules: Path,
-           *extra: str) -> Iterator[KegUp]:
-    with run_keg_up(cwd, cache, rules, "--bootstrap-servers", kafka.bootstrap, *extra) as up:
+           *extra: str, bootstrap: str | None = None,
+           environment: dict[str, str] | None = None) -> Iterator[KegUp]:
+    """`keg up` fronting `bootstrap` (default: the broker's PLAINTEXT listener), with
+    `environment` added to its environment."""
+    with run_keg_up(cwd, cache, rules, "--bootstrap-servers", bootstrap or kafka.bootstrap,
+                    *extra, environment=environment) as up:
         yield up
 
 
 @contextmanager
-def run_keg_up(cwd: Path, cache: Path, rules: Path, *extra: str) -> Iterator[KegUp]:
+def run_keg_up(cwd: Path, cache: Path, rules: Path, *extra: str,
+               environment: dict[str, str] | None = None) -> Iterator[KegUp]:
     """`keg up` on free ports, its state in `cache`; without --bootstrap-servers in
-    `extra` with its embedded broker."""
+    `extra` with its embedded broker; `environment` added to its environment."""
     command = [sys.executable, "-m", "keg", "up", "--rules", str(rules),
                "--listen-port-base", "0", "--metrics-port", "0",
                "--api-port", str(free_port()), "--log-level", "WARNING", *extra]
-    env = {**os.environ, "KEG_CACHE_DIR": str(cache)}
+    env = {**os.environ, "KEG_CACHE_DIR": str(cache), **(environment or {})}
     env.pop("COLUMNS", None)
     process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)

@@ -9,6 +9,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
+from control_plane.ads import AggregatedDiscovery
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, RULES, SnapshotCache
@@ -28,9 +29,10 @@ class ScriptedEnvoy(ScriptedStream[discovery_pb2.DiscoveryRequest,
         self.node.extensions.add(name="envoy.filters.network.ext_proc")
 
     async def send(self, type_url: str, version: str = "", nonce: str = "",
-                   error: str | None = None) -> None:
+                   error: str | None = None, names: tuple[str, ...] = ()) -> None:
         request = discovery_pb2.DiscoveryRequest(type_url=type_url, version_info=version,
-                                                 response_nonce=nonce, node=self.node)
+                                                 response_nonce=nonce, node=self.node,
+                                                 resource_names=list(names))
         if error is not None:
             request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
         await self._out.put(request)
@@ -112,3 +114,37 @@ async def resume_scenario() -> None:
 
 def test_ads_resume_and_unknown_types() -> None:
     asyncio.run(resume_scenario())
+
+
+def test_a_named_subscription_that_grows_is_answered_again() -> None:
+    """SDS: Envoy first asks for the secrets its clusters name, then, with the ACK of
+    that response, for those and the listeners' too. It keeps only the resources it had
+    subscribed to when a response came, so the server must send the type again (it
+    did not: the listener's TLS secret never arrived and the listener never warmed)."""
+    from control_plane.snapshot import SECRET, Snapshot
+
+    async def run() -> None:
+        cache, fleet = SnapshotCache(), Fleet()
+        server = grpc.aio.server()
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
+            AggregatedDiscovery(cache, fleet), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        secrets = {name: base_pb2.DataSource(inline_string=name) for name in ("ca", "cert")}
+        cache.set(ANY_NODE, Snapshot({SECRET: secrets}))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
+        try:
+            await envoy.send(SECRET, names=("ca",))
+            first = await envoy.receive()
+            await envoy.send(SECRET, first.version_info, first.nonce, names=("ca", "cert"))
+            again = await envoy.receive()
+            assert again.version_info == first.version_info and again.nonce != first.nonce
+            await envoy.send(SECRET, again.version_info, again.nonce, names=("ca", "cert"))
+            assert await envoy.nothing_within(0.3)  # an unchanged subscription: no resend
+        finally:
+            envoy.close()
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(run())

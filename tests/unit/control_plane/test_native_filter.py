@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.network.ext_proc.v3 import ext_proc_pb2
 from google.protobuf import wrappers_pb2
 
 from control_plane.fleet import NodeInfo
@@ -229,3 +230,30 @@ def test_the_interest_goes_into_the_module_config() -> None:
     config = module_config(NativeFilter("keg/default", interest=table), {1: ("gw", 19092)})
     assert config["interest"] == table
     assert table["endpoints"] == ["h:1", "h:2"] and table["failure_mode_allow"] is True
+
+
+def test_listeners_that_terminate_sasl_get_the_ext_proc_chain_even_on_native_nodes() -> None:
+    """keg's service-account login to the brokers lives in the ext_proc service (the
+    module cannot send requests of its own, docs/production.md): a group that terminates
+    SASL gets the ext_proc chain on a 1.40 node; the others keep the module."""
+    from control_plane.service import EnvoyGroup
+
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native", groups=(EnvoyGroup("secure", sasl_termination=True),)))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        secure = plane.fleet.connected(NodeInfo("envoy-a", "secure", build_version=(1, 40, 1)))
+        plain = plane.fleet.connected(NodeInfo("envoy-b", "keg", build_version=(1, 40, 1)))
+        assert _filters(plane, "envoy-a")[0] == "envoy.filters.network.ext_proc"
+        assert _filters(plane, "envoy-b")[0] == f"ecds:{FILTER_TYPE}"
+        assert (secure.data_path, plain.data_path) == ("ext-proc", "native")
+        snapshot = plane.cache.get("envoy-a")
+        assert snapshot is not None
+        listener = snapshot.resources[LISTENER]["kafka_broker_1"]
+        ext_proc = ext_proc_pb2.NetworkExternalProcessor()
+        listener.filter_chains[0].filters[0].typed_config.Unpack(ext_proc)
+        metadata = {h.key: h.value for h in ext_proc.grpc_service.initial_metadata}
+        assert metadata["x-keg-sasl-termination"] == "1"
+
+    asyncio.run(scenario())
