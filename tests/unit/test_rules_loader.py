@@ -243,13 +243,25 @@ def test_recursive_aliases_and_alias_bombs_are_refused() -> None:
         for i in range(6)
     )
     (error,) = text_errors(bomb)
-    assert "more than" in error.message and "nodes" in error.message
+    assert "more than 200000 values through aliases (it writes 17;" in error.message
     (error,) = text_errors("rules: " + "[" * 200 + "]" * 200 + "\n")
     assert "nested" in error.message
     errors = text_errors("- &m {<<: *m}\n")  # merges nothing: a rule without fields
     assert [e.message for e in errors] == [
         "missing required field 'id'", "missing required field 'action'",
     ]
+
+
+def test_a_file_too_big_to_read_says_so_without_blaming_aliases() -> None:
+    """25,000 plain rules in one file: more values than one document may hold. The
+    error used to ask "(aliases?)" of a file that has none."""
+    text = "rules:\n" + "".join(
+        f"  - id: r{i}\n    match: {{apis: [Produce], topics: {{prefix: [t{i}.]}}}}\n"
+        "    action: {deny: {}}\n" for i in range(25_000))
+    (error,) = text_errors(text)
+    assert error.message == ("document holds more than 200000 values (mappings, lists and "
+                             "scalars): split its rules into several files")
+    assert "alias" not in error.message
 
 
 def test_load_rule_data_validates_parsed_documents() -> None:
