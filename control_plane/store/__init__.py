@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Final
 
 from control_plane.store.entries import (
+    EVERY_OWNER,
+    REST_OWNED,
     Change,
     Operation,
+    OwnerScope,
     RuleDiff,
     StoredRule,
     Verdict,
@@ -35,6 +38,7 @@ from control_plane.store.entries import (
 )
 from control_plane.store.errors import (
     InvalidChange,
+    OutOfScope,
     PreconditionFailed,
     PreconditionRequired,
     RuleNotFound,
@@ -55,11 +59,15 @@ from control_plane.store.sql import PostgresDialect, SqlBackend, SqliteDialect
 SQLITE_FILE: Final = "control-plane.sqlite3"
 
 __all__ = [
+    "EVERY_OWNER",
+    "REST_OWNED",
     "SQLITE_FILE",
     "ApplyResult",
     "Change",
     "InvalidChange",
     "Operation",
+    "OutOfScope",
+    "OwnerScope",
     "PreconditionFailed",
     "PreconditionRequired",
     "RuleDiff",

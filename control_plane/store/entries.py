@@ -9,12 +9,13 @@ the store, the REST API and `keg diff`.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 
@@ -191,6 +192,48 @@ def unified_yaml_diff(before: Sequence[StoredRule], after: Sequence[StoredRule],
         fromfile=from_name, tofile=to_name,
     )
     return "".join(lines)
+
+
+# --- who may change which rules ------------------------------------------------------------
+
+#: In an OwnerScope, the rules written through REST (they have no owner). No owner can
+#: be named so: owners start with a letter or digit.
+REST_OWNED: Final = "@rest"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerScope:
+    """Whose rules a writer (an API token) may change: every owner's (`patterns` None),
+    or those of the owners matching one of `patterns` (names, or globs such as
+    `dir:team-*`; `REST_OWNED` for the rules written through REST)."""
+
+    patterns: tuple[str, ...] | None = None
+
+    def allows(self, owner: str | None) -> bool:
+        if self.patterns is None:
+            return True
+        name = REST_OWNED if owner is None else owner
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns)
+
+    def describe(self) -> str:
+        return "every owner" if self.patterns is None else ", ".join(self.patterns)
+
+
+EVERY_OWNER: Final = OwnerScope()
+
+
+def owners_touched(before: Sequence[StoredRule], after: Sequence[StoredRule]) -> set[str | None]:
+    """The owners (None: REST-written) of every rule that `after` adds, removes or
+    changes (content or owner) relative to `before`, on either side."""
+    old = {r.id: r for r in before}
+    new = {r.id: r for r in after}
+    touched: set[str | None] = set()
+    for rule_id in old.keys() | new.keys():
+        was, now = old.get(rule_id), new.get(rule_id)
+        if was is not None and now is not None and (was.etag, was.owner) == (now.etag, now.owner):
+            continue
+        touched.update(r.owner for r in (was, now) if r is not None)
+    return touched
 
 
 # --- GitOps: a directory's rules replacing the ones it owns -------------------------------
