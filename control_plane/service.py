@@ -111,6 +111,17 @@ class GroupPlan(GatewayPlan):
         return {**{b: (h, p) for b, h, p in self.elsewhere}, **super().advertised_routes()}
 
 
+@dataclass(frozen=True)
+class _PreparedRules:
+    """A rule set made ready off the event loop: its snapshot for ext_proc nodes (None:
+    the version is already published) and the kafka_broker filter's API lists (None:
+    unchanged)."""
+
+    version: str
+    snapshot: Snapshot | None
+    kafka_broker: KafkaBrokerFilter | None
+
+
 NATIVE, EXT_PROC_PATH = "native", "ext-proc"
 DATA_PATHS = (NATIVE, EXT_PROC_PATH)
 
@@ -182,6 +193,8 @@ class ControlPlane:
         self._plans: dict[str, GroupPlan] = {}
         self._compiled: dict[tuple[str, KafkaBrokerFilter | None, bool], Snapshot] = {}
         self._rules_snapshot: Snapshot | None = None
+        self._rules_update: asyncio.Task[None] | None = None
+        self._rules_dirty = False
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -195,12 +208,14 @@ class ControlPlane:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.rules is not None:
-            self._rules_changed()
+            self._install_rules(await asyncio.to_thread(self._prepare_rules))
             self.rules.subscribe(self._rules_changed_threadsafe)
             watch = getattr(self.rules, "watch", None)  # providers that poll their source
             if watch is not None:
                 self._tasks.append(asyncio.create_task(watch()))
-        server = grpc.aio.server()
+        # Responses are bounded per node by what the node says it accepts (ads.py,
+        # refused_as_too_large), not by a server-wide send limit.
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
         )
@@ -227,6 +242,9 @@ class ControlPlane:
                 await asyncio.sleep(0.5)
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._rules_update is not None:
+            self._tasks.append(self._rules_update)
+            self._rules_update = None
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -376,33 +394,69 @@ class ControlPlane:
             self._loop.call_soon_threadsafe(self._rules_changed)
 
     def _rules_changed(self) -> None:
+        """The provider has a new rule set: prepare it in a worker thread (reading,
+        encoding and compiling 100,000 rules takes seconds the event loop -- xDS, the
+        REST API -- must not wait), then install it here. Changes during a preparation
+        are coalesced into one more."""
+        if self._rules_update is not None and not self._rules_update.done():
+            self._rules_dirty = True
+            return
+        self._rules_update = asyncio.create_task(self._update_rules())
+
+    async def _update_rules(self) -> None:
+        while True:
+            self._rules_dirty = False
+            try:
+                self._install_rules(await asyncio.to_thread(self._prepare_rules))
+            except Exception:  # a provider hiccup: the fleet keeps the last rule set
+                log.exception("could not prepare the new rule set; keeping version %s",
+                              self.rules_version)
+            if not self._rules_dirty:
+                return
+
+    def refresh_rules(self) -> None:
+        """Install the provider's current rule set now, on the calling thread (what a
+        rule change does off the loop; for tests and embedders without a loop)."""
+        self._install_rules(self._prepare_rules())
+
+    def _prepare_rules(self) -> _PreparedRules:
+        """What installing the provider's current rule set needs (any thread)."""
         assert self.rules is not None
         number, ruleset = self.rules.current()
         version = str(number)  # the store numbers its versions
-        snapshot = rules_snapshot(version, ruleset)
         if (self._rules_snapshot is not None
-                and self._rules_snapshot.versions == snapshot.versions):
+                and self._rules_snapshot.version(RULES) == version):
+            return _PreparedRules(version, None, None)
+        return _PreparedRules(version, rules_snapshot(version, ruleset),
+                              self._kafka_broker_lists(ruleset))
+
+    def _install_rules(self, prepared: _PreparedRules) -> None:
+        """Publish a prepared rule set to every ext_proc node (on the event loop)."""
+        snapshot = prepared.snapshot
+        if snapshot is None or (self._rules_snapshot is not None
+                                and self._rules_snapshot.versions == snapshot.versions):
             return
         self._rules_snapshot = snapshot
-        log.info("rule set version %s: publishing to ext_proc instances", version)
+        log.info("rule set version %s: publishing to ext_proc instances", prepared.version)
         for status in list(self.fleet.nodes.values()):
             if status.role == EXT_PROC:
                 self.cache.set_if_changed(status.node_id, snapshot)
-        self._update_kafka_broker_lists(ruleset)
+        lists = prepared.kafka_broker
+        if lists is not None and lists != self._kafka_broker:
+            self._kafka_broker = lists
+            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
+            self._publish_envoys()
 
-    def _update_kafka_broker_lists(self, ruleset: Any) -> None:
+    def _kafka_broker_lists(self, ruleset: Any) -> KafkaBrokerFilter | None:
+        """The API lists the kafka_broker filter enforces; None: leave them as they are."""
         if not self.settings.kafka_broker_api_lists:
-            return
+            return None
         try:
             allowed, denied = global_api_lists(CompiledRuleSet(ruleset).rules)
         except ValueError as err:
             log.warning("kafka_broker API lists unchanged: %s", err)
-            return
-        lists = KafkaBrokerFilter(allowed, denied)
-        if lists != self._kafka_broker:
-            self._kafka_broker = lists
-            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
-            self._publish_envoys()
+            return None
+        return KafkaBrokerFilter(allowed, denied)
 
     @property
     def rules_version(self) -> str | None:

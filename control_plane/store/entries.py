@@ -103,6 +103,9 @@ class Verdict:
 class Version:
     info: VersionInfo
     rules: tuple[StoredRule, ...]
+    # The rules as models, built once: 100,000 rules take seconds to validate, and the
+    # store, the control plane and dry runs all ask for the same version.
+    _ruleset: list[RuleSet] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def number(self) -> int:
@@ -112,7 +115,10 @@ class Version:
         return next((r for r in self.rules if r.id == rule_id), None)
 
     def ruleset(self) -> RuleSet:
-        return to_ruleset(self.rules)
+        """The rule set (the same object every call: do not change it)."""
+        if not self._ruleset:
+            self._ruleset.append(to_ruleset(self.rules))
+        return self._ruleset[0]
 
 
 def to_ruleset(rules: Iterable[StoredRule]) -> RuleSet:
