@@ -24,9 +24,11 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf.message import Message
 
 from control_plane.fleet import Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
+from ext_proc.rule_subscription import MAX_RULE_SET_BYTES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +183,32 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if type_url in sent and sent[type_url].version == version:
             return None
         nonce = next_nonce()
-        sent[type_url] = _Sent(version, nonce, snapshot)
-        self._fleet.sent(status, type_url, version)
         resources = [pack(m) for m in snapshot.resources[type_url].values()]
-        return discovery_pb2.DiscoveryResponse(
+        response = discovery_pb2.DiscoveryResponse(
             version_info=version, resources=resources, type_url=type_url, nonce=nonce
         )
+        if refused_as_too_large(self._fleet, status, type_url, version, response):
+            sent[type_url] = _Sent(version, "", snapshot)  # answered; no nonce will match
+            return None
+        sent[type_url] = _Sent(version, nonce, snapshot)
+        self._fleet.sent(status, type_url, version)
+        return response
+
+
+def refused_as_too_large(fleet: Fleet, status: NodeStatus, type_url: str, version: str,
+                         response: Message) -> bool:
+    """A response larger than the node accepts (`max_message_bytes`) would be dropped by
+    its gRPC stack without a word, and the node would never answer: the control plane
+    records a NACK for it instead -- visible in the fleet, to `keg apply --wait` and to
+    the store -- and sends nothing. True when it did so."""
+    limit = status.max_message_bytes
+    if limit is None:
+        return False
+    size = response.ByteSize()
+    if size <= limit:
+        return False
+    fleet.sent(status, type_url, version)
+    fleet.nack(status, type_url, version,
+               f"not sent: version {version} is {size} bytes, more than the {limit} this "
+               f"node accepts (ext_proc --max-rule-set-bytes, {MAX_RULE_SET_BYTES_KEY})")
+    return True

@@ -265,6 +265,11 @@ def ext_proc_cmd(
     rules_cache: Annotated[Path | None, typer.Option(
         help="File keeping the last good rule set from the control plane, served after a "
              "restart while the control plane is down.")] = None,
+    max_rule_set_bytes: Annotated[int, typer.Option(
+        min=1, help="Largest rule set accepted from the control plane, in bytes of its "
+                    "xDS response (100,000 rules: about 50 MB); the control plane NACKs "
+                    "larger ones for this instance instead of sending them.")]
+        = 128 * 1024 * 1024,
     side_effects_bootstrap: Annotated[str | None, typer.Option(
         help="Kafka bootstrap servers `copy` rules produce to (none: copies are dropped).")]
         = None,
@@ -294,6 +299,7 @@ def ext_proc_cmd(
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
+        max_rule_set_bytes=max_rule_set_bytes,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
     ))
