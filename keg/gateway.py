@@ -289,7 +289,7 @@ class Gateway(Service):
             s.ext_proc_log_level,
         ]
         if s.rules_from_control_plane:
-            cache = (s.work_dir or Path(tempfile.gettempdir())) / f"keg-rules-{self.xds_port}.json"
+            cache = self.rules_cache_file
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
                     "ext-proc-gateway", "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
@@ -312,6 +312,15 @@ class Gateway(Service):
         wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
         if self.metrics_port is not None:  # gRPC listens early; /metrics means started
             wait_for_port("127.0.0.1", self.metrics_port, 30, alive=self._check_ext_proc)
+
+    @property
+    def rules_cache_file(self) -> Path:
+        """Where the ext_proc child keeps the last rule set it got (for its restarts):
+        one stable name in the work directory, so runs do not pile files up there;
+        removed at stop."""
+        if self.settings.work_dir is not None:
+            return self.settings.work_dir / "keg-rules.json"
+        return Path(tempfile.gettempdir()) / f"keg-rules-{self.xds_port}.json"
 
     def _check_ext_proc(self) -> None:
         if self._ext_proc is not None and self._ext_proc.poll() is not None:
@@ -424,6 +433,8 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
+        if self.settings.rules_from_control_plane:
+            self.rules_cache_file.unlink(missing_ok=True)
 
     # -- what clients use ----------------------------------------------------------
 

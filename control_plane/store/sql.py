@@ -43,6 +43,7 @@ from control_plane.store.entries import (
     ruleset_hash,
 )
 from control_plane.store.errors import StoreError, StoreUnavailable
+from ext_proc.private_files import create_private, narrow_private, private_dir
 
 SCHEMA_VERSION = 1
 _CACHED_VERSIONS = 256
@@ -156,7 +157,11 @@ class SqliteDialect:
 
     def connect(self) -> sqlite3.Connection:
         if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # 0600 before SQLite opens it: its -wal and -shm files take the same mode.
+            private_dir(self.path.parent)
+            create_private(self.path)
+            for suffix in ("-wal", "-shm"):  # an older keg's, made 0644
+                narrow_private(f"{self.path}{suffix}")
         # Autocommit; writes open `BEGIN IMMEDIATE` themselves. One connection is
         # shared by the API's worker threads under the backend's lock.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,

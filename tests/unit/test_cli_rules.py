@@ -3,7 +3,6 @@ free loopback port, SQLite store): the commands go over real HTTP."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -11,15 +10,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
 from control_plane.fleet import ENVOY, EXT_PROC, Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import RULES
 from control_plane.store import RuleStore, open_store
