@@ -16,6 +16,7 @@ from typing import ClassVar, Generic, TypeVar
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.metrics import Metrics
 from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
+from interceptors.engine import RecordEngine
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,12 @@ class WatchedDirectory(Generic[Loaded]):
             await self.reload_async()
 
 
-class RuleDirectory(WatchedDirectory[CompiledRuleSet]):
-    """The ext_proc service's own rule directory: compiled in a worker thread, installed
-    into the engine on the event loop (live connections use it there)."""
+_Loaded = tuple[CompiledRuleSet, tuple[RecordEngine, CompiledRuleSet]]
+
+
+class RuleDirectory(WatchedDirectory[_Loaded]):
+    """The ext_proc service's own rule directory: compiled and built in a worker thread,
+    swapped into the engine on the event loop (live connections use it there)."""
 
     def __init__(self, directory: Path, engine: RuleEngine, metrics: Metrics | None = None,
                  interval: float = 1.0) -> None:
@@ -126,8 +130,9 @@ class RuleDirectory(WatchedDirectory[CompiledRuleSet]):
         self.engine = engine
         self.metrics = metrics
 
-    def read(self) -> CompiledRuleSet:
-        return load_compiled(self.directory)
+    def read(self) -> _Loaded:
+        compiled = load_compiled(self.directory)
+        return compiled, self.engine.prepare(compiled)
 
     def refused(self, err: RuleSetInvalid) -> None:
         log.error("rule set in %s refused, keeping version %s:\n%s", self.directory,
@@ -135,8 +140,9 @@ class RuleDirectory(WatchedDirectory[CompiledRuleSet]):
         if self.metrics is not None:
             self.metrics.rule_reload("rejected")
 
-    def use(self, compiled: CompiledRuleSet) -> bool:
-        self.engine.install(compiled)
+    def use(self, loaded: _Loaded) -> bool:
+        compiled, built = loaded
+        self.engine.install(compiled, built)
         log.info("rule set version %s applied: %d rules from %s", compiled.version,
                  len(compiled), self.directory)
         if self.metrics is not None:

@@ -46,8 +46,10 @@ from google.rpc import code_pb2, status_pb2
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.metrics import Metrics
 from ext_proc.private_files import private_dir, write_private
+from ext_proc.rule_set_json import dumps_rule_set, loads_pieces, rule_set_from
 from filter_rules import CompiledRuleSet, RuleSet
 from interceptors import InterceptorConfigError
+from interceptors.engine import RecordEngine
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +62,16 @@ MAX_RULE_SET_BYTES: Final = 128 * 1024 * 1024
 MAX_RULE_SET_BYTES_KEY: Final = "keg.max_rule_set_bytes"
 
 
+Built = tuple[RecordEngine, CompiledRuleSet]  # RuleEngine.prepare's
+
+
 class RuleSetRejected(ValueError):
     """A distributed rule set this instance will not run (the NACK's message)."""
 
 
 def encode_rule_set(ruleset: RuleSet) -> any_pb2.Any:
-    payload = json.dumps(ruleset.model_dump(mode="json", by_alias=True),
-                         separators=(",", ":"), sort_keys=True).encode()
-    return any_pb2.Any(type_url=RULES_TYPE_URL,
-                       value=wrappers_pb2.BytesValue(value=payload).SerializeToString())
+    return any_pb2.Any(type_url=RULES_TYPE_URL, value=wrappers_pb2.BytesValue(
+        value=dumps_rule_set(ruleset)).SerializeToString())
 
 
 def decode_rule_set(resource: any_pb2.Any) -> RuleSet:
@@ -81,11 +84,11 @@ def _decode(resource: any_pb2.Any) -> tuple[RuleSet, bytes]:
         raise RuleSetRejected(f"expected a {RULES_TYPE_URL} resource, got {resource.type_url}")
     try:
         payload = wrappers_pb2.BytesValue.FromString(resource.value).value
-        data = json.loads(payload)
+        data = loads_pieces(payload)
     except (DecodeError, ValueError) as err:
         raise RuleSetRejected(f"rule set resource is not JSON in a BytesValue: {err}") from err
     try:
-        return RuleSet.model_validate(data), payload
+        return rule_set_from(data), payload
     except ValueError as err:  # pydantic's ValidationError included
         raise RuleSetRejected(f"rule set does not validate: {err}") from err
 
@@ -104,6 +107,7 @@ class _Prepared:
 
     compiled: CompiledRuleSet
     payload: bytes
+    built: Built  # what the engine installs (RuleEngine.prepare)
 
 
 @dataclass(frozen=True)
@@ -162,14 +166,21 @@ class RuleSubscription:
                 raise RuleSetRejected(
                     f"expected exactly one {RULES_TYPE_URL} resource, got {len(resources)}")
             ruleset, payload = _decode(resources[0])
-            return _Prepared(compile_rule_set(ruleset), payload)
+            compiled = compile_rule_set(ruleset)
+            return _Prepared(compiled, payload, self._build(compiled))
         except RuleSetRejected as err:
             self._refused(version, err)
             raise
 
+    def _build(self, compiled: CompiledRuleSet) -> Built:
+        try:
+            return self.engine.prepare(compiled)
+        except (InterceptorConfigError, ValueError) as err:
+            raise RuleSetRejected(f"rule set cannot be installed: {err}") from err
+
     def _install_prepared(self, version: str, prepared: _Prepared) -> None:
         try:
-            self._install(version, prepared.compiled)
+            self._install(version, prepared.compiled, prepared.built)
         except RuleSetRejected as err:
             self._refused(version, err)
             raise
@@ -182,9 +193,10 @@ class RuleSubscription:
         log.error("rule set version %s refused, keeping version %s: %s",
                   version, self.version or "(none)", err)
 
-    def _install(self, version: str, compiled: CompiledRuleSet) -> None:
+    def _install(self, version: str, compiled: CompiledRuleSet, built: Built | None = None
+                 ) -> None:
         try:
-            self.engine.install(compiled)
+            self.engine.install(compiled, built)
         except (InterceptorConfigError, ValueError) as err:
             raise RuleSetRejected(f"rule set cannot be installed: {err}") from err
         self.version = version
@@ -211,9 +223,9 @@ class RuleSubscription:
         if self.cache_file is None or not self.cache_file.exists():
             return False
         try:
-            body = json.loads(self.cache_file.read_text())
+            body = loads_pieces(self.cache_file.read_bytes())
             version = body["version"]
-            ruleset = RuleSet.model_validate(body["ruleset"])
+            ruleset = rule_set_from(body["ruleset"])
             if not isinstance(version, str):
                 raise TypeError("version is not a string")
             self._install(version, compile_rule_set(ruleset))

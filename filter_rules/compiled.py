@@ -291,9 +291,10 @@ _INDEX_FROM = 8
 class CompiledRuleSet:
     """The enabled rules of a RuleSet, indexed for per-frame lookup. Immutable."""
 
-    def __init__(self, ruleset: RuleSet, rules: Sequence[CompiledRule] | None = None) -> None:
+    def __init__(self, ruleset: RuleSet, rules: Sequence[CompiledRule] | None = None,
+                 version: str | None = None) -> None:
         self.ruleset = ruleset
-        self.version: str = ruleset.version
+        self.version: str = version or ruleset.version
         if rules is None:
             enabled = [rule for rule in ruleset.ordered() if rule.mode != "disabled"]
             rules = [CompiledRule(rule, position, ruleset.sources.get(rule.id))
@@ -402,7 +403,8 @@ class CompiledRuleSet:
         Each filter of the data path asks its own subset, so a record rule never makes
         the request filter decode a frame, and the other way round.
         """
-        return CompiledRuleSet(self.ruleset, [r for r in self.rules if r.kind in kinds])
+        return CompiledRuleSet(self.ruleset, [r for r in self.rules if r.kind in kinds],
+                               self.version)
 
     def get(self, rule_id: str) -> CompiledRule | None:
         """An enabled rule by id."""

@@ -28,6 +28,7 @@ from ext_proc.rule_subscription import (
 )
 from filter_rules import CompiledRuleSet, Rule, RuleSet, load_rule_text
 from interceptors import InterceptorConfigError
+from interceptors.engine import RecordEngine
 
 RULES_YAML = """
 rules:
@@ -94,10 +95,11 @@ def test_a_broken_cache_file_is_ignored(tmp_path: Path) -> None:
 
 def test_rules_that_cannot_be_built_are_refused() -> None:
     class Refusing(RuleEngine):
-        def install(self, compiled: CompiledRuleSet) -> None:
+        def install(self, compiled: CompiledRuleSet,
+                    prepared: tuple[RecordEngine, CompiledRuleSet] | None = None) -> None:
             if compiled.rules:
                 raise InterceptorConfigError("mask: field path $.x[ is not valid")
-            super().install(compiled)
+            super().install(compiled, prepared)
 
     subscription = RuleSubscription("unused:1", Refusing(CompiledRuleSet(RuleSet())), "xp")
     with pytest.raises(RuleSetRejected, match="cannot be installed: mask"):
