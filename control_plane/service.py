@@ -195,6 +195,7 @@ class ControlPlane:
         self._rules_snapshot: Snapshot | None = None
         self._rules_update: asyncio.Task[None] | None = None
         self._rules_dirty = False
+        self._verdicts: set[asyncio.Task[None]] = set()  # being recorded off the loop
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -380,12 +381,23 @@ class ControlPlane:
         # The rule source learns what the fleet made of its versions (the store marks
         # a refused one rejected and serves the last good one again).
         report = getattr(self.rules, "verdict", None)
-        if type_url == RULES and status.role == EXT_PROC and report is not None:
+        if type_url != RULES or status.role != EXT_PROC or report is None:
+            return
+
+        def record() -> None:
             try:
                 report(version, status.node_id, error)
             except Exception:  # a store hiccup must not break the node's stream
                 log.exception("could not record %s's answer to rules version %s",
                               status.node_id, version)
+
+        if self._loop is None or not self._loop.is_running():
+            record()
+            return
+        # A database write (and on a rejection the store's republication): off the loop.
+        task = self._loop.create_task(asyncio.to_thread(record))
+        self._verdicts.add(task)
+        task.add_done_callback(self._verdicts.discard)
 
     # -- rules -------------------------------------------------------------------------
 

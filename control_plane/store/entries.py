@@ -130,9 +130,21 @@ def to_ruleset(rules: Iterable[StoredRule]) -> RuleSet:
 
 
 def ruleset_hash(rules: Sequence[StoredRule]) -> str:
-    """RuleSet.version without building the models (same JSON, same hash)."""
-    text = json.dumps([r.body for r in rules], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """RuleSet.version without building the models (same JSON, same hash), fed a rule
+    at a time as RuleSet.version is."""
+    digest = hashlib.sha256(b"[")
+    for position, rule in enumerate(rules):
+        if position:
+            digest.update(b",")
+        digest.update(json.dumps(rule.body, sort_keys=True, separators=(",", ":")).encode())
+    digest.update(b"]")
+    return digest.hexdigest()[:16]
+
+
+def manifest_json(rules: Sequence[StoredRule]) -> str:
+    """canonical_json of the rules' manifests, a rule at a time (one call over 100,000
+    rules would hold the GIL for a second: the event loop would wait as long)."""
+    return "[" + ",".join(canonical_json(rule.manifest()) for rule in rules) + "]"
 
 
 # --- comparing rule lists ----------------------------------------------------------------
@@ -140,20 +152,32 @@ def ruleset_hash(rules: Sequence[StoredRule]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RuleDiff:
-    """What turns `before` into `after`: rule ids added, removed, changed; a YAML diff."""
+    """What turns `before` into `after`: rule ids added, removed, changed; a YAML diff
+    (`unified`, written when first asked for: for 100,000 rules it takes a minute, and
+    a rule directory applied at each change never asks)."""
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     unchanged: int = 0
-    unified: str = ""
     reordered: bool = False
     owners_changed: tuple[str, ...] = field(default=())
+    # (before, after, from_name, to_name): what `unified` is written from.
+    compared: tuple[Sequence[StoredRule], Sequence[StoredRule], str, str] = field(
+        default=((), (), "before", "after"), repr=False, compare=False)
+    _unified: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed or self.reordered
                     or self.owners_changed)
+
+    @property
+    def unified(self) -> str:
+        """The unified diff of the two rule lists as YAML."""
+        if not self._unified:
+            self._unified.append(unified_yaml_diff(*self.compared))
+        return self._unified[0]
 
 
 def diff_rules(before: Sequence[StoredRule], after: Sequence[StoredRule],
@@ -168,9 +192,9 @@ def diff_rules(before: Sequence[StoredRule], after: Sequence[StoredRule],
         removed=tuple(i for i in old if i not in new),
         changed=changed,
         unchanged=len(common) - len(changed),
-        unified=unified_yaml_diff(before, after, from_name, to_name),
         reordered=kept_order != common,
         owners_changed=tuple(i for i in common if old[i].owner != new[i].owner),
+        compared=(tuple(before), tuple(after), from_name, to_name),
     )
 
 

@@ -304,12 +304,15 @@ class RuleStore:
 
     def _pending(self, rules: tuple[StoredRule, ...], change: Change, operation: Operation,
                  parent: int | None = None) -> Pending:
-        self._validate(rules)
-        return Pending(rules, change, operation, parent)
+        return Pending(rules, change, operation, parent, ruleset=self._validate(rules))
 
-    def _validate(self, rules: tuple[StoredRule, ...]) -> None:
-        if self._validator is not None:
-            self._validator(to_ruleset(rules))
+    def _validate(self, rules: tuple[StoredRule, ...]) -> RuleSet | None:
+        """The rules as a RuleSet, checked by the validator; None without one."""
+        if self._validator is None:
+            return None
+        ruleset = to_ruleset(rules)
+        self._validator(ruleset)
+        return ruleset
 
     def _commit(self, build: Callable[[Version | None], Pending | None]) -> Version | None:
         """Build the next version from the latest one and write it, unless another

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Container, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,10 +40,12 @@ from control_plane.store.entries import (
     Version,
     VersionInfo,
     canonical_json,
+    manifest_json,
     ruleset_hash,
 )
 from control_plane.store.errors import StoreError, StoreUnavailable
 from ext_proc.private_files import create_private, narrow_private, private_dir
+from filter_rules import RuleSet
 
 SCHEMA_VERSION = 1
 _CACHED_VERSIONS = 256
@@ -58,6 +60,9 @@ class Pending:
     change: Change
     operation: Operation
     parent: int | None = None
+    # The rules as a RuleSet, if the writer built it already (validation does): the
+    # version keeps it instead of building it again.
+    ruleset: RuleSet | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,7 @@ class _Prepared:
     def of(cls, pending: Pending, known: Container[str]) -> _Prepared:
         bodies = {rule.etag: rule.body for rule in pending.rules if rule.etag not in known}
         return cls(pending, [(etag, canonical_json(body)) for etag, body in bodies.items()],
-                   ruleset_hash(pending.rules),
-                   canonical_json([rule.manifest() for rule in pending.rules]))
+                   ruleset_hash(pending.rules), manifest_json(pending.rules))
 
 
 class Backend(Protocol):
@@ -460,7 +464,8 @@ class SqlBackend:
              info.parent, info.ruleset_hash, info.rule_count, prepared.manifest),
         )
         self._exec(conn, "UPDATE keg_head SET number = ? WHERE id = 1", (number,))
-        return Version(info, pending.rules)
+        built = [] if pending.ruleset is None else [pending.ruleset]
+        return Version(info, pending.rules, _ruleset=built)
 
     def _remember(self, version: Version) -> None:
         for rule in version.rules:
