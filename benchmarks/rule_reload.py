@@ -132,6 +132,7 @@ class Results:
     p99_ms: float = 0.0
     max_ms: float = 0.0
     requests: list[Request] = field(default_factory=list)  # the window's
+    slowest: list[str] = field(default_factory=list)  # "path at +s: ms"
 
     def lines(self) -> list[str]:
         delivered = ("" if self.delivered_s is None
@@ -142,6 +143,7 @@ class Results:
             f"versions shown by the API had {sorted(self.rule_counts)} rules",
             f"REST meanwhile: {self.answered} requests answered, {self.failed} failed; "
             f"p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms",
+            f"slowest (sent at + seconds after the last file): {'; '.join(self.slowest)}",
         ]
 
 
@@ -236,6 +238,8 @@ def run(bootstrap: str, rules: int, work: Path, ext_proc: bool = True,
     results.p50_ms = statistics.median(latencies) if latencies else 0.0
     results.p99_ms = percentile(latencies, 0.99)
     results.max_ms = max(latencies, default=0.0)
+    results.slowest = [f"{r.path} at +{r.started - written:.1f} s: {r.seconds * 1000:.0f} ms"
+                       for r in sorted(window, key=lambda r: -r.seconds)[:5]]
     for line in results.lines():
         report(line)
     return results

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ext_proc.heap import building
 from ext_proc.rule_source import WatchedDirectory
 from filter_rules import RuleSet, RuleSetInvalid, load_rule_dir
 
@@ -90,7 +91,8 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
         _Subscribers.__init__(self)
         WatchedDirectory.__init__(self, directory, interval)
         self.last_error: str | None = None
-        ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses to start
+        with building():
+            ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses
         self._current = (ruleset.version, ruleset)
 
     def current(self) -> tuple[str, RuleSet]:

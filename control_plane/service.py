@@ -43,6 +43,7 @@ from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
 from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
+from ext_proc.heap import building
 from filter_rules import CompiledRuleSet
 
 log = logging.getLogger(__name__)
@@ -434,13 +435,14 @@ class ControlPlane:
     def _prepare_rules(self) -> _PreparedRules:
         """What installing the provider's current rule set needs (any thread)."""
         assert self.rules is not None
-        number, ruleset = self.rules.current()
-        version = str(number)  # the store numbers its versions
-        if (self._rules_snapshot is not None
-                and self._rules_snapshot.version(RULES) == version):
-            return _PreparedRules(version, None, None)
-        return _PreparedRules(version, rules_snapshot(version, ruleset),
-                              self._kafka_broker_lists(ruleset))
+        with building():  # no garbage collection walking 100,000 rules meanwhile
+            number, ruleset = self.rules.current()
+            version = str(number)  # the store numbers its versions
+            if (self._rules_snapshot is not None
+                    and self._rules_snapshot.version(RULES) == version):
+                return _PreparedRules(version, None, None)
+            return _PreparedRules(version, rules_snapshot(version, ruleset),
+                                  self._kafka_broker_lists(ruleset))
 
     def _install_rules(self, prepared: _PreparedRules) -> None:
         """Publish a prepared rule set to every ext_proc node (on the event loop)."""

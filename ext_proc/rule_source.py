@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
 from ext_proc.filters.rules import RuleEngine
+from ext_proc.heap import building
 from ext_proc.metrics import Metrics
 from filter_rules import CompiledRuleSet, RuleSetInvalid, load_rule_dir
 from interceptors.engine import RecordEngine
@@ -74,13 +75,16 @@ class WatchedDirectory(Generic[Loaded]):
     def reload(self) -> bool:
         """Read the directory now and use it; False when it is invalid (the last good
         rules stay) or changed while it was read."""
-        return self._use(self._read_stable())
+        with building():  # no garbage collection walking the new rules meanwhile
+            return self._use(self._read_stable())
 
     async def reload_async(self) -> bool:
         """`reload`, with the reading (and `use` if `use_in_worker`) in a worker thread."""
         if self.use_in_worker:
             return await asyncio.to_thread(self.reload)
-        return self._use(await asyncio.to_thread(self._read_stable))
+        with building():
+            loaded = await asyncio.to_thread(self._read_stable)
+        return self._use(loaded)
 
     def _read_stable(self) -> Loaded | RuleSetInvalid | None:
         """What the directory holds, or None if a file changed while it was read."""

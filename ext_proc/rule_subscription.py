@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
 
 from ext_proc.filters.rules import RuleEngine
+from ext_proc.heap import building
 from ext_proc.metrics import Metrics
 from ext_proc.private_files import private_dir, write_private
 from ext_proc.rule_set_json import dumps_rule_set, loads_pieces, rule_set_from
@@ -161,6 +162,10 @@ class RuleSubscription:
                                                                 resources))
 
     def _prepare(self, version: str, resources: Sequence[any_pb2.Any]) -> _Prepared:
+        with building():  # no garbage collection walking the new rules meanwhile
+            return self._prepare_now(version, resources)
+
+    def _prepare_now(self, version: str, resources: Sequence[any_pb2.Any]) -> _Prepared:
         try:
             if len(resources) != 1:
                 raise RuleSetRejected(
@@ -223,12 +228,13 @@ class RuleSubscription:
         if self.cache_file is None or not self.cache_file.exists():
             return False
         try:
-            body = loads_pieces(self.cache_file.read_bytes())
-            version = body["version"]
-            ruleset = rule_set_from(body["ruleset"])
-            if not isinstance(version, str):
-                raise TypeError("version is not a string")
-            self._install(version, compile_rule_set(ruleset))
+            with building():
+                body = loads_pieces(self.cache_file.read_bytes())
+                version = body["version"]
+                ruleset = rule_set_from(body["ruleset"])
+                if not isinstance(version, str):
+                    raise TypeError("version is not a string")
+                self._install(version, compile_rule_set(ruleset))
         except (OSError, ValueError, KeyError, TypeError, RuleSetRejected) as err:
             log.warning("ignoring the kept rule set in %s: %s", self.cache_file, err)
             return False

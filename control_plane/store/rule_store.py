@@ -55,6 +55,7 @@ from control_plane.store.errors import (
     owners_of,
 )
 from control_plane.store.sql import Backend, Pending
+from ext_proc.heap import building
 from filter_rules import Rule, RuleSet, RuleSource
 
 log = logging.getLogger(__name__)
@@ -323,10 +324,11 @@ class RuleStore:
         that the latest version is still the one built on."""
         while True:
             head = self._backend.head()
-            pending = build(head)
-            if pending is None:
-                return None
-            version = self._backend.commit(head.number if head else 0, pending)
+            with building():  # no garbage collection walking a large rule set meanwhile
+                pending = build(head)
+                if pending is None:
+                    return None
+                version = self._backend.commit(head.number if head else 0, pending)
             if version is not None:
                 break
             log.info("another writer made a version meanwhile: building on it")

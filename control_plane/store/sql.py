@@ -44,7 +44,9 @@ from control_plane.store.entries import (
     ruleset_hash,
 )
 from control_plane.store.errors import StoreError, StoreUnavailable
+from ext_proc.heap import building
 from ext_proc.private_files import create_private, narrow_private, private_dir
+from ext_proc.rule_set_json import loads_pieces
 from filter_rules import RuleSet
 
 SCHEMA_VERSION = 1
@@ -270,6 +272,7 @@ class SqlBackend:
         self._cache_lock = threading.Lock()  # the two caches below, read by every thread
         self._bodies: dict[str, dict[str, Any]] = {}
         self._versions: OrderedDict[int, Version] = OrderedDict()
+        self._committed = 0  # the newest version this backend saw committed
         with self._writer.use() as conn:
             if isinstance(dialect, PostgresDialect):
                 with conn.transaction():
@@ -314,12 +317,13 @@ class SqlBackend:
     def head(self) -> Version | None:
         with self._connection() as conn:
             row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
-            number = int(row[0]) if row else 0
-            return self._load(conn, number) if number else None
+        number = int(row[0]) if row else 0
+        with self._cache_lock:
+            self._committed = max(self._committed, number)
+        return self._load(number, committed=True) if number else None
 
     def version(self, number: int) -> Version | None:
-        with self._connection() as conn:
-            return self._load(conn, number)
+        return self._load(number, committed=False)
 
     def versions(self, limit: int, before: int | None) -> list[VersionInfo]:
         columns = _INFO_COLUMNS
@@ -332,23 +336,31 @@ class SqlBackend:
                                        "ORDER BY number DESC LIMIT ?", (before, limit))
         return [_info(row) for row in rows]
 
-    def _load(self, conn: Any, number: int) -> Version | None:
+    def _load(self, number: int, *, committed: bool) -> Version | None:
+        """Version `number`, from the cache or the database. `committed`: the number was
+        read from the database's head; otherwise a cached version newer than the last
+        commit seen here may be one being committed right now, and is not trusted.
+
+        The read connection is held for each query only: parsing 100,000 rules takes
+        seconds, and other reads go on meanwhile."""
         with self._cache_lock:
             cached = self._versions.get(number)
-            if cached is not None:
+            if cached is not None and (committed or number <= self._committed):
                 self._versions.move_to_end(number)
                 return cached
-        row = self._one(conn, f"SELECT {_INFO_COLUMNS}, manifest FROM keg_versions "
-                              "WHERE number = ?", (number,))
+        with self._connection() as conn:
+            row = self._one(conn, f"SELECT {_INFO_COLUMNS}, manifest FROM keg_versions "
+                                  "WHERE number = ?", (number,))
         if row is None:
             return None
-        manifest: list[dict[str, Any]] = json.loads(row[-1])
-        bodies = self._load_bodies(conn, [entry["etag"] for entry in manifest])
-        rules = tuple(
-            StoredRule(entry["id"], bodies[entry["etag"]], entry.get("owner"),
-                       entry.get("source"), entry["etag"])
-            for entry in manifest
-        )
+        with building():  # no garbage collection walking 100,000 rules meanwhile
+            manifest: list[dict[str, Any]] = loads_pieces(row[-1])
+            bodies = self._load_bodies([entry["etag"] for entry in manifest])
+            rules = tuple(
+                StoredRule(entry["id"], bodies[entry["etag"]], entry.get("owner"),
+                           entry.get("source"), entry["etag"])
+                for entry in manifest
+            )
         version = Version(_info(row[:-1]), rules)
         self._cache(version)
         return version
@@ -359,15 +371,16 @@ class SqlBackend:
             if len(self._versions) > _CACHED_VERSIONS:
                 self._versions.popitem(last=False)
 
-    def _load_bodies(self, conn: Any, etags: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def _load_bodies(self, etags: Sequence[str]) -> dict[str, dict[str, Any]]:
         bodies = self._bodies  # entries are only ever added, never changed
         missing = sorted({e for e in etags if e not in bodies})
         for start in range(0, len(missing), _IN_CHUNK):
             chunk = missing[start:start + _IN_CHUNK]
             marks = ", ".join("?" for _ in chunk)
-            for etag, body in self._all(
-                conn, f"SELECT etag, body FROM keg_rule_bodies WHERE etag IN ({marks})", chunk
-            ):
+            with self._connection() as conn:
+                rows = self._all(conn, "SELECT etag, body FROM keg_rule_bodies "
+                                       f"WHERE etag IN ({marks})", chunk)
+            for etag, body in rows:
                 bodies[etag] = json.loads(body)
         absent = [e for e in etags if e not in bodies]
         if absent:
@@ -380,15 +393,26 @@ class SqlBackend:
         """Write `pending` as the version after `expected`; None (nothing written) when
         the latest version is no longer `expected` (another writer was first)."""
         prepared = _Prepared.of(pending, self._bodies)  # the JSON work: before the lock
+        version: Version | None = None
         with self._writer.use() as conn:
-            with self._dialect.write_transaction(conn):
-                row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
-                number = int(row[0]) if row else 0
-                if number != expected:
-                    return None
-                version = self._insert(conn, number + 1, prepared)
-            # Cached only once committed: a failed transaction leaves no trace.
-            self._remember(version)
+            try:
+                with self._dialect.write_transaction(conn):
+                    row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
+                    number = int(row[0]) if row else 0
+                    if number != expected:
+                        return None
+                    version = self._insert(conn, number + 1, prepared)
+                    # Cached before the commit: a reader that sees the new head finds it
+                    # here instead of loading it from the database (seconds for 100,000
+                    # rules). Until then `version()` does not trust it (`_committed`).
+                    self._remember(version)
+            except BaseException:
+                if version is not None:  # the commit failed: nothing of it stays
+                    with self._cache_lock:
+                        self._versions.pop(version.number, None)
+                raise
+            with self._cache_lock:
+                self._committed = max(self._committed, version.number)
             return version
 
     # --- verdicts -----------------------------------------------------------------------

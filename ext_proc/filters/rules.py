@@ -151,8 +151,10 @@ class RuleEngine:
 
     def prepare(self, compiled: CompiledRuleSet) -> tuple[RecordEngine, CompiledRuleSet]:
         """What `install` builds, in any thread (seconds for 100,000 rules): the record
-        engine (raises RuleSetInvalid) and the request rules."""
-        return RecordEngine(compiled, self.context), compiled.subset(ENFORCED_KINDS)
+        engine (raises RuleSetInvalid) and the request rules, their indexes built."""
+        requests = compiled.subset(ENFORCED_KINDS)
+        requests.warm()
+        return RecordEngine(compiled, self.context), requests
 
     def install(self, compiled: CompiledRuleSet,
                 prepared: tuple[RecordEngine, CompiledRuleSet] | None = None) -> None:
