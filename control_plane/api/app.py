@@ -46,7 +46,9 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
     install_handlers(app)
-    app.add_middleware(BodyGuard, limit=settings.max_body_bytes)  # inside the metrics
+    # Bodies read and bounded before any route; the metrics middleware, added next,
+    # wraps it (its 413s and 422s are counted).
+    app.add_middleware(BodyGuard, limit=settings.max_body_bytes)
     app.middleware("http")(metrics.middleware)
 
     metrics.watch_live(store.live)
