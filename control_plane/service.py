@@ -252,6 +252,8 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._verdicts:  # answers being recorded: into the store before it closes
+            await asyncio.wait(list(self._verdicts), timeout=10)
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
