@@ -22,7 +22,13 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from control_plane.delta import DeltaStream
 from control_plane.fleet import Fleet, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
-from control_plane.xds_stream import RequestPump, end_stream, next_nonce, node_of
+from control_plane.xds_stream import (
+    RequestPump,
+    end_stream,
+    next_nonce,
+    node_of,
+    refused_as_too_large,
+)
 
 
 @dataclass
@@ -110,9 +116,14 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if type_url in sent and sent[type_url].version == version:
             return None
         nonce = next_nonce()
-        sent[type_url] = _Sent(version, nonce, snapshot, names)
-        self._fleet.sent(status, type_url, version)
         resources = [pack(m) for m in snapshot.resources[type_url].values()]
-        return discovery_pb2.DiscoveryResponse(
+        response = discovery_pb2.DiscoveryResponse(
             version_info=version, resources=resources, type_url=type_url, nonce=nonce
         )
+        if refused_as_too_large(self._fleet, status, type_url, version, response):
+            sent[type_url] = _Sent(version, "", snapshot, names)  # no nonce will match
+            return None
+        sent[type_url] = _Sent(version, nonce, snapshot, names)
+        self._fleet.sent(status, type_url, version)
+        return response
+

@@ -21,7 +21,13 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from control_plane.fleet import Fleet, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
-from control_plane.xds_stream import RequestPump, end_stream, next_nonce, node_of
+from control_plane.xds_stream import (
+    RequestPump,
+    end_stream,
+    next_nonce,
+    node_of,
+    refused_as_too_large,
+)
 
 WILDCARD = "*"
 
@@ -128,6 +134,12 @@ class DeltaStream:
             if state is None or not snapshot.has(type_url):
                 continue
             response = delta_response(state, type_url, snapshot)
+            if response is not None and refused_as_too_large(
+                    self._fleet, status, type_url, response.system_version_info, response):
+                for resource in response.resources:  # answered: not sent again
+                    state.known[resource.name] = resource.version
+                state.reported = True
+                continue
             if response is None:
                 if state.known and not state.reported:
                     # Resumed with everything current: the node runs this version.

@@ -44,6 +44,7 @@ from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
 from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
 from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
+from ext_proc.heap import building
 from filter_rules import CompiledRuleSet, RuleSet
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,18 @@ class GroupPlan(GatewayPlan):
 
     def advertised_routes(self) -> dict[int, tuple[str, int]]:
         return {**{b: (h, p) for b, h, p in self.elsewhere}, **super().advertised_routes()}
+
+
+@dataclass(frozen=True)
+class _PreparedRules:
+    """A rule set made ready off the event loop: its snapshot for ext_proc nodes (None:
+    the version is already published), the kafka_broker filter's API lists and the native
+    filter's interest table (None: unchanged)."""
+
+    version: str
+    snapshot: Snapshot | None
+    kafka_broker: KafkaBrokerFilter | None
+    native_interest: dict[str, Any] | None
 
 
 NATIVE, EXT_PROC_PATH = "native", "ext-proc"
@@ -231,6 +244,9 @@ class ControlPlane:
         self._rules_snapshot: Snapshot | None = None
         # The native filter's interest table for the live rule set (ECDS, native nodes).
         self._native_interest: dict[str, Any] | None = None
+        self._rules_update: asyncio.Task[None] | None = None
+        self._rules_dirty = False
+        self._verdicts: set[asyncio.Task[None]] = set()  # being recorded off the loop
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -244,12 +260,14 @@ class ControlPlane:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.rules is not None:
-            self._rules_changed()
+            self._install_rules(await asyncio.to_thread(self._prepare_rules))
             self.rules.subscribe(self._rules_changed_threadsafe)
             watch = getattr(self.rules, "watch", None)  # providers that poll their source
             if watch is not None:
                 self._tasks.append(asyncio.create_task(watch()))
-        server = grpc.aio.server()
+        # Responses are bounded per node by what the node says it accepts (ads.py,
+        # refused_as_too_large), not by a server-wide send limit.
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
         )
@@ -287,11 +305,16 @@ class ControlPlane:
                 await asyncio.sleep(0.5)
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._rules_update is not None:
+            self._tasks.append(self._rules_update)
+            self._rules_update = None
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._verdicts:  # answers being recorded: into the store before it closes
+            await asyncio.wait(list(self._verdicts), timeout=10)
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -409,13 +432,10 @@ class ControlPlane:
             self._native_interest = interest(RuleSet(), "", self.settings.handoff)
         return self._native_interest
 
-    def _update_native_interest(self, version: str, ruleset: RuleSet) -> None:
+    def _update_native_interest(self, table: dict[str, Any] | None) -> None:
         """A new rule set: native nodes get its interest table by ECDS (the module's
         process-wide table, so live connections follow it; listeners stay)."""
-        if self.settings.data_path != NATIVE:
-            return
-        table = interest(ruleset, version, self.settings.handoff)
-        if table == self._native_interest:
+        if table is None or table == self._native_interest:
             return
         self._native_interest = table
         self._compiled = {k: v for k, v in self._compiled.items() if not k[2]}
@@ -466,12 +486,23 @@ class ControlPlane:
         # The rule source learns what the fleet made of its versions (the store marks
         # a refused one rejected and serves the last good one again).
         report = getattr(self.rules, "verdict", None)
-        if type_url == RULES and status.role == EXT_PROC and report is not None:
+        if type_url != RULES or status.role != EXT_PROC or report is None:
+            return
+
+        def record() -> None:
             try:
                 report(version, status.node_id, error)
             except Exception:  # a store hiccup must not break the node's stream
                 log.exception("could not record %s's answer to rules version %s",
                               status.node_id, version)
+
+        if self._loop is None or not self._loop.is_running():
+            record()
+            return
+        # A database write (and on a rejection the store's republication): off the loop.
+        task = self._loop.create_task(asyncio.to_thread(record))
+        self._verdicts.add(task)
+        task.add_done_callback(self._verdicts.discard)
 
     # -- rules -------------------------------------------------------------------------
 
@@ -480,34 +511,73 @@ class ControlPlane:
             self._loop.call_soon_threadsafe(self._rules_changed)
 
     def _rules_changed(self) -> None:
+        """The provider has a new rule set: prepare it in a worker thread (reading,
+        encoding and compiling 100,000 rules takes seconds the event loop -- xDS, the
+        REST API -- must not wait), then install it here. Changes during a preparation
+        are coalesced into one more."""
+        if self._rules_update is not None and not self._rules_update.done():
+            self._rules_dirty = True
+            return
+        self._rules_update = asyncio.create_task(self._update_rules())
+
+    async def _update_rules(self) -> None:
+        while True:
+            self._rules_dirty = False
+            try:
+                self._install_rules(await asyncio.to_thread(self._prepare_rules))
+            except Exception:  # a provider hiccup: the fleet keeps the last rule set
+                log.exception("could not prepare the new rule set; keeping version %s",
+                              self.rules_version)
+            if not self._rules_dirty:
+                return
+
+    def refresh_rules(self) -> None:
+        """Install the provider's current rule set now, on the calling thread (what a
+        rule change does off the loop; for tests and embedders without a loop)."""
+        self._install_rules(self._prepare_rules())
+
+    def _prepare_rules(self) -> _PreparedRules:
+        """What installing the provider's current rule set needs (any thread)."""
         assert self.rules is not None
-        number, ruleset = self.rules.current()
-        version = str(number)  # the store numbers its versions
-        snapshot = rules_snapshot(version, ruleset)
-        if (self._rules_snapshot is not None
-                and self._rules_snapshot.versions == snapshot.versions):
+        with building():  # no garbage collection walking 100,000 rules meanwhile
+            number, ruleset = self.rules.current()
+            version = str(number)  # the store numbers its versions
+            if (self._rules_snapshot is not None
+                    and self._rules_snapshot.version(RULES) == version):
+                return _PreparedRules(version, None, None, None)
+            native = (interest(ruleset, version, self.settings.handoff)
+                      if self.settings.data_path == NATIVE else None)
+            return _PreparedRules(version, rules_snapshot(version, ruleset),
+                                  self._kafka_broker_lists(ruleset), native)
+
+    def _install_rules(self, prepared: _PreparedRules) -> None:
+        """Publish a prepared rule set to every ext_proc node (on the event loop)."""
+        snapshot = prepared.snapshot
+        if snapshot is None or (self._rules_snapshot is not None
+                                and self._rules_snapshot.versions == snapshot.versions):
             return
         self._rules_snapshot = snapshot
-        log.info("rule set version %s: publishing to ext_proc instances", version)
+        log.info("rule set version %s: publishing to ext_proc instances", prepared.version)
         for status in list(self.fleet.nodes.values()):
             if status.role == EXT_PROC:
                 self.cache.set_if_changed(status.node_id, snapshot)
-        self._update_kafka_broker_lists(ruleset)
-        self._update_native_interest(version, ruleset)
+        lists = prepared.kafka_broker
+        if lists is not None and lists != self._kafka_broker:
+            self._kafka_broker = lists
+            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
+            self._publish_envoys()
+        self._update_native_interest(prepared.native_interest)
 
-    def _update_kafka_broker_lists(self, ruleset: Any) -> None:
+    def _kafka_broker_lists(self, ruleset: Any) -> KafkaBrokerFilter | None:
+        """The API lists the kafka_broker filter enforces; None: leave them as they are."""
         if not self.settings.kafka_broker_api_lists:
-            return
+            return None
         try:
             allowed, denied = global_api_lists(CompiledRuleSet(ruleset).rules)
         except ValueError as err:
             log.warning("kafka_broker API lists unchanged: %s", err)
-            return
-        lists = KafkaBrokerFilter(allowed, denied)
-        if lists != self._kafka_broker:
-            self._kafka_broker = lists
-            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
-            self._publish_envoys()
+            return None
+        return KafkaBrokerFilter(allowed, denied)
 
     @property
     def rules_version(self) -> str | None:

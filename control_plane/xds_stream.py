@@ -14,8 +14,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
+from google.protobuf.message import Message
+
 from control_plane.fleet import Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import SnapshotCache
+from ext_proc.rule_subscription import MAX_RULE_SET_BYTES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +111,22 @@ async def end_stream(pump: RequestPump[Any], fleet: Fleet, status: NodeStatus | 
     if status is not None:
         fleet.disconnected(status.node_id)
         log.info("node %s disconnected", status.node_id)
+
+
+def refused_as_too_large(fleet: Fleet, status: NodeStatus, type_url: str, version: str,
+                         response: Message) -> bool:
+    """A response larger than the node accepts (`max_message_bytes`) would be dropped by
+    its gRPC stack without a word, and the node would never answer: the control plane
+    records a NACK for it instead -- visible in the fleet, to `keg apply --wait` and to
+    the store -- and sends nothing. True when it did so."""
+    limit = status.max_message_bytes
+    if limit is None:
+        return False
+    size = response.ByteSize()
+    if size <= limit:
+        return False
+    fleet.sent(status, type_url, version)
+    fleet.nack(status, type_url, version,
+               f"not sent: version {version} is {size} bytes, more than the {limit} this "
+               f"node accepts (ext_proc --max-rule-set-bytes, {MAX_RULE_SET_BYTES_KEY})")
+    return True

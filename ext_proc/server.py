@@ -39,7 +39,7 @@ from ext_proc.metrics import (
     Metrics,
 )
 from ext_proc.rule_source import RuleDirectory
-from ext_proc.rule_subscription import RuleSubscription, default_node_id
+from ext_proc.rule_subscription import MAX_RULE_SET_BYTES, RuleSubscription, default_node_id
 from ext_proc.sasl.login import SaslCredentials
 from ext_proc.sasl.termination import (
     ALLOWED,
@@ -98,6 +98,8 @@ class ProcessorSettings:
     node_id: str | None = None  # the xDS node id (default: ext-proc-<host>-<port>-<pid>)
     # Where the last good distributed rule set is kept across restarts; None: not kept.
     rules_cache: Path | None = None
+    # The largest rule set (xDS response) accepted from the control plane.
+    max_rule_set_bytes: int = MAX_RULE_SET_BYTES
     # Where `copy` rules produce (librdkafka: bootstrap servers plus any properties,
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
@@ -400,7 +402,8 @@ class ExtProcServer:
                 self.settings.control_plane, self.data_path.engine,
                 self.settings.node_id or default_node_id(self.port),
                 cache_file=self.settings.rules_cache, metrics=self.data_path.metrics,
-                credentials=self.settings.control_plane_credentials())
+                credentials=self.settings.control_plane_credentials(),
+                max_rule_set_bytes=self.settings.max_rule_set_bytes)
             self.subscription.restore()  # serve the last good set even if the plane is down
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.

@@ -270,7 +270,9 @@ def up(
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
                 rules_dir=rules_dir,
-                audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
+                # A directory of its own: one file per ext_proc worker, and rotated ones,
+                # which `keg analyze --audit <directory>` reads together.
+                audit_log=audit_log_setting(audit_log, state / "audit" / "audit.jsonl"),
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
                 data_path=_usable_data_path(data_path),
@@ -296,12 +298,11 @@ def up(
                 console.print(_security_line(listener_tls is not None,
                                              listener_tls is not None and listener_tls.mutual,
                                              sasl_termination is not None))
-            s = gateway.settings
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
                        " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
-            console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
-                          f"state: {state}")
+            audits = " ".join(str(path) for path in gateway.audit_logs) or "off"
+            console.print(f"audit log: {audits}   metrics: {metrics}   state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:
                 api = f"http://127.0.0.1:{gateway.app.api_server.port}"
                 console.print(f"REST API: {api}/docs   console: {api}/console "
@@ -389,6 +390,11 @@ def ext_proc_cmd(
     rules_cache: Annotated[Path | None, typer.Option(
         help="File keeping the last good rule set from the control plane, served after a "
              "restart while the control plane is down.")] = None,
+    max_rule_set_bytes: Annotated[int, typer.Option(
+        min=1, help="Largest rule set accepted from the control plane, in bytes of its "
+                    "xDS response (100,000 rules: about 50 MB); the control plane NACKs "
+                    "larger ones for this instance instead of sending them.")]
+        = 128 * 1024 * 1024,
     side_effects_bootstrap: Annotated[str | None, typer.Option(
         help="Kafka bootstrap servers `copy` rules produce to (none: copies are dropped).")]
         = None,
@@ -442,6 +448,7 @@ def ext_proc_cmd(
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
+        max_rule_set_bytes=max_rule_set_bytes,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
         metrics_max_topics=metrics_max_topics or default.metrics_max_topics,
@@ -517,9 +524,9 @@ def control_plane_cmd(
     ext_proc_metrics: Annotated[list[str] | None, typer.Option(
         help="An ext_proc /metrics URL the console's decision counts are read from "
              "(repeatable; a name with several addresses is read at each).")] = None,
-    audit_log: Annotated[Path | None, typer.Option(
+    audit_log: Annotated[list[Path] | None, typer.Option(
         help="An audit log file (JSON Lines) this process can read: the console's audit "
-             "tail.")] = None,
+             "tail (repeatable: one per ext_proc process, merged by time).")] = None,
     xds_tls_cert: Annotated[Path | None, typer.Option(
         help="Serve xDS over TLS with this certificate (it carries the listeners' keys).")]
         = None,
@@ -606,7 +613,7 @@ def control_plane_cmd(
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
         store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
-        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_log=audit_log,
+        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_logs=tuple(audit_log or ()),
         tls=api_tls, insecure_tokens=api_insecure_tokens)
     process = ControlPlaneApp(settings, api)
 

@@ -87,7 +87,7 @@ class ApiOptions:
     # What the console's decisions and audit pages read (control_plane/api/routes_observe):
     # ext_proc /metrics URLs, and an audit log file this process can read.
     ext_proc_metrics: tuple[str, ...] = ()
-    audit_log: Path | None = None
+    audit_logs: tuple[Path, ...] = ()  # one per ext_proc process
     tls: ServerTls | None = None  # HTTPS (mutual with a client CA)
     # Serve tokens over plaintext on a non-loopback address anyway (a TLS proxy in front).
     insecure_tokens: bool = False
@@ -148,7 +148,7 @@ class ControlPlaneApp:
                                                  problems=self.problems),
                          plane.fleet_status,
                          Observability(metrics_urls=api.ext_proc_metrics,
-                                       audit_log=api.audit_log))
+                                       audit_logs=api.audit_logs))
         self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
 
@@ -378,12 +378,13 @@ class Gateway(Service):
             # The control plane first: the ext_proc service is given the key variables
             # of the rules it will be served, and finds its xDS server up at once.
             if s.api is not None:
-                # The console reads this gateway's own ext_proc metrics (every worker's)
-                # and audit log (the first worker's).
+                # The console reads this gateway's own ext_proc metrics and audit logs
+                # (every worker's).
                 metrics = tuple(f"http://127.0.0.1:{w.metrics_port}/metrics"
                                 for w in self.workers if w.metrics_port)
                 self.app = ControlPlaneApp(settings, replace(
-                    s.api, rules_dir=s.rules_dir, audit_log=s.api.audit_log or s.audit_log,
+                    s.api, rules_dir=s.rules_dir,
+                    audit_logs=s.api.audit_logs or self.audit_logs,
                     ext_proc_metrics=s.api.ext_proc_metrics or metrics),
                     registry=self.registry, problems=self.supervisor.problems)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
@@ -420,6 +421,12 @@ class Gateway(Service):
         return self.workers[0].metrics_port
 
     @property
+    def audit_logs(self) -> tuple[Path, ...]:
+        """The audit log files the ext_proc workers write, the first worker's first."""
+        audit = self.settings.audit_log
+        return () if audit is None else tuple(w.own_path(audit) for w in self.workers)
+
+    @property
     def ext_proc_pid(self) -> int | None:
         return self.workers[0].current_pid()
 
@@ -452,8 +459,7 @@ class Gateway(Service):
             s.ext_proc_log_level,
         ]
         if s.rules_from_control_plane:
-            cache = worker.own_path((s.work_dir or Path(tempfile.gettempdir()))
-                                    / f"keg-rules-{self.xds_port}.json")
+            cache = worker.own_path(self.rules_cache_file)
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
                     worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
@@ -503,6 +509,15 @@ class Gateway(Service):
             return secret_env_names(load_rule_dir(self.settings.rules_dir))
         except RuleSetInvalid:  # the ext_proc service refuses it, with file:line errors
             return set()
+
+    @property
+    def rules_cache_file(self) -> Path:
+        """Where the first ext_proc worker keeps the last rule set it got (for its
+        restarts; the others `own_path` of it): one stable name in the work directory, so
+        runs do not pile files up there; removed at stop."""
+        if self.settings.work_dir is not None:
+            return self.settings.work_dir / "keg-rules.json"
+        return Path(tempfile.gettempdir()) / f"keg-rules-{self.xds_port}.json"
 
     def _check_ext_proc(self) -> None:
         for worker in self.workers:
@@ -630,6 +645,9 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
+        if self.settings.rules_from_control_plane:
+            for worker in self.workers:
+                worker.own_path(self.rules_cache_file).unlink(missing_ok=True)
 
     # -- what clients use ----------------------------------------------------------
 

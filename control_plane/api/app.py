@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
-from starlette.responses import Response
 
 from control_plane.api import (
     routes_check,
@@ -19,11 +18,12 @@ from control_plane.api import (
     routes_rules,
     routes_versions,
 )
+from control_plane.api.body_guard import BodyGuard
 from control_plane.api.console_pages import install_console
 from control_plane.api.deps import ApiContext, FleetStatus
 from control_plane.api.docs_pages import install_docs
 from control_plane.api.metrics import ApiMetrics
-from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
+from control_plane.api.problems import PROBLEM_SCHEMA, install_handlers
 from control_plane.api.routes_observe import Observability
 from control_plane.api.settings import ApiSettings
 from control_plane.store import RuleStore
@@ -61,7 +61,9 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
     install_handlers(app)
     install_docs(app)  # Swagger UI and ReDoc from bundled assets, no CDN
     install_console(app)
-    app.middleware("http")(_body_limit(settings.max_body_bytes))
+    # Bodies read and bounded before any route; the metrics middleware, added next,
+    # wraps it (its 413s and 422s are counted).
+    app.add_middleware(BodyGuard, limit=settings.max_body_bytes)
     app.middleware("http")(metrics.middleware)
 
     metrics.watch_live(store.live)
@@ -70,19 +72,6 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
                     "every write will be refused")
     app.openapi = _openapi_with_rule_schemas(app)  # type: ignore[method-assign]
     return app
-
-
-def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
-                                        Awaitable[Response]]:
-    async def check(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return Problem(413, "Request too large", f"the body is larger than {limit} bytes",
-                           kind="too-large").response()
-        return await call_next(request)
-
-    return check
 
 
 def _openapi_with_rule_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:

@@ -7,12 +7,12 @@ state:
   (`keg_decisions_total{rule,action,mode,outcome}`), scraped from the `/metrics` URLs the
   control plane is given (`Observability.metrics_urls`) and summed per rule. A URL whose
   host resolves to several addresses (a Kubernetes headless Service) is scraped at each.
-- **The audit tail** (`GET /v1/audit`) is the newest lines of the audit log file the
-  control plane can read (`Observability.audit_log`): `keg up` gives the one its
-  ext_proc service writes. Where ext_proc instances write in their own containers, the
-  control plane has no file to read and says so: a shared audit sink would be
-  needed (the instances shipping events to one topic or store). It answers 404 then:
-  this control plane has no audit tail to show.
+- **The audit tail** (`GET /v1/audit`) is the newest lines of the audit log files the
+  control plane can read (`Observability.audit_logs`), merged by time: `keg up` gives
+  the ones its ext_proc workers write (one file each). Where ext_proc instances write
+  in their own containers, the control plane has no file to read and says so: a shared
+  audit sink would be needed (the instances shipping events to one topic or store). It
+  answers 404 then: this control plane has no audit tail to show.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Observability:
     """Where the control plane reads what the data path did (see module docstring)."""
 
     metrics_urls: tuple[str, ...] = ()  # ext_proc /metrics URLs
-    audit_log: Path | None = None  # a JSON Lines audit file this process can read
+    audit_logs: tuple[Path, ...] = ()  # JSON Lines audit files this process can read
 
 
 def observability(request: Request) -> Observability:
@@ -127,19 +127,31 @@ def decisions(observed: Observed, _: Reader) -> DecisionsOut:
             responses=problem_responses(401, 403, 404, 422, 503))
 def audit(observed: Observed, _: Reader,
           limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_LINES)] = 100) -> AuditOut:
-    """The newest audit events of the log this control plane can read (newest first).
-    404 when it has none (the ext_proc instances write theirs elsewhere)."""
-    path = observed.audit_log
-    if path is None:
+    """The newest audit events of the logs this control plane can read (newest first,
+    merged over the ext_proc processes' files). 404 when it has none (the ext_proc
+    instances write theirs elsewhere)."""
+    if not observed.audit_logs:
         raise Problem(404, "No audit log here", "this control plane reads no audit log: the "
                       "ext_proc instances write theirs where it cannot read (keg up gives it "
                       "its own; a fleet needs a shared audit sink)", kind="no-audit-log")
+    events: list[dict[str, Any]] = []
+    for path in observed.audit_logs:
+        events.extend(_newest_events(path, limit))
+    # Every writer stamps `ts` in one fixed-width UTC format: text order is time order.
+    events.sort(key=lambda event: str(event.get("ts", "")), reverse=True)
+    return AuditOut(source=", ".join(str(path) for path in observed.audit_logs),
+                    events=events[:limit])
+
+
+def _newest_events(path: Path, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` events of one audit file, newest first (none yet when it does not
+    exist)."""
     try:
         lines = _last_lines(path, limit)
     except FileNotFoundError:
-        lines = []  # nothing audited yet
+        return []  # nothing audited yet
     except OSError as err:
-        raise Problem(503, "Audit log unreadable", f"cannot read the audit log: "
+        raise Problem(503, "Audit log unreadable", f"cannot read the audit log {path.name}: "
                       f"{err.strerror}", kind="no-audit-log") from None
     events = []
     for line in reversed(lines):
@@ -149,7 +161,7 @@ def audit(observed: Observed, _: Reader,
             continue  # a line being written
         if isinstance(event, dict):
             events.append(event)
-    return AuditOut(source=str(path), events=events)
+    return events
 
 
 def _expand(urls: tuple[str, ...]) -> Iterator[str]:

@@ -20,8 +20,11 @@ from typing import Final
 
 from control_plane.store import errors
 from control_plane.store.entries import (
+    EVERY_OWNER,
+    REST_OWNED,
     Change,
     Operation,
+    OwnerScope,
     RuleDiff,
     StoredRule,
     Verdict,
@@ -48,10 +51,13 @@ from control_plane.store.sql import PostgresDialect, SqlBackend, SqliteDialect
 SQLITE_FILE: Final = "control-plane.sqlite3"
 
 __all__ = [
+    "EVERY_OWNER",
+    "REST_OWNED",
     "SQLITE_FILE",
     "ApplyResult",
     "Change",
     "Operation",
+    "OwnerScope",
     "RuleDiff",
     "RuleStore",
     "RuleWrite",

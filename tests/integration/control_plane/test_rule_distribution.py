@@ -147,7 +147,8 @@ def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
         (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
         version = load_rule_dir(rules_dir).version
         assert node["types"]["keg.v1.RuleSet"]["applied_version"] == version
-        assert (tmp_path / "envoy" / f"keg-rules-{gateway.xds_port}.json").exists()
+        assert gateway.rules_cache_file == tmp_path / "envoy" / "keg-rules.json"
+        assert gateway.rules_cache_file.exists()
         denied = create_topic(kafka.bootstrap, name=f"up.{time.monotonic_ns()}")
         assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
 
@@ -202,8 +203,7 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
         # A fresh ext_proc instance, without the rule cache of the old one, is served
         # the last good version: the deny holds for a real client through Envoy.
         gateway.stop_ext_proc()
-        for cache in (tmp_path / "work").glob("keg-rules-*.json"):
-            cache.unlink()
+        gateway.rules_cache_file.unlink()
         gateway.start_ext_proc()
         gateway.wait_for_rules()
         assert ext_proc_runs() == "1"

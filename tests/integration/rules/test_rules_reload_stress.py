@@ -63,7 +63,8 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RECORDS = 100_000
 PARTITIONS = 3
 VALID_WRITES = 50
-WRITE_SPACING = 1.2  # at least this long between two writes (the watcher polls every 1 s)
+WRITE_SPACING = 2.2  # between two writes: the watcher polls every 1 s and reads a
+# directory once it held still for a poll (up to two polls after a write)
 PRODUCE_TAIL = 4.0  # the producer's pace: RECORDS over the writes' time plus this
 STEP_TIMEOUT = 15.0  # for one write to show in the metrics
 

@@ -8,7 +8,9 @@ need it."""
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,13 +34,20 @@ rules:
 """
 
 
+READER_TOKEN = "reader-token-7f3a9c"
+
+
 @contextmanager
 def secure_keg_up(kafka: EmbeddedKafka, ca: DevCa, tmp_path: Path) -> Iterator[KegUp]:
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "watch.yaml").write_text(RULES)
     server = ca.server("keg-up-gateway")
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"reader:{READER_TOKEN}\n")
     with keg_up(kafka, tmp_path, tmp_path / "cache", rules,
+                # Two ext_proc workers, each with its own audit log: both are read.
+                "--ext-proc-workers", "2", "--api-tokens", str(tokens),
                 "--upstream-tls-ca", str(ca.cert_file),
                 "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "keg",
                 "--tls-cert", str(server.cert), "--tls-key", str(server.key),
@@ -93,7 +102,8 @@ def test_keg_up_fronts_a_sasl_ssl_scram_cluster_from_the_command_line(
     topic = create_topic(kafka.bootstrap)
     with secure_keg_up(kafka, dev_ca, tmp_path) as up:
         bootstrap = up.bootstrap
-        audit = Path(up.wait_for(r"audit log: (\S+)").group(1))
+        audits = [Path(p) for p in up.wait_for(r"audit log: (.+?)   metrics").group(1).split()]
+        assert len(audits) == 2, audits  # one file per ext_proc worker
         for user in ("alice", "bob"):
             conf = librdkafka_conf(bootstrap, dev_ca,
                                    sasl=("SCRAM-SHA-512", user, SASL_USERS[user]))
@@ -103,13 +113,22 @@ def test_keg_up_fronts_a_sasl_ssl_scram_cluster_from_the_command_line(
             librdkafka_conf(bootstrap, dev_ca, sasl=("SCRAM-SHA-512", "alice", "nope")))
         deadline = time.monotonic() + 30
         while True:
-            events = [json.loads(line) for line in _read(audit).decode().splitlines() if line]
+            events = [json.loads(line) for audit in audits
+                      for line in _read(audit).decode().splitlines() if line]
             principals = {e["principal"] for e in events if e["rule_id"] == "watch-produce"}
             if {"User:alice", "User:bob"} <= principals or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert {"User:alice", "User:bob"} <= principals
         assert {e["security_protocol"] for e in events} == {"SASL_SSL"}
+        # The console's audit tail shows every worker's events, not only the first's.
+        api = re.search(r"REST API: (http://\S+)/docs", up.output)
+        assert api is not None, up.output
+        request = urllib.request.Request(f"{api.group(1)}/v1/audit?limit=1000",
+                                         headers={"Authorization": f"Bearer {READER_TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            tail = json.load(response)
+        assert {e["principal"] for e in tail["events"]} == principals
         # The password: in no argv, and only in the environment of the ext_proc service
         # (its `copy` producer logs in as keg); never in Envoy's.
         processes = [up.process.pid, *_descendants(up.process.pid)]

@@ -1,16 +1,21 @@
-"""Fixtures shared by the API tests (no tests here): an app on a fresh SQLite store."""
+"""Fixtures shared by the API tests (no tests here): an app on a fresh SQLite store,
+in a TestClient or served by uvicorn on a free loopback port."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
+from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
 from control_plane.fleet import EXT_PROC, Fleet, NodeInfo
 from control_plane.snapshot import LISTENER, RULES
 from control_plane.store import RuleStore, open_store
@@ -68,3 +73,29 @@ def client(store: RuleStore) -> TestClient:
 @pytest.fixture
 def public_client(store: RuleStore) -> TestClient:
     return make_client(store, public_reads=True)
+
+
+@contextmanager
+def serving(api: FastAPI) -> Iterator[str]:
+    """`api` served by the real uvicorn server (ApiServer) on a free loopback port, on
+    a loop of its own; yields its base URL."""
+    started = threading.Event()
+    port: list[int] = []
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        server = await serve_api(api, "127.0.0.1", 0)
+        port.append(server.port)
+        started.set()
+        await stop.wait()
+        await server.stop()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    assert started.wait(10), "the API server did not start"
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)

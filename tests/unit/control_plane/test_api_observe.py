@@ -71,7 +71,7 @@ def test_the_audit_tail_is_the_newest_complete_lines(store: RuleStore, tmp_path:
     log = tmp_path / "audit.jsonl"
     events = [{"rule_id": f"r{i}", "topic": "orders", "padding": "x" * 500} for i in range(300)]
     log.write_text("".join(json.dumps(e) + "\n" for e in events) + '{"rule_id": "being-wr')
-    client = client_for(store, Observability(audit_log=log))
+    client = client_for(store, Observability(audit_logs=(log,)))
     body = client.get("/v1/audit?limit=3", headers=ADMIN).json()
     assert [e["rule_id"] for e in body["events"]] == ["r299", "r298", "r297"]
     assert body["source"] == str(log)
@@ -80,6 +80,23 @@ def test_the_audit_tail_is_the_newest_complete_lines(store: RuleStore, tmp_path:
     assert client.get("/v1/audit?limit=1001", headers=ADMIN).status_code == 422
     log.unlink()
     assert client.get("/v1/audit", headers=ADMIN).json()["events"] == []
+
+
+def test_the_audit_tail_merges_every_workers_file_by_time(store: RuleStore,
+                                                          tmp_path: Path) -> None:
+    """Each ext_proc worker writes its own file: the tail is all of them, newest first."""
+    first, second = tmp_path / "audit.jsonl", tmp_path / "audit-1.jsonl"
+    first.write_text("".join(json.dumps({"rule_id": f"a{i}", "ts": f"2026-11-25T10:00:0{i}.000Z"})
+                             + "\n" for i in (0, 2, 4)))
+    second.write_text("".join(json.dumps({"rule_id": f"b{i}", "ts": f"2026-11-25T10:00:0{i}.000Z"})
+                              + "\n" for i in (1, 3)))
+    client = client_for(store, Observability(audit_logs=(first, second)))
+    body = client.get("/v1/audit?limit=4", headers=ADMIN).json()
+    assert [e["rule_id"] for e in body["events"]] == ["a4", "b3", "a2", "b1"]
+    assert body["source"] == f"{first}, {second}"
+    second.unlink()  # a worker that has audited nothing yet
+    assert [e["rule_id"] for e in client.get("/v1/audit", headers=ADMIN).json()["events"]] == [
+        "a4", "a2", "a0"]
 
 
 def test_without_an_audit_log_the_tail_says_what_it_would_need(store: RuleStore) -> None:

@@ -34,8 +34,8 @@ def plane(**kwargs: object) -> tuple[ControlPlane, StaticRuleProvider]:
     settings = ControlPlaneSettings(bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1",
                                     ext_proc_port=1, **kwargs)  # type: ignore[arg-type]
     cp = ControlPlane(settings, rules=rules)
-    cp._rules_changed()  # what start() does, minus the hop onto the event loop
-    rules.subscribe(lambda *_: cp._rules_changed())
+    cp.refresh_rules()  # what start() does, on this thread
+    rules.subscribe(lambda *_: cp.refresh_rules())
     return cp, rules
 
 
@@ -226,8 +226,8 @@ def test_a_rules_version_an_instance_nacks_is_rejected_and_the_last_good_one_ser
     settings = ControlPlaneSettings(bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1",
                                     ext_proc_port=1)
     cp = ControlPlane(settings, rules=StoreRuleProvider(store))
-    cp._rules_changed()  # what start() does, minus the hop onto the event loop
-    store.subscribe(lambda *_: cp._rules_changed())
+    cp.refresh_rules()  # what start() does, on this thread
+    store.subscribe(lambda *_: cp.refresh_rules())
     ext_proc(cp, "xp-1")
     xp = cp.fleet.nodes["xp-1"]
     cp.fleet.ack(xp, RULES, "1", cp.cache.get("xp-1"))

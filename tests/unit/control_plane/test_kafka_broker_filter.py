@@ -56,7 +56,7 @@ def test_nodes_with_the_extension_get_the_filter_first(tmp_path: Path) -> None:
         plane = ControlPlane(ControlPlaneSettings(
             bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
             rules_dir=tmp_path))
-        plane._rules_changed()
+        plane.refresh_rules()
         plane.set_topology(Topology("c", (Broker(1, "10.0.0.1", 9092),)))
         plane.fleet.connected(NodeInfo("contrib-envoy", "keg",
                                        extensions=frozenset({FILTER_NAME})))

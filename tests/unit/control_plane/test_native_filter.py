@@ -182,8 +182,7 @@ def test_a_rule_change_changes_the_interest_table_not_the_listeners() -> None:
         plane = ControlPlane(ControlPlaneSettings(
             bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=7001,
             data_path="native", message_timeout_s=1.5), rules=rules)
-        plane._loop = asyncio.get_running_loop()
-        plane._rules_changed()
+        plane.refresh_rules()
         plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
         plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
         before = plane.cache.get("envoy")
@@ -193,7 +192,7 @@ def test_a_rule_change_changes_the_interest_table_not_the_listeners() -> None:
         assert quiet["handoff_timeout_ms"] == 1500 and quiet["failure_mode_allow"] is False
         assert ApiKey.PRODUCE not in {r[0] for r in quiet["requests"]}
         rules.set(load_rule_text(DENY_SECRET_TOPICS, "r.yaml"), version="2")
-        plane._rules_changed()
+        plane.refresh_rules()
         after = plane.cache.get("envoy")
         assert before is not None and after is not None
         assert before.resource_versions[LISTENER] == after.resource_versions[LISTENER]

@@ -343,3 +343,45 @@ def test_an_unreachable_postgres_is_store_unavailable() -> None:
         port = s.getsockname()[1]
     with pytest.raises(StoreUnavailable, match="postgresql"):
         open_store(f"postgresql://keg:pw@127.0.0.1:{port}/keg")
+
+
+def test_reads_and_other_writes_go_on_while_a_large_write_validates(
+        opener: Callable[..., RuleStore]) -> None:
+    """Validation compiles the whole rule set (seconds for 100,000 rules). It ran inside
+    the write transaction, under the lock every read takes: the REST API stalled for
+    as long. Now it runs with no lock held; a write committed meanwhile is built upon."""
+    entered, release = threading.Event(), threading.Event()
+
+    def validator(candidate: RuleSet) -> None:
+        if any(r.id == "slow" for r in candidate.rules) and not release.is_set():
+            entered.set()
+            assert release.wait(30)
+
+    store = opener(validator=validator)
+    store.put_rule(rule("a"), ALICE)
+    errors: list[BaseException] = []
+
+    def slow_write() -> None:
+        try:
+            store.put_rule(rule("slow"), Change("bob"))
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    writer = threading.Thread(target=slow_write)
+    writer.start()
+    assert entered.wait(30)
+    seen: list[Any] = []
+    reader = threading.Thread(target=lambda: seen.append(
+        (store.rules()[0], store.current()[0], [v.number for v in store.versions()],
+         store.put_rule(rule("quick"), Change("carol")).version)))
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "reads waited for the write's validation"
+    ((latest, served, numbers, quick),) = seen
+    assert (latest, served, numbers) == (1, 1, [1])
+    assert quick is not None and quick.number == 2
+    release.set()
+    writer.join(30)
+    assert not errors
+    number, rules = store.rules()
+    assert number == 3 and [r.id for r in rules] == ["a", "quick", "slow"]

@@ -26,8 +26,9 @@ from ext_proc.rule_subscription import (
     decode_rule_set,
     encode_rule_set,
 )
-from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
+from filter_rules import CompiledRuleSet, Rule, RuleSet, load_rule_text
 from interceptors import InterceptorConfigError
+from interceptors.engine import RecordEngine
 
 RULES_YAML = """
 rules:
@@ -94,10 +95,11 @@ def test_a_broken_cache_file_is_ignored(tmp_path: Path) -> None:
 
 def test_rules_that_cannot_be_built_are_refused() -> None:
     class Refusing(RuleEngine):
-        def install(self, compiled: CompiledRuleSet) -> None:
+        def install(self, compiled: CompiledRuleSet,
+                    prepared: tuple[RecordEngine, CompiledRuleSet] | None = None) -> None:
             if compiled.rules:
                 raise InterceptorConfigError("mask: field path $.x[ is not valid")
-            super().install(compiled)
+            super().install(compiled, prepared)
 
     subscription = RuleSubscription("unused:1", Refusing(CompiledRuleSet(RuleSet())), "xp")
     with pytest.raises(RuleSetRejected, match="cannot be installed: mask"):
@@ -192,3 +194,71 @@ async def subscription_scenario(tmp_path: Path) -> None:
 
 def test_subscription_acks_nacks_and_resumes(tmp_path: Path) -> None:
     asyncio.run(subscription_scenario(tmp_path))
+
+
+def many_rules(count: int) -> RuleSet:
+    """`count` deny rules, about 500 bytes each as the control plane sends them."""
+    return RuleSet(rules=[Rule.model_validate({
+        "id": f"deny-{i}", "match": {"apis": ["Produce"], "topics": {"prefix": [f"t{i}."]}},
+        "action": {"deny": {}}}) for i in range(count)])
+
+
+async def size_scenario() -> None:
+    small = load_rule_text(RULES_YAML, "r.yaml")
+    large = many_rules(15_000)
+    assert rules_snapshot("v2", large).resources[RULES][RULE_SET_RESOURCE].ByteSize() > 5 << 20
+    cache, fleet = SnapshotCache(), Fleet()
+    plane = Plane(cache, fleet)
+    await plane.start()
+    cache.set("xp-small", rules_snapshot("v1", small))
+    cache.set("xp-default", rules_snapshot("v2", large))
+    roomy, cramped = engine(), engine()
+    subscriptions = [
+        RuleSubscription(f"127.0.0.1:{plane.port}", roomy, "xp-default"),
+        RuleSubscription(f"127.0.0.1:{plane.port}", cramped, "xp-small",
+                         max_rule_set_bytes=1 << 20),
+    ]
+    tasks = [asyncio.create_task(s.run()) for s in subscriptions]
+    try:
+        # Over gRPC's 4 MiB default: delivered, applied, ACKed.
+        await until(lambda: subscriptions[0].version == "v2", timeout=60)
+        assert len(roomy.compiled) == 15_000
+        await until(lambda: fleet.nodes["xp-default"].of(RULES).acked_version == "v2")
+
+        # Over what an instance says it accepts: the control plane answers for it
+        # with a NACK naming both sizes, and sends nothing; the instance keeps v1.
+        await until(lambda: subscriptions[1].version == "v1")
+        node = fleet.nodes["xp-small"]
+        assert node.max_message_bytes == 1 << 20
+        cache.set("xp-small", rules_snapshot("v3", large))
+        await until(lambda: node.of(RULES).last_nack is not None)
+        state = node.of(RULES)
+        assert state.last_nack_version == "v3" and state.acked_version == "v1"
+        assert state.last_nack is not None and "more than the 1048576 this node accepts" \
+            in state.last_nack
+        assert subscriptions[1].version == "v1" and subscriptions[1].last_error is None
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await plane.stop()
+
+
+def test_rule_sets_over_4_mib_arrive_and_over_an_instances_limit_are_nacked() -> None:
+    """gRPC drops a message over the receiver's limit (4 MiB by default) without a
+    word: a 15,000-rule set (5.9 MB) never arrived and nobody NACKed it. Instances now accept
+    128 MiB and state their limit; over it, the control plane NACKs for them."""
+    asyncio.run(size_scenario())
+
+
+def test_an_instance_that_states_no_limit_is_taken_at_grpcs_default() -> None:
+    from envoy.config.core.v3 import base_pb2
+    from google.protobuf import struct_pb2
+
+    from control_plane.fleet import GRPC_DEFAULT_MAX_RECEIVE, NodeInfo
+
+    metadata = struct_pb2.Struct()
+    metadata.update({"keg.role": "ext_proc"})
+    old = NodeInfo.from_proto(base_pb2.Node(id="old", metadata=metadata))
+    assert old.max_message_bytes == GRPC_DEFAULT_MAX_RECEIVE
+    assert NodeInfo.from_proto(base_pb2.Node(id="envoy")).max_message_bytes is None

@@ -67,3 +67,17 @@ def test_an_unrelated_frame_meets_no_rule() -> None:
     assert COMPILED.relevant(ApiKey.PRODUCE, 9, "request", ["unrelated"], "User:nobody") == ()
     regex_hit = COMPILED.relevant(ApiKey.PRODUCE, 9, "request", ["logs-7-42"], None)
     assert [r.id for r in regex_hit] == ["r7"]
+
+
+def test_warm_builds_the_index_before_the_first_frame_and_versions_share_it() -> None:
+    """The index was built by the first frame that needed it: over 100,000 rules that
+    frame waited seconds, past Envoy's message timeout. `warm` builds it beforehand,
+    once for every version with the same candidates."""
+    compiled = CompiledRuleSet(load_rule_text(rules_text(100), "generated.yaml"))
+    compiled.warm()
+    assert len(compiled._entry_indexes) == 1  # Produce requests, every version alike
+    (built,) = compiled._entry_indexes.values()
+    for version in (3, 9, 11):
+        relevant = compiled.relevant(ApiKey.PRODUCE, version, "request", ["team-4.x"], None)
+        assert [r.id for r in relevant] == ["r4"]
+        assert compiled._indexes[(ApiKey.PRODUCE, version, "request")] is built

@@ -3,7 +3,6 @@ free loopback port, SQLite store): the commands go over real HTTP."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -11,21 +10,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator
 from control_plane.fleet import ENVOY, EXT_PROC, Fleet, NodeInfo, NodeStatus
 from control_plane.snapshot import RULES
 from control_plane.store import RuleStore, open_store
 from filter_rules import DEFAULT_RULES_DIR
 from keg.cli import app
 from keg.cli_rules import Rollout
+from tests.unit.control_plane.conftest import serving
 
 TOKEN = "gitops-token-0123456789"
 runner = CliRunner()
@@ -42,34 +40,10 @@ class LiveApi:
 def live_api(tmp_path: Path) -> Iterator[LiveApi]:
     store = open_store(None, tmp_path / "cp", validator=ruleset_validator())
     fleet = Fleet()
-    with _serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])),
+    with serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])),
                              fleet.status)) as url:
         yield LiveApi(url, store, fleet)
     store.close()
-
-
-@contextmanager
-def _serving(api: FastAPI) -> Iterator[str]:
-    started = threading.Event()
-    port: list[int] = []
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        server = await serve_api(api, "127.0.0.1", 0)
-        port.append(server.port)
-        started.set()
-        await stop.wait()
-        await server.stop()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    assert started.wait(10), "the API server did not start"
-    try:
-        yield f"http://127.0.0.1:{port[0]}"
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
 
 
 @pytest.fixture
@@ -295,7 +269,7 @@ def test_apply_wait_needs_a_fleet_view_and_no_watch(
     store = open_store(None, tmp_path / "cp", validator=ruleset_validator())
     directory = rules_dir(tmp_path, team=ONE)
     try:
-        with _serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])))) as url:
+        with serving(create_app(store, ApiSettings(tokens=Tokens.of([("ci", TOKEN)])))) as url:
             common = ["--api", url, "--token-file", str(token_file), "--wait"]
             result = runner.invoke(app, ["apply", str(directory), *common],
                                    env={"COLUMNS": "200"})
