@@ -18,12 +18,17 @@ once and readers de-duplicate by `event_id`.
 
 The spool is a directory (0700) of segment files (0600) `<n>.spool`, one JSON line per
 event, and `cursor` ("<segment> <offset>": the first byte not known delivered). A
-line torn by a crash mid-write (no newline) is skipped when its segment is read.
+line torn by a crash mid-write (no newline) is skipped when its segment is read. A
+spool is one process's (an exclusive lock on its `lock` file, released when the
+process ends, even by kill -9): two processes given the same directory would ship each
+other's events and move each other's cursor, so the second is refused (`SpoolInUse`);
+each worker of an ext_proc pool has its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import logging
@@ -43,6 +48,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ext_proc.audit import AuditEvent, to_json_line
+from ext_proc.private_files import open_private
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,10 @@ class Position:
     offset: int
 
 
+class SpoolInUse(ValueError):
+    """Another process (or another Spool) holds the spool directory."""
+
+
 class Spool:
     """Append-only segments with a delivered-up-to cursor (see the module docstring).
 
@@ -130,6 +140,7 @@ class Spool:
         self.segment_bytes = segment_bytes
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
+        self._owner = self._take_ownership()
         self._lock = threading.Lock()
         self.cursor = self._read_cursor()
         self._sizes: dict[int, int] = {}
@@ -276,12 +287,27 @@ class Spool:
     def _path(self, segment: int) -> Path:
         return self.directory / f"{segment:016d}.spool"
 
+    def _take_ownership(self) -> int:
+        """The spool's lock, held until `close` (or the process's end)."""
+        fd = open_private(self.directory / "lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolInUse(f"the audit spool {self.directory} is in use by another "
+                             "process: each ext_proc process needs a spool of its own "
+                             "(--audit-spool)") from None
+        return fd
+
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            os.close(self._owner)  # releases the lock
 
 
 # -- formats ---------------------------------------------------------------------------

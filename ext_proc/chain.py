@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -30,13 +30,12 @@ from ext_proc.filters import (
     ResponsePatch,
     combine,
 )
-from kafka_wire.api_keys import API_VERSIONS
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.errors import KafkaWireError
-from kafka_wire.framing import frame_bytes
+from kafka_wire.framing import Inspector, frame_bytes
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_VERSION: Final = 35
 _ERROR_CODE = struct.Struct(">h")
 _REQUEST_KEY = struct.Struct(">hh")  # api key, api version after the size prefix
 
@@ -49,6 +48,7 @@ class FilterChain:
         self._dynamic = any(f.dynamic for f in self.filters)
         # (api key, version, direction) -> the fixed-interest filters that want it.
         self._fixed: dict[Slot, tuple[Filter, ...]] = {}
+        self._plans: dict[tuple[int, int], ResponsePlan] = {}
 
     def interested(self, api_key: int, api_version: int,
                    direction: Direction) -> tuple[Filter, ...]:
@@ -72,6 +72,23 @@ class FilterChain:
         if fixed:
             return True
         return self._dynamic and any(f.dynamic and f.wants(*slot) for f in self.filters)
+
+    def response_plan(self, api_key: int, api_version: int) -> ResponsePlan:
+        """Whether a response must be held, or may pass with inspectors (every filter
+        that wants it works on its passing bytes)."""
+        slot = (api_key, api_version)
+        plan = self._plans.get(slot)
+        if plan is None or self._dynamic:
+            wanting = self.interested(api_key, api_version, RESPONSE)
+            streams = [f.stream_response(api_key, api_version) for f in wanting]
+            if not wanting:
+                plan = _PASS
+            elif all(s is not None for s in streams):
+                plan = ResponsePlan(False, tuple(s for s in streams if s is not None))
+            else:
+                plan = _HOLD
+            self._plans[slot] = plan
+        return plan
 
     def on_request(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                    conn: ConnectionInfo) -> RequestVerdict | None:
@@ -116,7 +133,7 @@ class FilterChain:
                 raise  # a rule must see this request: never let it through unread
             log.info("request forwarded unobserved: api %d v%d (%s)", api_key, api_version,
                      conn.describe())
-            return Judged(raw, want_response=self.wants(api_key, api_version, RESPONSE))
+            return Judged(raw, want_response=self.response_plan(api_key, api_version).hold)
         verdict = self.on_request(header, body, conn) or RequestVerdict()
         if verdict.answer is not None:
             answer = kafka_wire.encode_response(header.correlation_id, header.api_key,
@@ -125,7 +142,7 @@ class FilterChain:
                           expects_response=verdict.expects_response, delay_s=verdict.delay_s)
         want = verdict.expects_response and (
             verdict.patch is not None
-            or self.wants(header.api_key, header.api_version, RESPONSE))
+            or self.response_plan(header.api_key, header.api_version).hold)
         return Judged(kafka_wire.encode_request(header, body) if verdict.changed else raw,
                       expects_response=verdict.expects_response, want_response=want,
                       patch=verdict.patch, delay_s=verdict.delay_s, changed=verdict.changed)
@@ -136,10 +153,10 @@ class FilterChain:
         data = memoryview(raw)[4:]
         correlation_id, tags, offset = kafka_wire.read_response_header(data, api_key,
                                                                        api_version)
-        if api_key == API_VERSIONS and api_version > 0:
+        if api_key == ApiKey.API_VERSIONS and api_version > 0:
             # A broker answers an ApiVersions version it does not support in v0.
             (error,) = _ERROR_CODE.unpack_from(data, offset)
-            if error == UNSUPPORTED_VERSION:
+            if error == ErrorCode.UNSUPPORTED_VERSION:
                 api_version = 0
         body, _ = kafka_wire.decode_body(api_key, api_version, "response", data, offset)
         if not self.on_response(api_key, api_version, body, conn, patch):
@@ -147,6 +164,19 @@ class FilterChain:
         header = kafka_wire.write_response_header(correlation_id, api_key, api_version, tags)
         return frame_bytes(header + kafka_wire.encode_body(api_key, api_version, "response",
                                                            body))
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsePlan:
+    """`hold`: decode the response through the chain; else pass it, each of
+    `inspectors` (factories: one inspector per frame) shown its bytes as they go."""
+
+    hold: bool
+    inspectors: tuple[Callable[[], Inspector], ...] = ()
+
+
+_PASS: Final = ResponsePlan(False)
+_HOLD: Final = ResponsePlan(True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,13 +41,12 @@ from interceptors.contract import (
     RecordRejected,
 )
 from interceptors.custom import build_custom
+from kafka_wire import ApiKey
 from kafka_wire.compression import declared_size
 from kafka_wire.records import BatchView, Record, decode_records
 
 log = logging.getLogger(__name__)
 
-PRODUCE_API: Final = 0
-FETCH_API: Final = 1
 # The versions a record is judged at outside the data path (backtests, dry runs): the
 # newest a client speaks. Records do not change with versions; rules may restrict them.
 PLAN_VERSIONS: Final = {"produce": 13, "consume": 18}
@@ -58,10 +57,6 @@ Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]
 # Custom interceptors run here so a slow one costs its budget, not the event loop.
 _WORKERS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
                                                  thread_name_prefix="keg-interceptor")
-
-
-class StageTimeout(Exception):
-    """A custom interceptor ran past its budget on every attempt."""
 
 
 MiB: Final = 1024 * 1024
@@ -83,7 +78,9 @@ class RecordLimits:
     max_decompressed_per_batch: int = 32 * MiB
     max_records_per_frame: int = 500_000
     max_decompressed_per_frame: int = 128 * MiB
-    max_frame_seconds: float = 1.0  # checked every few hundred records
+    # Checked every few hundred records; below Envoy's message_timeout (5 s by default),
+    # past which Envoy would close the connection instead of the client being told.
+    max_frame_seconds: float = 4.0
 
 
 DEFAULT_LIMITS: Final = RecordLimits()
@@ -91,7 +88,12 @@ _CHECK_EVERY: Final = 256  # records between two looks at the clock
 
 
 class OverBudget(Exception):
-    """A frame asks for more record work than `RecordLimits` allows."""
+    """A frame asks for more record work than `RecordLimits` allows. `retriable` when
+    it ran out of time (a busy gateway may do it next time), not of records or bytes."""
+
+    def __init__(self, reason: str, retriable: bool = False) -> None:
+        super().__init__(reason)
+        self.retriable = retriable
 
 
 class FrameBudget:
@@ -130,7 +132,7 @@ class FrameBudget:
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
             raise OverBudget(f"record rules ran past the frame's "
-                             f"{self.limits.max_frame_seconds:g} s budget")
+                             f"{self.limits.max_frame_seconds:g} s budget", retriable=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,7 @@ class RecordEngine:
     def interested(self, api_key: int, api_version: int) -> bool:
         """Whether any record rule may apply to this Produce (request) or Fetch
         (response): if not, the frame is never decoded for records."""
-        direction = "request" if api_key == PRODUCE_API else "response"
+        direction = "request" if api_key == ApiKey.PRODUCE else "response"
         return self.rules.interested(api_key, api_version, direction)
 
     def plan(self, direction: RecordDirection, topic: str, ctx: MatchContext) -> tuple[Stage, ...]:
@@ -289,7 +291,7 @@ class RecordEngine:
                ctx.broker_id, ctx.api_version)
         stages = self._plans.get(key)
         if stages is None:
-            api, frame = (PRODUCE_API, "request") if direction == "produce" else (FETCH_API,
+            api, frame = (ApiKey.PRODUCE, "request") if direction == "produce" else (ApiKey.FETCH,
                                                                                    "response")
             frame_ctx = ctx.for_frame(api, ctx.api_version, frame)  # type: ignore[arg-type]
             stages = tuple(self._stages[r.id]
@@ -362,8 +364,8 @@ class RecordEngine:
                  client_host: str | None = None) -> RecordOutcome:
         """One record as the gateway would treat it (backtests, dry runs)."""
         api_version = PLAN_VERSIONS[record.direction]
-        ctx = MatchContext(api_key=PRODUCE_API if record.direction == "produce" else FETCH_API,
-                           api_version=api_version, principal=record.principal,
+        api_key = ApiKey.PRODUCE if record.direction == "produce" else ApiKey.FETCH
+        ctx = MatchContext(api_key=api_key, api_version=api_version, principal=record.principal,
                            client_id=client_id, client_host=client_host)
         return self.run([record], self.plan(record.direction, record.topic, ctx))[0]
 

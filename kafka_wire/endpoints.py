@@ -32,17 +32,10 @@ from functools import lru_cache
 from typing import Any, Final
 
 from kafka_wire._schema import StructSpec, registry
-from kafka_wire.api_keys import (
-    DESCRIBE_CLUSTER,
-    DESCRIBE_CONFIGS,
-    FETCH,
-    FIND_COORDINATOR,
-    METADATA,
-    PRODUCE,
-    SHARE_ACKNOWLEDGE,
-    SHARE_FETCH,
-)
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import UnknownApiError
+from kafka_wire.framing import Inspector
+from kafka_wire.skim import TagScanner, top_level_tag
 
 # A node id -> the (host, port) clients must use for it instead.
 Route = Callable[[int], tuple[str, int]]
@@ -54,12 +47,14 @@ class EndpointPolicy(enum.Enum):
     NOT_AN_ADDRESS = "not-an-address"
 
 
-DESCRIBE_ACLS, DELETE_ACLS = 29, 31
-STREAMS_GROUP_HEARTBEAT, STREAMS_GROUP_DESCRIBE = 88, 89
-BROKER_ENDPOINT_APIS: Final = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, PRODUCE,
-                                         FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE})
-NOT_ADDRESS_APIS: Final = frozenset({DESCRIBE_ACLS, DELETE_ACLS, STREAMS_GROUP_HEARTBEAT,
-                                     STREAMS_GROUP_DESCRIBE})
+BROKER_ENDPOINT_APIS: Final = frozenset({
+    ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE,
+    ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE,
+})
+NOT_ADDRESS_APIS: Final = frozenset({
+    ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS, ApiKey.STREAMS_GROUP_HEARTBEAT,
+    ApiKey.STREAMS_GROUP_DESCRIBE,
+})
 _NODE_ID_FIELDS: Final = ("NodeId", "BrokerId", "LeaderId")
 
 
@@ -113,17 +108,62 @@ def _response_plan(api_key: int, version: int) -> _Plan | None:
 def carries_endpoints(api_key: int, version: int) -> bool:
     """Whether this response version can hold an endpoint that must be rewritten or
     redacted (its schema has a Host field, and it is an address), or broker configs."""
-    if api_key == DESCRIBE_CONFIGS:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return True
     if endpoint_policy(api_key) is EndpointPolicy.NOT_AN_ADDRESS:
         return False
     return _response_plan(api_key, version) is not None
 
 
+NODE_ENDPOINTS: Final = "NodeEndpoints"
+# What a NodeEndpoints tag becomes in a passing response: a one-byte tag no schema uses
+# at that level, so the frame keeps its size and clients skip the field as unknown; its
+# bytes (the addresses) are zeroed.
+HIDDEN_TAG: Final = 0x7F
+
+
+@lru_cache(maxsize=1024)
+def streamed_endpoints_tag(api_key: int, version: int) -> int | None:
+    """The tag of the response's NodeEndpoints when those are its only endpoints, a
+    top-level tagged field after everything else (Produce v10+, Fetch v16+): such a
+    response need not be held, its leader hints can be hidden as its bytes pass."""
+    if endpoint_policy(api_key) is not EndpointPolicy.BROKER:
+        return None
+    plan = _response_plan(api_key, version)
+    if plan is None or plan.endpoint or [s[0] for s in plan.subs] != [NODE_ENDPOINTS]:
+        return None
+    return top_level_tag(api_key, version, NODE_ENDPOINTS)
+
+
+def hide_streamed_endpoints(api_key: int, version: int) -> Inspector:
+    """An inspector for a passing response (FrameSplitter.inspect_current) that turns its
+    NodeEndpoints (KIP-951 leader hints, broker addresses) into an unknown tag: clients
+    skip it and learn the new leader from Metadata, through the gateway."""
+    tag = streamed_endpoints_tag(api_key, version)
+    assert tag is not None
+    scanner = TagScanner(api_key, version, frozenset({tag}))
+    zeroed: list[tuple[int, int]] = []  # frame byte ranges still to zero: [start, end)
+
+    def inspect(chunk: memoryview, base: int) -> list[tuple[int, int]]:
+        seen = len(scanner.found)
+        scanner.feed(chunk, base)
+        changes = []
+        for at, _tag, data, size in scanner.found[seen:]:
+            changes.append((at, HIDDEN_TAG))
+            zeroed.append((data, data + size))
+        end = base + len(chunk)
+        for start, stop in zeroed:  # the field's data may reach into later chunks
+            changes += [(offset, 0) for offset in range(max(start, base), min(stop, end))]
+        zeroed[:] = [(start, stop) for start, stop in zeroed if stop > end]
+        return changes
+
+    return inspect
+
+
 def rewrite_endpoints(api_key: int, version: int, body: dict[str, Any], route: Route) -> bool:
     """Rewrite (brokers) or redact (controllers) every endpoint of a decoded response
     in place; True when something changed."""
-    if api_key == DESCRIBE_CONFIGS:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return rewrite_config_endpoints(body, route)
     policy = endpoint_policy(api_key)
     plan = _response_plan(api_key, version)
@@ -233,6 +273,8 @@ __all__ = [
     "Route",
     "carries_endpoints",
     "endpoint_policy",
+    "hide_streamed_endpoints",
     "rewrite_config_endpoints",
     "rewrite_endpoints",
+    "streamed_endpoints_tag",
 ]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from kafka_wire.api_keys import PRODUCE
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import FrameError
 
 _INT32 = struct.Struct(">i")
@@ -75,7 +75,10 @@ class Frame:
         return memoryview(self.raw)[4:]
 
 
-Piece = bytes | memoryview | Frame
+Piece = bytes | memoryview | bytearray | Frame
+# Shown the bytes of a passing frame (and their offset in the frame after its size
+# prefix); returns the (frame offset, new byte) changes to make, within those bytes.
+Inspector = Callable[[memoryview, int], list[tuple[int, int]]]
 Head = RequestHead | ResponseHead
 
 
@@ -118,11 +121,35 @@ class FrameSplitter:
         self._hold_parts: list[bytes | memoryview] = []
         self._hold_remaining = 0
         self._injected: list[bytes] = []
+        self._inspector: Inspector | None = None  # of the PASS frame going through
+        self._inspected = 0  # frame offset (after the size prefix) of its next byte
         self.frames_seen = 0
+        # In `decide`: the current frame's body bytes that are in this chunk (all of a
+        # small frame; the first part of a big one: `follow` gives the rest).
+        self.body_view: memoryview = memoryview(b"")
 
     def inject_before_current(self, data: bytes) -> None:
         """From inside `decide`: emit `data` in the stream just before the frame decided."""
         self._injected.append(data)
+
+    def follow(self, sink: Callable[[memoryview], None]) -> None:
+        """From inside `decide`, for a frame it passes: `sink` gets every later piece of
+        the frame (what follows `body_view`), in order, as it goes by (a read-only
+        inspector)."""
+        seen = self._head_size - 4 + len(self.body_view)  # frame offset after body_view
+
+        def rest(chunk: memoryview, base: int) -> list[tuple[int, int]]:
+            if base + len(chunk) > seen:
+                sink(chunk[max(0, seen - base):])
+            return []
+
+        self.inspect_current(rest)
+
+    def inspect_current(self, inspector: Inspector) -> None:
+        """From inside `decide`, for a PASS frame: show `inspector` the frame's bytes as
+        they pass (after the size prefix) and apply the byte changes it asks for. The
+        frame still passes as it arrives; a piece with a change goes on as a copy."""
+        self._inspector = inspector
 
     @property
     def at_frame_boundary(self) -> bool:
@@ -140,8 +167,17 @@ class FrameSplitter:
                 if pass_start < 0:
                     pass_start = pos
                 take = min(self._pass_remaining, n - pos)
+                if self._inspector is not None:
+                    patched = self._inspect(view, pos, take)
+                    if patched is not None:  # this run goes on as a changed copy
+                        if pos > pass_start:
+                            out.append(view[pass_start:pos])
+                        out.append(patched)
+                        pass_start = pos + take
                 pos += take
                 self._pass_remaining -= take
+                if not self._pass_remaining:
+                    self._inspector = None
                 continue
             if self._hold_remaining:
                 take = min(self._hold_remaining, n - pos)
@@ -173,8 +209,8 @@ class FrameSplitter:
 
             head = self._parse_head(head_bytes)
             self._check_size(head.size)
-            self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
+            self.body_view = view[pos : pos + body_left]
             decision = self._decide(head)
             if self._injected:
                 # Bytes the caller put before this frame: close the verbatim run first.
@@ -192,7 +228,13 @@ class FrameSplitter:
                 elif pass_start < 0:
                     pass_start = pos - self._head_size
                 self._pass_remaining = body_left
+                if self._inspector is not None:
+                    self._inspected = 0
+                    self._inspect(memoryview(head_bytes), 4, self._head_size - 4)
+                    if not body_left:
+                        self._inspector = None
             else:
+                self._inspector = None
                 if pass_start >= 0:
                     end = pos - self._head_size
                     if end > pass_start:
@@ -210,6 +252,20 @@ class FrameSplitter:
             else:
                 out.append(view[pass_start:pos])
         return out
+
+    def _inspect(self, view: memoryview, start: int, length: int) -> bytearray | None:
+        """Show the inspector `view[start:start+length]`; a changed copy if it asks."""
+        inspector = self._inspector
+        assert inspector is not None
+        base = self._inspected
+        self._inspected += length
+        changes = inspector(view[start : start + length], base)
+        if not changes:
+            return None
+        patched = bytearray(view[start : start + length])
+        for offset, value in changes:
+            patched[offset - base] = value
+        return patched
 
     def _check_size(self, size: int) -> None:
         if size < self._min_size:
@@ -313,7 +369,7 @@ class CorrelationTracker:
             elif entry.fate is Fate.FORWARDED:
                 if entry.correlation_id == correlation_id:
                     return entry, due
-                if entry.api_key != PRODUCE:  # only an acks=0 Produce goes unanswered
+                if entry.api_key != ApiKey.PRODUCE:  # only an acks=0 Produce goes unanswered
                     raise FrameError(f"response with correlation id {correlation_id} where "
                                      f"request {entry.correlation_id} was due")
         raise FrameError(f"response with correlation id {correlation_id} matches no request")

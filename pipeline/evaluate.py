@@ -31,15 +31,14 @@ from typing import TYPE_CHECKING, Any, Final
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_dir
 from interceptors.contract import BuildContext, InterceptedRecord, Interceptor
 from interceptors.engine import (
-    FETCH_API,
     PLAN_VERSIONS,
-    PRODUCE_API,
     RecordEngine,
     RecordOutcome,
     StepResult,
     default_builders,
     record_size,
 )
+from kafka_wire import ApiKey
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -410,7 +409,7 @@ def evaluate_batch(batch: pa.RecordBatch | pa.Table, candidate: RecordEngine,
     n = batch.num_rows
     ours, theirs = _Side(n), _Side(n) if live is not None else None
     for direction, topic, principal, rows in _group_rows(batch):
-        ctx = MatchContext(api_key=PRODUCE_API if direction == "produce" else FETCH_API,
+        ctx = MatchContext(api_key=ApiKey.PRODUCE if direction == "produce" else ApiKey.FETCH,
                            api_version=PLAN_VERSIONS[direction], principal=principal)
         stages = candidate.plan(direction, topic, ctx)  # type: ignore[arg-type]
         live_stages = live.plan(direction, topic, ctx) if live is not None else ()  # type: ignore[arg-type]

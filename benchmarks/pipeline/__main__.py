@@ -34,6 +34,7 @@ from benchmarks.pipeline.audit_data import duckdb_analysis, write_audit
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_dir
 from interceptors.capture import CaptureWriter, read_capture, to_row
 from interceptors.contract import InterceptedRecord
+from kafka_wire import ApiKey
 from pipeline.analyze import run_analyze
 from pipeline.backtest import evaluate_direct, evaluate_frame, load_rules
 from pipeline.cluster import LocalCluster
@@ -92,7 +93,7 @@ def data_path_rate(rules_dir: Path, records: list[InterceptedRecord]) -> float:
     start = time.perf_counter()
     for topic, items in by_topic.items():
         for offset in range(0, len(items), BATCH):
-            ctx = MatchContext(api_key=0, api_version=9, principal="User:alice")
+            ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal="User:alice")
             engine.run(items[offset:offset + BATCH], engine.plan("produce", topic, ctx))
     return len(records) / (time.perf_counter() - start)
 

@@ -15,12 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kafka_wire
 from ext_proc.audit import utc_timestamp
+from kafka_wire import ApiKey
 
 PRINCIPALS = [f'"User:svc-{i}"' for i in range(40)] + ["null"]
 CLIENTS = [f"client-{i}" for i in range(60)]
 TOPICS = [f'"orders.{i}"' for i in range(30)] + ['"events"', '"payments.eu"', "null"]
-APIS = [(0, "Produce"), (1, "Fetch"), (3, "Metadata"), (19, "CreateTopics")]
+APIS = [(int(key), kafka_wire.api_name(key))
+        for key in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.CREATE_TOPICS)]
 RULES = [("mask-pii", "mask"), ("deny-x", "deny"), ("observe-all", "observe"),
          ("cap-fetch", "safeguard"), ("validate-orders", "validate")]
 OUTCOMES = {"observed": 0, "denied": 29, "would-deny": 29, "modified": 0, "rejected": 87,

@@ -19,6 +19,10 @@ context for each frame it asked for:
   for all of it at once.
 - `on_response(ctx)`: the decoded response; `ctx.changed()` when it changed the body.
   An unchanged response is forwarded as its original bytes.
+- `stream_response(api_key, api_version)`: a filter that wants a response may offer
+  to do its work on the bytes as they pass instead (an `Inspector` factory, see
+  kafka_wire.framing): when every filter that wants a response offers one, the
+  response is not held; when it is held anyway, `on_response` does the work.
 
 Patches nest like middleware: the first filter's patch sees the answer last, so a
 filter that renames topics on the way in renames them back on the way out, whoever
@@ -35,6 +39,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
+from kafka_wire.framing import Inspector
 
 Direction = Literal["request", "response"]
 REQUEST: Direction = "request"
@@ -169,6 +174,9 @@ class Filter(Protocol):
 
     def on_response(self, ctx: ResponseContext) -> None: ...
 
+    def stream_response(self, api_key: int, api_version: int
+                        ) -> Callable[[], Inspector] | None: ...
+
 
 class BaseFilter:
     """Defaults: wants nothing, does nothing, interest fixed for the connection."""
@@ -182,4 +190,8 @@ class BaseFilter:
         return None
 
     def on_response(self, ctx: ResponseContext) -> None:
+        return None
+
+    def stream_response(self, api_key: int, api_version: int
+                        ) -> Callable[[], Inspector] | None:
         return None

@@ -16,12 +16,19 @@ instead of silently bypassing the gateway.
 from __future__ import annotations
 
 import logging
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import RESPONSE, BaseFilter, Direction, ResponseContext
-from kafka_wire.endpoints import carries_endpoints, rewrite_endpoints
+from kafka_wire.endpoints import (
+    carries_endpoints,
+    hide_streamed_endpoints,
+    rewrite_endpoints,
+    streamed_endpoints_tag,
+)
+from kafka_wire.framing import Inspector
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +45,15 @@ def endpoint_api_keys() -> frozenset[int]:
 
 
 class BrokerAddressRewriter(BaseFilter):
-    def __init__(self) -> None:
-        self.unknown_brokers = 0
-
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
         return direction == RESPONSE and carries_endpoints(api_key, api_version)
+
+    def stream_response(self, api_key: int, api_version: int) -> Callable[[], Inspector] | None:
+        """Produce v10+ and Fetch v16+ answers carry addresses only in their trailing
+        leader hints: they pass as they arrive, the hints hidden as the bytes go by."""
+        if streamed_endpoints_tag(api_key, api_version) is None:
+            return None
+        return partial(hide_streamed_endpoints, api_key, api_version)
 
     def on_response(self, ctx: ResponseContext) -> None:
         conn = ctx.conn
@@ -53,7 +64,6 @@ class BrokerAddressRewriter(BaseFilter):
         route = conn.routes.get(node)
         if route is not None:
             return route
-        self.unknown_brokers += 1
         log.warning("broker %s has no gateway listener yet; %s sent to its own listener",
                     node, conn.describe())
         if conn.gateway_route is None:

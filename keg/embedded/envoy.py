@@ -8,6 +8,7 @@ package of its own `envoy` and finds the binary through `envoy._bin`.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
@@ -22,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from control_plane.tls import ClientTls
+from keg.children import ENVOY, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
 
@@ -59,10 +62,12 @@ def render_bootstrap(
     delta: bool = False,
     locality: dict[str, str] | None = None,
     runtime: dict[str, Any] | None = None,
+    xds_tls: ClientTls | None = None,
 ) -> str:
     """The bootstrap template filled in; `delta` switches ADS to the incremental variant,
     `locality` ({region, zone, sub_zone}) places the node in the fleet view, `runtime`
-    is a static runtime layer (feature flags)."""
+    is a static runtime layer (feature flags), `xds_tls` reaches the control plane over
+    TLS (its certificate must name `xds_host`)."""
     text = Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
         NODE_ID=node_id,
         NODE_CLUSTER=node_cluster,
@@ -71,9 +76,12 @@ def render_bootstrap(
         ADMIN_HOST=admin_host,
         ADMIN_PORT=admin_port,
     )
-    if not delta and not locality and not runtime:
+    if not delta and not locality and not runtime and xds_tls is None:
         return text
     config = yaml.safe_load(text)
+    if xds_tls is not None:
+        config["static_resources"]["clusters"][0]["transport_socket"] = xds_transport_socket(
+            xds_tls, xds_host)
     if delta:
         config["dynamic_resources"]["ads_config"]["api_type"] = "DELTA_GRPC"
     if locality:
@@ -82,6 +90,28 @@ def render_bootstrap(
         config["layered_runtime"] = {"layers": [
             {"name": "keg", "static_layer": dict(runtime)}, {"name": "admin", "admin_layer": {}}]}
     return str(yaml.safe_dump(config, sort_keys=False))
+
+
+def xds_transport_socket(tls: ClientTls, host: str) -> dict[str, Any]:
+    """The xDS cluster's TLS (bootstrap YAML): the control plane's CA, its certificate
+    checked for `host`, and the node's own certificate for mutual TLS."""
+    try:
+        ipaddress.ip_address(host)
+        san_type, sni = "IP_ADDRESS", None
+    except ValueError:
+        san_type, sni = "DNS", host
+    common: dict[str, Any] = {"validation_context": {
+        "trusted_ca": {"filename": str(tls.ca_file)},
+        "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}]}}
+    if tls.cert_file is not None and tls.key_file is not None:
+        common["tls_certificates"] = [{"certificate_chain": {"filename": str(tls.cert_file)},
+                                       "private_key": {"filename": str(tls.key_file)}}]
+    context: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+                 "UpstreamTlsContext", "common_tls_context": common}
+    if sni is not None:
+        context["sni"] = sni
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
 
 class EmbeddedEnvoy(Service):
@@ -100,11 +130,14 @@ class EmbeddedEnvoy(Service):
         locality: dict[str, str] | None = None,
         extra_env: dict[str, str] | None = None,
         runtime: dict[str, Any] | None = None,
+        xds_tls: ClientTls | None = None,
     ) -> None:
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
-                                           delta=delta, locality=locality, runtime=runtime)
-        self._env = {**os.environ, **(extra_env or {})}
+                                           delta=delta, locality=locality, runtime=runtime,
+                                           xds_tls=xds_tls)
+        # Envoy's allow-list only: nothing of keg's own environment (keys, passwords).
+        self._env = child_environment(ENVOY, extra_env)
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +171,8 @@ class EmbeddedEnvoy(Service):
             "30",
         ]
         with self.log_path.open("ab") as logfile:
-            self._process = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT,
-                                             env=self._env)
+            self._process = subprocess.Popen(die_with_parent(cmd), stdout=logfile,
+                                             stderr=subprocess.STDOUT, env=self._env)
         deadline = time.monotonic() + timeout
         while not admin_file.exists() or not admin_file.read_text().strip():
             self._check_alive()
@@ -153,6 +186,14 @@ class EmbeddedEnvoy(Service):
         if self._process is not None and self._process.poll() is not None:
             tail = self.log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"envoy exited with {self._process.returncode}:\n{tail}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def poll(self) -> int | None:
+        """The exit code once Envoy has exited (the process reaped), None while it runs."""
+        return self._process.poll() if self._process is not None else None
 
     def admin(self, path: str) -> str:
         with urllib.request.urlopen(f"http://{self.admin_address}{path}", timeout=5) as resp:
