@@ -33,6 +33,7 @@ import io
 import json
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -51,6 +52,8 @@ from ext_proc.audit import AuditEvent, to_json_line
 from ext_proc.private_files import open_private
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines (its `logger` callback).
+client_log = logging.getLogger(__name__ + ".librdkafka")
 
 DEFAULT_TOPIC: Final = "_keg_audit"
 DEFAULT_SPOOL_BYTES: Final = 1 << 30
@@ -108,6 +111,49 @@ class KafkaAuditSettings:
             raise ValueError("the audit topic needs a name")
         if self.partitions < 1:
             raise ValueError("the audit topic needs at least one partition")
+
+
+# -- librdkafka's log -------------------------------------------------------------------
+
+# What differs between two reports of one problem: the client instance (a new producer
+# each time the shipper starts over), times and counts.
+_VARYING: Final = re.compile(r"#(producer|admin)-\d+|\d+(\.\d+)?\s*ms|\d+ (times|attempts)")
+
+
+class QuietRepeats(logging.Filter):
+    """While the audit cluster is down librdkafka reports the failed connection every
+    few hundred milliseconds, from every worker and every new producer: the first
+    report of a kind goes through, the same again at most once per `every_s`, saying
+    how many were held back. The outage itself is one warning of the shipper's."""
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 max_kinds: int = 1000) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._max_kinds = max_kinds
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind: (last let through, held)
+        self._lock = threading.Lock()  # librdkafka logs from its own threads
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = _VARYING.sub("", record.getMessage())
+        now = self._clock()
+        with self._lock:
+            last = self._kinds.get(kind)
+            if last is not None and now - last[0] < self.every_s:
+                self._kinds[kind] = (last[0], last[1] + 1)
+                return False
+            if len(self._kinds) >= self._max_kinds:
+                self._kinds.clear()
+            self._kinds[kind] = (now, 0)
+        if last is not None and last[1]:
+            record.msg = (f"{record.getMessage()} ({last[1]} more like it in the last "
+                          f"{now - last[0]:.0f} s)")
+            record.args = None
+        return True
+
+
+client_log.addFilter(QuietRepeats())
 
 
 # -- the spool ---------------------------------------------------------------------------
@@ -421,12 +467,12 @@ class KafkaAuditLog:
 
     def _producer_config(self) -> dict[str, Any]:
         config = {**PRODUCER_DEFAULTS, **self._client_config}
-        config.setdefault("logger", logging.getLogger(__name__ + ".librdkafka"))
+        config.setdefault("logger", client_log)
         return config
 
     def _create_topic(self) -> None:
         admin_config: dict[str, Any] = {**self._client_config}
-        admin_config.setdefault("logger", logging.getLogger(__name__ + ".librdkafka"))
+        admin_config.setdefault("logger", client_log)
         admin = self._make_admin(admin_config)
         topic = NewTopic(self.settings.topic, num_partitions=self.settings.partitions)
         future = admin.create_topics([topic], operation_timeout=10,

@@ -265,20 +265,27 @@ def test_kill_9_of_an_audit_producer_loses_nothing(env: Env) -> None:
     assert sum(stamped.values()) >= 20_000
 
 
+def produce_for(env: Env, topic: str, seconds: float) -> float:
+    """Records/s the gateway acknowledges over `seconds` of produce calls of 1,000."""
+    start, acked_before = time.monotonic(), env.acked[0]
+    while time.monotonic() - start < seconds:
+        produce(env.gateway.bootstrap, topic, 1000, env.acked)
+    return (env.acked[0] - acked_before) / (time.monotonic() - start)
+
+
 def test_an_audit_cluster_outage_holds_the_events_in_the_spool(env: Env) -> None:
     data = create_topic(env.kafka.bootstrap, partitions=2, name=f"audited-{uuid.uuid4().hex[:6]}")
     produce(env.gateway.bootstrap, data, 500, env.acked)  # the stream works: a baseline
     wait_for(env.drained, 60, "the first deliveries")
+    before = produce_for(env, data, 10)
     env.audit_cluster.stop()
     try:
         # 30 s without the audit cluster: the data path keeps answering.
-        start, acked_before = time.monotonic(), env.acked[0]
-        while time.monotonic() - start < 30:
-            produce(env.gateway.bootstrap, data, 1000, env.acked)
-        during = env.acked[0] - acked_before
+        during = produce_for(env, data, 30)
         assert during > 0
-        print(f"\nrecords acknowledged during the 30 s outage: {during} "
-              f"({during / (time.monotonic() - start):,.0f}/s)")
+        # Printed, never asserted (no timing assertions): the figure docs/audit.md quotes.
+        print(f"\nrecords/s acknowledged with the audit cluster up: {before:,.0f}; during "
+              f"the 30 s outage: {during:,.0f}")
         assert env.metric("keg_audit_spool_bytes") > 0
     finally:
         env.audit_cluster.start()

@@ -10,6 +10,7 @@ same code against a real broker: tests/integration/runtime/test_audit_stream.py.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -28,6 +29,7 @@ from ext_proc.audit_kafka import (
     KafkaAuditLog,
     KafkaAuditSettings,
     Position,
+    QuietRepeats,
     Spool,
     SpoolInUse,
 )
@@ -261,3 +263,26 @@ def test_avro_events_decode_to_the_json_record(tmp_path: Path,
     (payload,) = fake.topic_log
     assert payload[:2] == b"\xc3\x01"  # Avro single-object encoding
     assert AvroEncoder().decode(payload) == to_record(event)
+
+
+def test_librdkafka_repeating_itself_is_heard_once_a_minute() -> None:
+    now = [0.0]
+    quiet = QuietRepeats(every_s=60, clock=lambda: now[0])
+
+    def report(instance: int, after_ms: int) -> logging.LogRecord:
+        return logging.LogRecord(
+            "ext_proc.audit_kafka.librdkafka", logging.ERROR, __file__, 1,
+            "%s [%s] %s", ("FAIL", f"keg-audit#producer-{instance}",
+                           f"127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: "
+                           f"Connection refused (after {after_ms}ms in state CONNECT)"), None)
+
+    assert quiet.filter(report(1, 0))
+    # The same failure again and again, from new producers: held back for a minute.
+    held = [quiet.filter(report(n, n % 3)) for n in range(2, 300)]
+    assert not any(held)
+    other = logging.LogRecord("x", logging.ERROR, __file__, 1, "1/1 brokers are down", (), None)
+    assert quiet.filter(other)  # another kind of report goes through
+    now[0] = 61.0
+    again = report(301, 0)
+    assert quiet.filter(again)
+    assert again.getMessage().endswith("(298 more like it in the last 61 s)")
