@@ -1,9 +1,10 @@
 """`keg up` fronting a secured cluster from the command line alone: the broker's SASL_SSL
 listener (SCRAM-SHA-512, the session CA), TLS on the gateway's listeners, the SASL
 password from the environment. Clients log in end to end (the broker checks their
-SCRAM proof through the gateway), their principal shows in the audit log, and the
-password is in no log, no command line and no environment of a child that does not
-need it."""
+SCRAM proof through the gateway), their principal shows in the audit log and in the
+audit stream (`--audit-kafka`: produced to the same cluster as keg's service account,
+over SASL_SSL), and the password is in no log, no command line and no environment of a
+child that does not need it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import re
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from keg.embedded.certs import DevCa
 from keg.embedded.kafka import EmbeddedKafka
 from keg.security import SASL_PASSWORD_ENV
 from tests.integration.conftest import SASL_USERS, create_topic
+from tests.integration.runtime.test_audit_stream import topic_events, wait_for
 from tests.integration.runtime.test_keg_up import KegUp, keg_up
 from tests.integration.security.tls_clients import librdkafka_conf, produce_records
 
@@ -37,6 +40,9 @@ rules:
 READER_TOKEN = "reader-token-7f3a9c"
 
 
+AUDIT_TOPIC = f"_keg_audit_{uuid.uuid4().hex[:6]}"
+
+
 @contextmanager
 def secure_keg_up(kafka: EmbeddedKafka, ca: DevCa, tmp_path: Path) -> Iterator[KegUp]:
     rules = tmp_path / "rules"
@@ -51,6 +57,7 @@ def secure_keg_up(kafka: EmbeddedKafka, ca: DevCa, tmp_path: Path) -> Iterator[K
                 "--upstream-tls-ca", str(ca.cert_file),
                 "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "keg",
                 "--tls-cert", str(server.cert), "--tls-key", str(server.key),
+                "--audit-kafka", "--audit-kafka-topic", AUDIT_TOPIC,
                 "--log-level", "INFO",  # the most the logs say: no secret in them either
                 bootstrap=kafka.sasl_ssl_bootstrap,
                 environment={SASL_PASSWORD_ENV: SASL_USERS["keg"]}) as up:
@@ -121,6 +128,13 @@ def test_keg_up_fronts_a_sasl_ssl_scram_cluster_from_the_command_line(
             time.sleep(0.2)
         assert {"User:alice", "User:bob"} <= principals
         assert {e["security_protocol"] for e in events} == {"SASL_SSL"}
+        # The audit stream reached the cluster as keg (its SASL_SSL login, the password by
+        # environment): every event of both workers' files is in the topic.
+        assert "audit stream: topic " + AUDIT_TOPIC in up.wait_for(r"audit stream: .+").group(0)
+        ids = {e["event_id"] for e in events}
+        wait_for(lambda: ids <= {e["event_id"] for e in topic_events(kafka.bootstrap,
+                                                                     AUDIT_TOPIC)},
+                 60, "the audit stream to deliver the events")
         # The console's audit tail shows every worker's events, not only the first's.
         api = re.search(r"REST API: (http://\S+)/docs", up.output)
         assert api is not None, up.output
