@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,6 +13,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from control_plane.service import EXT_PROC_PATH
 from filter_rules import DEFAULT_RULES_DIR
 from keg.embedded.certs import DevCa
 from keg.embedded.kafka import BrokerTls, EmbeddedKafka, ensure_kafka, run_java_tool
@@ -68,12 +70,16 @@ def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
 
 
 EXAMPLES = DEFAULT_RULES_DIR.parent / "examples"
+# The data path a test's gateway runs unless the test names one: the suite runs once per
+# path (`make test`: ext-proc, then native); tests of one path's own behaviour name it.
+DATA_PATH = os.environ.get("KEG_TEST_DATA_PATH", EXT_PROC_PATH)
 
 
 def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:
     """A gateway in front of the session's broker: ports picked free, quiet logs."""
     base: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap, "listen_port_base": 0,
-                            "work_dir": work_dir, "ext_proc_log_level": "WARNING"}
+                            "work_dir": work_dir, "ext_proc_log_level": "WARNING",
+                            "data_path": DATA_PATH}
     return GatewaySettings(**(base | overrides))
 
 

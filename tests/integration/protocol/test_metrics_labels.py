@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.service import free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
+from keg.gateway import Gateway
 from tests.dashboard import exposed, unknown_references
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, gateway_settings
 
 pytestmark = pytest.mark.integration
 
@@ -72,9 +72,8 @@ def metered(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     rules = base / "rules"
     rules.mkdir()
     (rules / "rules.yaml").write_text(RULES)
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, metrics_port=free_port(), work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING")
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules,
+                                metrics_port=free_port())
     with Gateway(settings) as gateway:
         yield Metered(gateway, rules)
 

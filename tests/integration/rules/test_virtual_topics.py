@@ -34,7 +34,8 @@ from control_plane.topology import SaslPlain
 from kafka_wire import ApiKey
 from kafka_wire.group_protocol import encode_subscription
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
+from keg.gateway import Gateway
+from tests.integration.conftest import gateway_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -85,11 +86,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (rules / "rules.yaml").write_text(RULES)
     metrics_port = free_port()
     with EmbeddedKafka(sasl_users=USERS) as kafka:
-        settings = GatewaySettings(
-            bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
-            sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, metrics_port=metrics_port,
-            work_dir=base / "envoy", ext_proc_log_level="WARNING",
-        )
+        settings = gateway_settings(
+            kafka, base / "envoy", bootstrap_servers=kafka.sasl_bootstrap,
+            sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, metrics_port=metrics_port)
         with Gateway(settings) as gateway:
             yield Env(kafka, gateway, metrics_port, base)
 
