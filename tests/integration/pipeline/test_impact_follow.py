@@ -24,9 +24,9 @@ from confluent_kafka.admin import AdminClient
 
 from control_plane.service import free_port
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import ApiOptions, AuditStream, Gateway, GatewaySettings
+from keg.gateway import ApiOptions, AuditStream, Gateway
 from pipeline.inputs import KafkaInput
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, gateway_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,13 +71,12 @@ def gateway(kafka: EmbeddedKafka, tmp_path: Path) -> Iterator[tuple[Gateway, str
     (rules / "rules.yaml").write_text(RULES)
     topic = f"_keg_audit_{uuid.uuid4().hex[:6]}"
     api_port = free_port()
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
+    settings = gateway_settings(
+        kafka, tmp_path / "work", rules_dir=rules,
         audit_log=tmp_path / "audit" / "audit.jsonl", ext_proc_workers=2, envoy_concurrency=2,
         audit_kafka=AuditStream(topic=topic, spool_dir=tmp_path / "spool"),
         api=ApiOptions(data_dir=tmp_path / "api", port=api_port, public_reads=True,
-                       impact_dir=tmp_path / "impact"),
-        work_dir=tmp_path / "work", ext_proc_log_level="WARNING")
+                       impact_dir=tmp_path / "impact"))
     with Gateway(settings) as gw:
         yield gw, topic, tmp_path, f"http://127.0.0.1:{api_port}"
 

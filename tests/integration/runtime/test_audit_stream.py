@@ -28,8 +28,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import AuditStream, Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import AuditStream, Gateway
+from tests.integration.conftest import DATA_PATH, create_topic, gateway_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 WORKERS = 2
@@ -105,17 +105,16 @@ def env(request: pytest.FixtureRequest, kafka: EmbeddedKafka, audit_cluster: Emb
     rules.mkdir()
     (rules / "rules.yaml").write_text(RULES)
     topic = f"_keg_audit_{uuid.uuid4().hex[:6]}"
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
+    settings = gateway_settings(
+        kafka, tmp_path / "work", rules_dir=rules,
         audit_log=tmp_path / "audit" / "audit.jsonl", metrics_port=0,
         ext_proc_workers=WORKERS, envoy_concurrency=2,
-        data_path=getattr(request, "param", "ext-proc"),
+        data_path=getattr(request, "param", DATA_PATH),
         audit_kafka=AuditStream(
             bootstrap_servers=audit_cluster.bootstrap, topic=topic,
             # Deliveries give up after 10 s (then the shipper starts over): a 30 s
             # outage is seen as one, and the test need not wait out librdkafka's 30 s.
-            config=(("message.timeout.ms", "10000"),), spool_dir=tmp_path / "spool"),
-        work_dir=tmp_path / "work", ext_proc_log_level="WARNING")
+            config=(("message.timeout.ms", "10000"),), spool_dir=tmp_path / "spool"))
     with Gateway(settings) as gateway:
         yield Env(kafka, audit_cluster, gateway, topic)
 
