@@ -38,6 +38,7 @@ from keg.security import SERVICE_PASSWORD_ENV
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
     from ext_proc import ExtProcServer, ProcessorSettings
+    from ext_proc.audit_kafka import AuditFormat
     from filter_rules import RuleSet
     from keg.gateway import Gateway
 
@@ -92,10 +93,12 @@ def _properties(items: list[str] | None, option: str, password_env: str) -> list
     return pairs
 
 
-def _audit_format(value: str) -> str:
-    if value not in ("json", "avro"):
-        raise _fail(f"--audit-format is json or avro, not {value!r}")
-    return value
+def _audit_format(value: str) -> AuditFormat:
+    if value == "json":
+        return "json"
+    if value == "avro":
+        return "avro"
+    raise _fail(f"--audit-format is json or avro, not {value!r}")
 
 
 def _default_data_dir() -> Path:
@@ -506,7 +509,7 @@ def ext_proc_cmd(
             bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
             config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
                                      AUDIT_KAFKA_PASSWORD_ENV)),
-            format=_audit_format(audit_format),  # type: ignore[arg-type]
+            format=_audit_format(audit_format),
             spool_dir=audit_spool or cache_dir() / "audit-spool" / f"ext-proc-{port}",
             spool_max_bytes=audit_spool_max_bytes)
     from ext_proc.sasl.login import SaslCredentials
