@@ -183,6 +183,8 @@ class ControlPlaneSettings:
     # "ext-proc": the ext_proc chain everywhere.
     data_path: str = "ext-proc"
     max_frame_size: int = 100 * 1024 * 1024
+    # What keg's native filter may hold in frames being assembled, per Envoy process.
+    max_held_bytes: int = 256 * 1024 * 1024
     # Where keg's native filter hands frames to (host:port of the ext_proc service's
     # workers, frames mode); empty: the ext_proc service above.
     handoff_endpoints: tuple[str, ...] = ()
@@ -417,6 +419,7 @@ class ControlPlane:
         if base is None:
             filter_ = NativeFilter(route_table=f"keg/{group.name or 'default'}",
                                    max_frame_size=self.settings.max_frame_size,
+                                   max_held_bytes=self.settings.max_held_bytes,
                                    interest=self.native_interest()) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,

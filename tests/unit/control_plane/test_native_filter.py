@@ -121,6 +121,21 @@ def test_a_route_change_changes_the_filter_config_not_the_listeners() -> None:
     asyncio.run(scenario())
 
 
+def test_the_gateways_frame_limits_reach_the_module() -> None:
+    """The bytes the module may hold for frames being assembled are the gateway's
+    setting (keg up --max-held-bytes), not the module's own default."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native", max_frame_size=2 << 20, max_held_bytes=32 << 20))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        config = _module_config(plane, "envoy")
+        assert (config["max_frame_size"], config["max_held_bytes"]) == (2 << 20, 32 << 20)
+
+    asyncio.run(scenario())
+
+
 def test_ext_proc_data_path_everywhere_unless_native_is_asked_for() -> None:
     async def scenario() -> None:
         plane = ControlPlane(ControlPlaneSettings(
