@@ -84,7 +84,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if DATA_PATH_ENV not in os.environ:
         return
     here = Path(__file__).parent
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         path = Path(str(item.path))
         follows = (here in path.parents and path.parent.name != "native"
