@@ -12,6 +12,12 @@
 //! a frame held to be examined or handed off, what waits behind a hand-off) are copied
 //! into it: Envoy owns its buffers once the hook returns.
 //!
+//! TLS: at the client's first bytes (the handshake is done by then) the filter asks
+//! Envoy whether the connection is TLS and, on a mutual-TLS listener (the config has
+//! principal mapping rules), reads the client certificate's subject and URI SANs and
+//! maps them to the connection's principal (`core::tls_principal`); a certificate no
+//! rule maps closes the connection, as a broker refuses it.
+//!
 //! Hand-offs: frames the interest table selects go to the hand-off thread
 //! ([`crate::handoff`]); on the first one the filter makes an Envoy scheduler and a
 //! [`Link`]. Answers come back through `on_network_filter_scheduled`, on the worker
