@@ -68,8 +68,9 @@ class MtlsEnv:
 
 
 @contextmanager
-def mtls_gateway(kafka: EmbeddedKafka, dev_ca: DevCa, base: Path,
-                 data_path: str) -> Iterator[MtlsEnv]:
+def mtls_gateway(kafka: EmbeddedKafka, dev_ca: DevCa, base: Path, data_path: str,
+                 principal_mapping_rules: str = "RULE:^CN=(.*?),OU=people,.*$/$1/L",
+                 principal_from: str = "subject") -> Iterator[MtlsEnv]:
     rules = base / "rules"
     rules.mkdir()
     (rules / "secrets.yaml").write_text(RULES)
@@ -78,10 +79,12 @@ def mtls_gateway(kafka: EmbeddedKafka, dev_ca: DevCa, base: Path,
         bootstrap_servers=kafka.ssl_bootstrap, listen_port_base=0, work_dir=base / "work",
         ext_proc_log_level="WARNING", rules_dir=rules, audit_log=base / "audit.jsonl",
         tls=ListenerTls(server.cert, server.key, dev_ca.cert_file,
-                        principal_mapping_rules="RULE:^CN=(.*?),OU=people,.*$/$1/L"),
+                        principal_mapping_rules=principal_mapping_rules,
+                        principal_from=principal_from),
         upstream_tls=UpstreamTls(dev_ca.cert_file), data_path=data_path)
-    alice = dev_ca.client("alice", "Alice", "people")
-    bob = dev_ca.client("bob", "Bob", "people")
+    # Subjects for the subject rules, SPIFFE ids (URI SANs) for the uri_san ones.
+    alice = dev_ca.client("alice", "Alice", "people", uri="spiffe://keg/sa/alice")
+    bob = dev_ca.client("bob", "Bob", "people", uri="spiffe://keg/sa/bob")
     with Gateway(settings) as gateway:
         yield MtlsEnv(gateway, dev_ca, alice, bob, base / "audit.jsonl", base)
 
@@ -190,6 +193,22 @@ def test_the_certificate_names_the_principal_a_rule_allows_alice_denies_bob(
     events = [e for e in mtls.audit_events("secrets-only-alice") if e["topic"] == topic]
     assert {e["principal"] for e in events} == {"User:bob"}
     assert {e["security_protocol"] for e in events} == {"SSL"}
+
+
+def test_the_first_uri_san_names_the_principal_on_the_native_path(
+        kafka: EmbeddedKafka, dev_ca: DevCa, tmp_path: Path) -> None:
+    """`principal_from: uri_san`: keg's filter reads the certificate's URI SANs through
+    Envoy's ABI and maps the SPIFFE id, as the ext_proc path does."""
+    with mtls_gateway(kafka, dev_ca, tmp_path, NATIVE,
+                      principal_mapping_rules=r"RULE:^spiffe:\/\/keg\/sa\/(.*)$/$1/",
+                      principal_from="uri_san") as mtls:
+        topic = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:8]}")
+        alice = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.alice)
+        bob = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.bob)
+        assert produce_records(alice, topic, 2) == [None] * 2
+        assert produce_records(bob, topic, 1) == ["TOPIC_AUTHORIZATION_FAILED"]
+        events = mtls.audit_events("secrets-only-alice")
+        assert {(e["principal"], e["security_protocol"]) for e in events} == {("User:bob", "SSL")}
 
 
 def test_a_certificate_no_mapping_rule_applies_to_is_refused(
