@@ -318,7 +318,7 @@ def up(
             if gateway.app is not None and gateway.app.api_server is not None:
                 api = f"http://127.0.0.1:{gateway.app.api_server.port}"
                 console.print(f"REST API: {api}/docs   console: {api}/console "
-                              "(writes need a token: --api-tokens or KEG_API_TOKENS)")
+                              "(reads and writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
     except StateInUse as err:
