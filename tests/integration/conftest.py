@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import uuid
@@ -72,7 +73,34 @@ def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
 EXAMPLES = DEFAULT_RULES_DIR.parent / "examples"
 # The data path a test's gateway runs unless the test names one: the suite runs once per
 # path (`make test`: ext-proc, then native); tests of one path's own behaviour name it.
-DATA_PATH = os.environ.get("KEG_TEST_DATA_PATH", EXT_PROC_PATH)
+DATA_PATH_ENV = "KEG_TEST_DATA_PATH"
+DATA_PATH = os.environ.get(DATA_PATH_ENV, EXT_PROC_PATH)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With KEG_TEST_DATA_PATH set (the second path's pass), only the tests whose gateway
+    follows it run: those using the session's `gateway` fixture or `gateway_settings`.
+    The others (a path of their own, `keg up`, no gateway) ran in the first pass."""
+    if DATA_PATH_ENV not in os.environ:
+        return
+    here = Path(__file__).parent
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        path = Path(str(item.path))
+        follows = (here in path.parents and path.parent.name != "native"
+                   and item.get_closest_marker("one_data_path") is None) and (
+            "gateway" in getattr(item, "fixturenames", ())
+            or _builds_gateway_settings(path))
+        (kept if follows else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@functools.cache
+def _builds_gateway_settings(path: Path) -> bool:
+    return "gateway_settings(" in path.read_text()
 
 
 def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:

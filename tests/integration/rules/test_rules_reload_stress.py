@@ -49,7 +49,7 @@ from confluent_kafka import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.service import free_port
+from control_plane.service import EXT_PROC_PATH, free_port
 from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
@@ -177,8 +177,10 @@ class Env:
                 "network_ext_proc": f"network_ext_proc.{route.listener_name}",
                 "cluster": f"cluster.{route.cluster_name}",
             }
+            if self.gateway.settings.data_path != EXT_PROC_PATH:
+                del scopes["network_ext_proc"]  # keg's own filter is in its place
             wanted += [f"{scopes[scope]}.{stat}" for scope, stats in CONNECTION_STATS.items()
-                       for stat in stats]
+                       if scope in scopes for stat in stats]
         found = {}
         for line in self.gateway.envoy.admin("/stats").splitlines():
             name, _, value = line.partition(": ")
