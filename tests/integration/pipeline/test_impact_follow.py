@@ -31,7 +31,8 @@ from tests.integration.conftest import create_topic, gateway_settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.integration
+# The streaming query is the subject, not the data path: once, on the default path.
+pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]
 
 RULES = """\
 apiVersion: keg/v1

@@ -196,6 +196,8 @@ def check_complete(events: list[dict[str, Any]]) -> None:
             assert event["partition"] is not None
 
 
+# Both paths here, in each pass: the native pass (KEG_TEST_DATA_PATH) skips it.
+@pytest.mark.one_data_path
 @pytest.mark.parametrize("env", ["ext-proc", "native"], indirect=True)
 def test_one_event_per_decision_with_every_field(env: Env) -> None:
     # Each worker its own spool (and, below, event ids that never collide between them:
