@@ -173,14 +173,10 @@ def _streams(payload: bytes, out: Outcome) -> None:
         tracker.reserve(head).forward(hold_response=True)
         return Decision.HOLD
 
-    splitter = FrameSplitter(requests=True, decide=on_request, max_frame_size=MAX_FRAME)
-    try:
-        for chunk in _chunks(requests, seed):
-            for piece in splitter.feed(chunk):
-                assert isinstance(piece, Frame)
-                _request_frame(piece.raw[4:], groups, envelopes, out)
-    except KafkaWireError:
-        out.streams_cut += 1
+    _each_held_frame(
+        requests, True, on_request, seed, out,
+        lambda frame: _request_frame(frame, groups, envelopes, out),
+    )
 
     answered: deque[InFlight] = deque()
 
@@ -188,12 +184,27 @@ def _streams(payload: bytes, out: Outcome) -> None:
         answered.append(tracker.answered(head.correlation_id)[0])
         return Decision.HOLD
 
-    splitter = FrameSplitter(requests=False, decide=on_response, max_frame_size=MAX_FRAME)
+    _each_held_frame(
+        responses, False, on_response, seed, out,
+        lambda frame: _response_frame(frame, answered.popleft(), groups, envelopes, out),
+    )
+
+
+def _each_held_frame(
+    stream: bytes,
+    requests: bool,
+    decide: Callable[[Head], Decision],
+    seed: int,
+    out: Outcome,
+    on_frame: Callable[[bytes], None],
+) -> None:
+    """Split `stream` holding every frame; each frame's bytes after the size go to on_frame."""
+    splitter = FrameSplitter(requests=requests, decide=decide, max_frame_size=MAX_FRAME)
     try:
-        for chunk in _chunks(responses, seed):
+        for chunk in _chunks(stream, seed):
             for piece in splitter.feed(chunk):
                 assert isinstance(piece, Frame)
-                _response_frame(piece.raw[4:], answered.popleft(), groups, envelopes, out)
+                on_frame(piece.raw[4:])
     except KafkaWireError:
         out.streams_cut += 1
 

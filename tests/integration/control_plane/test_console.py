@@ -24,7 +24,7 @@ from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import ApiOptions, Gateway, GatewaySettings
 from keg.paths import REPO_ROOT
 from tests.browser import Browser, needs_chromium
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, rule_dir
 
 pytestmark = [pytest.mark.integration, needs_chromium]
 
@@ -81,9 +81,7 @@ class Console:
 @pytest.fixture(scope="module")
 def console(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     base = tmp_path_factory.mktemp("console")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     (base / "tokens").write_text(f"console-user:{TOKEN}\n")
     settings = GatewaySettings(
         bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,

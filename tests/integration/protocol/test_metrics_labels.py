@@ -24,7 +24,7 @@ from control_plane.service import free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway, GatewaySettings
 from tests.dashboard import exposed, unknown_references
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, rule_dir
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +69,7 @@ class Metered:
 @pytest.fixture(scope="module")
 def metered(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metered]:
     base = tmp_path_factory.mktemp("metrics")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
                                rules_dir=rules, metrics_port=free_port(), work_dir=base / "envoy",
                                ext_proc_log_level="WARNING")

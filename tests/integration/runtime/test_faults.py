@@ -56,7 +56,7 @@ from keg.gateway import (
 )
 from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
-from tests.integration.conftest import create_topic, produce_one
+from tests.integration.conftest import create_topic, produce_one, rule_dir
 from tests.integration.runtime.faults import run_through_fault, stored_values, wait_serving
 from tests.integration.runtime.test_keg_up import KegUp, run_keg_up
 
@@ -329,9 +329,7 @@ class SplitGateway:
     def __init__(self, kafka: EmbeddedKafka, base: Path) -> None:
         self.kafka = kafka
         self.base = base
-        self.rules = base / "rules"
-        self.rules.mkdir()
-        (self.rules / "observe.yaml").write_text(OBSERVE)
+        self.rules = rule_dir(base / "rules", {"observe.yaml": OBSERVE})
         self.xds_port, self.api_port, self.ext_proc_port = free_port(), free_port(), free_port()
         self.listen_port = free_port()  # one broker: its listener
         self.supervisor = Supervisor()
