@@ -43,6 +43,7 @@ import yaml
 from confluent_kafka import KafkaError, Message, Producer
 
 from control_plane.service import free_port
+from keg.children import stop_process
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.embedded.kafka import EmbeddedKafka, kafka_home
 from keg.gateway import (
@@ -411,13 +412,7 @@ class SplitGateway:
         self.supervisor.stop()
         self.envoy.stop()
         for process in (self.ext_proc, self.control_plane):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, grace_s=15)
 
 
 def test_verifiable_clients_through_a_kill_of_the_control_plane(
