@@ -460,9 +460,9 @@ def _acl_filter_request(version: int, entry: dict[str, Any], renames: Renames,
     return changed
 
 
-def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
-    if kind == "request":
-        return _acl_filter_request(version, body, renames, deleting=False)
+def _response_acls(renames: Renames, container: dict[str, Any], field: str) -> bool:
+    """The ACL resources a response lists in container[field]: renamed for the tenant,
+    other tenants' dropped; whether anything changed."""
     changed = False
 
     def one(resource: dict[str, Any]) -> bool:
@@ -472,10 +472,16 @@ def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renam
         changed |= c
         return keep
 
-    kept, dropped = _filter_entries(body.get("Resources"), one)
+    kept, dropped = _filter_entries(container.get(field), one)
     if dropped:
-        body["Resources"] = kept
+        container[field] = kept
     return changed or dropped
+
+
+def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
+    if kind == "request":
+        return _acl_filter_request(version, body, renames, deleting=False)
+    return _response_acls(renames, body, "Resources")
 
 
 def _delete_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
@@ -485,17 +491,7 @@ def _delete_acls(version: int, kind: str, body: dict[str, Any], renames: Renames
             changed |= _acl_filter_request(version, f, renames, deleting=True)
         return changed
     for result in body.get("FilterResults") or []:
-        def one(acl: dict[str, Any]) -> bool:
-            nonlocal changed
-            c, keep = _acl_resource(renames, acl, "ResourceType", "ResourceName",
-                                    "PatternType", "response")
-            changed |= c
-            return keep
-
-        kept, dropped = _filter_entries(result.get("MatchingAcls"), one)
-        if dropped:
-            result["MatchingAcls"] = kept
-            changed = True
+        changed |= _response_acls(renames, result, "MatchingAcls")
     return changed
 
 
