@@ -393,66 +393,61 @@ class _Topics:
     outer: _Outer | None = None
 
 
+# Where each API's request and response keep their topics (newest layout).
+_TOPICS: Final[Mapping[int, _Topics]] = {
+    ApiKey.PRODUCE: _Topics("TopicData", "Responses", _produce_topic, _named_or_id("Name")),
+    ApiKey.FETCH: _Topics("Topics", "Responses", _fetch_topic, _named_or_id("Topic")),
+    ApiKey.LIST_OFFSETS: _Topics("Topics", "Topics", _list_offsets_topic, _named("Name")),
+    ApiKey.METADATA: _Topics("Topics", "Topics", _metadata_topic, _named_or_id("Name")),
+    ApiKey.OFFSET_COMMIT: _Topics(
+        "Topics", "Topics", _offset_commit_topic, _named_or_id("Name")),
+    ApiKey.OFFSET_FETCH: _Topics(
+        "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
+        _Outer("Groups", "Groups", _offset_fetch_group)),
+    ApiKey.CREATE_TOPICS: _Topics("Topics", "Topics", _create_topics_topic, _named("Name")),
+    ApiKey.DELETE_TOPICS: _Topics(
+        "Topics", "Responses", _delete_topics_topic, _named_or_id("Name")),
+    ApiKey.DELETE_RECORDS: _Topics("Topics", "Topics", _delete_records_topic, _named("Name")),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: _Topics(
+        "Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic")),
+    ApiKey.ADD_PARTITIONS_TO_TXN: _Topics(
+        "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
+        _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn)),
+    ApiKey.TXN_OFFSET_COMMIT: _Topics(
+        "Topics", "Topics", _txn_offset_commit_topic, _named("Name")),
+    ApiKey.DESCRIBE_CONFIGS: _Topics(
+        "Resources", "Results", _describe_configs_resource, _topic_resource),
+    ApiKey.ALTER_CONFIGS: _Topics("Resources", "Responses", _config_resource, _topic_resource),
+    ApiKey.CREATE_PARTITIONS: _Topics(
+        "Topics", "Results", _create_partitions_topic, _named("Name")),
+    ApiKey.ELECT_LEADERS: _Topics(
+        "TopicPartitions", "ReplicaElectionResults", _elect_leaders_topic, _named("Topic")),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _Topics(
+        "Resources", "Responses", _config_resource, _topic_resource),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: _Topics(
+        "Topics", "Responses", _reassignment_topic, _named("Name")),
+    ApiKey.OFFSET_DELETE: _Topics("Topics", "Topics", _offset_delete_topic, _named("Name")),
+    ApiKey.DESCRIBE_PRODUCERS: _Topics(
+        "Topics", "Topics", _describe_producers_topic, _named("Name")),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: _Topics(
+        "Topics", "Topics", _describe_topic_partitions_topic, _named("Name")),
+}
+# The older layouts: (the first version with the newest layout, where they were before).
+_OLDER_TOPICS: Final[Mapping[int, tuple[int, _Topics]]] = {
+    ApiKey.OFFSET_FETCH: (8, _Topics("Topics", "Topics", _offset_fetch_topic, _named("Name"))),
+    ApiKey.DELETE_TOPICS: (
+        6, _Topics("TopicNames", "Responses", _delete_topics_topic, _plain_name)),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (4, _Topics(
+        "V3AndBelowTopics", "ResultsByTopicV3AndBelow", _add_partitions_topic, _named("Name"))),
+}
+
+
 def _topics_of(api_key: int, version: int) -> _Topics | None:
     """Where `api_key`'s request and response keep their topics at `version`."""
-    if api_key == 0:
-        return _Topics("TopicData", "Responses", _produce_topic, _named_or_id("Name"))
-    if api_key == 1:
-        return _Topics("Topics", "Responses", _fetch_topic, _named_or_id("Topic"))
-    if api_key == 2:
-        return _Topics("Topics", "Topics", _list_offsets_topic, _named("Name"))
-    if api_key == 3:
-        return _Topics("Topics", "Topics", _metadata_topic, _named_or_id("Name"))
-    if api_key == 8:
-        return _Topics("Topics", "Topics", _offset_commit_topic, _named_or_id("Name"))
-    if api_key == 9:
-        if version < 8:
-            return _Topics("Topics", "Topics", _offset_fetch_topic, _named("Name"))
-        return _Topics(
-            "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
-            _Outer("Groups", "Groups", _offset_fetch_group),
-        )
-    if api_key == 19:
-        return _Topics("Topics", "Topics", _create_topics_topic, _named("Name"))
-    if api_key == 20:
-        if version < 6:
-            return _Topics("TopicNames", "Responses", _delete_topics_topic, _plain_name)
-        return _Topics("Topics", "Responses", _delete_topics_topic, _named_or_id("Name"))
-    if api_key == 21:
-        return _Topics("Topics", "Topics", _delete_records_topic, _named("Name"))
-    if api_key == 23:
-        return _Topics("Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic"))
-    if api_key == 24:
-        if version < 4:
-            return _Topics(
-                "V3AndBelowTopics", "ResultsByTopicV3AndBelow", _add_partitions_topic,
-                _named("Name"),
-            )
-        return _Topics(
-            "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
-            _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn),
-        )
-    if api_key == 28:
-        return _Topics("Topics", "Topics", _txn_offset_commit_topic, _named("Name"))
-    if api_key == 32:
-        return _Topics("Resources", "Results", _describe_configs_resource, _topic_resource)
-    if api_key in (33, 44):
-        return _Topics("Resources", "Responses", _config_resource, _topic_resource)
-    if api_key == 37:
-        return _Topics("Topics", "Results", _create_partitions_topic, _named("Name"))
-    if api_key == 43:
-        return _Topics(
-            "TopicPartitions", "ReplicaElectionResults", _elect_leaders_topic, _named("Topic")
-        )
-    if api_key == 45:
-        return _Topics("Topics", "Responses", _reassignment_topic, _named("Name"))
-    if api_key == 47:
-        return _Topics("Topics", "Topics", _offset_delete_topic, _named("Name"))
-    if api_key == 61:
-        return _Topics("Topics", "Topics", _describe_producers_topic, _named("Name"))
-    if api_key == 75:
-        return _Topics("Topics", "Topics", _describe_topic_partitions_topic, _named("Name"))
-    return None
+    older = _OLDER_TOPICS.get(api_key)
+    if older is not None and version < older[0]:
+        return older[1]
+    return _TOPICS.get(api_key)
 
 
 def _all_entries(c: _Ctx, spec: _Topics, request: Body) -> list[Body]:
@@ -552,12 +547,6 @@ def _join_group(c: _Ctx, r: Body) -> Body:
     }
 
 
-
-
-
-
-
-
 def _describe_groups(c: _Ctx, r: Body) -> Body:
     # DescribeGroupsResponse.groupError; v0 carries no throttle (the field starts at v1).
     return {
@@ -578,8 +567,6 @@ def _describe_groups(c: _Ctx, r: Body) -> Body:
     }
 
 
-
-
 def _sasl_handshake(c: _Ctx, r: Body) -> Body:
     return {"ErrorCode": c.error, "Mechanisms": []}
 
@@ -592,17 +579,11 @@ def _api_versions(c: _Ctx, r: Body) -> Body:
     return body
 
 
-
-
 def _add_partitions_to_txn(c: _Ctx, r: Body) -> Body:
     if c.version < 4:
         return {"ThrottleTimeMs": c.throttle,
                 "ResultsByTopicV3AndBelow": _all_entries(c, _topics(24, c), r)}
     return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ResultsByTransaction": []}
-
-
-
-
 
 
 def _create_acls(c: _Ctx, r: Body) -> Body:
@@ -638,8 +619,6 @@ def _alter_replica_log_dirs(c: _Ctx, r: Body) -> Body:
             for t in _list(d, "Topics")
         ],
     }
-
-
 
 
 def _sasl_authenticate(c: _Ctx, r: Body) -> Body:
@@ -690,12 +669,6 @@ def _alter_partition_reassignments(c: _Ctx, r: Body) -> Body:
     }
 
 
-
-
-
-
-
-
 def _alter_client_quotas(c: _Ctx, r: Body) -> Body:
     return {
         "ThrottleTimeMs": c.throttle,
@@ -739,8 +712,6 @@ def _describe_quorum(c: _Ctx, r: Body) -> Body:
     return {"ErrorCode": c.error, "ErrorMessage": c.message, "Topics": [], "Nodes": []}
 
 
-
-
 def _describe_cluster(c: _Ctx, r: Body) -> Body:
     return {
         **_top(c),
@@ -760,8 +731,6 @@ def _describe_transactions(c: _Ctx, r: Body) -> Body:
             for t in _list(r, "TransactionalIds")
         ],
     }
-
-
 
 
 def _group_heartbeat(c: _Ctx, r: Body) -> Body:
@@ -787,13 +756,9 @@ def _get_telemetry_subscriptions(c: _Ctx, r: Body) -> Body:
             "ClientInstanceId": _topic_id(r, "ClientInstanceId")}
 
 
-
-
 def _describe_topic_partitions(c: _Ctx, r: Body) -> Body:
     return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(75, c), r),
             "NextCursor": None}
-
-
 
 
 def _topics(api_key: int, c: _Ctx) -> _Topics:
