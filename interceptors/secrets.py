@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from filter_rules import Rule, RuleError, RuleSet, locate_in_rule
 from filter_rules.loader import format_path
 from filter_rules.record_actions import EncryptionKey, SecretRef
-from interceptors.builtin._values import read_aes_key, read_hash_key, read_secret
 from interceptors.contract import BuildContext, InterceptorConfigError
+from interceptors.keys import read_aes_key, read_hash_key, read_secret
 
 FieldPath = tuple[str | int, ...]
 # Reads one secret as the interceptor will; raises InterceptorConfigError.

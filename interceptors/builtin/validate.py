@@ -43,19 +43,41 @@ _NEWER_KEYWORDS: Final = ("prefixItems", "unevaluatedProperties", "unevaluatedIt
                           "$recursiveRef", "minContains", "maxContains", "2019-09", "2020-12")
 
 
+class JsonSchemaCheck:
+    """One JSON Schema, checked (InterceptorConfigError when it is not a valid schema),
+    judging documents: `reason(doc)` is None for a valid one, else where and why.
+
+    `registry` (a `referencing.Registry`) holds the documents its `$ref`s may name."""
+
+    __slots__ = ("_fast", "_json")
+
+    def __init__(self, schema: Any, registry: Any = None) -> None:
+        self._json = _json_validator(schema, registry)
+        self._fast = _fast_validator(schema) if registry is None else None
+
+    def reason(self, doc: Any) -> str | None:
+        if self._fast is not None:
+            try:
+                self._fast(doc)
+                return None  # valid: the common case, at compiled-code speed
+            except fastjsonschema.JsonSchemaException:
+                pass  # jsonschema has the final word and the precise message
+        error = schema_errors.best_match(self._json.iter_errors(doc))
+        if error is None:
+            return None
+        return _short(f"{error.json_path}: {error.message}")
+
+
 class ValidateInterceptor:
-    __slots__ = ("_avro", "_fast", "_json", "allow_null", "target")
+    __slots__ = ("_avro", "_json", "allow_null", "target")
 
     def __init__(self, spec: ValidateSpec, ctx: BuildContext) -> None:
         self.target = spec.target
         self.allow_null = spec.allow_null
         self._avro = AvroCodec(spec.avro_schema, ctx) if spec.avro_schema is not None else None
-        self._json: Any = None
-        self._fast: Any = None
+        self._json: JsonSchemaCheck | None = None
         if self._avro is None:
-            schema = _json_schema(spec, ctx)
-            self._json = _json_validator(schema)
-            self._fast = _fast_validator(schema)
+            self._json = JsonSchemaCheck(_json_schema(spec, ctx))
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Built when the rule set is compiled; nothing to configure."""
@@ -72,19 +94,14 @@ class ValidateInterceptor:
             except ValueError as exc:
                 raise RecordRejected(_short(str(exc))) from None
             return record
+        assert self._json is not None
         try:
             doc = JSON_CODEC.decode(data)
         except ValueError as exc:
             raise RecordRejected(_short(f"not valid JSON: {exc}")) from None
-        if self._fast is not None:
-            try:
-                self._fast(doc)
-                return record  # valid: the common case, at compiled-code speed
-            except fastjsonschema.JsonSchemaException:
-                pass  # jsonschema has the final word and the precise message
-        error = schema_errors.best_match(self._json.iter_errors(doc))
-        if error is not None:
-            raise RecordRejected(_short(f"{error.json_path}: {error.message}"))
+        reason = self._json.reason(doc)
+        if reason is not None:
+            raise RecordRejected(reason)
         return record
 
 
@@ -105,7 +122,7 @@ def _json_schema(spec: ValidateSpec, ctx: BuildContext) -> Any:
         raise InterceptorConfigError(f"JSON Schema {path} is not JSON: {exc}") from None
 
 
-def _json_validator(schema: Any) -> Any:
+def _json_validator(schema: Any, registry: Any = None) -> Any:
     if not isinstance(schema, (dict, bool)):
         raise InterceptorConfigError("a JSON Schema is an object (or true/false)")
     cls = validators.validator_for(schema)
@@ -115,7 +132,7 @@ def _json_validator(schema: Any) -> Any:
         raise InterceptorConfigError(
             f"invalid JSON Schema at {exc.json_path}: {_short(exc.message)}"
         ) from None
-    return cls(schema)
+    return cls(schema) if registry is None else cls(schema, registry=registry)
 
 
 def _fast_validator(schema: Any) -> Any:
@@ -139,6 +156,11 @@ def _remote_refs(node: Any) -> bool:
     if isinstance(node, list):
         return any(_remote_refs(value) for value in node)
     return False
+
+
+def short_reason(reason: str) -> str:
+    """A reason cut to what record_errors carry."""
+    return _short(reason)
 
 
 def _short(reason: str) -> str:
