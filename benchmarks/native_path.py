@@ -14,6 +14,14 @@ librdkafka produce acks=all and consume, 1 KiB records, fresh topics per round):
 
 Ratios are path / direct (medians over rounds). Results are appended to
 benchmarks/results/native_path.jsonl; native_path.md holds the latest table.
+
+The hand-off step (``--handoff-records``, 0 skips it) measures what the native filter
+costs when rules need the Python service: librdkafka produces (acks=all) and consumes
+1 KiB JSON orders (``benchmarks.record_rules``) directly, through the native gateway
+without rules, with a rule that hands every Produce to the Python chain and lets it go
+unchanged (``native_handoff``), and with rules that mask two fields of every record at
+produce and at consume time (``native_mask``; ``ext_proc_mask``: the same rules on the
+ext_proc path, for comparison).
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import record_rules
 from benchmarks.gateway_vs_direct import (
     DIRECT,
     METRICS,
     RESULTS_DIR,
     Params,
     Sample,
+    create_topics,
     git_commit,
     machine_info,
     run_round,
@@ -57,6 +67,66 @@ SUMMARY_KEYS = (
     "rdkafka_produce.p99_ms",
     "rdkafka_consume.records_per_s",
 )
+
+
+NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK = "native_handoff", "native_mask", "ext_proc_mask"
+HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
+HANDOFF_KEYS = ("produce_records_per_s", "consume_records_per_s")
+# A rule that matches no topic the benchmark uses: every Produce request is handed to
+# the Python chain (it must read the topics to know), which forwards it unchanged.
+HANDOFF_RULES = """
+rules:
+  - id: judge-every-produce
+    match: {apis: [Produce], topics: {prefix: [never.]}}
+    action: {deny: {}}
+"""
+# Every record masked on its way in (topics p.*) and on its way out (topics c.*).
+MASK_RULES = """
+rules:
+  - id: mask-produced
+    match: {topics: {prefix: [p.]}}
+    action: {mask: {fields: [$.customer.email, $.card.number]}}
+  - id: mask-consumed
+    match: {direction: response, topics: {prefix: [c.]}}
+    action: {mask: {fields: [$.customer.email, $.card.number]}}
+"""
+HANDOFF_GATEWAYS = {NATIVE_HANDOFF: ("native", HANDOFF_RULES),
+                    NATIVE_MASK: ("native", MASK_RULES),
+                    EXT_PROC_MASK: ("ext-proc", MASK_RULES)}
+
+
+def handoff_round(number: int, paths: Mapping[str, str], admin: str,
+                  values: Sequence[bytes]) -> dict[str, dict[str, float]]:
+    """One round of the hand-off step: per path, produce `values` to a fresh p.* topic
+    and consume them from a c.* topic filled directly (one partition each)."""
+    round_: dict[str, dict[str, float]] = {}
+    for path, bootstrap in paths.items():
+        produced, consumed = (f"{d}.{uuid.uuid4().hex[:8]}" for d in "pc")
+        create_topics(admin, [produced, consumed], 1)
+        produce = record_rules.produce(bootstrap, produced, list(values), "none")
+        record_rules.produce(admin, consumed, list(values), "none")
+        consume = record_rules.consume(bootstrap, consumed, len(values))
+        if path in (NATIVE_MASK, EXT_PROC_MASK):
+            _check_masked(admin, produced)  # stored masked
+            _check_masked(bootstrap, consumed)  # read masked
+        round_[path] = {"produce_records_per_s": produce, "consume_records_per_s": consume}
+        log.info("hand-off round %d, %s: produce %.0f/s, consume %.0f/s", number, path,
+                 produce, consume)
+    return round_
+
+
+def _check_masked(bootstrap: str, topic: str) -> None:
+    """The first record of `topic` read through `bootstrap` is masked (the rules ran)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        msg = consumer.poll(30)
+        if msg is None or msg.error() is not None or b"@example.com" in (msg.value() or b""):
+            raise RuntimeError(f"{topic}: the stored records are not masked")
+    finally:
+        consumer.close()
 
 
 def _free_port() -> int:
@@ -147,8 +217,22 @@ def table(rounds: Sequence[Mapping[str, Sample]], keys: Sequence[str]) -> list[l
     return rows
 
 
-def markdown(rows: Sequence[Sequence[str]], title: str) -> str:
-    header = ["metric", *PATHS]
+def handoff_table(rounds: Sequence[Mapping[str, Sample]], paths: Sequence[str]) -> list[list[str]]:
+    rows = []
+    for key in HANDOFF_KEYS:
+        direct = median(rounds, DIRECT, key)
+        cells = [key.replace("_", " "), f"{direct:,.0f}" if direct else "-"]
+        for path in paths[1:]:
+            value = median(rounds, path, key)
+            cells.append("-" if value is None else
+                         f"{value:,.0f} ({value / direct:.2f}x)" if direct else f"{value:,.0f}")
+        rows.append(cells)
+    return rows
+
+
+def markdown(rows: Sequence[Sequence[str]], title: str,
+             paths: Sequence[str] = PATHS) -> str:
+    header = ["metric", *paths]
     lines = [f"### {title}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -166,6 +250,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--envoy-concurrency", type=int, default=1)
     parser.add_argument("--paths", default=",".join(PATHS[1:]),
                         help="paths besides direct, comma-separated")
+    parser.add_argument("--handoff-records", type=int, default=50_000,
+                        help="records of the hand-off step (0: skip it)")
+    parser.add_argument("--handoff-paths", default=",".join(HANDOFF_PATHS[1:]),
+                        help="hand-off step paths besides direct, comma-separated")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-save", action="store_true")
     return parser.parse_args(argv)
@@ -184,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_kafka()
     proxied, proxy = _free_port(), _free_port()
     rounds: list[dict[str, Sample]] = []
+    handoff_rounds: list[dict[str, Sample]] = []
+    handoff_wanted = [p for p in args.handoff_paths.split(",") if p] if args.handoff_records else []
     with contextlib.ExitStack() as stack:
         kafka = stack.enter_context(proxied_kafka(proxied, proxy))
         paths = {DIRECT: kafka.bootstrap}
@@ -202,15 +292,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("%s", text)
             return contextlib.nullcontext()
 
+        handoff_paths = {DIRECT: kafka.bootstrap}
+        if NATIVE in handoff_wanted and NATIVE in paths:
+            handoff_paths[NATIVE] = paths[NATIVE]
+        for path, (data_path, rules) in HANDOFF_GATEWAYS.items():
+            if path in handoff_wanted:
+                rules_dir = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "rules"
+                rules_dir.mkdir()
+                (rules_dir / "bench.yaml").write_text(rules)
+                gateway = stack.enter_context(Gateway(GatewaySettings(
+                    bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+                    envoy_concurrency=args.envoy_concurrency, ext_proc_log_level="WARNING",
+                    data_path=data_path, rules_dir=rules_dir)))
+                handoff_paths[path] = gateway.bootstrap
+
         prefix = f"native-bench-{uuid.uuid4().hex[:6]}"
         warm_up(paths, kafka.bootstrap, params, status, prefix)
+        values = [record_rules.order_value(i, args.record_size)
+                  for i in range(args.handoff_records)]
         for number in range(1, params.repeat + 1):
             rounds.append(run_round(number, paths, kafka.bootstrap, params, status, prefix))
+            if len(handoff_paths) > 1:
+                handoff_rounds.append(handoff_round(number, handoff_paths, kafka.bootstrap,
+                                                    values))
     title = (f"{params.records:,} x {params.record_size} B records, {params.partitions} "
              f"partitions, {params.repeat} round(s), Envoy concurrency {args.envoy_concurrency}; "
              f"value (ratio to direct)")
     rows = table(rounds, SUMMARY_KEYS)
     text = markdown(rows, title)
+    if handoff_rounds:
+        measured = [p for p in HANDOFF_PATHS if any(p in r for r in handoff_rounds)]
+        text += "\n" + markdown(
+            handoff_table(handoff_rounds, measured),
+            f"Hand-off step: {args.handoff_records:,} x {args.record_size} B JSON orders, "
+            f"librdkafka acks=all, 1 partition; records/s (ratio to direct)", measured)
     print(text)
     if not args.no_save:
         record = {
@@ -224,6 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": rounds,
             "medians": {path: {k: median(rounds, path, k) for k in SUMMARY_KEYS}
                         for path in paths},
+            "handoff_records": args.handoff_records,
+            "handoff_rounds": handoff_rounds,
+            "handoff_medians": {
+                path: {k: median(handoff_rounds, path, k) for k in HANDOFF_KEYS}
+                for path in HANDOFF_PATHS if any(path in r for r in handoff_rounds)},
         }
         args.results_dir.mkdir(parents=True, exist_ok=True)
         with (args.results_dir / "native_path.jsonl").open("a") as fh:

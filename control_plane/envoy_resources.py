@@ -74,7 +74,8 @@ class GatewayPlan:
     advertised_host: str
     ext_proc_host: str
     ext_proc_port: int
-    message_timeout_s: float = 2.0
+    ext_proc_more_ports: tuple[int, ...] = ()  # the other workers of a pool, same host
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     # What Envoy buffers per connection before it stops reading from that peer (set on
     # every listener and cluster): a client that sends faster than the data path takes
@@ -125,7 +126,9 @@ def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
 
 
 def _cluster(name: str, host: str, port: int, http2: bool = False,
-             buffer_bytes: int = GatewayPlan.connection_buffer_bytes) -> cluster_pb2.Cluster:
+             buffer_bytes: int = GatewayPlan.connection_buffer_bytes,
+             more_ports: tuple[int, ...] = ()) -> cluster_pb2.Cluster:
+    """A cluster of `host:port` (and `host` on each of `more_ports`: round robin)."""
     cluster = cluster_pb2.Cluster(
         name=name,
         per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
@@ -136,8 +139,8 @@ def _cluster(name: str, host: str, port: int, http2: bool = False,
             cluster_name=name,
             endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=[
                 endpoint_components_pb2.LbEndpoint(
-                    endpoint=endpoint_components_pb2.Endpoint(address=_socket_address(host, port))
-                )
+                    endpoint=endpoint_components_pb2.Endpoint(address=_socket_address(host, p))
+                ) for p in (port, *more_ports)
             ])],
         ),
     )
@@ -244,7 +247,8 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
     that load keg's own filter (their listeners then have no ext_proc filter)."""
     clusters: dict[str, Message] = {
         EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
-                                   http2=True, buffer_bytes=plan.connection_buffer_bytes),
+                                   http2=True, buffer_bytes=plan.connection_buffer_bytes,
+                                   more_ports=plan.ext_proc_more_ports),
     }
     for route in (*keep_clusters, *plan.routes):
         clusters[route.cluster_name] = _cluster(

@@ -21,12 +21,22 @@ this needs are defined here from their protos (Envoy's api/ tree):
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
+
+import kafka_wire
+from ext_proc.filters.rules import RuleEngine
+from ext_proc.frames import MAX_VERSION, interest_table
+from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
+from filter_rules.record_actions import RECORD_KINDS
+from kafka_wire.api_keys import FETCH, PRODUCE
+
+log = logging.getLogger(__name__)
 
 FILTER_NAME = "envoy.filters.network.dynamic_modules"
 FILTER_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3."
@@ -79,17 +89,77 @@ def _classes() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NativeFilter:
-    """What every native listener of a group shares: its route table and limits."""
+    """What every native listener of a group shares: its route table, limits, and the
+    interest table of the live rule set (`interest`, None: nothing is handed off)."""
 
     route_table: str
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 1 << 30
+    interest: Mapping[str, Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """Where the module hands frames to (the ext_proc service's workers) and how."""
+
+    endpoints: tuple[str, ...]
+    failure_mode_allow: bool = False
+    timeout_ms: int = 2000
+    max_bytes_per_connection: int = 16 << 20
+    max_bytes: int = 256 << 20
+
+
+def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
+    """The requests the module hands to the Python chain for `ruleset`, as (api key,
+    min version, max version) ranges: `ext_proc.frames.interest_table` of an engine
+    running it. An engine the control plane cannot build (a secret only the ext_proc
+    service can read) falls back to a superset: every API some rule may apply to, all
+    versions (Produce and Fetch with any record rule), plus what the chain always
+    learns from."""
+    try:
+        engine = RuleEngine(CompiledRuleSet(ruleset))
+    except RuleSetInvalid as err:
+        log.warning("interest table from the rules alone (the control plane cannot build "
+                    "their actions: %s)", err)
+        return _superset(ruleset)
+    try:
+        return interest_table(engine)
+    finally:
+        engine.records.close()
+
+
+def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
+    compiled = CompiledRuleSet(ruleset)
+    wanted = {key for key, _, _ in interest_table(RuleEngine(CompiledRuleSet(RuleSet())))}
+    for key in kafka_wire.known_api_keys():
+        low, high = kafka_wire.supported_versions(key) or (0, 0)
+        if any(compiled.interested(key, v, d) for v in range(low, high + 1)
+               for d in ("request", "response")):
+            wanted.add(key)
+    if any(rule.kind in RECORD_KINDS for rule in compiled.rules):
+        wanted |= {PRODUCE, FETCH}
+    return [(key, 0, MAX_VERSION) for key in sorted(wanted)]
+
+
+def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]:
+    """The module's interest table for rule-set `version` (its JSON, see
+    envoy/kafka_filter/src/core/interest.rs)."""
+    return {
+        "version": version,
+        "requests": [list(r) for r in interest_requests(ruleset)],
+        "failure_mode_allow": handoff.failure_mode_allow,
+        "endpoints": list(handoff.endpoints),
+        "handoff_timeout_ms": handoff.timeout_ms,
+        "max_bytes_per_connection": handoff.max_bytes_per_connection,
+        "max_bytes": handoff.max_bytes,
+    }
 
 
 def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
                   brokers: Iterable[tuple[int, str, int]] = ()) -> dict[str, Any]:
-    """The module's JSON filter_config: gateway route per broker id, and the broker's own
-    endpoint where known (to recognise it inside DescribeConfigs values)."""
+    """The module's JSON filter_config: gateway route per broker id, the broker's own
+    endpoint where known (to recognise it inside DescribeConfigs values), and the
+    interest table."""
     broker_of = {node: f"{host}:{port}" for node, host, port in brokers}
     entries = []
     for node, (host, port) in sorted(routes.items()):
@@ -97,8 +167,11 @@ def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
         if node in broker_of:
             entry["broker"] = broker_of[node]
         entries.append(entry)
-    return {"route_table": native.route_table, "max_frame_size": native.max_frame_size,
-            "max_held_bytes": native.max_held_bytes, "routes": entries}
+    config = {"route_table": native.route_table, "max_frame_size": native.max_frame_size,
+              "max_held_bytes": native.max_held_bytes, "routes": entries}
+    if native.interest is not None:
+        config["interest"] = dict(native.interest)
+    return config
 
 
 def network_filter(config: Mapping[str, Any]) -> Any:

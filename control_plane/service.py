@@ -38,12 +38,12 @@ from control_plane.envoy_resources import (
 from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
-from control_plane.native_filter import NativeFilter, runs_module
+from control_plane.native_filter import HandOff, NativeFilter, interest, runs_module
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
 from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
-from filter_rules import CompiledRuleSet
+from filter_rules import CompiledRuleSet, RuleSet
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,9 @@ class ControlPlaneSettings:
     bootstrap_servers: str
     ext_proc_host: str
     ext_proc_port: int
+    # More workers of the ext_proc service on that host (a pool: Envoy spreads its
+    # connections over all of them, keg's native filter too).
+    ext_proc_more_ports: tuple[int, ...] = ()
     xds_host: str = "127.0.0.1"
     xds_port: int = 0
     listen_host: str = "127.0.0.1"
@@ -127,7 +130,7 @@ class ControlPlaneSettings:
     # Broker listeners get consecutive ports from here, in order of first sight;
     # 0 asks the OS for free ports (tests, several gateways on one machine).
     listen_port_base: int = 19092
-    message_timeout_s: float = 2.0
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
     sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
@@ -145,6 +148,21 @@ class ControlPlaneSettings:
     # "ext-proc": the ext_proc chain everywhere.
     data_path: str = "ext-proc"
     max_frame_size: int = 100 * 1024 * 1024
+    # Where keg's native filter hands frames to (host:port of the ext_proc service's
+    # workers, frames mode); empty: the ext_proc service above.
+    handoff_endpoints: tuple[str, ...] = ()
+
+    @property
+    def ext_proc_ports(self) -> tuple[int, ...]:
+        return (self.ext_proc_port, *self.ext_proc_more_ports)
+
+    @property
+    def handoff(self) -> HandOff:
+        """How native nodes hand frames to the Python service."""
+        endpoints = self.handoff_endpoints or tuple(
+            f"{self.ext_proc_host}:{port}" for port in self.ext_proc_ports)
+        return HandOff(endpoints, failure_mode_allow=self.failure_mode_allow,
+                       timeout_ms=round(self.message_timeout_s * 1000))
 
     def __post_init__(self) -> None:
         if self.data_path not in DATA_PATHS:
@@ -182,6 +200,8 @@ class ControlPlane:
         self._plans: dict[str, GroupPlan] = {}
         self._compiled: dict[tuple[str, KafkaBrokerFilter | None, bool], Snapshot] = {}
         self._rules_snapshot: Snapshot | None = None
+        # The native filter's interest table for the live rule set (ECDS, native nodes).
+        self._native_interest: dict[str, Any] | None = None
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -300,6 +320,7 @@ class ControlPlane:
             advertised_host=group.advertised_host,
             ext_proc_host=s.ext_proc_host,
             ext_proc_port=s.ext_proc_port,
+            ext_proc_more_ports=s.ext_proc_more_ports,
             message_timeout_s=s.message_timeout_s,
             failure_mode_allow=s.failure_mode_allow,
             elsewhere=tuple(elsewhere),
@@ -318,11 +339,31 @@ class ControlPlane:
         base = self._compiled.get(key)
         if base is None:
             filter_ = NativeFilter(route_table=f"keg/{group.name or 'default'}",
-                                   max_frame_size=self.settings.max_frame_size) if native else None
+                                   max_frame_size=self.settings.max_frame_size,
+                                   interest=self.native_interest()) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,
                                                           native=filter_)
         return base.retaining(status.of(LISTENER).accepted)
+
+    def native_interest(self) -> dict[str, Any]:
+        """The interest table native nodes get: the live rule set's (an empty rule set's
+        until the rule source has one)."""
+        if self._native_interest is None:
+            self._native_interest = interest(RuleSet(), "", self.settings.handoff)
+        return self._native_interest
+
+    def _update_native_interest(self, version: str, ruleset: RuleSet) -> None:
+        """A new rule set: native nodes get its interest table by ECDS (the module's
+        process-wide table, so live connections follow it; listeners stay)."""
+        if self.settings.data_path != NATIVE:
+            return
+        table = interest(ruleset, version, self.settings.handoff)
+        if table == self._native_interest:
+            return
+        self._native_interest = table
+        self._compiled = {k: v for k, v in self._compiled.items() if not k[2]}
+        self._publish_envoys()
 
     def runs_native(self, status: NodeStatus) -> bool:
         """Whether this Envoy gets keg's own filter: native asked for, and its Envoy
@@ -389,6 +430,7 @@ class ControlPlane:
             if status.role == EXT_PROC:
                 self.cache.set_if_changed(status.node_id, snapshot)
         self._update_kafka_broker_lists(ruleset)
+        self._update_native_interest(version, ruleset)
 
     def _update_kafka_broker_lists(self, ruleset: Any) -> None:
         if not self.settings.kafka_broker_api_lists:

@@ -64,7 +64,7 @@ class ProcessorSettings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics endpoint
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
-    # message_timeout (2 s by default) runs for each, so holds stay short: clients
+    # message_timeout (5 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
     max_delay_s: float = 0.25
     # The most record rules do for one frame (record-count and decompression bombs).
@@ -232,6 +232,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         data_path = self._data_path
         session = data_path.frames_session(conn)
         self.active_connections += 1
+        data_path.metrics.connection_opened()
         try:
             async for request in requests:
                 keg = _keg_metadata(request)
@@ -265,6 +266,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             yield _CLOSE_RST
         finally:
             self.active_connections -= 1
+            data_path.metrics.connection_closed()
             session.close()
 
 

@@ -92,7 +92,9 @@ class RecordLimits:
     max_decompressed_per_batch: int = 32 * MiB
     max_records_per_frame: int = 500_000
     max_decompressed_per_frame: int = 128 * MiB
-    max_frame_seconds: float = 1.0  # checked every few hundred records
+    # Checked every few hundred records; below Envoy's message_timeout (5 s by default),
+    # past which Envoy would close the connection instead of the client being told.
+    max_frame_seconds: float = 4.0
 
 
 DEFAULT_LIMITS: Final = RecordLimits()
@@ -100,7 +102,12 @@ _CHECK_EVERY: Final = 256  # records between two looks at the clock
 
 
 class OverBudget(Exception):
-    """A frame asks for more record work than `RecordLimits` allows."""
+    """A frame asks for more record work than `RecordLimits` allows. `retriable` when
+    it ran out of time (a busy gateway may do it next time), not of records or bytes."""
+
+    def __init__(self, reason: str, retriable: bool = False) -> None:
+        super().__init__(reason)
+        self.retriable = retriable
 
 
 class FrameBudget:
@@ -139,7 +146,7 @@ class FrameBudget:
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
             raise OverBudget(f"record rules ran past the frame's "
-                             f"{self.limits.max_frame_seconds:g} s budget")
+                             f"{self.limits.max_frame_seconds:g} s budget", retriable=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ class SecretUse:
     rule_id: str
     path: FieldPath
     read: Reader
+    ref: SecretRef
 
 
 def secret_uses(rule: Rule) -> list[SecretUse]:
@@ -47,14 +48,15 @@ def _walk(rule_id: str, value: Any, path: FieldPath) -> Iterator[SecretUse]:
     if isinstance(value, EncryptionKey):
         key = value
         yield SecretUse(rule_id, (*path, "secret", _source(key.secret)),
-                        lambda ctx: read_aes_key(key.secret, ctx, key.id))
+                        lambda ctx: read_aes_key(key.secret, ctx, key.id), key.secret)
     elif isinstance(value, SecretRef):
         ref = value
         if path[-1] == "hash_key":
-            yield SecretUse(rule_id, (*path, _source(ref)), lambda ctx: read_hash_key(ref, ctx))
+            yield SecretUse(rule_id, (*path, _source(ref)), lambda ctx: read_hash_key(ref, ctx),
+                            ref)
         else:
             yield SecretUse(rule_id, (*path, _source(ref)),
-                            lambda ctx: read_secret(ref, ctx, str(path[-1])))
+                            lambda ctx: read_secret(ref, ctx, str(path[-1])), ref)
     elif isinstance(value, BaseModel):
         for name, field in type(value).model_fields.items():
             yield from _walk(rule_id, getattr(value, name), (*path, field.alias or name))
@@ -68,6 +70,13 @@ def _walk(rule_id: str, value: Any, path: FieldPath) -> Iterator[SecretUse]:
 
 def _source(ref: SecretRef) -> str:
     return "env" if ref.env is not None else "file"
+
+
+def secret_env_names(ruleset: RuleSet) -> set[str]:
+    """The environment variables the enabled rules of `ruleset` read secrets from: what
+    the process that builds those rules (the ext_proc service) must be given."""
+    return {use.ref.env for rule in ruleset.rules if rule.mode != "disabled"
+            for use in secret_uses(rule) if use.ref.env is not None}
 
 
 def check_secrets(ruleset: RuleSet, environ: Mapping[str, str] | None = None

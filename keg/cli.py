@@ -52,6 +52,21 @@ def _default_data_dir() -> Path:
     return cache_dir() / "up" / "kafka-data"
 
 
+def _usable_data_path(wanted: str) -> str:
+    """`native` when keg's Envoy filter is built; else the ext_proc path, said once."""
+    if wanted != "native":
+        return wanted
+    from keg.embedded.native import NativeModuleUnavailable, module_dir
+
+    try:
+        module_dir()
+    except NativeModuleUnavailable as err:
+        console.print(styled(("keg's Envoy filter is not built", "yellow"),
+                             f" ({err}): the ext_proc data path serves instead"))
+        return "ext-proc"
+    return wanted
+
+
 def _wait_for_ctrl_c() -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -110,11 +125,17 @@ def up(
     data_dir: Annotated[
         Path | None, typer.Option(help="Embedded broker's data directory (kept across runs).")
     ] = None,
-    envoy_concurrency: Annotated[int, typer.Option(help="Envoy worker threads.")] = 1,
+    envoy_concurrency: Annotated[int, typer.Option(
+        help="Envoy worker threads (0: one per core).")] = 0,
+    ext_proc_workers: Annotated[int, typer.Option(
+        help="Processes of the ext_proc service (0: one per core); each has its own "
+             "/metrics port after --metrics-port's and its own audit log file.")] = 0,
     data_path: Annotated[str, typer.Option(
-        help="ext-proc: every byte through the ext_proc service; native: keg's Kafka filter "
-             "inside Envoy (a dynamic module built by make setup; Envoys of another version "
-             "get ext-proc). The native filter does not enforce rules yet.")] = "ext-proc",
+        help="native: keg's Kafka filter inside Envoy (a dynamic module built by make "
+             "setup), which hands the ext_proc service only the frames rules need; "
+             "ext-proc: every byte through the ext_proc service (also what an Envoy of "
+             "another version gets, and the fallback when the module is not built)."
+    )] = "native",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -136,6 +157,10 @@ def up(
         = 8080,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
+    ext_proc_env: Annotated[list[str] | None, typer.Option(
+        help="Pass this environment variable to the ext_proc service too (repeatable; "
+             "e.g. what a custom interceptor reads). It gets the key variables its "
+             "rules name without this; Envoy and the broker get neither.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -144,7 +169,9 @@ def up(
     It serves exactly the rule directory it is given (--rules, default filter_rules/rules).
     Its state (rule store, audit log, Envoy's files) lives in the user cache, one
     directory per rule directory; a second keg up on the same rule directory refuses to
-    start while the first runs.
+    start while the first runs. The ext_proc service, Envoy and the embedded broker are
+    restarted whenever they exit (keg_component_restarts_total; /readyz says which part
+    is down).
     """
     api_port = api_port or None
     setup_logging(log_level, log_format)
@@ -155,8 +182,9 @@ def up(
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
-    from keg.gateway import ApiOptions, Gateway, GatewayError, GatewaySettings
+    from keg.gateway import KAFKA_COMPONENT, ApiOptions, Gateway, GatewayError, GatewaySettings
     from keg.state import DirectoryLock, StateInUse, up_state_dir
+    from keg.supervisor import Child
 
     rules_dir = (rules or DEFAULT_RULES_DIR).resolve()
     try:
@@ -182,13 +210,15 @@ def up(
             kafka = EmbeddedKafka(data_dir=data_dir or _default_data_dir()).start()
             bootstrap_servers = kafka.bootstrap
             console.print(f"embedded Kafka broker on {bootstrap_servers} (data: {kafka.data_dir})")
+        cores = os.cpu_count() or 1
         gateway = Gateway(
             GatewaySettings(
                 bootstrap_servers=bootstrap_servers,
                 listen_host=listen_host,
                 advertised_host=advertised_host,
                 listen_port_base=listen_port_base,
-                envoy_concurrency=envoy_concurrency,
+                envoy_concurrency=envoy_concurrency or cores,
+                ext_proc_workers=ext_proc_workers or cores,
                 failure_mode_allow=failure_mode_allow,
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
@@ -196,20 +226,25 @@ def up(
                 audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
-                data_path=data_path,
+                data_path=_usable_data_path(data_path),
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
+                ext_proc_env=tuple(ext_proc_env or ()),
             )
         )
         with gateway:
+            if kafka is not None:
+                gateway.supervise(KAFKA_COMPONENT, Child(
+                    poll=kafka.poll, restart=kafka.restart, pid=lambda: kafka.pid))
             console.print(styled(("keg is up.", "bold green"),
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
             s = gateway.settings
-            metrics = ("off" if gateway.metrics_port is None
-                       else f"http://127.0.0.1:{gateway.metrics_port}/metrics")
+            ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
+            metrics = ("off" if not ports else
+                       " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
             console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
                           f"state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:

@@ -2,7 +2,9 @@
 
 The control plane runs on a background event loop in this process; the ext_proc
 service (the hot path, which wants a core of its own) and Envoy are child
-processes. `Gateway` is what `keg up`, the tests and the benchmarks all use.
+processes, restarted by a supervisor (keg.supervisor) whenever they exit, each with
+only the environment it needs (keg.children). `Gateway` is what `keg up`, the tests
+and the benchmarks all use.
 
 Rules reach the ext_proc service one of two ways (`rules_delivery`): "directory",
 where it watches the rule directory itself, or "control-plane", where the control
@@ -15,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from control_plane.fleet import EXT_PROC, NodeStatus
 from control_plane.providers import RuleProvider
@@ -39,11 +44,17 @@ from control_plane.service import (
 )
 from control_plane.snapshot import RULES
 from control_plane.topology import DiscoveryError, SaslPlain
+from keg.children import PYTHON, child_environment, die_with_parent
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.supervisor import Child, Supervisor
 
 log = logging.getLogger(__name__)
+
+# The parts of the gateway its supervisor watches (the `component` label of
+# keg_component_restarts_total and keg_component_up).
+EXT_PROC_COMPONENT, ENVOY_COMPONENT, KAFKA_COMPONENT = "ext_proc", "envoy", "kafka"
 
 CLOSE_THROUGH_FILTER_MANAGER = "envoy.reloadable_features.connection_close_through_filter_manager"
 
@@ -72,9 +83,15 @@ class ControlPlaneApp:
     """The control plane process: xDS (ControlPlane), and with `api` the store + REST API,
     all on the running event loop. The store is then the rule source of the fleet."""
 
-    def __init__(self, settings: ControlPlaneSettings, api: ApiOptions | None = None) -> None:
+    def __init__(self, settings: ControlPlaneSettings, api: ApiOptions | None = None,
+                 registry: CollectorRegistry | None = None,
+                 problems: Callable[[], list[str]] | None = None) -> None:
+        """`registry`: more series for the API's /metrics (the supervisor's); `problems`:
+        parts of the gateway that are down, which make /readyz answer 503."""
         self.settings = settings
         self.api = api
+        self.registry = registry
+        self.problems = problems
         self.store: Any = None
         self.plane: ControlPlane | None = None
         self.api_server: Any = None
@@ -103,7 +120,9 @@ class ControlPlaneApp:
         await self.plane.start()
         plane = self.plane
         app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
-                                                 ready=lambda: plane.plan is not None),
+                                                 ready=lambda: plane.plan is not None,
+                                                 registry=self.registry,
+                                                 problems=self.problems),
                          plane.fleet_status)
         self.api_server = await serve_api(app, api.host, api.port)
         return plane
@@ -152,17 +171,24 @@ class GatewaySettings:
     advertised_host: str | None = None
     listen_port_base: int = 19092
     envoy_concurrency: int = 1
-    message_timeout_s: float = 2.0
+    message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
+    # Processes of the ext_proc service: a pool spreads connections over cores, and one
+    # worker's stall or crash costs only its own connections' frames.
+    ext_proc_workers: int = 1
     ext_proc_log_level: str = "INFO"
     rules_dir: Path | None = None
     audit_log: Path | None = None
     metrics_port: int | None = None
     sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
     work_dir: Path | None = None
+    # Variables the ext_proc service gets besides its allow-list (keg.children) and
+    # the key variables its rules name: `extra_env` as given, `ext_proc_env` by name from
+    # this process's environment (what a custom interceptor reads, say).
     extra_env: dict[str, str] = field(default_factory=dict)
+    ext_proc_env: tuple[str, ...] = ()
     rules_delivery: str = "directory"  # or "control-plane" (xDS to the ext_proc service)
     rules_provider: RuleProvider | None = None  # e.g. the store; implies "control-plane"
     xds_port: int = 0  # 0: a free port
@@ -173,6 +199,8 @@ class GatewaySettings:
     data_path: str = EXT_PROC_PATH
 
     def __post_init__(self) -> None:
+        if self.ext_proc_workers < 1:
+            raise ValueError(f"ext_proc_workers must be 1 or more, not {self.ext_proc_workers}")
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
                              f"not {self.data_path!r}")
@@ -222,24 +250,63 @@ class BackgroundLoop:
         self._thread.join(5)
 
 
+@dataclass
+class ExtProcWorker:
+    """One process of the ext_proc service, its port, its /metrics and its xDS node."""
+
+    index: int
+    port: int = 0
+    metrics_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def component(self) -> str:
+        """Its name in the supervisor (the first worker's is the service's)."""
+        return EXT_PROC_COMPONENT if self.index == 0 else f"{EXT_PROC_COMPONENT}-{self.index}"
+
+    @property
+    def node_id(self) -> str:
+        return "ext-proc-gateway" if self.index == 0 else f"ext-proc-gateway-{self.index}"
+
+    def current_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def end(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def own_path(self, path: Path) -> Path:
+        """A file each worker keeps for itself (audit log): the first keeps `path`."""
+        return path if self.index == 0 else path.with_name(f"{path.stem}-{self.index}"
+                                                           f"{path.suffix}")
+
+
 class Gateway(Service):
+    """The control plane on a background loop, the ext_proc service and Envoy as child
+    processes that its `supervisor` restarts whenever they exit unasked (`supervise`
+    adds another, e.g. `keg up`'s embedded broker). Each child gets only the environment
+    it needs (keg.children)."""
+
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.ext_proc_port = 0
-        self.metrics_port: int | None = None  # the port /metrics is on (0 resolved)
-        self._ext_proc: subprocess.Popen[bytes] | None = None
+        self.workers = [ExtProcWorker(i) for i in range(settings.ext_proc_workers)]
         self._loop: BackgroundLoop | None = None
         self.xds_port = 0
         self.control_plane: ControlPlane | None = None
         self.app: ControlPlaneApp | None = None
         self.envoy: EmbeddedEnvoy | None = None
-
-    @property
-    def ext_proc_pid(self) -> int:
-        """The ext_proc service's process id (what tests measure and fault)."""
-        if self._ext_proc is None:
-            raise GatewayError("the ext_proc service is not running")
-        return self._ext_proc.pid
+        # The supervisor's series go out on the REST API's /metrics (with the API).
+        self.registry = CollectorRegistry()
+        self.supervisor = Supervisor(self.registry)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -247,12 +314,14 @@ class Gateway(Service):
         s = self.settings
         try:
             self.xds_port = s.xds_port or free_port()
-            self.start_ext_proc()
+            for worker in self.workers:
+                worker.port = worker.port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(
                 bootstrap_servers=s.bootstrap_servers,
                 ext_proc_host="127.0.0.1",
                 ext_proc_port=self.ext_proc_port,
+                ext_proc_more_ports=tuple(w.port for w in self.workers[1:]),
                 xds_port=self.xds_port,
                 listen_host=s.listen_host,
                 advertised_host=s.advertised_host,
@@ -264,12 +333,17 @@ class Gateway(Service):
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
             )
+            # The control plane first: the ext_proc service is given the key variables
+            # of the rules it will be served, and finds its xDS server up at once.
             if s.api is not None:
-                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir))
+                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir),
+                                           registry=self.registry,
+                                           problems=self.supervisor.problems)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
                 self._loop.run(self.control_plane.start(), timeout=60)
+            self.start_ext_proc()
             if s.rules_from_control_plane and self.control_plane.rules is not None:
                 self.wait_for_rules()
             self.start_envoy()
@@ -279,9 +353,40 @@ class Gateway(Service):
                 raise GatewayError(str(err)) from err
             raise
 
+    def supervise(self, name: str, child: Child) -> None:
+        """Restart `child` (running now) whenever it exits, as the gateway's own parts."""
+        self.supervisor.watch(name, child)
+
+    def components(self) -> dict[str, str]:
+        """Each supervised part and its state ("up", "restarting")."""
+        return {status.name: status.state for status in self.supervisor.status()}
+
+    @property
+    def ext_proc_port(self) -> int:
+        """The first worker's port (where a single-process service listens)."""
+        return self.workers[0].port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The first worker's /metrics port (each worker serves its own)."""
+        return self.workers[0].metrics_port
+
+    @property
+    def ext_proc_pid(self) -> int | None:
+        return self.workers[0].current_pid()
+
     def start_ext_proc(self) -> None:
+        """Start the ext_proc service's workers, each supervised (restarted whenever it
+        exits)."""
+        for worker in self.workers:
+            self._spawn_ext_proc(worker)
+            self.supervisor.watch(worker.component, Child(
+                poll=worker.poll, restart=partial(self._spawn_ext_proc, worker),
+                pid=worker.current_pid))
+
+    def _spawn_ext_proc(self, worker: ExtProcWorker) -> None:
         s = self.settings
-        self.ext_proc_port = self.ext_proc_port or free_port()
+        worker.port = worker.port or free_port()
         cmd = [
             sys.executable,
             "-m",
@@ -290,7 +395,7 @@ class Gateway(Service):
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.ext_proc_port),
+            str(worker.port),
             "--max-frame-size",
             str(s.max_frame_size),
             "--max-held-bytes",
@@ -299,44 +404,75 @@ class Gateway(Service):
             s.ext_proc_log_level,
         ]
         if s.rules_from_control_plane:
-            cache = (s.work_dir or Path(tempfile.gettempdir())) / f"keg-rules-{self.xds_port}.json"
+            cache = worker.own_path((s.work_dir or Path(tempfile.gettempdir()))
+                                    / f"keg-rules-{self.xds_port}.json")
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
-                    "ext-proc-gateway", "--rules-cache", str(cache)]
+                    worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
         if s.audit_log is not None:
-            cmd += ["--audit-log", str(s.audit_log)]
+            cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
         if s.metrics_port is not None:
             # Port 0 is resolved here: this process waits for /metrics and says where it is.
-            self.metrics_port = s.metrics_port or self.metrics_port or free_port()
-            cmd += ["--metrics-port", str(self.metrics_port)]
+            given = s.metrics_port if worker.index == 0 else 0
+            worker.metrics_port = given or worker.metrics_port or free_port()
+            cmd += ["--metrics-port", str(worker.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
-        env = {**os.environ, **s.extra_env}
         if s.sasl is not None:
             cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
                     "--side-effects-config", "sasl.mechanism=PLAIN",
                     "--side-effects-config", f"sasl.username={s.sasl.username}"]
-            env[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password  # never on a command line
-        self._ext_proc = subprocess.Popen(cmd, env=env)
-        wait_for_port("127.0.0.1", self.ext_proc_port, 30, alive=self._check_ext_proc)
-        if self.metrics_port is not None:  # gRPC listens early; /metrics means started
-            wait_for_port("127.0.0.1", self.metrics_port, 30, alive=self._check_ext_proc)
+        worker.proc = subprocess.Popen(die_with_parent(cmd), env=self._ext_proc_environment())
+        try:
+            wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
+            if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
+                wait_for_port("127.0.0.1", worker.metrics_port, 30, alive=self._check_ext_proc)
+        except BaseException:
+            worker.end()
+            raise
+
+    def _ext_proc_environment(self) -> dict[str, str]:
+        """The allow-list of a Python child, the key variables the rules name, what the
+        settings add; the SASL password of `copy` rules (never on a command line)."""
+        s = self.settings
+        names = {*s.ext_proc_env, *self._rule_secret_env_names()}
+        extra = dict(s.extra_env)
+        if s.sasl is not None:
+            extra[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password
+        return child_environment((*PYTHON, *sorted(names)), extra)
+
+    def _rule_secret_env_names(self) -> set[str]:
+        """The environment variables the served rules read keys from: those of the
+        control plane's rule set, or of the directory the ext_proc service reads."""
+        from filter_rules import RuleSetInvalid, load_rule_dir
+        from interceptors.secrets import secret_env_names
+
+        plane = self.control_plane
+        if self.settings.rules_from_control_plane:
+            if plane is None or plane.rules is None:
+                return set()
+            provider = plane.rules
+            return secret_env_names(self.call(lambda: provider.current()[1]))
+        if self.settings.rules_dir is None:
+            return set()
+        try:
+            return secret_env_names(load_rule_dir(self.settings.rules_dir))
+        except RuleSetInvalid:  # the ext_proc service refuses it, with file:line errors
+            return set()
 
     def _check_ext_proc(self) -> None:
-        if self._ext_proc is not None and self._ext_proc.poll() is not None:
-            raise GatewayError(f"the ext_proc service exited with {self._ext_proc.returncode} "
-                               "(its log is above)")
+        for worker in self.workers:
+            code = worker.poll()
+            if code is not None:
+                raise GatewayError(f"the ext_proc service ({worker.component}) exited with "
+                                   f"{code} (its log is above)")
 
     def stop_ext_proc(self) -> None:
-        if self._ext_proc is not None and self._ext_proc.poll() is None:
-            self._ext_proc.terminate()
-            try:
-                self._ext_proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._ext_proc.kill()
-                self._ext_proc.wait()
-        self._ext_proc = None
+        """Stop the ext_proc service's workers (and their supervision)."""
+        for worker in self.workers:
+            self.supervisor.unwatch(worker.component)
+            worker.end()
 
     def wait_for_rules(self, timeout: float = 30.0) -> None:
         """Until the ext_proc service runs the control plane's rule set; GatewayError when
@@ -391,6 +527,7 @@ class Gateway(Service):
         return list(self.call(self.control_plane.fleet_status))
 
     def start_envoy(self) -> None:
+        """Start Envoy, supervised (restarted whenever it exits)."""
         assert self.control_plane is not None and self.control_plane.plan is not None
         env: dict[str, str] = {}
         runtime: dict[str, Any] = {}
@@ -401,8 +538,6 @@ class Gateway(Service):
             # The module closes connections it cannot serve; Envoy 1.40 needs this flag
             # for a close from inside a dynamic module's callback.
             runtime[CLOSE_THROUGH_FILTER_MANAGER] = True
-            log.warning("native data path: request and record rules are not enforced by "
-                        "keg's Envoy filter yet (issue 15, phase 2)")
         self.envoy = EmbeddedEnvoy(
             "127.0.0.1",
             self.control_plane.xds_port,
@@ -412,17 +547,34 @@ class Gateway(Service):
             extra_env=env,
             runtime=runtime,
         )
-        self.envoy.start()
-        self.envoy.wait_for_listeners(len(self.control_plane.plan.routes))
-        for route in self.control_plane.plan.routes:
+        envoy = self.envoy
+        envoy.start()
+        self._wait_for_envoy_listeners()
+        self.supervisor.watch(ENVOY_COMPONENT, Child(
+            poll=envoy.poll, restart=self._restart_envoy, pid=lambda: envoy.pid))
+
+    def _restart_envoy(self) -> None:
+        assert self.envoy is not None
+        self.envoy.restart()
+        self._wait_for_envoy_listeners()
+
+    def _wait_for_envoy_listeners(self) -> None:
+        """Until Envoy listens on every broker listener of the plan (over ADS)."""
+        assert self.envoy is not None and self.control_plane is not None
+        plan = self.control_plane.plan
+        assert plan is not None
+        self.envoy.wait_for_listeners(len(plan.routes))
+        for route in plan.routes:
             wait_for_port(self.settings.listen_host, route.listen_port, 30)
 
     def stop_envoy(self) -> None:
+        self.supervisor.unwatch(ENVOY_COMPONENT)
         if self.envoy is not None:
             self.envoy.stop()
             self.envoy = None
 
     def stop(self) -> None:
+        self.supervisor.stop()  # first: nothing stopped from here on is restarted
         self.stop_envoy()
         if self._loop is not None:
             if self.control_plane is not None:

@@ -34,7 +34,8 @@ def healthz() -> HealthOut:
 
 @router.get("/readyz", response_model=HealthOut, responses=problem_responses(503))
 def readyz(ctx: Context) -> HealthOut:
-    """Ready to serve: the rule store answers (and the process's own check, if any)."""
+    """Ready to serve: the rule store answers, the process's own check (if any) passes
+    and no part of the gateway is down (under `keg up`: ext_proc, Envoy, the broker)."""
     try:
         number, _ = ctx.store.rules()
     except StoreError as err:
@@ -43,6 +44,9 @@ def readyz(ctx: Context) -> HealthOut:
                       kind="not-ready", headers={"Retry-After": "5"}) from None
     if ctx.settings.ready is not None and not ctx.settings.ready():
         raise Problem(503, "Not ready", "the control plane is starting", kind="not-ready",
+                      headers={"Retry-After": "5"})
+    if ctx.settings.problems is not None and (down := ctx.settings.problems()):
+        raise Problem(503, "Not ready", "; ".join(down), kind="not-ready",
                       headers={"Retry-After": "5"})
     return HealthOut(status="ok", version=number)
 

@@ -122,4 +122,7 @@ class ApiSettings:
     registry: CollectorRegistry | None = None
     # Extra readiness (e.g. "the xDS server is up"); the store is always checked.
     ready: Callable[[], bool] | None = None
+    # Parts of the gateway that are down, one sentence each (`keg up`'s supervised
+    # children: "ext_proc restarting (...)"): not ready while there are any.
+    problems: Callable[[], list[str]] | None = None
     title: str = "keg control plane"

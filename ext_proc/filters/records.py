@@ -105,7 +105,7 @@ def _corrupt(index: int, err: Exception) -> Body:
 
 def _too_costly(index: int, err: OverBudget) -> Body:
     entry = _success(index)
-    entry["ErrorCode"] = MESSAGE_TOO_LARGE
+    entry["ErrorCode"] = REQUEST_TIMED_OUT if err.retriable else MESSAGE_TOO_LARGE
     entry["ErrorMessage"] = f"keg: {err}"[:1000]
     return entry
 

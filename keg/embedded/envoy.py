@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from keg.children import ENVOY, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
 
@@ -104,7 +105,8 @@ class EmbeddedEnvoy(Service):
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
                                            delta=delta, locality=locality, runtime=runtime)
-        self._env = {**os.environ, **(extra_env or {})}
+        # Envoy's allow-list only: nothing of keg's own environment (keys, passwords).
+        self._env = child_environment(ENVOY, extra_env)
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="keg-envoy-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +140,8 @@ class EmbeddedEnvoy(Service):
             "30",
         ]
         with self.log_path.open("ab") as logfile:
-            self._process = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT,
-                                             env=self._env)
+            self._process = subprocess.Popen(die_with_parent(cmd), stdout=logfile,
+                                             stderr=subprocess.STDOUT, env=self._env)
         deadline = time.monotonic() + timeout
         while not admin_file.exists() or not admin_file.read_text().strip():
             self._check_alive()
@@ -153,6 +155,14 @@ class EmbeddedEnvoy(Service):
         if self._process is not None and self._process.poll() is not None:
             tail = self.log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"envoy exited with {self._process.returncode}:\n{tail}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def poll(self) -> int | None:
+        """The exit code once Envoy has exited (the process reaped), None while it runs."""
+        return self._process.poll() if self._process is not None else None
 
     def admin(self, path: str) -> str:
         with urllib.request.urlopen(f"http://{self.admin_address}{path}", timeout=5) as resp:

@@ -42,6 +42,7 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Self
 
+from keg.children import JAVA, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.state import DirectoryLock, StateInUse
 
@@ -566,6 +567,10 @@ class EmbeddedKafka(Service):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def poll(self) -> int | None:
+        """The broker JVM's exit code once it has exited (reaped), None while it runs."""
+        return self._proc.poll() if self._proc is not None else None
+
     # ---- lifecycle
 
     def start(self) -> Self:
@@ -615,11 +620,12 @@ class EmbeddedKafka(Service):
         started = time.monotonic()
         self._console = self.console_log_path.open("ab")
         self._proc = subprocess.Popen(
-            cmd,
+            die_with_parent(cmd),
             stdin=subprocess.DEVNULL,
             stdout=self._console,
             stderr=subprocess.STDOUT,
             cwd=data_dir,
+            env=child_environment(JAVA),  # nothing of keg's own environment (keys)
         )
         atexit.register(self.stop)
         self._wait_ready(started)
@@ -774,7 +780,8 @@ class EmbeddedKafka(Service):
                 cmd += ["--add-scram", scram_credential_spec(mechanism, name, password)]
         log.info("formatting KRaft storage in %s (cluster id %s)", self._kraft_dir, cluster_id)
         done = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+            check=False, env=child_environment(JAVA),
         )
         if done.returncode != 0:
             output = self._redact(_tail_text(done.stdout + done.stderr, 30))

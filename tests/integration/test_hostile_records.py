@@ -235,6 +235,7 @@ def test_connections_holding_big_frames_are_bounded_together(
         [Record(0, 0, None, b"x" * (10 * 1024 * 1024), [])]))
     with Gateway(settings) as gateway:
         ext_proc_pid = gateway.ext_proc_pid
+        assert ext_proc_pid is not None
         before = process_rss(ext_proc_pid)
         host, port = gateway.bootstrap.rsplit(":", 1)
         sockets: list[socket.socket] = []

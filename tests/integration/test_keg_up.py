@@ -79,8 +79,16 @@ class KegUp:
 @contextmanager
 def keg_up(kafka: EmbeddedKafka, cwd: Path, cache: Path, rules: Path,
            *extra: str) -> Iterator[KegUp]:
-    command = [sys.executable, "-m", "keg", "up", "--bootstrap-servers", kafka.bootstrap,
-               "--rules", str(rules), "--listen-port-base", "0", "--metrics-port", "0",
+    with run_keg_up(cwd, cache, rules, "--bootstrap-servers", kafka.bootstrap, *extra) as up:
+        yield up
+
+
+@contextmanager
+def run_keg_up(cwd: Path, cache: Path, rules: Path, *extra: str) -> Iterator[KegUp]:
+    """`keg up` on free ports, its state in `cache`; without --bootstrap-servers in
+    `extra` with its embedded broker."""
+    command = [sys.executable, "-m", "keg", "up", "--rules", str(rules),
+               "--listen-port-base", "0", "--metrics-port", "0",
                "--api-port", str(free_port()), "--log-level", "WARNING", *extra]
     env = {**os.environ, "KEG_CACHE_DIR": str(cache)}
     env.pop("COLUMNS", None)

@@ -2,7 +2,7 @@
 
 A broker with a SASL_PLAINTEXT listener (PLAIN and SCRAM) sits behind the gateway;
 the control plane logs in to discover it. Rules are read from a directory the test
-rewrites while clients stay connected.
+rewrites while clients stay connected. Every test runs on both data paths (`env`).
 """
 
 from __future__ import annotations
@@ -128,8 +128,11 @@ class Env:
         return int(high - low)
 
 
-@pytest.fixture(scope="module")
-def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+@pytest.fixture(scope="module", params=["ext-proc", "native"])
+def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Env]:
+    """Both data paths: the ext_proc service sees every byte, or keg's native filter
+    hands it only the frames these rules need (with the identity it read)."""
     base = tmp_path_factory.mktemp("rules-env")
     rules = base / "rules"
     rules.mkdir()
@@ -140,6 +143,7 @@ def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Itera
         bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
         sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, audit_log=audit,
         metrics_port=metrics_port, work_dir=base / "envoy", ext_proc_log_level="WARNING",
+        data_path=request.param,
     )
     with Gateway(settings) as gateway:
         yield Env(kafka, gateway, rules, audit, metrics_port)

@@ -252,6 +252,9 @@ def test_health_readiness_and_metrics_are_public(client: TestClient, store: Rule
 
     not_ready = make_client(store, ready=lambda: False).get("/readyz")
     assert not_ready.status_code == 503 and not_ready.headers["Retry-After"] == "5"
+    down = make_client(store, problems=lambda: ["ext_proc restarting"]).get("/readyz")
+    assert down.status_code == 503 and down.json()["detail"] == "ext_proc restarting"
+    assert make_client(store, problems=list).get("/readyz").status_code == 200
 
 
 class _DownBackend:

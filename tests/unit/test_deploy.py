@@ -73,6 +73,33 @@ def test_compose_has_the_whole_deployment(compose: dict[str, Any]) -> None:
                 assert (REPO_ROOT / source).exists(), f"{name} mounts missing {source}"
 
 
+def test_every_service_restarts_and_has_a_health_check(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        assert service.get("restart") in ("always", "unless-stopped"), name
+        check = service.get("healthcheck", {})
+        assert check.get("test") and check["test"][0] in ("CMD", "CMD-SHELL"), name
+        assert not check.get("disable"), name
+
+
+def test_health_checks_probe_what_their_service_serves(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    ext_proc = options(services["ext-proc"]["command"][1:])
+    check = " ".join(services["ext-proc"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{ext_proc['--metrics-port']}/metrics" in check
+    assert f"('127.0.0.1', {ext_proc['--port']})" in check
+    plane = options(services["control-plane"]["command"][1:])
+    check = " ".join(services["control-plane"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{plane['--api-port']}/readyz" in check
+    admin_port = re.search(r"s/\$\$\{ADMIN_PORT\}/(\d+)/", services["envoy"]["command"][0])
+    assert admin_port is not None
+    check = " ".join(services["envoy"]["healthcheck"]["test"])
+    assert f"/dev/tcp/127.0.0.1/{admin_port.group(1)}" in check and "/ready" in check
+    # Envoy serves clients only once the data path and its configuration are there.
+    assert services["envoy"]["depends_on"] == {
+        "control-plane": {"condition": "service_healthy"},
+        "ext-proc": {"condition": "service_healthy"}}
+
+
 def options(argv: list[str]) -> dict[str, str | None]:
     found: dict[str, str | None] = {}
     for arg in argv:

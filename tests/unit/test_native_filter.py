@@ -17,14 +17,21 @@ from control_plane.native_filter import (
     ENVOY_VERSION,
     FILTER_TYPE,
     MODULE_NAME,
+    HandOff,
     NativeFilter,
+    interest,
+    interest_requests,
     module_config,
     network_filter,
     runs_module,
 )
+from control_plane.providers import StaticRuleProvider
 from control_plane.service import ControlPlane, ControlPlaneSettings
 from control_plane.snapshot import EXTENSION_CONFIG, LISTENER
 from control_plane.topology import Broker, Topology
+from ext_proc.frames import MAX_VERSION
+from filter_rules import RuleSet, load_rule_text
+from kafka_wire.api_keys import FETCH, METADATA, PRODUCE
 from keg.embedded.envoy import envoy_binary
 from keg.embedded.native import CRATE_DIR
 
@@ -143,3 +150,78 @@ def test_the_module_config_names_routes_and_broker_endpoints() -> None:
     value = wrappers_pb2.StringValue()
     assert message.filter_config.Unpack(value)
     assert json.loads(value.value) == config
+
+
+DENY_SECRET_TOPICS = """
+rules:
+  - id: secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+"""
+
+
+def _module_config(plane: ControlPlane, node: str) -> dict[str, object]:
+    snapshot = plane.cache.get(node)
+    assert snapshot is not None
+    resource = snapshot.resources[EXTENSION_CONFIG]["keg/default"]
+    value = wrappers_pb2.StringValue()
+    message = network_filter({}).__class__()
+    message.MergeFromString(resource.typed_config.value)
+    assert message.filter_config.Unpack(value)
+    config = json.loads(value.value)
+    assert isinstance(config, dict)
+    return config
+
+
+def test_a_rule_change_changes_the_interest_table_not_the_listeners() -> None:
+    """Native nodes learn which requests to hand to the Python chain from the module's
+    configuration (ECDS): a rule change reaches live connections, listeners stay."""
+    async def scenario() -> None:
+        rules = StaticRuleProvider(RuleSet(), version="1")
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=7001,
+            data_path="native", message_timeout_s=1.5), rules=rules)
+        plane._loop = asyncio.get_running_loop()
+        plane._rules_changed()
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        before = plane.cache.get("envoy")
+        quiet = _module_config(plane, "envoy")["interest"]
+        assert isinstance(quiet, dict)
+        assert quiet["endpoints"] == ["127.0.0.1:7001"]
+        assert quiet["handoff_timeout_ms"] == 1500 and quiet["failure_mode_allow"] is False
+        assert PRODUCE not in {r[0] for r in quiet["requests"]}
+        rules.set(load_rule_text(DENY_SECRET_TOPICS, "r.yaml"), version="2")
+        plane._rules_changed()
+        after = plane.cache.get("envoy")
+        assert before is not None and after is not None
+        assert before.resource_versions[LISTENER] == after.resource_versions[LISTENER]
+        ruled = _module_config(plane, "envoy")["interest"]
+        assert isinstance(ruled, dict)
+        assert ruled["version"] == "2"
+        assert [PRODUCE, 0, MAX_VERSION] in ruled["requests"]
+
+    asyncio.run(scenario())
+
+
+def test_the_interest_table_without_the_rules_secrets_is_a_superset(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A record rule whose key only the ext_proc service can read: the control plane
+    cannot build it, and hands off every API a rule may touch instead of guessing."""
+    ruleset = load_rule_text("""
+rules:
+  - id: encrypt-cards
+    match: {topics: {exact: [payments]}}
+    action: {encrypt: {fields: [$.card], key: {id: k1, secret: {env: KEG_TEST_KEY_NOBODY_SETS}}}}
+""", "r.yaml")
+    requests = interest_requests(ruleset)
+    assert "KEG_TEST_KEY_NOBODY_SETS is not set" in caplog.text
+    assert (PRODUCE, 0, MAX_VERSION) in requests and (FETCH, 0, MAX_VERSION) in requests
+    assert METADATA in {key for key, _, _ in requests}, "what the chain always learns from"
+
+
+def test_the_interest_goes_into_the_module_config() -> None:
+    table = interest(RuleSet(), "7", HandOff(("h:1", "h:2"), failure_mode_allow=True))
+    config = module_config(NativeFilter("keg/default", interest=table), {1: ("gw", 19092)})
+    assert config["interest"] == table
+    assert table["endpoints"] == ["h:1", "h:2"] and table["failure_mode_allow"] is True

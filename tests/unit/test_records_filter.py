@@ -250,5 +250,6 @@ def test_record_rules_that_run_past_the_frames_time_are_refused() -> None:
     response: dict[str, Any] = {"Responses": []}
     verdict.patch(response)
     refused = response["Responses"][0]["PartitionResponses"][0]
-    assert refused["ErrorCode"] == 10 and "ran past the frame's 0 s budget" in \
+    # Out of time is retriable (a busy gateway may manage next time): REQUEST_TIMED_OUT.
+    assert refused["ErrorCode"] == 7 and "ran past the frame's 0 s budget" in \
         refused["ErrorMessage"]

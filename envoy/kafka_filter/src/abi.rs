@@ -87,6 +87,15 @@ type DefineCounter = unsafe extern "C" fn(ConfigEnvoyPtr, ModuleBuffer, *mut usi
 type IncrementCounter = unsafe extern "C" fn(FilterEnvoyPtr, usize, u64) -> u32;
 type Log = unsafe extern "C" fn(u32, ModuleBuffer);
 type GetAddress = unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer, *mut u32) -> bool;
+type GetConnectionId = unsafe extern "C" fn(FilterEnvoyPtr) -> u64;
+type SchedulerNew = unsafe extern "C" fn(FilterEnvoyPtr) -> SchedulerPtr;
+type SchedulerCommit = unsafe extern "C" fn(SchedulerPtr, u64);
+type SchedulerDelete = unsafe extern "C" fn(SchedulerPtr);
+type ReadDisable = unsafe extern "C" fn(FilterEnvoyPtr, bool) -> u32;
+
+/// `envoy_dynamic_module_type_network_filter_scheduler_module_ptr`: made on the worker
+/// thread by `scheduler_new`, committed from any thread, deleted on the worker thread.
+pub type SchedulerPtr = *mut c_void;
 
 /// The Envoy callbacks the module calls, resolved once per process.
 #[derive(Clone, Copy)]
@@ -104,10 +113,16 @@ pub struct Callbacks {
     pub increment_counter: IncrementCounter,
     pub log: Log,
     pub local_address: GetAddress,
+    pub remote_address: GetAddress,
+    pub connection_id: GetConnectionId,
+    pub scheduler_new: SchedulerNew,
+    pub scheduler_commit: SchedulerCommit,
+    pub scheduler_delete: SchedulerDelete,
+    pub read_disable: ReadDisable,
 }
 
 /// Every callback by its symbol name, in the order [`Callbacks::from_symbols`] takes them.
-pub const CALLBACK_SYMBOLS: [&CStr; 13] = [
+pub const CALLBACK_SYMBOLS: [&CStr; 19] = [
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks_size",
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks",
     c"envoy_dynamic_module_callback_network_filter_drain_read_buffer",
@@ -121,6 +136,12 @@ pub const CALLBACK_SYMBOLS: [&CStr; 13] = [
     c"envoy_dynamic_module_callback_network_filter_increment_counter",
     c"envoy_dynamic_module_callback_log",
     c"envoy_dynamic_module_callback_network_filter_get_local_address",
+    c"envoy_dynamic_module_callback_network_filter_get_remote_address",
+    c"envoy_dynamic_module_callback_network_filter_get_connection_id",
+    c"envoy_dynamic_module_callback_network_filter_scheduler_new",
+    c"envoy_dynamic_module_callback_network_filter_scheduler_commit",
+    c"envoy_dynamic_module_callback_network_filter_scheduler_delete",
+    c"envoy_dynamic_module_callback_network_filter_read_disable",
 ];
 
 static CALLBACKS: OnceLock<Callbacks> = OnceLock::new();
@@ -159,6 +180,12 @@ impl Callbacks {
             increment_counter: f::<*mut c_void, IncrementCounter>(s[10]),
             log: f::<*mut c_void, Log>(s[11]),
             local_address: f::<*mut c_void, GetAddress>(s[12]),
+            remote_address: f::<*mut c_void, GetAddress>(s[13]),
+            connection_id: f::<*mut c_void, GetConnectionId>(s[14]),
+            scheduler_new: f::<*mut c_void, SchedulerNew>(s[15]),
+            scheduler_commit: f::<*mut c_void, SchedulerCommit>(s[16]),
+            scheduler_delete: f::<*mut c_void, SchedulerDelete>(s[17]),
+            read_disable: f::<*mut c_void, ReadDisable>(s[18]),
         }
     }
 

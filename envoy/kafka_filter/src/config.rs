@@ -1,22 +1,26 @@
 //! The module's `filter_config` (JSON, from the control plane) and the process-wide
-//! route tables it feeds.
+//! tables it feeds.
 //!
 //! ```json
 //! {"route_table": "keg", "max_frame_size": 104857600, "max_held_bytes": 1073741824,
-//!  "routes": [{"node_id": 1, "gateway": "127.0.0.1:19092", "broker": "kafka-1:9092"}]}
+//!  "routes": [{"node_id": 1, "gateway": "127.0.0.1:19092", "broker": "kafka-1:9092"}],
+//!  "interest": {"version": "7", "requests": [[0, 0, 32767]], "endpoints": ["127.0.0.1:5001"],
+//!               "failure_mode_allow": false, "handoff_timeout_ms": 2000}}
 //! ```
 //!
-//! Routes live in a process-wide table named by `route_table`: loading a configuration
-//! (a listener or an ECDS update) replaces that table's routes, and every connection,
-//! including those created from an older configuration, reads the table when it
-//! rewrites a response. A route change therefore reaches live connections without a
-//! listener change (which would drain them).
+//! Routes and the interest table (which requests go to the Python service, see
+//! [`crate::core::interest`]) live in a process-wide table named by `route_table`:
+//! loading a configuration (a listener or an ECDS update) replaces both, and every
+//! connection, including those created from an older configuration, reads the table
+//! when it decides a request or rewrites a response. A route or rule change therefore
+//! reaches live connections without a listener change (which would drain them).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use serde::Deserialize;
 
+use crate::core::interest::Interest;
 use crate::core::rewrite::{Endpoint, Routes};
 use crate::core::SessionLimits;
 
@@ -40,6 +44,8 @@ struct RawConfig {
     max_frame_size: usize,
     #[serde(default = "default_max_held_bytes")]
     max_held_bytes: usize,
+    #[serde(default)]
+    interest: Option<serde_json::Value>,
 }
 
 fn default_table() -> String {
@@ -54,25 +60,33 @@ fn default_max_held_bytes() -> usize {
     1 << 30
 }
 
-/// One route table's current routes; connections keep the slot, not the routes.
-pub type RouteSlot = Arc<RwLock<Arc<Routes>>>;
+/// What a configuration of a table installs, replaced whole.
+#[derive(Debug, Default)]
+pub struct Table {
+    pub routes: Arc<Routes>,
+    pub interest: Arc<Interest>,
+}
+
+/// One table's current contents; connections keep the slot, not the contents.
+pub type TableSlot = Arc<RwLock<Arc<Table>>>;
 
 #[derive(Debug)]
 pub struct FilterConfig {
     pub route_table: String,
-    pub routes: RouteSlot,
+    pub table: TableSlot,
     pub limits: SessionLimits,
     /// Bytes all connections of the process may hold before new holds close theirs.
     pub max_held_bytes: usize,
 }
 
-fn tables() -> &'static Mutex<HashMap<String, RouteSlot>> {
-    static TABLES: OnceLock<Mutex<HashMap<String, RouteSlot>>> = OnceLock::new();
+fn tables() -> &'static Mutex<HashMap<String, TableSlot>> {
+    static TABLES: OnceLock<Mutex<HashMap<String, TableSlot>>> = OnceLock::new();
     TABLES.get_or_init(Default::default)
 }
 
 impl FilterConfig {
-    /// Parses the JSON and installs its routes as the current ones of its table.
+    /// Parses the JSON and installs its routes and interest as the current ones of its
+    /// table.
     pub fn load(json: &[u8]) -> Result<FilterConfig, String> {
         let raw: RawConfig = serde_json::from_slice(json).map_err(|e| format!("filter_config: {e}"))?;
         let mut routes = Routes::default();
@@ -89,25 +103,37 @@ impl FilterConfig {
         if raw.max_frame_size < 8 {
             return Err("filter_config: max_frame_size must be at least 8".into());
         }
-        let routes = Arc::new(routes);
+        let interest = match raw.interest {
+            Some(value) => Interest::parse(value).map_err(|e| format!("filter_config: {e}"))?,
+            None => Interest::default(),
+        };
+        let table = Arc::new(Table { routes: Arc::new(routes), interest: Arc::new(interest) });
         let slot = {
             let mut tables = tables().lock().unwrap_or_else(|e| e.into_inner());
             let slot = tables.entry(raw.route_table.clone())
-                .or_insert_with(|| Arc::new(RwLock::new(routes.clone())))
+                .or_insert_with(|| Arc::new(RwLock::new(table.clone())))
                 .clone();
-            *slot.write().unwrap_or_else(|e| e.into_inner()) = routes;
+            *slot.write().unwrap_or_else(|e| e.into_inner()) = table;
             slot
         };
         Ok(FilterConfig {
             route_table: raw.route_table,
-            routes: slot,
+            table: slot,
             limits: SessionLimits { max_frame_size: raw.max_frame_size },
             max_held_bytes: raw.max_held_bytes,
         })
     }
 
+    pub fn current(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub fn current_routes(&self) -> Arc<Routes> {
-        self.routes.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current().routes.clone()
+    }
+
+    pub fn current_interest(&self) -> Arc<Interest> {
+        self.current().interest.clone()
     }
 }
 
@@ -121,6 +147,19 @@ mod tests {
         assert_eq!(first.current_routes().gateway[&1].port, 1);
         let _second = FilterConfig::load(br#"{"route_table": "t1", "routes": [{"node_id": 1, "gateway": "gw:2"}]}"#).unwrap();
         assert_eq!(first.current_routes().gateway[&1].port, 2);
+    }
+
+    #[test]
+    fn a_newer_interest_table_reaches_connections_of_older_configs() {
+        let first = FilterConfig::load(br#"{"route_table": "t2"}"#).unwrap();
+        assert!(!first.current_interest().wants(0, 9));
+        let _second = FilterConfig::load(br#"{"route_table": "t2", "interest":
+            {"version": "2", "requests": [[0, 0, 32767]], "endpoints": ["127.0.0.1:1"]}}"#).unwrap();
+        assert!(first.current_interest().wants(0, 9));
+        assert_eq!(first.current_interest().version, "2");
+        let err = FilterConfig::load(br#"{"route_table": "t2", "interest": {"requests": [[0, 0, 1]]}}"#).unwrap_err();
+        assert!(err.contains("no endpoints"), "{err}");
+        assert!(first.current_interest().wants(0, 9), "a refused config changes nothing");
     }
 
     #[test]

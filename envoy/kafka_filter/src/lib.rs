@@ -8,4 +8,5 @@
 pub mod abi;
 pub mod config;
 pub mod core;
+pub mod handoff;
 mod ffi;

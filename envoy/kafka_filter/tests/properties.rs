@@ -10,8 +10,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 use kafka_protocol::messages::{describe_configs_response as cfg, fetch_response as fr, ApiKey, BrokerId};
 use kafka_protocol::protocol::StrBytes;
+use keg_kafka_filter::core::handoff::Failure;
+use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::rewrite::Routes;
-use keg_kafka_filter::core::{Output, Session, SessionLimits};
+use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 use proptest::prelude::*;
 
 /// Requests whose responses the core examines, and a few it passes.
@@ -80,6 +82,72 @@ fn passing_request() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
+/// Hands off the APIs whose bit is set in the mask.
+struct HandOffSome(u64);
+
+impl RequestPolicy for HandOffSome {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        if (self.0 >> head.api_key.rem_euclid(64)) & 1 == 1 {
+            Disposition::HandOff { fail_open: self.0 & 1 == 0 }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+/// An answer the service (or its absence) might give, chosen by `pick`.
+fn resolution(pick: u8, frame: &[u8], noise: &[u8]) -> Resolution {
+    match pick % 7 {
+        0 => Resolution::Request { forward: frame.to_vec(), answer: None, want_response: pick & 8 != 0 },
+        1 => Resolution::Request { forward: vec![], answer: Some(noise.to_vec()), want_response: false },
+        2 => Resolution::Request { forward: noise.to_vec(), answer: None, want_response: true },
+        3 => Resolution::Response { answer: noise.to_vec() },
+        4 => Resolution::Failed(Failure::Timeout),
+        5 => Resolution::Close,
+        _ => Resolution::Request { forward: vec![], answer: None, want_response: false },
+    }
+}
+
+/// Feeds `requests` and `responses` with hand-offs resolved by `picks` (eagerly or
+/// after both directions, by `eager`); what reached the broker, or Err.
+fn drive_handoffs(mask: u64, requests: &[u8], responses: &[u8], cuts: &[usize], picks: &[u8], eager: bool,
+                  routes: &Routes) -> Result<Vec<u8>, ()> {
+    let mut session = Session::with_policy(SessionLimits { max_frame_size: 1 << 20 }, HandOffSome(mask));
+    let (mut forwarded, mut deferred, mut n) = (Vec::new(), Vec::new(), 0);
+    let mut settle = |session: &mut Session<HandOffSome>, deferred: &mut Vec<_>, forwarded: &mut Vec<u8>, now: bool| -> Result<(), ()> {
+        deferred.extend(session.take_handoffs());
+        if now {
+            for h in deferred.drain(..) {
+                let h: keg_kafka_filter::core::HandOff = h;
+                let pick = picks.get(n % picks.len().max(1)).copied().unwrap_or(0);
+                n += 1;
+                session.resolve(h.id, resolution(pick, &h.frame, &h.frame[..h.frame.len() / 2])).map_err(|_| ())?;
+                // A second answer to the same hand-off changes nothing.
+                session.resolve(h.id, Resolution::Close).map_err(|_| ())?;
+            }
+        }
+        let mut out = Output::default();
+        session.ready_requests(&mut out);
+        forwarded.extend(bytes_of(&[], &out));
+        let mut out = Output::default();
+        session.ready_responses(&mut out);
+        Ok(())
+    };
+    for chunk in split(requests, cuts) {
+        let mut out = Output::default();
+        session.feed_requests(chunk, &mut out).map_err(|_| ())?;
+        forwarded.extend(bytes_of(chunk, &out));
+        settle(&mut session, &mut deferred, &mut forwarded, eager)?;
+    }
+    for chunk in split(responses, cuts) {
+        let mut out = Output::default();
+        session.feed_responses(chunk, view(routes), &mut out).map_err(|_| ())?;
+        settle(&mut session, &mut deferred, &mut forwarded, eager)?;
+    }
+    settle(&mut session, &mut deferred, &mut forwarded, true)?;
+    Ok(forwarded)
+}
+
 fn cases() -> u32 {
     std::env::var("KEG_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
 }
@@ -94,6 +162,26 @@ proptest! {
         let routes = routes();
         let (forwarded, _) = drive(&stream, &[], &cuts, &routes).expect("valid requests");
         prop_assert_eq!(forwarded, stream);
+    }
+
+    #[test]
+    fn handed_off_requests_answered_unchanged_are_the_identity(
+            frames in proptest::collection::vec(passing_request(), 1..8), mask in any::<u64>(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6), eager in any::<bool>()) {
+        let stream = frames.concat();
+        let routes = routes();
+        let forwarded = drive_handoffs(mask, &stream, &[], &cuts, &[0], eager, &routes).expect("valid requests");
+        prop_assert_eq!(forwarded, stream);
+    }
+
+    #[test]
+    fn any_answer_to_any_handoff_never_panics(
+            requests in proptest::collection::vec(any::<u8>(), 0..300), mask in any::<u64>(),
+            responses in proptest::collection::vec(any::<u8>(), 0..300), picks in proptest::collection::vec(any::<u8>(), 1..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6), eager in any::<bool>()) {
+        let routes = routes();
+        let _ = drive_handoffs(mask, &requests, &responses, &cuts, &picks, eager, &routes);
+        let _ = drive_handoffs(mask | 0b10, &asked_requests(), &responses, &cuts, &picks, eager, &routes);
     }
 
     #[test]
@@ -154,9 +242,13 @@ fn one_input(rng: &mut Rng, routes: &Routes, valid: &[Vec<u8>], asked: &[u8]) ->
         data.truncate(keep);
     }
     let cuts: Vec<usize> = (0..rng.below(5)).map(|_| rng.next() as usize).collect();
+    let (mask, picks) = (rng.next(), rng.next().to_le_bytes());
+    let eager = rng.below(2) == 0;
     catch_unwind(AssertUnwindSafe(|| {
         let _ = drive(&data, &[], &cuts, routes);
         let _ = drive(asked, &data, &cuts, routes);
+        let _ = drive_handoffs(mask, &data, &[], &cuts, &picks, eager, routes);
+        let _ = drive_handoffs(mask, asked, &data, &cuts, &picks, eager, routes);
     }))
     .is_err()
 }

@@ -4,7 +4,11 @@
 //! through, never copied by the core) and bytes of its own (rewritten or held frames,
 //! answers it gives itself).
 
+pub mod handoff;
 pub mod head;
+pub mod identity;
+pub mod interest;
+pub mod outbox;
 pub mod rewrite;
 pub mod session;
 pub mod skim;
@@ -14,6 +18,7 @@ pub mod wire;
 use std::fmt;
 use std::ops::Range;
 
+pub use handoff::{Direction, HandOff, Resolution};
 pub use session::{Disposition, ForwardAll, RequestPolicy, Session, SessionLimits};
 
 /// The peer broke the protocol (or the gateway cannot serve it): close the connection.
@@ -24,6 +29,8 @@ pub enum ProtocolError {
     Malformed(&'static str),
     UnexpectedResponse { correlation_id: i32, expected: Option<i32> },
     NoRoute(i32),
+    /// The Python service's answer cannot be applied (or it asked to close).
+    HandOff(String),
 }
 
 impl fmt::Display for ProtocolError {
@@ -41,6 +48,7 @@ impl fmt::Display for ProtocolError {
                 write!(f, "response {correlation_id} without a request")
             }
             ProtocolError::NoRoute(node) => write!(f, "no gateway route for broker {node}"),
+            ProtocolError::HandOff(why) => write!(f, "hand-off: {why}"),
         }
     }
 }
@@ -52,6 +60,9 @@ impl std::error::Error for ProtocolError {}
 pub enum Piece {
     Input(Range<usize>),
     Owned(Vec<u8>),
+    /// The place of a frame handed off (internal: never in an output a caller gets,
+    /// see [`outbox::Outbox::route`]).
+    HandOff(u64),
 }
 
 /// What to send on, in order.
@@ -97,6 +108,7 @@ impl Output {
         self.pieces.iter().map(|p| match p {
             Piece::Input(r) => r.len(),
             Piece::Owned(b) => b.len(),
+            Piece::HandOff(_) => 0,
         }).sum()
     }
 
@@ -110,6 +122,7 @@ impl Output {
             match piece {
                 Piece::Input(r) => dst.extend_from_slice(&input[r.clone()]),
                 Piece::Owned(b) => dst.extend_from_slice(b),
+                Piece::HandOff(_) => {}
             }
         }
     }

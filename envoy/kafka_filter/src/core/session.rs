@@ -1,34 +1,49 @@
 //! One Kafka connection, both directions.
 //!
-//! Contract (what the FFI layer, and later phases, rely on):
+//! Contract (what the FFI layer relies on):
 //! - Ordering: a slot is reserved in the in-flight queue when a request's head has been
 //!   read, before any of its bytes pass; responses leave in the order of those slots,
-//!   whether the broker answers, the gateway answers ([`Disposition::Answer`]) or a
-//!   response is held to be examined. A broker response whose correlation id is not the
-//!   oldest forwarded request's is a protocol violation.
+//!   whether the broker answers, the gateway answers ([`Disposition::Answer`]), a
+//!   response is held to be examined, or a frame waits for the Python service. A broker
+//!   response whose correlation id is not the oldest forwarded request's is a protocol
+//!   violation.
 //! - Pass-through: a frame nobody needs is forwarded as ranges of the input as it arrives
 //!   (its head first, so a decision is always made before the first byte leaves).
+//! - Hand-off ([`Disposition::HandOff`]): the whole request is collected and becomes a
+//!   [`HandOff`] ([`Session::take_handoffs`]); its place in the request stream, and its
+//!   slot, wait for its [`Resolution`] ([`Session::resolve`]). Requests after it are
+//!   queued behind it ([`Outbox`]), never forwarded before it; the same holds for a
+//!   broker response the service asked for, and the responses after it. Hand-offs are
+//!   pipelined: several may be pending, each resolves into its own place.
+//! - Identity: SaslHandshake and SaslAuthenticate frames (both directions) are copied
+//!   while they pass and read by [`Identity`]; hand-offs carry the principal.
 //! - Bounds: every frame's size is checked against `max_frame_size` when its size prefix
 //!   arrives; the core holds at most one partial head and one held frame per direction
-//!   plus the gateway's own pending answers ([`Session::held_bytes`]).
+//!   plus the gateway's own pending answers and what waits behind hand-offs
+//!   ([`Session::held_bytes`], [`Session::handoff_bytes`]).
 //! - Errors: any malformed input is a [`ProtocolError`]; the caller closes the
 //!   connection. The core never panics on input (property-tested).
-//!
-//! Phase 2 hooks: [`RequestPolicy::decide`] is where native request rules answer; a
-//! `Hold` disposition (hand a frame to the Python service, resume later) fits the same
-//! queue: its slot is reserved at the head and later requests queue behind it.
 
 use std::collections::VecDeque;
 
-use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, RESPONSE_HEAD};
+use bytes::Bytes;
+
+use super::handoff::{produce_timed_out, Direction, HandOff, Resolution};
+use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, PRODUCE, RESPONSE_HEAD};
+use super::identity::{self, Identity};
+use super::outbox::Outbox;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
-use super::{Output, ProtocolError};
+use super::{Output, Piece, ProtocolError};
 
-const SASL_HANDSHAKE: i16 = 17;
+const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
 /// Held frames grow as their bytes arrive, from this much.
 const INITIAL_HOLD_CAPACITY: usize = 64 * 1024;
+/// A SASL frame is copied up to this much while it passes: beyond it the tracker does
+/// not read it anyway (Kafka's `sasl.server.max.receive.size`), so a huge one costs no
+/// copy of its own.
+const OBSERVE_LIMIT: usize = identity::MAX_AUTH_BYTES + 1024;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -50,6 +65,9 @@ pub enum Disposition {
     /// Drop it; answer the client with this complete response frame (size prefix
     /// included) in its turn.
     Answer(Vec<u8>),
+    /// Collect it whole and hand it to the Python service; `fail_open` says what the
+    /// absence of an answer means (forward as it was, or fail closed).
+    HandOff { fail_open: bool },
 }
 
 pub trait RequestPolicy {
@@ -74,8 +92,14 @@ impl RequestPolicy for Box<dyn RequestPolicy + Send> {
 
 #[derive(Debug)]
 enum Reply {
-    Broker(Plan),
+    /// The broker answers; `handoff` (with its fail-open flag) when the Python service
+    /// asked for that answer.
+    Broker { plan: Plan, handoff: Option<bool> },
     Local(Vec<u8>),
+    /// The request is being collected to be handed off.
+    Collecting,
+    /// The request waits for the Python service's answer to hand-off `id`.
+    Pending(u64),
 }
 
 #[derive(Debug)]
@@ -86,20 +110,48 @@ struct InFlight {
     reply: Reply,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A request collected whole to be handed off.
+#[derive(Debug)]
+struct Collect {
+    remaining: usize,
+    api_key: i16,
+    api_version: i16,
+    expects_response: bool,
+    fail_open: bool,
+    frame: Vec<u8>,
+}
+
+#[derive(Debug)]
 enum RequestState {
     Head,
     Pass(usize),
     Drop(usize),
+    /// Passes, and is copied for the identity tracker (SASL frames).
+    Observe { remaining: usize, api_key: i16, api_version: i16, frame: Vec<u8> },
+    Collect(Collect),
     Opaque,
 }
 
 #[derive(Debug)]
 enum ResponseState {
     Head,
-    Pass { remaining: usize, api_key: i16, api_version: i16 },
-    Hold { remaining: usize, api_key: i16, api_version: i16, plan: Plan, frame: Vec<u8> },
+    /// Passes; `observe` keeps a copy for the identity tracker (SASL answers).
+    Pass { remaining: usize, api_key: i16, api_version: i16, observe: Option<Vec<u8>> },
+    Hold { remaining: usize, api_key: i16, api_version: i16, plan: Plan, handoff: Option<bool>, frame: Vec<u8> },
     Opaque,
+}
+
+/// A hand-off whose answer has not come back.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    direction: Direction,
+    /// What was handed off: forwarded as it is when the hand-off fails open.
+    frame: Bytes,
+    api_key: i16,
+    api_version: i16,
+    expects_response: bool,
+    fail_open: bool,
 }
 
 pub struct Session<P: RequestPolicy = ForwardAll> {
@@ -112,12 +164,48 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     requests_turn_opaque: bool,
     response: ResponseState,
     response_head: Vec<u8>,
+    next_handoff: u64,
+    handoffs: Vec<HandOff>,
+    pending: VecDeque<Pending>,
+    requests_out: Outbox,
+    responses_out: Outbox,
+    pub identity: Identity,
     pub stats: Stats,
 }
 
 impl Session<ForwardAll> {
     pub fn new(limits: SessionLimits) -> Self {
         Session::with_policy(limits, ForwardAll)
+    }
+}
+
+enum HeadBytes {
+    Input(usize, usize),
+    Kept(Vec<u8>),
+}
+
+impl HeadBytes {
+    fn len(&self) -> usize {
+        match self {
+            HeadBytes::Input(start, end) => end - start,
+            HeadBytes::Kept(bytes) => bytes.len(),
+        }
+    }
+
+    fn emit(self, out: &mut Output) {
+        match self {
+            HeadBytes::Input(start, end) => out.pass(start..end),
+            HeadBytes::Kept(bytes) => out.owned(bytes),
+        }
+    }
+
+    fn to_vec(&self, input: &[u8], capacity: usize) -> Vec<u8> {
+        let mut frame = Vec::with_capacity(capacity.max(self.len()));
+        match self {
+            HeadBytes::Input(start, end) => frame.extend_from_slice(&input[*start..*end]),
+            HeadBytes::Kept(bytes) => frame.extend_from_slice(bytes),
+        }
+        frame
     }
 }
 
@@ -132,6 +220,12 @@ impl<P: RequestPolicy> Session<P> {
             requests_turn_opaque: false,
             response: ResponseState::Head,
             response_head: Vec::new(),
+            next_handoff: 1,
+            handoffs: Vec::new(),
+            pending: VecDeque::new(),
+            requests_out: Outbox::default(),
+            responses_out: Outbox::default(),
+            identity: Identity::default(),
             stats: Stats::default(),
         }
     }
@@ -140,13 +234,29 @@ impl<P: RequestPolicy> Session<P> {
     pub fn held_bytes(&self) -> usize {
         let held = match &self.response {
             ResponseState::Hold { frame, .. } => frame.len(),
+            ResponseState::Pass { observe: Some(frame), .. } => frame.len(),
+            _ => 0,
+        };
+        let request = match &self.request {
+            RequestState::Observe { frame, .. } => frame.len(),
             _ => 0,
         };
         let local: usize = self.in_flight.iter().map(|e| match &e.reply {
             Reply::Local(bytes) => bytes.len(),
-            Reply::Broker(_) => 0,
+            _ => 0,
         }).sum();
-        self.request_head.len() + self.response_head.len() + held + local
+        self.request_head.len() + self.response_head.len() + held + request + local + self.handoff_bytes()
+    }
+
+    /// Bytes handed off and not answered yet, being collected to be handed off, or
+    /// queued behind a hand-off (the per-connection hand-off bound counts these).
+    pub fn handoff_bytes(&self) -> usize {
+        let collecting = match &self.request {
+            RequestState::Collect(c) => c.frame.len(),
+            _ => 0,
+        };
+        let pending: usize = self.pending.iter().map(|p| p.frame.len()).sum();
+        collecting + pending + self.requests_out.bytes() + self.responses_out.bytes()
     }
 
     /// Requests whose responses have not left yet.
@@ -154,36 +264,80 @@ impl<P: RequestPolicy> Session<P> {
         self.in_flight.len()
     }
 
+    /// Hand-offs whose answers have not come back.
+    pub fn pending_handoffs(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether requests wait behind a hand-off (a client's end of stream must wait too).
+    pub fn requests_waiting(&self) -> bool {
+        !self.requests_out.is_empty()
+    }
+
+    /// Whether responses wait behind a hand-off.
+    pub fn responses_waiting(&self) -> bool {
+        !self.responses_out.is_empty()
+    }
+
+    /// The frames to hand to the Python service made since the last call, in order.
+    pub fn take_handoffs(&mut self) -> Vec<HandOff> {
+        std::mem::take(&mut self.handoffs)
+    }
+
     // -- client -> broker -------------------------------------------------------------
 
-    /// Feeds bytes from the client; `out` receives what to forward to the broker.
+    /// Feeds bytes from the client; `out` receives what to forward to the broker now
+    /// (what waits behind a hand-off leaves later, see [`Session::ready_requests`]).
     pub fn feed_requests(&mut self, input: &[u8], out: &mut Output) -> Result<(), ProtocolError> {
+        let start = out.pieces.len();
         let mut pos = 0;
         while pos < input.len() {
-            match self.request {
+            match &mut self.request {
                 RequestState::Opaque => {
                     out.pass(pos..input.len());
                     pos = input.len();
                 }
                 RequestState::Pass(remaining) => {
+                    let remaining = *remaining;
                     let n = remaining.min(input.len() - pos);
                     out.pass(pos..pos + n);
                     pos += n;
                     self.request_continues(remaining - n, false);
                 }
                 RequestState::Drop(remaining) => {
+                    let remaining = *remaining;
                     let n = remaining.min(input.len() - pos);
                     pos += n;
                     self.request_continues(remaining - n, true);
                 }
+                RequestState::Observe { remaining, frame, .. } => {
+                    let n = (*remaining).min(input.len() - pos);
+                    out.pass(pos..pos + n);
+                    copy_observed(frame, &input[pos..pos + n]);
+                    pos += n;
+                    *remaining -= n;
+                    if *remaining == 0 {
+                        self.observed_request();
+                    }
+                }
+                RequestState::Collect(collect) => {
+                    let n = collect.remaining.min(input.len() - pos);
+                    collect.frame.extend_from_slice(&input[pos..pos + n]);
+                    pos += n;
+                    collect.remaining -= n;
+                    if collect.remaining == 0 {
+                        self.collected(out);
+                    }
+                }
                 RequestState::Head => {
                     let Some(head) = self.request_head(input, &mut pos)? else {
-                        return Ok(());
+                        break;
                     };
-                    self.on_request_head(head, &mut pos, out);
+                    self.on_request_head(head, input, &mut pos, out);
                 }
             }
         }
+        self.requests_out.route(input, out, start);
         Ok(())
     }
 
@@ -221,58 +375,80 @@ impl<P: RequestPolicy> Session<P> {
         }
     }
 
-    fn on_request_head(&mut self, head: RequestHead, pos: &mut usize, out: &mut Output) {
+    fn on_request_head(&mut self, head: RequestHead, input: &[u8], pos: &mut usize, out: &mut Output) {
         let frame_len = head.frame_len();
         self.stats.api(head.api_key, ApiCounter::Requests, 1);
         self.stats.api(head.api_key, ApiCounter::RequestBytes, frame_len as u64);
-        let disposition = self.policy.decide(&head);
-        let drop = matches!(disposition, Disposition::Answer(_));
-        match disposition {
+        let head_bytes = if self.request_head.is_empty() {
+            let start = *pos;
+            *pos += head.head_len;
+            HeadBytes::Input(start, *pos)
+        } else {
+            HeadBytes::Kept(std::mem::take(&mut self.request_head))
+        };
+        let remaining = frame_len - head_bytes.len();
+        let slot = |reply| InFlight {
+            correlation_id: head.correlation_id,
+            api_key: head.api_key,
+            api_version: head.api_version,
+            reply,
+        };
+        if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
+            self.requests_turn_opaque = true;
+        }
+        match self.policy.decide(&head) {
             Disposition::Forward => {
                 if head.expects_response() {
-                    let (plan, unreadable) = rewrite::plan(head.api_key, head.api_version);
-                    if unreadable {
-                        self.stats.add(Counter::UnreadableVersions, 1);
-                    }
-                    self.in_flight.push_back(InFlight {
-                        correlation_id: head.correlation_id,
-                        api_key: head.api_key,
-                        api_version: head.api_version,
-                        reply: Reply::Broker(plan),
-                    });
+                    let plan = self.response_plan(head.api_key, head.api_version);
+                    self.in_flight.push_back(slot(Reply::Broker { plan, handoff: None }));
                 }
-                if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
-                    self.requests_turn_opaque = true;
+                if identity::observes(head.api_key) {
+                    let frame = head_bytes.to_vec(input, frame_len.min(identity::MAX_AUTH_BYTES));
+                    head_bytes.emit(out);
+                    self.request = RequestState::Observe {
+                        remaining, api_key: head.api_key, api_version: head.api_version, frame,
+                    };
+                    if remaining == 0 {
+                        self.observed_request();
+                    }
+                } else {
+                    head_bytes.emit(out);
+                    self.request_continues(remaining, false);
                 }
             }
             Disposition::Answer(response) => {
                 self.stats.add(Counter::LocalAnswers, 1);
                 if head.expects_response() {
-                    self.in_flight.push_back(InFlight {
-                        correlation_id: head.correlation_id,
-                        api_key: head.api_key,
-                        api_version: head.api_version,
-                        reply: Reply::Local(response),
-                    });
+                    self.in_flight.push_back(slot(Reply::Local(response)));
+                }
+                self.request_continues(remaining, true);
+            }
+            Disposition::HandOff { fail_open } => {
+                if head.expects_response() {
+                    self.in_flight.push_back(slot(Reply::Collecting));
+                }
+                let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+                self.request = RequestState::Collect(Collect {
+                    remaining,
+                    api_key: head.api_key,
+                    api_version: head.api_version,
+                    expects_response: head.expects_response(),
+                    fail_open,
+                    frame,
+                });
+                if remaining == 0 {
+                    self.collected(out);
                 }
             }
         }
-        let consumed = if self.request_head.is_empty() {
-            let start = *pos;
-            *pos += head.head_len;
-            if !drop {
-                out.pass(start..*pos);
-            }
-            head.head_len
-        } else {
-            let buffered = std::mem::take(&mut self.request_head);
-            let n = buffered.len();
-            if !drop {
-                out.owned(buffered);
-            }
-            n
-        };
-        self.request_continues(frame_len - consumed, drop);
+    }
+
+    fn response_plan(&mut self, api_key: i16, api_version: i16) -> Plan {
+        let (plan, unreadable) = rewrite::plan(api_key, api_version);
+        if unreadable {
+            self.stats.add(Counter::UnreadableVersions, 1);
+        }
+        plan
     }
 
     fn request_continues(&mut self, remaining: usize, drop: bool) {
@@ -285,11 +461,171 @@ impl<P: RequestPolicy> Session<P> {
         };
     }
 
+    /// A SASL request passed whole: the identity tracker reads it.
+    fn observed_request(&mut self) {
+        if let RequestState::Observe { api_key, api_version, frame, .. } =
+            std::mem::replace(&mut self.request, RequestState::Head)
+        {
+            self.identity.observe_request(api_key, api_version, &frame);
+        }
+        self.request_continues(0, false);
+    }
+
+    /// A request collected whole: it becomes a hand-off and takes its place in the
+    /// request stream (and its slot) until its answer comes back.
+    fn collected(&mut self, out: &mut Output) {
+        let RequestState::Collect(c) = std::mem::replace(&mut self.request, RequestState::Head) else {
+            unreachable!("collected() outside Collect")
+        };
+        self.request_continues(0, false);
+        if identity::observes(c.api_key) {
+            self.identity.observe_request(c.api_key, c.api_version, &c.frame);
+        }
+        let id = self.next_handoff;
+        self.next_handoff += 1;
+        if c.expects_response {
+            // No request head is read while one is collected: its slot is the last.
+            if let Some(entry) = self.in_flight.back_mut() {
+                entry.reply = Reply::Pending(id);
+            }
+        }
+        let frame = Bytes::from(c.frame);
+        self.stats.add(Counter::HandoffRequests, 1);
+        self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open);
+        out.pieces.push(Piece::HandOff(id));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn hand_off(&mut self, id: u64, direction: Direction, frame: Bytes, api_key: i16, api_version: i16,
+                expects_response: bool, fail_open: bool) {
+        self.handoffs.push(HandOff {
+            id,
+            direction,
+            frame: frame.clone(),
+            api_key,
+            api_version,
+            principal: self.identity.known_principal(),
+            security_protocol: self.identity.security_protocol(),
+        });
+        self.pending.push_back(Pending { id, direction, frame, api_key, api_version, expects_response, fail_open });
+    }
+
+    /// Requests that may go to the broker now, after answers came back.
+    pub fn ready_requests(&mut self, out: &mut Output) {
+        self.requests_out.drain_ready(out);
+    }
+
+    // -- answers from the Python service ----------------------------------------------
+
+    /// Applies the answer to hand-off `id` (or its absence). An id that is not pending
+    /// (answered already, or a late answer after a failure) is ignored: a frame handed
+    /// off is forwarded or replaced once, never twice. Err: close the connection.
+    pub fn resolve(&mut self, id: u64, resolution: Resolution) -> Result<(), ProtocolError> {
+        let Some(index) = self.pending.iter().position(|p| p.id == id) else {
+            return Ok(());
+        };
+        let Some(pending) = self.pending.remove(index) else { return Ok(()) };
+        if let Resolution::Failed(_) = resolution {
+            self.stats.add(Counter::HandoffFailures, 1);
+            if pending.fail_open {
+                self.stats.add(Counter::HandoffFailedOpen, 1);
+            }
+        }
+        match pending.direction {
+            Direction::Request => self.resolve_request(pending, resolution),
+            Direction::Response => self.resolve_response(pending, resolution),
+        }
+    }
+
+    fn resolve_request(&mut self, p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
+        let err = |why: String| Err(ProtocolError::HandOff(why));
+        let api = api_name(p.api_key);
+        let (forward, reply) = match resolution {
+            Resolution::Request { forward, answer: Some(answer), .. } => {
+                if !forward.is_empty() {
+                    return err(format!("the service both answered and forwarded a {api} request"));
+                }
+                if !p.expects_response {
+                    return err(format!("the service answered a {api} request that expects no response"));
+                }
+                if correlation_id(&answer, 4) != correlation_id(&p.frame, 8) {
+                    return err(format!("the service's answer to a {api} request has another correlation id"));
+                }
+                self.stats.add(Counter::HandoffAnswers, 1);
+                (Vec::new(), Some(Reply::Local(answer)))
+            }
+            Resolution::Request { forward, answer: None, want_response } if !forward.is_empty() => {
+                let plan = self.response_plan(p.api_key, p.api_version);
+                let handoff = want_response.then_some(p.fail_open);
+                (forward, p.expects_response.then_some(Reply::Broker { plan, handoff }))
+            }
+            Resolution::Request { .. } => {
+                if p.expects_response {
+                    return err(format!("the service dropped a {api} request that expects a response"));
+                }
+                (Vec::new(), None)
+            }
+            Resolution::Failed(_) if p.fail_open => {
+                let plan = self.response_plan(p.api_key, p.api_version);
+                (p.frame.to_vec(), p.expects_response.then_some(Reply::Broker { plan, handoff: None }))
+            }
+            Resolution::Failed(failure) => {
+                if !p.expects_response {
+                    (Vec::new(), None) // acks=0: nobody waits for an answer; counted
+                } else if let Some(answer) = (p.api_key == PRODUCE).then(|| produce_timed_out(&p.frame, p.api_version)).flatten() {
+                    self.stats.add(Counter::HandoffRetriableErrors, 1);
+                    (Vec::new(), Some(Reply::Local(answer)))
+                } else {
+                    return err(format!("no answer from the service for a {api} request ({failure:?}): fail-closed"));
+                }
+            }
+            Resolution::Close => return err(format!("the service closed the connection at a {api} request")),
+            Resolution::Response { .. } => return err(format!("a response's answer to a {api} request")),
+        };
+        if let Some(reply) = reply {
+            let slot = self.in_flight.iter_mut().find(|e| matches!(e.reply, Reply::Pending(id) if id == p.id));
+            match slot {
+                Some(entry) => entry.reply = reply,
+                None => return err(format!("no slot for the {api} request handed off")),
+            }
+        }
+        self.requests_out.fill(p.id, forward);
+        Ok(())
+    }
+
+    fn resolve_response(&mut self, p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
+        let api = api_name(p.api_key);
+        let answer = match resolution {
+            Resolution::Response { answer } if correlation_id(&answer, 4).is_some()
+                && correlation_id(&answer, 4) == correlation_id(&p.frame, 4) => answer,
+            Resolution::Failed(_) if p.fail_open => p.frame.to_vec(),
+            Resolution::Failed(failure) => {
+                return Err(ProtocolError::HandOff(format!(
+                    "no answer from the service for a {api} response ({failure:?}): fail-closed")))
+            }
+            Resolution::Close => {
+                return Err(ProtocolError::HandOff(format!("the service closed the connection at a {api} response")))
+            }
+            _ => return Err(ProtocolError::HandOff(format!(
+                "the service's answer to a {api} response is not one (empty, or another correlation id)"))),
+        };
+        self.responses_out.fill(p.id, answer);
+        Ok(())
+    }
+
     // -- broker -> client -------------------------------------------------------------
 
-    /// The gateway's own answers that may leave now (the response stream is between
-    /// frames and they are the oldest outstanding): call after feeding requests.
+    /// What may go to the client now: answers to hand-offs that came back, and the
+    /// gateway's own answers that are due (the response stream is between frames and
+    /// they are the oldest outstanding). Call after feeding requests or resolving.
     pub fn ready_responses(&mut self, out: &mut Output) {
+        self.responses_out.drain_ready(out);
+        let start = out.pieces.len();
+        self.local_answers(out);
+        self.responses_out.route(&[], out, start);
+    }
+
+    fn local_answers(&mut self, out: &mut Output) {
         if !matches!(self.response, ResponseState::Head) || !self.response_head.is_empty() {
             return;
         }
@@ -300,9 +636,11 @@ impl<P: RequestPolicy> Session<P> {
         }
     }
 
-    /// Feeds bytes from the broker; `out` receives what to send to the client.
+    /// Feeds bytes from the broker; `out` receives what to send to the client now.
     pub fn feed_responses(&mut self, input: &[u8], view: RouteView<'_>, out: &mut Output) -> Result<(), ProtocolError> {
-        self.ready_responses(out);
+        self.responses_out.drain_ready(out);
+        let start = out.pieces.len();
+        self.local_answers(out);
         let mut pos = 0;
         while pos < input.len() {
             match &mut self.response {
@@ -310,14 +648,24 @@ impl<P: RequestPolicy> Session<P> {
                     out.pass(pos..input.len());
                     pos = input.len();
                 }
-                ResponseState::Pass { remaining, api_key, api_version } => {
+                ResponseState::Pass { remaining, observe, .. } => {
                     let n = (*remaining).min(input.len() - pos);
                     out.pass(pos..pos + n);
+                    if let Some(frame) = observe {
+                        copy_observed(frame, &input[pos..pos + n]);
+                    }
                     pos += n;
                     *remaining -= n;
                     if *remaining == 0 {
-                        let (key, version) = (*api_key, *api_version);
-                        self.response_done(key, version, out);
+                        let ResponseState::Pass { api_key, api_version, observe, .. } =
+                            std::mem::replace(&mut self.response, ResponseState::Head)
+                        else {
+                            unreachable!()
+                        };
+                        if let Some(frame) = observe {
+                            self.identity.observe_response(api_key, api_version, &frame);
+                        }
+                        self.response_done(api_key, api_version, out);
                     }
                 }
                 ResponseState::Hold { remaining, frame, .. } => {
@@ -326,24 +674,23 @@ impl<P: RequestPolicy> Session<P> {
                     pos += n;
                     *remaining -= n;
                     if *remaining == 0 {
-                        let ResponseState::Hold { api_key, api_version, plan, frame, .. } =
+                        let ResponseState::Hold { api_key, api_version, plan, handoff, frame, .. } =
                             std::mem::replace(&mut self.response, ResponseState::Head)
                         else {
                             unreachable!()
                         };
-                        let sent = self.examine(api_key, api_version, plan, frame, view)?;
-                        out.owned(sent);
-                        self.response_done(api_key, api_version, out);
+                        self.held_response(api_key, api_version, plan, handoff, frame, view, out)?;
                     }
                 }
                 ResponseState::Head => {
                     let Some(head) = self.response_head(input, &mut pos)? else {
-                        return Ok(());
+                        break;
                     };
                     self.on_response_head(head, input, &mut pos, out, view)?;
                 }
             }
         }
+        self.responses_out.route(input, out, start);
         Ok(())
     }
 
@@ -372,7 +719,7 @@ impl<P: RequestPolicy> Session<P> {
         view: RouteView<'_>,
     ) -> Result<(), ProtocolError> {
         let entry = match self.in_flight.pop_front() {
-            Some(entry @ InFlight { reply: Reply::Broker(_), .. }) if entry.correlation_id == head.correlation_id => entry,
+            Some(entry @ InFlight { reply: Reply::Broker { .. }, .. }) if entry.correlation_id == head.correlation_id => entry,
             other => {
                 return Err(ProtocolError::UnexpectedResponse {
                     correlation_id: head.correlation_id,
@@ -380,47 +727,60 @@ impl<P: RequestPolicy> Session<P> {
                 })
             }
         };
-        let Reply::Broker(plan) = entry.reply else { unreachable!() };
+        let Reply::Broker { plan, handoff } = entry.reply else { unreachable!() };
+        let (api_key, api_version) = (entry.api_key, entry.api_version);
         let frame_len = head.frame_len();
-        self.stats.api(entry.api_key, ApiCounter::ResponseBytes, frame_len as u64);
+        self.stats.api(api_key, ApiCounter::ResponseBytes, frame_len as u64);
         let head_bytes = if self.response_head.is_empty() {
             let start = *pos;
             *pos += RESPONSE_HEAD;
-            HeadBytes::Input(start)
+            HeadBytes::Input(start, *pos)
         } else {
             HeadBytes::Kept(std::mem::take(&mut self.response_head))
         };
         let remaining = frame_len - RESPONSE_HEAD;
-        if plan == Plan::Pass {
-            match head_bytes {
-                HeadBytes::Input(start) => out.pass(start..start + RESPONSE_HEAD),
-                HeadBytes::Kept(bytes) => out.owned(bytes),
-            }
+        if plan == Plan::Pass && handoff.is_none() {
+            let observe = identity::observes(api_key).then(|| head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY)));
+            head_bytes.emit(out);
+            self.response = ResponseState::Pass { remaining, api_key, api_version, observe };
             if remaining == 0 {
-                self.response_done(entry.api_key, entry.api_version, out);
-            } else {
-                self.response = ResponseState::Pass { remaining, api_key: entry.api_key, api_version: entry.api_version };
+                if let ResponseState::Pass { observe: Some(frame), .. } =
+                    std::mem::replace(&mut self.response, ResponseState::Head)
+                {
+                    self.identity.observe_response(api_key, api_version, &frame);
+                }
+                self.response_done(api_key, api_version, out);
             }
             return Ok(());
         }
-        let mut frame = Vec::with_capacity(frame_len.min(INITIAL_HOLD_CAPACITY));
-        match head_bytes {
-            HeadBytes::Input(start) => frame.extend_from_slice(&input[start..start + RESPONSE_HEAD]),
-            HeadBytes::Kept(bytes) => frame.extend_from_slice(&bytes),
-        }
+        let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
         if remaining == 0 {
-            let sent = self.examine(entry.api_key, entry.api_version, plan, frame, view)?;
-            out.owned(sent);
-            self.response_done(entry.api_key, entry.api_version, out);
+            self.held_response(api_key, api_version, plan, handoff, frame, view, out)
         } else {
-            self.response = ResponseState::Hold {
-                remaining,
-                api_key: entry.api_key,
-                api_version: entry.api_version,
-                plan,
-                frame,
-            };
+            self.response = ResponseState::Hold { remaining, api_key, api_version, plan, handoff, frame };
+            Ok(())
         }
+    }
+
+    /// A complete held response: examined, then sent on or handed off.
+    #[allow(clippy::too_many_arguments)]
+    fn held_response(&mut self, api_key: i16, api_version: i16, plan: Plan, handoff: Option<bool>, frame: Vec<u8>,
+                     view: RouteView<'_>, out: &mut Output) -> Result<(), ProtocolError> {
+        if identity::observes(api_key) {
+            self.identity.observe_response(api_key, api_version, &frame);
+        }
+        let sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
+        match handoff {
+            None => out.owned(sent),
+            Some(fail_open) => {
+                let id = self.next_handoff;
+                self.next_handoff += 1;
+                self.stats.add(Counter::HandoffResponses, 1);
+                self.hand_off(id, Direction::Response, Bytes::from(sent), api_key, api_version, true, fail_open);
+                out.pieces.push(Piece::HandOff(id));
+            }
+        }
+        self.response_done(api_key, api_version, out);
         Ok(())
     }
 
@@ -456,11 +816,23 @@ impl<P: RequestPolicy> Session<P> {
             self.stats.add(Counter::OpaqueConnections, 1);
             return;
         }
-        self.ready_responses(out);
+        self.local_answers(out);
     }
 }
 
-enum HeadBytes {
-    Input(usize),
-    Kept(Vec<u8>),
+/// The correlation id of a frame (at `at`: 8 in a request, 4 in a response), if it
+/// is long enough to have one.
+fn correlation_id(frame: &[u8], at: usize) -> Option<i32> {
+    frame.get(at..at + 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Copies what passes of a SASL frame, up to [`OBSERVE_LIMIT`].
+fn copy_observed(frame: &mut Vec<u8>, bytes: &[u8]) {
+    let room = OBSERVE_LIMIT.saturating_sub(frame.len());
+    frame.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
+
+fn api_name(api_key: i16) -> String {
+    kafka_protocol::messages::ApiKey::try_from(api_key)
+        .map_or_else(|_| format!("API {api_key}"), |key| format!("{key:?}"))
 }

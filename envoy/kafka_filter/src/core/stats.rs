@@ -34,9 +34,21 @@ pub enum Counter {
     LocalAnswers,
     /// Connections whose stream became opaque (SaslHandshake v0: raw SASL tokens).
     OpaqueConnections,
+    /// Requests handed to the Python service.
+    HandoffRequests,
+    /// Responses handed to the Python service (its reply to the request asked for them).
+    HandoffResponses,
+    /// Requests the Python service answered itself (the broker never saw them).
+    HandoffAnswers,
+    /// Hand-offs without an answer (timeout, service down, overload).
+    HandoffFailures,
+    /// Of those, frames forwarded as they were (fail-open).
+    HandoffFailedOpen,
+    /// Of those, requests answered with a retriable error (fail-closed).
+    HandoffRetriableErrors,
 }
 
-pub const COUNTERS: [Counter; 8] = [
+pub const COUNTERS: [Counter; 14] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -45,6 +57,12 @@ pub const COUNTERS: [Counter; 8] = [
     Counter::UnreadableVersions,
     Counter::LocalAnswers,
     Counter::OpaqueConnections,
+    Counter::HandoffRequests,
+    Counter::HandoffResponses,
+    Counter::HandoffAnswers,
+    Counter::HandoffFailures,
+    Counter::HandoffFailedOpen,
+    Counter::HandoffRetriableErrors,
 ];
 
 #[derive(Debug, Clone)]

@@ -9,8 +9,19 @@
 //! is left in Envoy's buffer (`Continue`, zero copy). Otherwise the buffer is drained
 //! and the output injected after this filter: the ABI cannot forward part of a buffer,
 //! so the bytes of that callback are copied once. Bytes the core keeps (a partial head,
-//! a frame held to be examined) are copied into it: Envoy owns its buffers once the
-//! hook returns.
+//! a frame held to be examined or handed off, what waits behind a hand-off) are copied
+//! into it: Envoy owns its buffers once the hook returns.
+//!
+//! Hand-offs: frames the interest table selects go to the hand-off thread
+//! ([`crate::handoff`]); on the first one the filter makes an Envoy scheduler and a
+//! [`Link`]. Answers come back through `on_network_filter_scheduled`, on the worker
+//! thread, where they are applied to the session and what may leave is injected (a
+//! client's or broker's end of stream waits with them). On destroy the link is closed
+//! and the scheduler deleted, under the link's lock, so the hand-off thread never
+//! commits to a deleted scheduler; later answers are dropped. Bytes in flight are
+//! bounded per connection (beyond it the filter stops reading from the client until
+//! half of them are answered) and per process (beyond it a hand-off is not made and
+//! fails at once: fail-closed or fail-open as the table says).
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,31 +30,49 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::ApiKey;
 
-use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer};
-use crate::config::FilterConfig;
+use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer, SchedulerPtr};
+use crate::config::{FilterConfig, TableSlot};
+use crate::core::handoff::Failure;
+use crate::core::head::RequestHead;
+use crate::core::interest::Interest;
 use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
-use crate::core::{Output, ProtocolError, RequestPolicy, Session};
+use crate::core::{Disposition, Output, ProtocolError, RequestPolicy, Resolution, Session};
+use crate::handoff::{self, proto, Connection, Link, Outgoing, Wake};
 
 /// Bytes held by all connections of the process.
 static HELD_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes handed off, or waiting behind hand-offs, in all connections of the process.
+static HANDOFF_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// Module-level failures, counted per configuration.
 #[derive(Debug, Clone, Copy)]
-enum Failure {
+enum Fault {
     ProtocolErrors = 0,
     Panics = 1,
     HeldLimit = 2,
 }
 
-const FAILURE_NAMES: [&str; 3] = ["protocol_errors", "panics", "held_bytes_limit"];
+const FAULT_NAMES: [&str; 3] = ["protocol_errors", "panics", "held_bytes_limit"];
+
+/// Filter-level counters the core does not keep.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// Answers that came back after their connection closed (dropped).
+    LateAnswers = 0,
+    /// Times a connection stopped reading from its client (hand-off bytes bound).
+    ReadPaused = 1,
+}
+
+const EVENT_NAMES: [&str; 2] = ["handoff_late_answers", "handoff_read_paused"];
 
 /// Envoy counter ids of one configuration.
 #[derive(Debug, Default)]
 struct CounterIds {
     api: Vec<[Option<usize>; 3]>,
     counters: Vec<Option<usize>>,
-    failures: [Option<usize>; 3],
+    faults: [Option<usize>; 3],
+    events: [Option<usize>; 2],
 }
 
 pub struct Config {
@@ -53,15 +82,90 @@ pub struct Config {
 
 type Policy = Box<dyn RequestPolicy + Send>;
 
+/// Hands off what the current interest table of the filter's table wants.
+struct InterestPolicy {
+    table: TableSlot,
+}
+
+impl RequestPolicy for InterestPolicy {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        if table.interest.wants(head.api_key, head.api_version) {
+            Disposition::HandOff { fail_open: table.interest.failure_mode_allow }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+/// Envoy's scheduler of one connection: commits from the hand-off thread, deleted when
+/// the link drops it (on the worker thread, in `Link::close`).
+struct Scheduler(SchedulerPtr);
+
+// SAFETY: Envoy's scheduler commit is the one call that is safe off the worker thread;
+// the pointer is only deleted once, by Drop, under the link's lock.
+unsafe impl Send for Scheduler {}
+
+impl Wake for Scheduler {
+    fn wake(&self) {
+        if let Some(cb) = Callbacks::get() {
+            // SAFETY: a live scheduler (the link drops it before the filter goes).
+            unsafe { (cb.scheduler_commit)(self.0, 0) };
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        if let Some(cb) = Callbacks::get() {
+            // SAFETY: made by scheduler_new, deleted once.
+            unsafe { (cb.scheduler_delete)(self.0) };
+        }
+    }
+}
+
+/// What the filter knows about its connection for the Python service (the stream's
+/// initial metadata, as Envoy's ext_proc filter sends it on the ext_proc path).
+#[derive(Debug, Default)]
+struct ConnectionFacts {
+    client: Option<String>,
+    local_port: Option<i32>,
+    connection_id: u64,
+}
+
+/// The hand-off state of a connection, made on its first hand-off.
+struct HandOffs {
+    link: Arc<Link>,
+    connection: Connection,
+}
+
 pub struct Filter {
     config: Arc<Config>,
     session: Session<Policy>,
     own_listener: Option<Endpoint>,
+    facts: ConnectionFacts,
+    handoffs: Option<HandOffs>,
+    /// The client's (read) or broker's (write) end of stream, held until what waits
+    /// behind hand-offs in that direction has left.
+    read_end: bool,
+    write_end: bool,
+    read_paused: bool,
     closed: bool,
     held: usize,
+    handoff_held: usize,
     chunks: Vec<EnvoyBuffer>,
     outputs: Vec<Output>,
     scratch: Vec<u8>,
+}
+
+impl Drop for Filter {
+    fn drop(&mut self) {
+        if let Some(h) = &self.handoffs {
+            h.link.close();
+        }
+        HELD_BYTES.fetch_sub(self.held, Ordering::Relaxed);
+        HANDOFF_BYTES.fetch_sub(self.handoff_held, Ordering::Relaxed);
+    }
 }
 
 fn snake(name: &str) -> String {
@@ -101,8 +205,11 @@ fn define_counters(envoy: ConfigEnvoyPtr) -> CounterIds {
         }
     }
     ids.counters = COUNTERS.iter().map(|c| define(format!("keg_kafka.{}", snake(&format!("{c:?}"))))).collect();
-    for (i, name) in FAILURE_NAMES.iter().enumerate() {
-        ids.failures[i] = define(format!("keg_kafka.{name}"));
+    for (i, name) in FAULT_NAMES.iter().enumerate() {
+        ids.faults[i] = define(format!("keg_kafka.{name}"));
+    }
+    for (i, name) in EVENT_NAMES.iter().enumerate() {
+        ids.events[i] = define(format!("keg_kafka.{name}"));
     }
     ids
 }
@@ -140,9 +247,11 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
         match FilterConfig::load(json) {
             Ok(settings) => {
                 let ids = define_counters(config_envoy);
+                let interest = settings.current_interest();
                 abi::log(abi::LOG_INFO, &format!(
-                    "keg_kafka_filter: route table {:?} with {} routes",
-                    settings.route_table, settings.current_routes().gateway.len()));
+                    "keg_kafka_filter: table {:?}: {} routes, interest version {:?}{}",
+                    settings.route_table, settings.current_routes().gateway.len(), interest.version,
+                    if interest.wants_any() { format!(", hand-offs to {}", interest.endpoints.join(",")) } else { String::new() }));
                 Arc::into_raw(Arc::new(Config { settings, ids })).cast::<c_void>()
             }
             Err(err) => {
@@ -176,7 +285,8 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_new(
             Arc::increment_strong_count(config.cast::<Config>());
             Arc::from_raw(config.cast::<Config>())
         };
-        let filter = Filter::new(config, Box::new(crate::core::ForwardAll));
+        let policy = InterestPolicy { table: config.settings.table.clone() };
+        let filter = Filter::new(config, Box::new(policy));
         Box::into_raw(Box::new(filter)).cast::<c_void>().cast_const()
     });
     made.unwrap_or(std::ptr::null())
@@ -189,8 +299,14 @@ impl Filter {
             config,
             session: Session::with_policy(limits, policy),
             own_listener: None,
+            facts: ConnectionFacts::default(),
+            handoffs: None,
+            read_end: false,
+            write_end: false,
+            read_paused: false,
             closed: false,
             held: 0,
+            handoff_held: 0,
             chunks: Vec::new(),
             outputs: Vec::new(),
             scratch: Vec::new(),
@@ -210,9 +326,9 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_destroy(module: FilterM
         return;
     }
     let _ = catch_unwind(|| {
-        // SAFETY: made by Box::into_raw in filter_new; Envoy destroys it once.
-        let filter = unsafe { Box::from_raw(module as *mut Filter) };
-        HELD_BYTES.fetch_sub(filter.held, Ordering::Relaxed);
+        // SAFETY: made by Box::into_raw in filter_new; Envoy destroys it once. Its Drop
+        // closes the link (answers still to come are dropped) and deletes the scheduler.
+        drop(unsafe { Box::from_raw(module as *mut Filter) });
     });
 }
 
@@ -231,25 +347,31 @@ fn guard(envoy: FilterEnvoyPtr, module: FilterModulePtr, hook: impl FnOnce(&mut 
     }));
     let failure = match outcome {
         Ok(Ok(status)) => match filter.account_held() {
-            Ok(()) => return status,
-            Err(()) => Failure::HeldLimit,
+            Ok(()) => {
+                filter.flow_control(envoy, cb);
+                return status;
+            }
+            Err(()) => Fault::HeldLimit,
         },
         Ok(Err(err)) => {
             abi::log(abi::LOG_WARN, &format!("keg_kafka_filter: closing the connection: {err}"));
-            Failure::ProtocolErrors
+            Fault::ProtocolErrors
         }
         Err(panic) => {
             let what = panic.downcast_ref::<&str>().map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown".to_string());
             abi::log(abi::LOG_ERROR, &format!("keg_kafka_filter: panic, closing the connection: {what}"));
-            Failure::Panics
+            Fault::Panics
         }
     };
     filter.closed = true;
     // Never touch the session again: after a panic its state is unknown.
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(id) = filter.config.ids.failures[failure as usize] {
+        if let Some(h) = &filter.handoffs {
+            h.link.close(); // answers still to come are dropped
+        }
+        if let Some(id) = filter.config.ids.faults[failure as usize] {
             // SAFETY: a live filter's Envoy pointer and a counter id of its config.
             unsafe { (cb.increment_counter)(envoy, id, 1) };
         }
@@ -278,6 +400,147 @@ impl Filter {
         );
     }
 
+    fn count(&self, envoy: FilterEnvoyPtr, cb: &Callbacks, event: Event, value: u64) {
+        if let Some(id) = self.config.ids.events[event as usize] {
+            // SAFETY: live filter, id defined on its config.
+            unsafe { (cb.increment_counter)(envoy, id, value) };
+        }
+    }
+
+    /// Keeps the process-wide count of hand-off bytes and pauses reading from the
+    /// client while this connection has more than its bound in flight (resumes at half).
+    fn flow_control(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) {
+        let now = self.session.handoff_bytes();
+        if now > self.handoff_held {
+            HANDOFF_BYTES.fetch_add(now - self.handoff_held, Ordering::Relaxed);
+        } else {
+            HANDOFF_BYTES.fetch_sub(self.handoff_held - now, Ordering::Relaxed);
+        }
+        self.handoff_held = now;
+        if self.handoffs.is_none() {
+            return;
+        }
+        let bound = self.config.settings.current_interest().max_bytes_per_connection;
+        if !self.read_paused && now > bound {
+            self.read_paused = true;
+            self.count(envoy, cb, Event::ReadPaused, 1);
+            // SAFETY: a live filter on its worker thread.
+            unsafe { (cb.read_disable)(envoy, true) };
+        } else if self.read_paused && now <= bound / 2 {
+            self.read_paused = false;
+            // SAFETY: as above.
+            unsafe { (cb.read_disable)(envoy, false) };
+        }
+    }
+
+    /// The hand-off state, made on the first hand-off: a scheduler, a link and the
+    /// connection's task on the hand-off thread. None when any of them cannot be had.
+    fn handoff_state(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Option<&HandOffs> {
+        if self.handoffs.is_none() {
+            let runtime = match handoff::Runtime::get() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    abi::log(abi::LOG_ERROR, &format!("keg_kafka_filter: {err}"));
+                    return None;
+                }
+            };
+            // SAFETY: a live filter inside one of its hooks, on its worker thread.
+            let scheduler = unsafe { (cb.scheduler_new)(envoy) };
+            if scheduler.is_null() {
+                return None;
+            }
+            let link = Link::new(Box::new(Scheduler(scheduler)));
+            let table = self.config.settings.table.clone();
+            let current: handoff::Current = Arc::new(move || table.read().unwrap_or_else(|e| e.into_inner()).interest.clone());
+            let hash = self.facts.connection_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 17;
+            let connection = runtime.connect(link.clone(), self.stream_metadata(), hash, current);
+            self.handoffs = Some(HandOffs { link, connection });
+        }
+        self.handoffs.as_ref()
+    }
+
+    /// The stream's initial metadata: what Envoy's ext_proc filter sends on that path.
+    fn stream_metadata(&self) -> Vec<(String, String)> {
+        let routes = self.view();
+        let mut metadata = vec![
+            (CONNECTION_ID.to_string(), self.facts.connection_id.to_string()),
+            (MODE.to_string(), "frames".to_string()),
+        ];
+        if let Some(client) = &self.facts.client {
+            metadata.push((CLIENT_ADDRESS.to_string(), client.clone()));
+        }
+        if let Some(own) = &self.own_listener {
+            metadata.push((GATEWAY_ADDRESS.to_string(), format!("{}:{}", own.host, own.port)));
+        }
+        let port = self.facts.local_port;
+        if let Some((node, _)) = routes.gateway.iter().find(|(_, e)| Some(e.port) == port) {
+            metadata.push((BROKER_ID.to_string(), node.to_string()));
+        }
+        let mut nodes: Vec<_> = routes.gateway.iter().collect();
+        nodes.sort_by_key(|(node, _)| **node);
+        let formatted: Vec<String> = nodes.iter().map(|(node, e)| format!("{node}={}:{}", e.host, e.port)).collect();
+        metadata.push((BROKER_ROUTES.to_string(), formatted.join(",")));
+        metadata
+    }
+
+    /// Sends the hand-offs the last feed made; one that cannot be sent (process bound,
+    /// no runtime) fails at once. Returns whether any was resolved here.
+    fn dispatch(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<bool, ProtocolError> {
+        let handoffs = self.session.take_handoffs();
+        if handoffs.is_empty() {
+            return Ok(false);
+        }
+        let interest: Arc<Interest> = self.config.settings.current_interest();
+        let mut resolved = false;
+        // The process's bytes in flight, this connection's as they are now.
+        let total = HANDOFF_BYTES.load(Ordering::Relaxed).saturating_sub(self.handoff_held)
+            + self.session.handoff_bytes();
+        for h in handoffs {
+            let failure = if total > interest.max_bytes {
+                Some(Failure::Overloaded)
+            } else {
+                let outgoing = Outgoing { id: h.id, direction: h.direction, message: proto::message(&h) };
+                let sent = self.handoff_state(envoy, cb).is_some_and(|state| state.connection.send(outgoing));
+                (!sent).then_some(Failure::Unavailable)
+            };
+            if let Some(failure) = failure {
+                self.session.resolve(h.id, Resolution::Failed(failure))?;
+                resolved = true;
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// Applies the answers that came back and injects what may leave now.
+    fn answers(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<(), ProtocolError> {
+        let Some(h) = &self.handoffs else { return Ok(()) };
+        let answers = h.link.take();
+        for (id, resolution) in answers {
+            self.session.resolve(id, resolution)?;
+        }
+        let late = handoff::LATE_ANSWERS.swap(0, Ordering::Relaxed);
+        if late > 0 {
+            self.count(envoy, cb, Event::LateAnswers, late);
+        }
+        self.inject_ready(envoy, cb);
+        Ok(())
+    }
+
+    /// Injects what waited behind hand-offs and may leave now, both directions, with
+    /// a held end of stream once nothing waits before it.
+    fn inject_ready(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) {
+        let mut out = Output::default();
+        self.session.ready_requests(&mut out);
+        let end = self.read_end && !self.session.requests_waiting();
+        self.read_end &= !end;
+        inject(envoy, cb.inject_read, &out, end);
+        let mut out = Output::default();
+        self.session.ready_responses(&mut out);
+        let end = self.write_end && !self.session.responses_waiting();
+        self.write_end &= !end;
+        inject(envoy, cb.inject_write, &out, end);
+    }
+
     /// Keeps the process-wide count of held bytes; Err when this connection grew past it.
     fn account_held(&mut self) -> Result<(), ()> {
         let now = self.session.held_bytes();
@@ -297,6 +560,35 @@ impl Filter {
     fn view(&self) -> Arc<crate::core::rewrite::Routes> {
         self.config.settings.current_routes()
     }
+}
+
+// Initial metadata keys of the stream (ext_proc/connection.py has the same).
+const CLIENT_ADDRESS: &str = "x-keg-client-address";
+const GATEWAY_ADDRESS: &str = "x-keg-gateway-address";
+const CONNECTION_ID: &str = "x-keg-connection-id";
+const BROKER_ID: &str = "x-keg-broker-id";
+const BROKER_ROUTES: &str = "x-keg-broker-routes";
+const MODE: &str = "x-keg-mode";
+
+/// Injects `out` (bytes the core owns) and an end of stream, if there is either.
+fn inject(envoy: FilterEnvoyPtr, how: unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool), out: &Output, end: bool) {
+    if out.is_empty() && !end {
+        return;
+    }
+    let mut bytes = Vec::with_capacity(out.len());
+    out.write_to(&[], &mut bytes);
+    // SAFETY: a live filter on its worker thread; Envoy copies the bytes.
+    unsafe { how(envoy, ModuleBuffer::from_slice(&bytes), end) };
+}
+
+/// An address Envoy reports (local or remote), copied.
+fn address(envoy: FilterEnvoyPtr, get: unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer, *mut u32) -> bool) -> Option<(String, u32)> {
+    let mut buffer = EnvoyBuffer { ptr: std::ptr::null(), length: 0 };
+    let mut port = 0u32;
+    // SAFETY: a live filter; Envoy fills the out-parameters with a string valid during
+    // this hook, copied here.
+    unsafe { get(envoy, &mut buffer, &mut port) }
+        .then(|| (String::from_utf8_lossy(unsafe { buffer.as_slice() }).into_owned(), port))
 }
 
 /// Reads Envoy's buffer as slices, feeds each to `feed`; returns whether every slice's
@@ -342,18 +634,18 @@ fn gather(filter: &mut Filter) -> Vec<u8> {
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(envoy: FilterEnvoyPtr, module: FilterModulePtr) -> u32 {
     guard(envoy, module, |filter, cb| {
-        let mut address = EnvoyBuffer { ptr: std::ptr::null(), length: 0 };
-        let mut port = 0u32;
-        // SAFETY: a live filter; Envoy fills the out-parameters.
-        if unsafe { (cb.local_address)(envoy, &mut address, &mut port) } {
-            // SAFETY: Envoy's address string is valid during this hook.
-            let host = String::from_utf8_lossy(unsafe { address.as_slice() }).into_owned();
+        if let Some((host, port)) = address(envoy, cb.local_address) {
             let port = port as i32;
             let routes = filter.view();
             // The listener the client is on: the route of that port if there is one.
             filter.own_listener = routes.gateway.values().find(|e| e.port == port).cloned()
                 .or(Some(Endpoint { host, port }));
+            filter.facts.local_port = Some(port);
         }
+        filter.facts.client = address(envoy, cb.remote_address)
+            .map(|(host, port)| if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
+        // SAFETY: a live filter.
+        filter.facts.connection_id = unsafe { (cb.connection_id)(envoy) };
         Ok(abi::STATUS_CONTINUE)
     })
 }
@@ -370,29 +662,33 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         let count = unsafe { (cb.read_chunks_size)(envoy) };
         let (whole, total) = feed_chunks(filter, count, |dst| unsafe { (cb.read_chunks)(envoy, dst) },
                                          |session, slice, out| session.feed_requests(slice, out))?;
-        let status = if whole {
+        let resolved = filter.dispatch(envoy, cb)?;
+        // The client's end of stream waits for the requests queued behind a hand-off.
+        let hold_end = end_stream && filter.session.requests_waiting();
+        let status = if whole && !resolved && !hold_end {
             abi::STATUS_CONTINUE
         } else {
-            let bytes = gather(filter);
+            let mut bytes = gather(filter);
+            let mut ready = Output::default();
+            filter.session.ready_requests(&mut ready);
+            ready.write_to(&[], &mut bytes);
+            let end = end_stream && !filter.session.requests_waiting();
+            filter.read_end |= end_stream && !end;
             // SAFETY: a live filter; the injected bytes are copied by Envoy.
             unsafe {
                 (cb.drain_read)(envoy, total);
-                if !bytes.is_empty() || end_stream {
-                    (cb.inject_read)(envoy, ModuleBuffer::from_slice(&bytes), end_stream);
+                if !bytes.is_empty() || end {
+                    (cb.inject_read)(envoy, ModuleBuffer::from_slice(&bytes), end);
                 }
             }
             filter.scratch = bytes;
             abi::STATUS_STOP_ITERATION
         };
-        // The gateway's own answers that are due now go to the client.
+        // The gateway's own answers that are due now (and answers to hand-offs resolved
+        // here) go to the client.
         let mut local = Output::default();
         filter.session.ready_responses(&mut local);
-        if !local.is_empty() {
-            let mut bytes = Vec::with_capacity(local.len());
-            local.write_to(&[], &mut bytes);
-            // SAFETY: as above.
-            unsafe { (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), false) };
-        }
+        inject(envoy, cb.inject_write, &local, false);
         Ok(status)
     })
 }
@@ -412,15 +708,22 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
         let count = unsafe { (cb.write_chunks_size)(envoy) };
         let (whole, total) = feed_chunks(filter, count, |dst| unsafe { (cb.write_chunks)(envoy, dst) },
                                          |session, slice, out| session.feed_responses(slice, view, out))?;
-        if whole {
+        let resolved = filter.dispatch(envoy, cb)?;
+        let hold_end = end_stream && filter.session.responses_waiting();
+        if whole && !resolved && !hold_end {
             return Ok(abi::STATUS_CONTINUE);
         }
-        let bytes = gather(filter);
+        let mut bytes = gather(filter);
+        let mut ready = Output::default();
+        filter.session.ready_responses(&mut ready);
+        ready.write_to(&[], &mut bytes);
+        let end = end_stream && !filter.session.responses_waiting();
+        filter.write_end |= end_stream && !end;
         // SAFETY: a live filter; the injected bytes are copied by Envoy.
         unsafe {
             (cb.drain_write)(envoy, total);
-            if !bytes.is_empty() || end_stream {
-                (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), end_stream);
+            if !bytes.is_empty() || end {
+                (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), end);
             }
         }
         filter.scratch = bytes;
@@ -431,8 +734,14 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_event(_: FilterEnvoyPtr, _: FilterModulePtr, _event: u32) {}
 
+/// Answers from the hand-off thread are ready (the scheduler committed).
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_network_filter_scheduled(_: FilterEnvoyPtr, _: FilterModulePtr, _event_id: u64) {}
+pub extern "C" fn envoy_dynamic_module_on_network_filter_scheduled(envoy: FilterEnvoyPtr, module: FilterModulePtr, _event_id: u64) {
+    guard(envoy, module, |filter, cb| {
+        filter.answers(envoy, cb)?;
+        Ok(abi::STATUS_CONTINUE)
+    });
+}
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_config_scheduled(_: ConfigModulePtr, _event_id: u64) {}

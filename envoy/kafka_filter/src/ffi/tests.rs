@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use super::*;
 use crate::core::head::RequestHead;
@@ -14,8 +16,21 @@ struct FakeConnection {
     write: Vec<u8>,
     to_broker: Vec<u8>,
     to_client: Vec<u8>,
+    broker_end: bool,
+    client_end: bool,
     closed: Option<u32>,
     counters: HashMap<usize, u64>,
+    read_disabled: Vec<bool>,
+    scheduler: Option<&'static FakeScheduler>,
+}
+
+/// Envoy's scheduler, faked: counts commits (each would post an event to the worker).
+#[derive(Default)]
+struct FakeScheduler {
+    commits: Mutex<usize>,
+    committed: Condvar,
+    deleted: AtomicBool,
+    commits_after_delete: AtomicUsize,
 }
 
 static COUNTER_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -34,14 +49,20 @@ fn chunk(data: &[u8], out: *mut EnvoyBuffer) -> bool {
 unsafe extern "C" fn read_chunks_size(e: FilterEnvoyPtr) -> usize { usize::from(!conn(e).read.is_empty()) }
 unsafe extern "C" fn read_chunks(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool { chunk(&conn(e).read, out) }
 unsafe extern "C" fn drain_read(e: FilterEnvoyPtr, n: usize) -> bool { conn(e).read.drain(..n); true }
-unsafe extern "C" fn inject_read(e: FilterEnvoyPtr, data: ModuleBuffer, _end: bool) {
-    conn(e).to_broker.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
+unsafe extern "C" fn inject_read(e: FilterEnvoyPtr, data: ModuleBuffer, end: bool) {
+    if data.length > 0 {
+        conn(e).to_broker.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
+    }
+    conn(e).broker_end |= end;
 }
 unsafe extern "C" fn write_chunks_size(e: FilterEnvoyPtr) -> usize { usize::from(!conn(e).write.is_empty()) }
 unsafe extern "C" fn write_chunks(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool { chunk(&conn(e).write, out) }
 unsafe extern "C" fn drain_write(e: FilterEnvoyPtr, n: usize) -> bool { conn(e).write.drain(..n); true }
-unsafe extern "C" fn inject_write(e: FilterEnvoyPtr, data: ModuleBuffer, _end: bool) {
-    conn(e).to_client.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
+unsafe extern "C" fn inject_write(e: FilterEnvoyPtr, data: ModuleBuffer, end: bool) {
+    if data.length > 0 {
+        conn(e).to_client.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
+    }
+    conn(e).client_end |= end;
 }
 unsafe extern "C" fn close(e: FilterEnvoyPtr, how: u32) { conn(e).closed = Some(how); }
 unsafe extern "C" fn define_counter(_: ConfigEnvoyPtr, name: ModuleBuffer, id: *mut usize) -> u32 {
@@ -57,13 +78,42 @@ unsafe extern "C" fn increment_counter(e: FilterEnvoyPtr, id: usize, value: u64)
 }
 unsafe extern "C" fn log(_: u32, _: ModuleBuffer) {}
 unsafe extern "C" fn local_address(_: FilterEnvoyPtr, _: *mut EnvoyBuffer, _: *mut u32) -> bool { false }
+unsafe extern "C" fn remote_address(_: FilterEnvoyPtr, out: *mut EnvoyBuffer, port: *mut u32) -> bool {
+    const CLIENT: &str = "10.0.0.7";
+    *out = EnvoyBuffer { ptr: CLIENT.as_ptr().cast(), length: CLIENT.len() };
+    *port = 40001;
+    true
+}
+unsafe extern "C" fn connection_id(_: FilterEnvoyPtr) -> u64 { 42 }
+unsafe extern "C" fn scheduler_new(e: FilterEnvoyPtr) -> SchedulerPtr {
+    let scheduler: &'static FakeScheduler = Box::leak(Box::default());
+    conn(e).scheduler = Some(scheduler);
+    (scheduler as *const FakeScheduler).cast_mut().cast()
+}
+unsafe extern "C" fn scheduler_commit(s: SchedulerPtr, _event: u64) {
+    let scheduler = &*(s as *const FakeScheduler);
+    if scheduler.deleted.load(Ordering::SeqCst) {
+        scheduler.commits_after_delete.fetch_add(1, Ordering::SeqCst);
+    }
+    *scheduler.commits.lock().unwrap() += 1;
+    scheduler.committed.notify_all();
+}
+unsafe extern "C" fn scheduler_delete(s: SchedulerPtr) {
+    (*(s as *const FakeScheduler)).deleted.store(true, Ordering::SeqCst);
+}
+unsafe extern "C" fn read_disable(e: FilterEnvoyPtr, disable: bool) -> u32 {
+    conn(e).read_disabled.push(disable);
+    0
+}
 
 fn install_fake_envoy() {
     Callbacks::install(Callbacks {
         read_chunks_size, read_chunks, drain_read, inject_read,
         write_chunks_size, write_chunks, drain_write, inject_write,
         close, define_counter, increment_counter, log, local_address,
+        remote_address, connection_id, scheduler_new, scheduler_commit, scheduler_delete, read_disable,
     });
+    crate::handoff::install_connector(Arc::new(crate::handoff::tests::FakeService::default()));
 }
 
 fn counter(c: &FakeConnection, name: &str) -> u64 {
@@ -72,8 +122,11 @@ fn counter(c: &FakeConnection, name: &str) -> u64 {
 }
 
 fn new_config() -> ConfigModulePtr {
+    config_of(br#"{"route_table": "ffi-tests", "routes": [{"node_id": 1, "gateway": "gw:19092"}]}"#)
+}
+
+fn config_of(json: &[u8]) -> ConfigModulePtr {
     install_fake_envoy();
-    let json = br#"{"route_table": "ffi-tests", "routes": [{"node_id": 1, "gateway": "gw:19092"}]}"#;
     let config = envoy_dynamic_module_on_network_filter_config_new(
         std::ptr::null_mut(),
         EnvoyBuffer { ptr: std::ptr::null(), length: 0 },
@@ -84,12 +137,17 @@ fn new_config() -> ConfigModulePtr {
 }
 
 fn read(c: &mut FakeConnection, module: FilterModulePtr, bytes: &[u8]) -> u32 {
+    read_end(c, module, bytes, false)
+}
+
+fn read_end(c: &mut FakeConnection, module: FilterModulePtr, bytes: &[u8], end: bool) -> u32 {
     c.read.extend_from_slice(bytes);
     let envoy = (c as *mut FakeConnection).cast::<c_void>();
-    let status = envoy_dynamic_module_on_network_filter_read(envoy, module, c.read.len(), false);
+    let status = envoy_dynamic_module_on_network_filter_read(envoy, module, c.read.len(), end);
     if status == abi::STATUS_CONTINUE {
         let passed: Vec<u8> = c.read.drain(..).collect();
         c.to_broker.extend(passed);
+        c.broker_end |= end;
     }
     status
 }
@@ -205,4 +263,165 @@ fn a_bad_config_is_refused_not_a_crash() {
         EnvoyBuffer { ptr: json.as_ptr().cast(), length: json.len() },
     );
     assert!(config.is_null());
+}
+
+// -- hand-offs through the fake Envoy to the fake service (handoff::tests) -----------
+
+fn handoff_config(table: &str, endpoint: &str, fail_open: bool, timeout_ms: u64, per_connection: usize) -> ConfigModulePtr {
+    bounded_config(table, endpoint, fail_open, timeout_ms, per_connection, 1 << 30)
+}
+
+fn bounded_config(table: &str, endpoint: &str, fail_open: bool, timeout_ms: u64, per_connection: usize,
+                  process: usize) -> ConfigModulePtr {
+    let json = format!(r#"{{"route_table": "{table}", "routes": [{{"node_id": 1, "gateway": "gw:19092"}}],
+        "interest": {{"version": "1", "requests": [[0, 0, 32767]], "endpoints": ["{endpoint}"],
+                      "failure_mode_allow": {fail_open}, "handoff_timeout_ms": {timeout_ms},
+                      "max_bytes_per_connection": {per_connection}, "max_bytes": {process}}}}}"#);
+    config_of(json.as_bytes())
+}
+
+fn connect(config: ConfigModulePtr, c: &mut FakeConnection) -> FilterModulePtr {
+    let envoy = (c as *mut FakeConnection).cast::<c_void>();
+    let module = envoy_dynamic_module_on_network_filter_new(config, envoy);
+    assert_eq!(envoy_dynamic_module_on_network_filter_new_connection(envoy, module), abi::STATUS_CONTINUE);
+    module
+}
+
+/// Waits for the hand-off thread to commit `n` events in all, then runs the scheduled
+/// hook as Envoy's dispatcher would (on "the worker thread": this one).
+fn run_scheduled(c: &mut FakeConnection, module: FilterModulePtr, n: usize) {
+    let scheduler = c.scheduler.expect("a scheduler was made on the first hand-off");
+    let mut commits = scheduler.commits.lock().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while *commits < n && std::time::Instant::now() < deadline {
+        commits = scheduler.committed.wait_timeout(commits, Duration::from_millis(20)).unwrap().0;
+    }
+    assert!(*commits >= n, "{} commits, {n} expected", *commits);
+    drop(commits);
+    let envoy = (c as *mut FakeConnection).cast::<c_void>();
+    envoy_dynamic_module_on_network_filter_scheduled(envoy, module, 0);
+}
+
+/// A Produce request (v9) kafka-protocol can read: the fail-closed answer needs one.
+fn produce(correlation_id: i32) -> Vec<u8> {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, RequestHeader, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default().with_request_api_key(0).with_request_api_version(9).with_correlation_id(correlation_id)
+        .encode(&mut buf, 2).unwrap();
+    ProduceRequest::default().with_acks(1).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_static_str("t")))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0)])])
+        .encode(&mut buf, 9).unwrap();
+    let mut frame = (buf.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&buf);
+    frame
+}
+
+#[test]
+fn a_handed_off_request_goes_on_when_its_answer_is_scheduled_and_nothing_overtakes_it() {
+    let config = handoff_config("ffi-handoff", "echo:1", false, 2000, 1 << 20);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let (p, metadata) = (produce(1), request(3, 12, 2));
+    // The client's end of stream comes with them: it waits too.
+    assert_eq!(read_end(&mut c, module, &[p.clone(), metadata.clone()].concat(), true), abi::STATUS_STOP_ITERATION);
+    assert!(c.to_broker.is_empty(), "the Metadata request waits behind the Produce");
+    assert!(!c.broker_end, "and so does the end of stream");
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.to_broker, [p, metadata].concat(), "the service's answer (an echo), then what waited");
+    assert!(c.broker_end);
+    assert_eq!(counter(&c, "keg_kafka.handoff_requests"), 1);
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    assert!(c.scheduler.unwrap().deleted.load(Ordering::SeqCst), "the scheduler goes with the filter");
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn a_timeout_fails_closed_with_a_retriable_error_for_the_client() {
+    let config = handoff_config("ffi-timeout", "silent:1", false, 50, 1 << 20);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let p = produce(9);
+    read(&mut c, module, &p);
+    run_scheduled(&mut c, module, 1);
+    assert!(c.to_broker.is_empty(), "fail-closed: the frame never reaches the broker");
+    // Produce v9 response: size, correlation id, 1 topic "t", partition 0, REQUEST_TIMED_OUT.
+    assert_eq!(&c.to_client[4..8], &9i32.to_be_bytes());
+    assert_eq!(counter(&c, "keg_kafka.handoff_retriable_errors"), 1);
+    assert_eq!(c.closed, None);
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn a_dead_service_fails_open_when_the_table_says_so() {
+    let config = handoff_config("ffi-open", "dead:1", true, 2000, 1 << 20);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let p = produce(3);
+    read(&mut c, module, &p);
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.to_broker, p, "forwarded as it was");
+    assert_eq!(counter(&c, "keg_kafka.handoff_failed_open"), 1);
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn a_connection_closed_with_a_handoff_pending_never_hears_of_it_again() {
+    let config = handoff_config("ffi-late", "slow:1", false, 2000, 1 << 20);
+    let (mut closing, mut witness) = (FakeConnection::default(), FakeConnection::default());
+    let (closing_module, witness_module) = (connect(config, &mut closing), connect(config, &mut witness));
+    read(&mut closing, closing_module, &produce(1));
+    read(&mut witness, witness_module, &produce(1));
+    let scheduler = closing.scheduler.unwrap();
+    envoy_dynamic_module_on_network_filter_destroy(closing_module);
+    assert!(scheduler.deleted.load(Ordering::SeqCst), "the scheduler goes with the filter");
+    // The same slow service answers the other connection, handed off after: by then the
+    // closed one's answer was due too.
+    run_scheduled(&mut witness, witness_module, 1);
+    assert_eq!(witness.to_broker, produce(1));
+    assert_eq!(*scheduler.commits.lock().unwrap(), 0, "no event for a destroyed filter");
+    assert_eq!(scheduler.commits_after_delete.load(Ordering::SeqCst), 0);
+    envoy_dynamic_module_on_network_filter_destroy(witness_module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn reading_pauses_beyond_the_per_connection_bound_and_resumes_when_answered() {
+    let config = handoff_config("ffi-bound", "echo:1", false, 2000, 16);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let p = produce(1);
+    read(&mut c, module, &p);
+    assert_eq!(c.read_disabled, [true], "more than 16 bytes in flight");
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.read_disabled, [true, false]);
+    assert_eq!(c.to_broker, p);
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn beyond_the_process_bound_a_handoff_fails_at_once() {
+    for fail_open in [false, true] {
+        // A bound of 0 bytes: every frame is beyond it; the service is never asked.
+        let config = bounded_config(&format!("ffi-process-{fail_open}"), "silent:1", fail_open, 60_000, 1 << 20, 0);
+        let mut c = FakeConnection::default();
+        let module = connect(config, &mut c);
+        let p = produce(4);
+        read(&mut c, module, &p);
+        assert!(c.scheduler.is_none(), "no stream was opened");
+        if fail_open {
+            assert_eq!(c.to_broker, p, "forwarded at once");
+        } else {
+            assert!(c.to_broker.is_empty());
+            assert_eq!(&c.to_client[4..8], &4i32.to_be_bytes(), "REQUEST_TIMED_OUT at once");
+        }
+        assert_eq!(counter(&c, "keg_kafka.handoff_failures"), 1);
+        envoy_dynamic_module_on_network_filter_destroy(module);
+        envoy_dynamic_module_on_network_filter_config_destroy(config);
+    }
 }

@@ -96,6 +96,7 @@ pub fn bytes_of(input: &[u8], out: &Output) -> Vec<u8> {
         match piece {
             Piece::Input(r) => v.extend_from_slice(&input[r.clone()]),
             Piece::Owned(b) => v.extend_from_slice(b),
+            Piece::HandOff(id) => panic!("hand-off {id} escaped the session"),
         }
     }
     v

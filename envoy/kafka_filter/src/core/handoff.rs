@@ -1,0 +1,95 @@
+//! Frames handed to the Python service and what its answers (or their absence) mean,
+//! without I/O: the session makes [`HandOff`]s, the caller delivers them and brings
+//! each one's [`Resolution`] back (see `docs/native.md` and the hand-off protocol).
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+/// Kafka's REQUEST_TIMED_OUT: retriable, the producer sends the batch again.
+pub const REQUEST_TIMED_OUT: i16 = 7;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// A request, client -> broker (`read_data` on the stream).
+    Request,
+    /// A broker's response the service asked for (`write_data`).
+    Response,
+}
+
+/// One frame for the Python service.
+#[derive(Debug, Clone)]
+pub struct HandOff {
+    /// Per connection, increasing; answers come back in this order.
+    pub id: u64,
+    pub direction: Direction,
+    /// The whole frame, size prefix included.
+    pub frame: Bytes,
+    pub api_key: i16,
+    pub api_version: i16,
+    /// The connection's principal when the broker authenticated one (`User:alice`).
+    pub principal: Option<String>,
+    pub security_protocol: &'static str,
+}
+
+/// Why a hand-off has no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer within the hand-off timeout.
+    Timeout,
+    /// No endpoint could be reached, or the stream broke.
+    Unavailable,
+    /// The process-wide bound of bytes in flight was reached: not handed off at all.
+    Overloaded,
+}
+
+/// What became of a hand-off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The reply to a request: the bytes for the broker (empty: nothing goes), the
+    /// gateway's own answer (goes to the client in the request's turn), and whether the
+    /// broker's response must be handed off too.
+    Request { forward: Vec<u8>, answer: Option<Vec<u8>>, want_response: bool },
+    /// The reply to a response: what the client gets instead.
+    Response { answer: Vec<u8> },
+    /// No reply: fail-open forwards the frame as it was; fail-closed answers a request
+    /// with a retriable error where the module can build one, else closes.
+    Failed(Failure),
+    /// The service asked to close the connection.
+    Close,
+}
+
+/// A Produce response with REQUEST_TIMED_OUT for every partition of `frame` (a whole
+/// Produce request); None when the module cannot read that request.
+pub fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
+    let key = ApiKey::Produce;
+    let range = key.valid_versions();
+    if frame.len() < 4 || api_version < range.min || api_version > range.max {
+        return None;
+    }
+    let mut buf = Bytes::copy_from_slice(&frame[4..]);
+    let header = RequestHeader::decode(&mut buf, key.request_header_version(api_version)).ok()?;
+    let request = ProduceRequest::decode(&mut buf, api_version).ok()?;
+    let responses = request.topic_data.into_iter().map(|topic| TopicProduceResponse::default()
+        .with_name(topic.name)
+        .with_topic_id(topic.topic_id)
+        .with_partition_responses(topic.partition_data.into_iter().map(|p| PartitionProduceResponse::default()
+            .with_index(p.index)
+            .with_error_code(REQUEST_TIMED_OUT)
+            .with_base_offset(-1)
+            .with_log_append_time_ms(-1)
+            .with_log_start_offset(-1)).collect()))
+        .collect();
+    let response = ProduceResponse::default().with_responses(responses);
+    let mut out = BytesMut::with_capacity(128);
+    out.extend_from_slice(&[0; 4]);
+    ResponseHeader::default()
+        .with_correlation_id(header.correlation_id)
+        .encode(&mut out, key.response_header_version(api_version))
+        .ok()?;
+    response.encode(&mut out, api_version).ok()?;
+    let size = i32::try_from(out.len() - 4).ok()?;
+    out[..4].copy_from_slice(&size.to_be_bytes());
+    Some(out.to_vec())
+}

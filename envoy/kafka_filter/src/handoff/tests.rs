@@ -1,0 +1,215 @@
+//! The hand-off thread against a fake service (no network, no Envoy): endpoints that
+//! answer, are dead, never answer, answer late, or break their stream.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::proto::{self, ProcessingRequest, ProcessingResponse};
+use super::*;
+use crate::core::handoff::HandOff;
+
+/// Endpoint names say how the fake service behaves: `echo`, `dead`, `silent`,
+/// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message).
+#[derive(Default)]
+pub(crate) struct FakeService {
+    /// Streams opened: endpoint and initial metadata.
+    pub(crate) opened: Mutex<Vec<(String, Metadata)>>,
+}
+
+type Metadata = Vec<(String, String)>;
+
+struct FakeExchange {
+    requests: mpsc::UnboundedSender<ProcessingRequest>,
+    replies: mpsc::UnboundedReceiver<ProcessingResponse>,
+}
+
+impl Connector for FakeService {
+    fn open<'a>(&'a self, endpoint: &'a str, metadata: &'a [(String, String)]) -> BoxFuture<'a, Result<Box<dyn Exchange>, String>> {
+        Box::pin(async move {
+            let mode = endpoint.split(':').next().unwrap_or("").to_string();
+            if mode == "dead" {
+                return Err(format!("{endpoint}: connection refused"));
+            }
+            self.opened.lock().unwrap().push((endpoint.to_string(), metadata.to_vec()));
+            let (requests, mut incoming) = mpsc::unbounded_channel::<ProcessingRequest>();
+            let (outgoing, replies) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while let Some(request) = incoming.recv().await {
+                    match mode.as_str() {
+                        "silent" => continue,
+                        "breaks" => return,
+                        "slow" => tokio::time::sleep(Duration::from_millis(150)).await,
+                        _ => {}
+                    }
+                    // Echo: the frame back where it came from.
+                    let reply = ProcessingResponse { read_data: request.read_data, write_data: request.write_data, ..Default::default() };
+                    if outgoing.send(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(Box::new(FakeExchange { requests, replies }) as Box<dyn Exchange>)
+        })
+    }
+}
+
+impl Exchange for FakeExchange {
+    fn send(&mut self, message: ProcessingRequest) -> Result<(), String> {
+        self.requests.send(message).map_err(|_| "closed".to_string())
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<ProcessingResponse, String>>> {
+        Box::pin(async move { self.replies.recv().await.map(Ok) })
+    }
+}
+
+/// Counts wakes, as Envoy's scheduler would post events to the worker.
+#[derive(Clone, Default)]
+struct Wakes(Arc<(Mutex<usize>, Condvar)>);
+
+impl Wake for Wakes {
+    fn wake(&self) {
+        *self.0 .0.lock().unwrap() += 1;
+        self.0 .1.notify_all();
+    }
+}
+
+/// Waits until `n` answers came (taking them as the worker would), or 5 s.
+fn answers(link: &Link, wakes: &Wakes, n: usize) -> Vec<(u64, Resolution)> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (lock, cond) = &*wakes.0;
+    let mut guard = lock.lock().unwrap();
+    loop {
+        got.extend(link.take());
+        if got.len() >= n || std::time::Instant::now() > deadline {
+            return got;
+        }
+        guard = cond.wait_timeout(guard, Duration::from_millis(20)).unwrap().0;
+    }
+}
+
+fn runtime() -> (Runtime, Arc<FakeService>) {
+    let service = Arc::new(FakeService::default());
+    (Runtime::start(service.clone()).unwrap(), service)
+}
+
+fn interest(endpoints: &[&str], timeout_ms: u64) -> Current {
+    let mut interest = Interest::default();
+    interest.endpoints = endpoints.iter().map(|e| e.to_string()).collect();
+    interest.handoff_timeout_ms = timeout_ms;
+    let interest = Arc::new(interest);
+    Arc::new(move || interest.clone())
+}
+
+fn outgoing(id: u64, direction: Direction, frame: &'static [u8]) -> Outgoing {
+    let handoff = HandOff { id, direction, frame: Bytes::from_static(frame), api_key: 0, api_version: 9,
+                            principal: None, security_protocol: "PLAINTEXT" };
+    Outgoing { id, direction, message: proto::message(&handoff) }
+}
+
+fn forwarded(frame: &[u8]) -> Resolution {
+    Resolution::Request { forward: frame.to_vec(), answer: None, want_response: false }
+}
+
+#[test]
+fn answers_come_back_in_order_with_the_streams_metadata() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let metadata = vec![("x-keg-mode".to_string(), "frames".to_string())];
+    let conn = rt.connect(link.clone(), metadata.clone(), 7, interest(&["echo:1"], 2000));
+    assert!(conn.send(outgoing(1, Direction::Request, b"one")));
+    assert!(conn.send(outgoing(2, Direction::Response, b"two")));
+    assert!(conn.send(outgoing(3, Direction::Request, b"three")));
+    let got = answers(&link, &wakes, 3);
+    assert_eq!(got, vec![(1, forwarded(b"one")), (2, Resolution::Response { answer: b"two".to_vec() }), (3, forwarded(b"three"))]);
+    let opened = service.opened.lock().unwrap();
+    assert_eq!(opened.len(), 1, "one stream per connection");
+    assert_eq!(opened[0], ("echo:1".to_string(), metadata));
+}
+
+#[test]
+fn a_dead_endpoint_is_skipped_for_the_next_one() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    // hash 0 chooses the first endpoint, which is dead.
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["dead:1", "echo:2"], 2000));
+    conn.send(outgoing(1, Direction::Request, b"f"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"f"))]);
+    assert_eq!(service.opened.lock().unwrap()[0].0, "echo:2");
+    // With every endpoint dead, the hand-off fails (the session fails open or closed).
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["dead:1", "dead:2"], 2000));
+    conn.send(outgoing(1, Direction::Request, b"f"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, Resolution::Failed(Failure::Unavailable))]);
+}
+
+#[test]
+fn a_silent_service_times_out_every_unanswered_message_then_a_new_stream_opens() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["silent:1"], 50));
+    conn.send(outgoing(1, Direction::Request, b"a"));
+    conn.send(outgoing(2, Direction::Request, b"b"));
+    let got = answers(&link, &wakes, 2);
+    assert_eq!(got, vec![(1, Resolution::Failed(Failure::Timeout)), (2, Resolution::Failed(Failure::Timeout))]);
+    conn.send(outgoing(3, Direction::Request, b"c"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(3, Resolution::Failed(Failure::Timeout))]);
+    assert_eq!(service.opened.lock().unwrap().len(), 2, "a timed-out stream is not reused");
+}
+
+#[test]
+fn a_broken_stream_fails_what_it_held() {
+    let (rt, _) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["breaks:1"], 2000));
+    conn.send(outgoing(1, Direction::Response, b"a"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, Resolution::Failed(Failure::Unavailable))]);
+}
+
+#[test]
+fn a_late_answer_for_a_closed_connection_is_dropped_and_connections_do_not_wait_for_each_other() {
+    let (rt, _) = runtime();
+    let (slow_wakes, fast_wakes) = (Wakes::default(), Wakes::default());
+    let slow = Link::new(Box::new(slow_wakes.clone()));
+    let fast = Link::new(Box::new(fast_wakes.clone()));
+    let slow_conn = rt.connect(slow.clone(), vec![], 0, interest(&["slow:1"], 2000));
+    let fast_conn = rt.connect(fast.clone(), vec![], 0, interest(&["echo:1"], 2000));
+    slow_conn.send(outgoing(1, Direction::Request, b"slow"));
+    fast_conn.send(outgoing(1, Direction::Request, b"fast"));
+    assert_eq!(answers(&fast, &fast_wakes, 1), vec![(1, forwarded(b"fast"))]);
+    assert!(slow.take().is_empty(), "the slow service's answer is not there yet");
+    slow.close(); // the connection is destroyed before its answer comes
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while slow.late_answers() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(slow.late_answers(), 1, "the late answer is dropped and counted");
+    assert!(slow.take().is_empty());
+    assert_eq!(*slow_wakes.0 .0.lock().unwrap(), 0, "a closed connection is never woken");
+    drop(slow_conn);
+}
+
+#[test]
+fn one_wake_per_batch_of_answers() {
+    let link = Link::new(Box::new(Wakes::default()));
+    let wakes = Wakes::default();
+    let link2 = Link::new(Box::new(wakes.clone()));
+    for id in 1..=3 {
+        assert!(link2.deliver(id, Resolution::Close));
+    }
+    assert_eq!(*wakes.0 .0.lock().unwrap(), 1, "the worker takes all three at once");
+    assert_eq!(link2.take().len(), 3);
+    link2.deliver(4, Resolution::Close);
+    assert_eq!(*wakes.0 .0.lock().unwrap(), 2);
+    link.close();
+    assert!(!link.deliver(1, Resolution::Close));
+    assert!(link.is_closed());
+}

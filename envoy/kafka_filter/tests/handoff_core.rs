@@ -1,0 +1,378 @@
+//! The hand-off state machine of the core, without Envoy and without a service: frames
+//! handed off keep their place in both directions whatever arrives meanwhile, answers
+//! replace them once, and the absence of an answer fails open or closed.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, TopicName};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use keg_kafka_filter::core::handoff::{Failure, REQUEST_TIMED_OUT};
+use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::stats::Counter;
+use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, ProtocolError, RequestPolicy, Resolution, Session, SessionLimits};
+
+/// Hands off Produce (0), forwards everything else.
+struct HandOffProduce {
+    fail_open: bool,
+}
+
+impl RequestPolicy for HandOffProduce {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        if head.api_key == 0 {
+            Disposition::HandOff { fail_open: self.fail_open }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+fn session(fail_open: bool) -> Session<HandOffProduce> {
+    Session::with_policy(SessionLimits::default(), HandOffProduce { fail_open })
+}
+
+/// A Produce request kafka-protocol can read (v9, header v2), two partitions.
+fn produce(correlation_id: i32, acks: i16) -> Vec<u8> {
+    let version = 9;
+    let mut buf = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(0)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("t")))
+        .encode(&mut buf, ApiKey::Produce.request_header_version(version))
+        .unwrap();
+    let partitions = (0..2).map(|i| PartitionProduceData::default()
+        .with_index(i)
+        .with_records(Some(Bytes::from(vec![i as u8; 64])))).collect();
+    ProduceRequest::default()
+        .with_acks(acks)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("orders")))
+            .with_partition_data(partitions)])
+        .encode(&mut buf, version)
+        .unwrap();
+    sized(&buf)
+}
+
+/// Forwarded requests and hand-offs of feeding `chunks`, resolving each hand-off with
+/// `answer` as soon as it appears (`eager`) or after the last chunk.
+fn run_requests(s: &mut Session<HandOffProduce>, chunks: &[&[u8]], eager: bool,
+                answer: &dyn Fn(&HandOff) -> Resolution) -> (Vec<u8>, Vec<u8>, Vec<HandOff>) {
+    let (mut forwarded, mut to_client, mut handed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut deferred = Vec::new();
+    for chunk in chunks {
+        let mut out = Output::default();
+        s.feed_requests(chunk, &mut out).unwrap();
+        forwarded.extend(bytes_of(chunk, &out));
+        for h in s.take_handoffs() {
+            if eager {
+                s.resolve(h.id, answer(&h)).unwrap();
+            } else {
+                deferred.push(h.clone());
+            }
+            handed.push(h);
+        }
+        drain(s, &mut forwarded, &mut to_client);
+    }
+    for h in deferred {
+        s.resolve(h.id, answer(&h)).unwrap();
+        drain(s, &mut forwarded, &mut to_client);
+    }
+    (forwarded, to_client, handed)
+}
+
+fn drain(s: &mut Session<HandOffProduce>, forwarded: &mut Vec<u8>, to_client: &mut Vec<u8>) {
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    forwarded.extend(bytes_of(&[], &out));
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    to_client.extend(bytes_of(&[], &out));
+}
+
+/// Python's answer: the frame with its last byte changed (a "masked" record), and
+/// want_response on acks=1 Produce.
+fn masked(h: &HandOff) -> Resolution {
+    match h.direction {
+        Direction::Request => {
+            let mut frame = h.frame.to_vec();
+            *frame.last_mut().unwrap() ^= 0xff;
+            Resolution::Request { forward: frame, answer: None, want_response: true }
+        }
+        Direction::Response => {
+            let mut frame = h.frame.to_vec();
+            frame.extend_from_slice(b"!");
+            let size = (frame.len() - 4) as i32;
+            frame[..4].copy_from_slice(&size.to_be_bytes());
+            Resolution::Response { answer: frame }
+        }
+    }
+}
+
+fn masked_frame(frame: &[u8]) -> Vec<u8> {
+    let mut frame = frame.to_vec();
+    *frame.last_mut().unwrap() ^= 0xff;
+    frame
+}
+
+/// Metadata, Produce acks=1 (handed off), ApiVersions, Produce acks=0 (handed off), Fetch.
+fn request_stream() -> Vec<Vec<u8>> {
+    vec![
+        request(3, 12, 1, &[0, 1, 0]),
+        produce(2, 1),
+        request(18, 3, 3, &[0, 0, 0]),
+        produce(4, 0),
+        request(1, 11, 5, &[7; 40]),
+    ]
+}
+
+#[test]
+fn requests_split_at_every_offset_keep_their_order_around_handoffs() {
+    let parts = request_stream();
+    let stream = parts.concat();
+    let expected = [parts[0].clone(), masked_frame(&parts[1]), parts[2].clone(), masked_frame(&parts[3]), parts[4].clone()].concat();
+    for eager in [true, false] {
+        for cut in 0..=stream.len() {
+            let mut s = session(false);
+            let (forwarded, to_client, handed) = run_requests(&mut s, &[&stream[..cut], &stream[cut..]], eager, &masked);
+            assert_eq!(forwarded, expected, "cut at {cut}, eager {eager}");
+            assert!(to_client.is_empty());
+            assert_eq!(handed.iter().map(|h| h.frame.to_vec()).collect::<Vec<_>>(), [parts[1].clone(), parts[3].clone()]);
+            assert_eq!(s.in_flight(), 4, "every request but acks=0 has its slot");
+            assert_eq!((s.pending_handoffs(), s.handoff_bytes()), (0, 0));
+        }
+    }
+}
+
+#[test]
+fn nothing_overtakes_a_pending_request() {
+    let parts = request_stream();
+    let mut s = session(false);
+    let mut out = Output::default();
+    let stream = parts.concat();
+    s.feed_requests(&stream, &mut out).unwrap();
+    assert_eq!(bytes_of(&stream, &out), parts[0], "only what precedes the hand-off leaves");
+    let handed = s.take_handoffs();
+    assert_eq!(handed.len(), 2, "hand-offs are pipelined, not one at a time");
+    assert!(s.requests_waiting());
+    // The second answer first (it cannot be, on one stream, but the core does not care):
+    // nothing leaves until the first one is back.
+    s.resolve(handed[1].id, masked(&handed[1])).unwrap();
+    let mut ready = Output::default();
+    s.ready_requests(&mut ready);
+    assert!(ready.is_empty());
+    s.resolve(handed[0].id, masked(&handed[0])).unwrap();
+    s.ready_requests(&mut ready);
+    assert_eq!(bytes_of(&[], &ready), [masked_frame(&parts[1]), parts[2].clone(), masked_frame(&parts[3]), parts[4].clone()].concat());
+    assert!(!s.requests_waiting());
+}
+
+/// The broker's answers to the forwarded requests of `request_stream`, in order.
+fn response_stream() -> Vec<Vec<u8>> {
+    vec![metadata_response(12, 1), opaque_response(2, &[9; 20]), opaque_response(3, &[1; 10]), opaque_response(5, &[3; 500])]
+}
+
+#[test]
+fn a_response_handed_off_keeps_its_place_split_at_every_offset() {
+    let requests = request_stream().concat();
+    let responses = response_stream();
+    let stream = responses.concat();
+    let routes = routes();
+    for cut in 0..=stream.len() {
+        let mut s = session(false);
+        run_requests(&mut s, &[&requests], true, &masked);
+        let (mut to_client, mut handed) = (Vec::new(), Vec::new());
+        for chunk in [&stream[..cut], &stream[cut..]] {
+            let mut out = Output::default();
+            s.feed_responses(chunk, view(&routes), &mut out).unwrap();
+            to_client.extend(bytes_of(chunk, &out));
+            handed.extend(s.take_handoffs());
+        }
+        assert_eq!(handed.len(), 1, "the Produce response, asked for by want_response");
+        assert_eq!(handed[0].direction, Direction::Response);
+        assert_eq!(handed[0].frame.to_vec(), responses[1]);
+        assert_eq!(frames(&to_client).len(), 1, "the Metadata answer leaves, the rest waits");
+        s.resolve(handed[0].id, masked(&handed[0])).unwrap();
+        let mut out = Output::default();
+        s.ready_responses(&mut out);
+        to_client.extend(bytes_of(&[], &out));
+        let got = frames(&to_client);
+        assert_eq!(got.len(), 4, "cut at {cut}");
+        assert!(got[1].ends_with(b"!"), "the service's answer in the Produce's turn");
+        assert_eq!(got[2..], responses[2..], "cut at {cut}");
+        assert_eq!((s.in_flight(), s.held_bytes()), (0, 0));
+    }
+}
+
+#[test]
+fn the_services_own_answer_leaves_in_its_requests_turn() {
+    let mut s = session(false);
+    let (metadata, produce) = (request(3, 12, 1, &[0, 1, 0]), produce(2, 1));
+    let answer = opaque_response(2, b"answered by the gateway");
+    let stream = [metadata.clone(), produce].concat();
+    let local = answer.clone();
+    let (forwarded, to_client, _) = run_requests(&mut s, &[&stream], true,
+        &|_| Resolution::Request { forward: vec![], answer: Some(local.clone()), want_response: false });
+    assert_eq!(forwarded, metadata, "the answered request never reaches the broker");
+    assert!(to_client.is_empty(), "not before the broker's answer to the Metadata request");
+    let routes = routes();
+    let mut out = Output::default();
+    let meta = metadata_response(12, 1);
+    s.feed_responses(&meta, view(&routes), &mut out).unwrap();
+    let got = frames(&bytes_of(&meta, &out));
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1], answer);
+    assert_eq!(s.stats.get(Counter::HandoffAnswers), 1);
+}
+
+#[test]
+fn fail_closed_answers_produce_with_a_retriable_error_and_closes_otherwise() {
+    let mut s = session(false);
+    let (_, to_client, handed) = run_requests(&mut s, &[&produce(7, 1)], true, &|_| Resolution::Failed(Failure::Timeout));
+    assert_eq!(handed.len(), 1);
+    let (correlation, response): (i32, ProduceResponse) = decode_response(ApiKey::Produce, 9, &to_client);
+    assert_eq!(correlation, 7);
+    let errors: Vec<i16> = response.responses.iter().flat_map(|t| t.partition_responses.iter().map(|p| p.error_code)).collect();
+    assert_eq!(errors, [REQUEST_TIMED_OUT; 2]);
+    assert_eq!(response.responses[0].name.0.as_str(), "orders");
+    assert_eq!(s.stats.get(Counter::HandoffRetriableErrors), 1);
+    // acks=0: nothing to answer, nothing forwarded.
+    let mut s = session(false);
+    let (forwarded, to_client, _) = run_requests(&mut s, &[&produce(8, 0)], true, &|_| Resolution::Failed(Failure::Unavailable));
+    assert!(forwarded.is_empty() && to_client.is_empty());
+    // A request the module cannot answer: the connection closes.
+    struct HandOffMetadata;
+    impl RequestPolicy for HandOffMetadata {
+        fn decide(&mut self, _: &RequestHead) -> Disposition {
+            Disposition::HandOff { fail_open: false }
+        }
+    }
+    let mut s = Session::with_policy(SessionLimits::default(), HandOffMetadata);
+    let mut out = Output::default();
+    s.feed_requests(&request(3, 12, 1, &[0, 1, 0]), &mut out).unwrap();
+    let h = s.take_handoffs().remove(0);
+    let err = s.resolve(h.id, Resolution::Failed(Failure::Timeout)).unwrap_err();
+    assert!(matches!(err, ProtocolError::HandOff(ref why) if why.contains("Metadata") && why.contains("fail-closed")), "{err}");
+}
+
+#[test]
+fn fail_open_forwards_the_frame_as_it_was_and_a_late_answer_changes_nothing() {
+    let mut s = session(true);
+    let frame = produce(3, 1);
+    let (forwarded, _, handed) = run_requests(&mut s, &[&frame], true, &|_| Resolution::Failed(Failure::Timeout));
+    assert_eq!(forwarded, frame);
+    assert_eq!(s.stats.get(Counter::HandoffFailedOpen), 1);
+    // The answer arrives after the timeout: ignored, never a second copy.
+    s.resolve(handed[0].id, masked(&handed[0])).unwrap();
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert!(out.is_empty());
+    // The broker's response passes (no want_response on a failed hand-off).
+    let routes = routes();
+    let response = opaque_response(3, b"ok");
+    let mut out = Output::default();
+    s.feed_responses(&response, view(&routes), &mut out).unwrap();
+    assert!(out.is_whole(response.len()));
+}
+
+#[test]
+fn a_failed_response_handoff_fails_open_or_closes() {
+    for fail_open in [true, false] {
+        let mut s = session(fail_open);
+        run_requests(&mut s, &[&produce(2, 1)], true,
+                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true });
+        let routes = routes();
+        let response = opaque_response(2, b"broker");
+        let mut out = Output::default();
+        s.feed_responses(&response, view(&routes), &mut out).unwrap();
+        assert!(out.is_empty());
+        let h = s.take_handoffs().remove(0);
+        let result = s.resolve(h.id, Resolution::Failed(Failure::Unavailable));
+        if fail_open {
+            result.unwrap();
+            let mut out = Output::default();
+            s.ready_responses(&mut out);
+            assert_eq!(bytes_of(&[], &out), response);
+        } else {
+            assert!(result.is_err(), "fail-closed: a response is replaced by closing");
+        }
+    }
+}
+
+#[test]
+fn answers_that_break_the_protocol_close_the_connection() {
+    let cases: Vec<(Resolution, &str)> = vec![
+        (Resolution::Request { forward: vec![], answer: None, want_response: false }, "dropped"),
+        (Resolution::Request { forward: vec![1], answer: Some(vec![2]), want_response: false }, "both"),
+        (Resolution::Response { answer: vec![1] }, "response's answer"),
+        (Resolution::Request { forward: vec![], answer: Some(opaque_response(99, b"")), want_response: false },
+         "another correlation id"),
+        (Resolution::Close, "closed"),
+    ];
+    for (resolution, why) in cases {
+        let mut s = session(false);
+        let mut out = Output::default();
+        s.feed_requests(&produce(1, 1), &mut out).unwrap();
+        let h = s.take_handoffs().remove(0);
+        let err = s.resolve(h.id, resolution).unwrap_err();
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
+#[test]
+fn an_answer_to_a_response_must_be_that_response() {
+    for (answer, ok) in [(opaque_response(2, b"changed"), true), (opaque_response(3, b"x"), false), (vec![], false)] {
+        let mut s = session(false);
+        run_requests(&mut s, &[&produce(2, 1)], true,
+                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true });
+        let routes = routes();
+        let mut out = Output::default();
+        s.feed_responses(&opaque_response(2, b"broker"), view(&routes), &mut out).unwrap();
+        let h = s.take_handoffs().remove(0);
+        assert_eq!(s.resolve(h.id, Resolution::Response { answer }).is_ok(), ok);
+    }
+}
+
+#[test]
+fn handoffs_carry_the_principal_once_authenticated() {
+    use kafka_protocol::messages::{SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse};
+    fn encoded<M: Encodable>(key: ApiKey, version: i16, correlation_id: i32, m: &M) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation_id)
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        m.encode(&mut buf, version).unwrap();
+        sized(&buf)
+    }
+    let mut s = session(false);
+    let routes = routes();
+    let handshake = encoded(ApiKey::SaslHandshake, 1, 1, &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")));
+    let auth = encoded(ApiKey::SaslAuthenticate, 2, 2, &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0alice\0pw")));
+    let stream = [handshake, auth, produce(3, 1)].concat();
+    // Byte at a time: SASL frames are copied while they pass, never held.
+    let chunks: Vec<&[u8]> = stream.chunks(1).collect();
+    let (forwarded, _, handed) = run_requests(&mut s, &chunks[..stream.len() - produce(3, 1).len()], true, &masked);
+    assert_eq!(forwarded.len(), stream.len() - produce(3, 1).len());
+    assert!(handed.is_empty());
+    let answers = [
+        encode_response(ApiKey::SaslHandshake, 1, 1, &SaslHandshakeResponse::default()),
+        encode_response(ApiKey::SaslAuthenticate, 2, 2, &SaslAuthenticateResponse::default()),
+    ].concat();
+    let mut to_client = Vec::new();
+    for chunk in answers.chunks(3) {
+        let mut out = Output::default();
+        s.feed_responses(chunk, view(&routes), &mut out).unwrap();
+        to_client.extend(bytes_of(chunk, &out));
+    }
+    assert_eq!(to_client, answers, "SASL answers pass as they came");
+    let (_, _, handed) = run_requests(&mut s, &chunks[stream.len() - produce(3, 1).len()..], true, &masked);
+    assert_eq!(handed[0].principal.as_deref(), Some("User:alice"));
+    assert_eq!(handed[0].security_protocol, "SASL_PLAINTEXT");
+}
