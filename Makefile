@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# --test-services: the schema registry (Apicurio, Maven Central) and local-kms (go
+# install) the tests run against, fetched once into ~/.cache/keg, never at each run.
 setup: $(STAMP) native
-	$(VENV)/bin/keg setup
+	$(VENV)/bin/keg setup --test-services
 
 native:
 	$(CARGO) build --release --quiet --manifest-path $(CRATE)

@@ -197,7 +197,7 @@ class KeyringBackend:
             if stamp == self._stamp:
                 return
         try:
-            keys = parse_keyring(read_secret(self._spec.secret, self._ctx, "keyring"))
+            keys = read_keyring(self._spec, self._ctx)
         except InterceptorConfigError as exc:
             if self._stamp is None and not self._keys:
                 raise
@@ -240,6 +240,16 @@ class KeyringBackend:
 
 def _aad(kek_id: str) -> bytes:
     return b"keg:dek:" + kek_id.encode()
+
+
+def read_keyring(spec: KmsKeyring, ctx: BuildContext) -> dict[str, tuple[int, dict[int, bytes]]]:
+    """The keyring a rule names, parsed; InterceptorConfigError when it is unusable or
+    lacks the rule's key."""
+    keys = parse_keyring(read_secret(spec.secret, ctx, "keyring"))
+    if spec.key is not None and spec.key not in keys:
+        raise InterceptorConfigError(f"the keyring has no key {spec.key} (it has "
+                                     f"{', '.join(sorted(keys))})")
+    return keys
 
 
 def parse_keyring(text: str) -> dict[str, tuple[int, dict[int, bytes]]]:

@@ -96,7 +96,9 @@ class ServiceCaller:
         self._clock = clock
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=_WORKERS_PER_SERVICE, thread_name_prefix="keg-service")
-        self._lock = threading.Lock()
+        # Reentrant: a call that is done already runs its done-callback (_forget) at
+        # once, in the thread that registers it, which holds this lock.
+        self._lock = threading.RLock()
         self._inflight: dict[Hashable, concurrent.futures.Future[object]] = {}
         self._down_until = 0.0
         self._last_problem = ""

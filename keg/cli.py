@@ -457,7 +457,13 @@ def kafka(
 
 
 @app.command()
-def setup() -> None:
+def setup(
+    test_services: Annotated[bool, typer.Option(
+        "--test-services",
+        help="Also fetch the services the tests run against: Apicurio Registry (a schema "
+             "registry, from Maven Central) and local-kms (the AWS KMS API, built with "
+             "go install).")] = False,
+) -> None:
     """Fetch what keg runs on (the Kafka jars from Maven Central) into the user cache."""
     setup_logging("WARNING")
     from keg.embedded.envoy import envoy_binary
@@ -465,6 +471,12 @@ def setup() -> None:
 
     try:
         libs = ensure_kafka(progress=_dim)
+        if test_services:
+            from keg.embedded.local_kms import ensure_local_kms
+            from keg.embedded.registry import ensure_registry
+
+            console.print(f"Schema registry: {ensure_registry(progress=_dim)}")
+            console.print(f"local-kms: {ensure_local_kms(progress=_dim)}")
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
     console.print(f"Kafka jars: {libs}")
