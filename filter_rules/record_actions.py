@@ -305,7 +305,7 @@ class SchemaRegistryRef(_Model):
                     "http://apicurio:8080/apis/ccompat/v7.")
     auth: RegistryAuth | None = None
     ca_file: str | None = Field(default=None, description="PEM bundle to trust (https).")
-    timeout_ms: ServiceTimeoutMs = 500
+    timeout_ms: ServiceTimeoutMs = 1000
     cache_ttl_s: Annotated[int, Field(ge=1, le=86_400)] = Field(
         default=300, description="How long which subjects an id is registered under is "
                                  "believed (schemas by id never change: kept while used).")

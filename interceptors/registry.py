@@ -9,9 +9,11 @@ Two questions are asked, each answer cached so the registry is never called per 
   schema is kept while it is used (least recently used out past `cache_size`); an
   unknown id is remembered for a short while (`NEGATIVE_TTL_S`).
 - `subjects(id)`: the subjects the id is registered under
-  (`GET /schemas/ids/{id}/versions`), believed for `cache_ttl_s`. When the registry
-  cannot be asked again, the last answer is kept (a schema deleted meanwhile is still
-  accepted until the registry answers again: availability over freshness).
+  (`GET /schemas/ids/{id}/versions`), believed for `cache_ttl_s`; a subject found
+  missing is asked about again (the rule does so at most once a second per topic and
+  id: a registry gives the same schema registered under a new subject the same id). When the registry cannot be asked
+  again, the last answer is kept (a schema deleted meanwhile is still accepted until the
+  registry answers again: availability over freshness).
 
 Every call is bounded (interceptors/remote.py): a stalled registry costs a record at
 most `timeout_ms`, then ServiceUnavailable, and for a short back-off none at all.
@@ -199,10 +201,13 @@ class RegistryClient:
                                      lambda: self._fetch_schema(schema_id), fail_open)
         return None if found is _UNKNOWN else found
 
-    def subjects(self, schema_id: int, fail_open: bool = False) -> frozenset[str]:
-        """The subjects `schema_id` is registered under (empty: none)."""
+    def subjects(self, schema_id: int, fail_open: bool = False,
+                 recheck: bool = False) -> frozenset[str]:
+        """The subjects `schema_id` is registered under (empty: none). `recheck`: ask
+        the registry even when the answer is cached (the caller found its subject
+        missing: the same schema registered under another subject keeps its id)."""
         cached = self._subjects.get_any(schema_id)
-        if cached is not None and cached[1]:
+        if cached is not None and cached[1] and not recheck:
             return cached[0]
         try:
             return self.caller.call(("subjects", schema_id),

@@ -373,7 +373,8 @@ class RecordsFilter(BaseFilter):
             rule = self._engine.records.rules.get(rule_id)
             if rule is None:
                 continue
-            reason = rejected.get(rule_id) or outcome.notes.get((rule_id, effect))
+            reason = (rejected.get(rule_id) if effect in REFUSING
+                      else outcome.notes.get((rule_id, effect)))
             if outcome.failure is not None and outcome.failure.rule_id == rule_id:
                 reason = outcome.failure.reason
             # A fetched record that fails validation is withheld, not refused: no error.

@@ -47,8 +47,8 @@ Verdict = tuple[RegisteredSchema | None, str | None, frozenset[str] | None, floa
 
 
 class SchemaInterceptor:
-    __slots__ = ("_fail_open", "_memo", "_registry", "_require_subject", "_strategy",
-                 "_validate", "allow_null", "target")
+    __slots__ = ("_fail_open", "_memo", "_rechecked", "_registry", "_require_subject",
+                 "_strategy", "_validate", "allow_null", "target")
 
     def __init__(self, spec: SchemaSpec, ctx: BuildContext) -> None:
         self.target = spec.target
@@ -59,6 +59,7 @@ class SchemaInterceptor:
         self._validate = spec.validate_payload
         self._fail_open = spec.on_unavailable == "pass"
         self._memo: dict[tuple[str, int], Verdict] = {}
+        self._rechecked: dict[tuple[int, str | None], float] = {}
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Built when the rule set is compiled; nothing to configure."""
@@ -103,7 +104,12 @@ class SchemaInterceptor:
             return reason
         if subjects is not None:  # Protobuf: the subject names the message of this record
             assert schema is not None
-            reason = self._subject_reason(topic, schema, schema.record_name_of(data), subjects)
+            name = schema.record_name_of(data)
+            reason = self._subject_reason(topic, schema, name, subjects)
+            if reason is not None and self._may_recheck((schema_id, name), now):
+                subjects = self._registry.subjects(schema_id, self._fail_open, recheck=True)
+                self._memo[(topic, schema_id)] = (schema, None, subjects, verdict[3])
+                reason = self._subject_reason(topic, schema, name, subjects)
             if reason is not None:
                 return reason
         if self._validate and schema is not None:
@@ -125,11 +131,28 @@ class SchemaInterceptor:
                 subjects = registered  # judged per record (its message indexes)
             else:
                 reason = self._subject_reason(topic, schema, schema.record_name, registered)
+                # Perhaps registered under it since the cached answer: ask again (at most
+                # once per MEMO_S per topic and id, the verdict being remembered).
+                if reason is not None:
+                    registered = self._registry.subjects(schema_id, self._fail_open,
+                                                         recheck=True)
+                    reason = self._subject_reason(topic, schema, schema.record_name,
+                                                  registered)
         verdict = (schema, reason, subjects, now + MEMO_S)
         if len(self._memo) >= _MEMO_ENTRIES:
             self._memo.clear()
         self._memo[(topic, schema_id)] = verdict
         return verdict
+
+    def _may_recheck(self, key: tuple[int, str | None], now: float) -> bool:
+        """Whether a subject found missing may be asked about again now (once per MEMO_S
+        per id and record name: a batch of bad records costs one registry call)."""
+        if self._rechecked.get(key, 0.0) > now:
+            return False
+        if len(self._rechecked) >= _MEMO_ENTRIES:
+            self._rechecked.clear()
+        self._rechecked[key] = now + MEMO_S
+        return True
 
     def _subject_reason(self, topic: str, schema: RegisteredSchema, record_name: str | None,
                         registered: frozenset[str]) -> str | None:

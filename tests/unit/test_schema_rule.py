@@ -193,6 +193,20 @@ def test_key_subjects_and_require_subject_off(registry: Registry) -> None:
     assert verdict(loose, framed(3, b"x"), "orders") is None
 
 
+def test_a_subject_the_id_was_registered_under_later_is_found(
+        registry: Registry) -> None:
+    services = Services()
+    value = framed(1, b"")
+    assert "under subject payments-value" in (
+        verdict(interceptor(registry, services), value, "payments") or "")
+    # The same schema registered under another subject keeps its id: a rule that finds
+    # its subject missing asks again (once per second per topic and id).
+    registry.add(1, ORDER_AVRO, None, ["orders-value", "payments-value"])
+    assert verdict(interceptor(registry, services), value, "payments") is None
+    asked = [p for p, _h in registry.requests].count("/schemas/ids/1/versions")
+    assert asked == 3  # the first answer, the first rule's recheck, the second rule's
+
+
 def test_protobuf_subjects_follow_the_message_indexes(registry: Registry) -> None:
     check = interceptor(registry, subject="record_name")
     # [1]: the second message of the file, shop.Refund (registered under that subject)
@@ -417,4 +431,4 @@ def test_the_rule_model(tmp_path: Path) -> None:
     for spec, message in cases:
         with pytest.raises(RuleSetInvalid, match=message):
             load(spec)
-    assert SchemaRegistryRef(url="http://x").timeout_ms == 500
+    assert SchemaRegistryRef(url="http://x").timeout_ms == 1000
