@@ -235,3 +235,15 @@ def test_rule_model_errors(action: dict[str, Any], message: str) -> None:
     with pytest.raises(RuleSetInvalid, match=message):
         load_rule_data({"rules": [{"id": "r", "match": {"topics": {"exact": ["t"]}},
                                    "action": action}]}, "r.yaml")
+
+
+def test_decryption_asks_the_kms_once_per_data_key(tmp_path: Path, keyring: Path) -> None:
+    spec = kms_spec(data_key={"max_records": 5})
+    enc = EncryptInterceptor(EncryptSpec(kms=spec), ctx(tmp_path))
+    sealed = [enc.intercept(record(f"v{i}".encode())) for i in range(20)]
+    consumer_side = ctx(tmp_path)  # another process: its own KMS client and cache
+    dec = DecryptInterceptor(DecryptSpec(kms=spec), consumer_side)
+    assert [dec.intercept(r).value for r in sealed] == [  # type: ignore[union-attr]
+        f"v{i}".encode() for i in range(20)]
+    client = consumer_side.services.kms(spec, consumer_side)
+    assert client.caller.calls == 4  # 20 records, 4 data keys: one unwrap each
