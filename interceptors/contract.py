@@ -90,7 +90,8 @@ class ServiceUnavailable(Exception):
 
 @runtime_checkable
 class BatchCheck(Protocol):
-    """A read-only check of a batch's keys or values (`target`), in record order.
+    """A read-only check of a batch's keys or values (`target`), in record order (views
+    into the batch's bytes: valid during the call only).
 
     Returns (position, effect, reason) for each record that does not simply pass:
     effect `rejected` (invalid) or `unchecked` (passes unjudged, a service being
@@ -100,7 +101,7 @@ class BatchCheck(Protocol):
 
     target: Literal["key", "value"]
 
-    def check_batch(self, topic: str, data: Sequence[bytes | None]
+    def check_batch(self, topic: str, data: Sequence[bytes | memoryview | None]
                     ) -> list[tuple[int, str, str]]: ...
 
 

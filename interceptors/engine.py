@@ -46,8 +46,8 @@ from interceptors.contract import (
     ServiceUnavailable,
 )
 from interceptors.custom import build_custom
-from kafka_wire.compression import declared_size
-from kafka_wire.records import BatchView, Record, decode_records
+from kafka_wire.compression import MAX_DECOMPRESSED, declared_size
+from kafka_wire.records import BatchView, Record, decode_field, decode_records
 
 log = logging.getLogger(__name__)
 
@@ -453,14 +453,15 @@ class RecordEngine:
         """Read-only checks over a batch's keys or values, with what process_batch would
         report; None when the records themselves are needed (a record refused at fetch
         time is withheld: the batch must be rewritten)."""
-        if budget is None:
-            records = decode_records(batch)
-        else:
-            records = decode_records(batch, max_decompressed=budget.admit(batch))
-            budget.spent(sum(len(r.value or b"") + len(r.key or b"") for r in records))
+        limit = budget.admit(batch) if budget is not None else MAX_DECOMPRESSED
+        fields: dict[str, list[memoryview | None]] = {}
+        for target in {stage.interceptor.target for stage in stages}:  # type: ignore[attr-defined]
+            fields[target] = decode_field(batch, target, max_decompressed=limit)
+            if budget is not None:
+                budget.spent(sum(len(item) for item in fields[target] if item is not None))
         result = BatchOutcome()
         counts = result.counts
-        live = list(range(len(records)))
+        live = list(range(batch.records_count))
         for stage in stages:
             if not live:
                 break
@@ -468,8 +469,8 @@ class RecordEngine:
                 budget.check_time()
             check: Any = stage.interceptor
             rule_id = stage.rule_id
-            data = ([records[i].value for i in live] if check.target == "value"
-                    else [records[i].key for i in live])
+            every = fields[check.target]
+            data = every if len(live) == len(every) else [every[i] for i in live]
             try:
                 verdicts = check.check_batch(topic, data)
             except ServiceUnavailable as err:

@@ -11,9 +11,10 @@ Two questions are asked, each answer cached so the registry is never called per 
 - `subjects(id)`: the subjects the id is registered under
   (`GET /schemas/ids/{id}/versions`), believed for `cache_ttl_s`; a subject found
   missing is asked about again (the rule does so at most once a second per topic and
-  id: a registry gives the same schema registered under a new subject the same id). When the registry cannot be asked
-  again, the last answer is kept (a schema deleted meanwhile is still accepted until the
-  registry answers again: availability over freshness).
+  id: a registry gives the same schema registered under a new subject the same id).
+  When the registry cannot be asked again, the last answer is kept (a schema deleted
+  meanwhile is still accepted until the registry answers again: availability over
+  freshness).
 
 Every call is bounded (interceptors/remote.py): a stalled registry costs a record at
 most `timeout_ms`, then ServiceUnavailable, and for a short back-off none at all.

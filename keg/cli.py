@@ -456,6 +456,27 @@ def kafka(
         raise _fail(str(err)) from None
 
 
+@app.command("schema-registry")
+def schema_registry(
+    port: Annotated[int, typer.Option(help="HTTP port (0: a free one).")] = 8081,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run a schema registry (Apicurio Registry, in memory, with the Confluent-compatible
+    API the `schema` rule asks), until Ctrl-C. Fetched by `keg setup --test-services`."""
+    setup_logging(log_level)
+    from keg.embedded.kafka import EmbeddedKafkaError
+    from keg.embedded.registry import EmbeddedRegistry, ensure_registry
+
+    try:
+        ensure_registry(progress=_dim)
+        with EmbeddedRegistry(port=port) as registry:
+            console.print(styled("Schema registry (Confluent API) on ",
+                                 (registry.ccompat_url, "bold"), " (Ctrl-C stops)"))
+            _wait_for_ctrl_c()
+    except EmbeddedKafkaError as err:
+        raise _fail(str(err)) from None
+
+
 @app.command()
 def setup(
     test_services: Annotated[bool, typer.Option(

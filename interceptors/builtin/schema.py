@@ -71,12 +71,32 @@ class SchemaInterceptor:
             raise RecordRejected(reason)
         return record
 
-    def check_batch(self, topic: str, data: Sequence[bytes | None]
+    def check_batch(self, topic: str, data: Sequence[bytes | memoryview | None]
                     ) -> list[tuple[int, str, str]]:
         now = time.monotonic()
         judge = self._judge
+        memo = self._memo
+        validate = self._validate
+        # The common case, inline: the id of the previous record, or one this rule knows
+        # passes (its subject holds for every record); then only the payload is checked.
+        passing, schema = -1, None
         verdicts: list[tuple[int, str, str]] = []
         for position, item in enumerate(data):
+            if item is not None and len(item) >= PREFIX and item[0] == 0:
+                schema_id = int.from_bytes(item[1:PREFIX], "big")
+                if schema_id != passing:
+                    known = memo.get((topic, schema_id))
+                    if known is not None and known[3] > now and known[1] is None and (
+                            known[2] is None) and known[0] is not None:
+                        passing, schema = schema_id, known[0]
+                if schema_id == passing:
+                    if validate:
+                        assert schema is not None
+                        problem = schema.check(item)
+                        if problem is not None:
+                            verdicts.append((position, "rejected", short_reason(
+                                f"schema id {schema_id}: {problem}")))
+                    continue
             try:
                 reason = judge(topic, item, now)
             except ServiceUnavailable as err:
@@ -90,7 +110,7 @@ class SchemaInterceptor:
 
     # -- judging one key or value ----------------------------------------------------
 
-    def _judge(self, topic: str, data: bytes | None, now: float) -> str | None:
+    def _judge(self, topic: str, data: bytes | memoryview | None, now: float) -> str | None:
         if data is None:
             return None if self.allow_null else f"{self.target} is null"
         if len(data) < PREFIX or data[0] != CONFLUENT_MAGIC:

@@ -70,10 +70,13 @@ def ensure_registry(progress: Callable[[str], None] | None = None) -> Path:
 
 
 class EmbeddedRegistry(Service):
-    """Apicurio Registry in a child JVM, on free loopback ports."""
+    """Apicurio Registry in a child JVM, on loopback: `port` (0: a free one) and, with
+    `tls`, a free port for HTTPS."""
 
-    def __init__(self, *, tls: tuple[Path, Path] | None = None, heap: str = "384m",
-                 start_timeout: float = 180.0, log_dir: Path | None = None) -> None:
+    def __init__(self, *, port: int = 0, tls: tuple[Path, Path] | None = None,
+                 heap: str = "384m", start_timeout: float = 180.0,
+                 log_dir: Path | None = None) -> None:
+        self._requested_port = port
         self._tls = tls
         self._heap = heap
         self._start_timeout = start_timeout
@@ -81,6 +84,7 @@ class EmbeddedRegistry(Service):
         self.port = 0
         self.https_port = 0
         self._child: Child | None = None
+        self._owned_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
@@ -105,7 +109,9 @@ class EmbeddedRegistry(Service):
         if self._child is not None and self._child.running:
             return self
         jar = ensure_registry()
-        self.port, self.https_port = _free_ports(2)
+        free = _free_ports(2, {self._requested_port})
+        self.port = self._requested_port or free[0]
+        self.https_port = free[1]
         props = {
             "quarkus.http.host": "127.0.0.1",
             "quarkus.http.port": str(self.port),
@@ -117,7 +123,9 @@ class EmbeddedRegistry(Service):
             props.update({"quarkus.http.ssl-port": str(self.https_port),
                           "quarkus.http.ssl.certificate.files": str(certificate),
                           "quarkus.http.ssl.certificate.key-files": str(key)})
-        log_dir = self._log_dir or Path(tempfile.mkdtemp(prefix="keg-registry-"))
+        if self._log_dir is None:
+            self._owned_dir = tempfile.TemporaryDirectory(prefix="keg-registry-")
+        log_dir = self._log_dir or Path(self._owned_dir.name)  # type: ignore[union-attr]
         self._child = Child("Apicurio Registry", log_dir / "registry.log")
         cmd = [java_executable(), f"-Xmx{self._heap}", "-XX:+UseSerialGC",
                *(f"-D{k}={v}" for k, v in props.items()), "-jar", str(jar)]
@@ -147,3 +155,7 @@ class EmbeddedRegistry(Service):
     def stop(self) -> None:
         if self._child is not None:
             self._child.stop()
+            self._child = None
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None

@@ -277,7 +277,7 @@ def test_kms_down_at_fetch_withholds_the_records(env: Env) -> None:
     topic = env.topic("downfetch.")
     producer = Producer({"bootstrap.servers": env.kafka.bootstrap})
     for value, headers in encrypted:
-        producer.produce(topic, value, headers=headers)
+        producer.produce(topic, value, headers=headers)  # type: ignore[arg-type]
     producer.flush(30)
     consumer = Consumer({"bootstrap.servers": env.gateway.bootstrap,
                          "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})

@@ -243,7 +243,7 @@ def test_decryption_asks_the_kms_once_per_data_key(tmp_path: Path, keyring: Path
     sealed = [enc.intercept(record(f"v{i}".encode())) for i in range(20)]
     consumer_side = ctx(tmp_path)  # another process: its own KMS client and cache
     dec = DecryptInterceptor(DecryptSpec(kms=spec), consumer_side)
-    assert [dec.intercept(r).value for r in sealed] == [  # type: ignore[union-attr]
+    assert [dec.intercept(r).value for r in sealed] == [  # type: ignore[union-attr, arg-type]
         f"v{i}".encode() for i in range(20)]
     client = consumer_side.services.kms(spec, consumer_side)
     assert client.caller.calls == 4  # 20 records, 4 data keys: one unwrap each
