@@ -1,6 +1,7 @@
 """Record rules on every record: gateway vs direct, side by side, in one run.
 
-    python -m benchmarks.record_rules [--records 50000] [--repeat 1]
+    python -m benchmarks.record_rules [--records 50000] [--repeat 1] [--actions a,b]
+                                      [--output record_rules]
 
 One broker, one gateway whose rule set holds, per action (mask, validate, encrypt,
 schema), a produce-time rule on topics `p.<action>.*` and a consume-time rule on topics
@@ -164,7 +165,8 @@ def framed(schema_id: int, values: list[bytes]) -> list[bytes]:
     return [prefix + value for value in values]
 
 
-def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS) -> dict[str, Any]:
+def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
+        data_path: str = "ext-proc") -> dict[str, Any]:
     from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
     from keg.embedded.registry import EmbeddedRegistry
     from keg.gateway import Gateway, GatewaySettings
@@ -184,7 +186,7 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS) -> dict[s
             RULES + (schema_rules(registry.ccompat_url) if registry is not None else ""))
         settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
                                    rules_dir=rules, work_dir=Path(tmp) / "envoy",
-                                   ext_proc_log_level="WARNING")
+                                   ext_proc_log_level="WARNING", data_path=data_path)
         with Gateway(settings) as gateway:
             for _round in range(repeat):
                 for action in actions:
@@ -214,13 +216,15 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS) -> dict[s
         table[name] = {**{k: round(v) for k, v in med.items()},
                        "produce_ratio": round(med["produce_gateway"] / med["produce_direct"], 3),
                        "consume_ratio": round(med["consume_gateway"] / med["consume_direct"], 3)}
-    return {"records": records, "record_bytes": 1024, "repeat": repeat, "commit": git_commit(),
+    return {"records": records, "record_bytes": 1024, "repeat": repeat, "data_path": data_path,
+            "commit": git_commit(),
             "machine": machine_info(), "cells": table}
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Record rules on every record: {result['records']:,} x 1 KiB JSON, librdkafka, "
-             f"acks=all, median of {result['repeat']} (commit {result['commit']})", "",
+             f"acks=all, {result.get('data_path', 'ext-proc')} data path, median of "
+             f"{result['repeat']} (commit {result['commit']})", "",
              "| action / codec | produce direct rec/s | produce gateway rec/s | ratio | "
              "consume direct rec/s | consume gateway rec/s | ratio |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -237,17 +241,20 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--actions", default=",".join(ACTIONS),
                         help=f"comma-separated subset of {','.join(ACTIONS)}")
+    parser.add_argument("--data-path", default="ext-proc", choices=("ext-proc", "native"))
+    parser.add_argument("--output", default="record_rules",
+                        help="results file name (benchmarks/results/<output>.json and .md)")
     args = parser.parse_args()
     actions = tuple(a for a in args.actions.split(",") if a)
     unknown = set(actions) - set(ACTIONS)
     if unknown:
         parser.error(f"unknown actions: {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    result = run(args.records, args.repeat, actions)
+    result = run(args.records, args.repeat, actions, args.data_path)
     RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "record_rules.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS_DIR / f"{args.output}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    (RESULTS_DIR / "record_rules.md").write_text(text)
+    (RESULTS_DIR / f"{args.output}.md").write_text(text)
     print(text)
     return 0
 

@@ -183,7 +183,10 @@ class KeyringBackend:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._keys: dict[str, tuple[int, dict[int, bytes]]] = {}
-        self._load()
+        try:
+            self._load()
+        except ServiceFailure as exc:  # at build time a missing keyring is a rule error
+            raise InterceptorConfigError(f"keyring: {exc}") from None
 
     def _load(self) -> None:
         """Read the keyring (again when its file changed since)."""

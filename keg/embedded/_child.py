@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from keg.children import die_with_parent
+from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +101,23 @@ class Child:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+class ChildService(Service):
+    """A Service run as one Child (`_child`, set by start): its pid, pause and resume."""
+
+    _child: Child | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def pause(self) -> None:
+        """Stall the service (SIGSTOP): connections stay open, nothing is answered."""
+        if self._child is None:
+            raise ChildFailed("the service is not running")
+        self._child.pause()
+
+    def resume(self) -> None:
+        if self._child is not None:
+            self._child.resume()

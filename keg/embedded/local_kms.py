@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Final, Self
 
 from keg.children import BASE, child_environment
-from keg.embedded._child import Child, ChildFailed
+from keg.embedded._child import Child, ChildFailed, ChildService
 from keg.embedded.kafka import EmbeddedKafkaError, _free_ports, _tail_text, cache_dir
-from keg.lifecycle import Service
 
 MODULE: Final = "github.com/nsmithuk/local-kms"
 VERSION: Final = "v0.0.0-20260228092603-2a5e92d09ab6"
@@ -72,7 +71,7 @@ def ensure_local_kms(progress: Callable[[str], None] | None = None,
     return binary
 
 
-class LocalKms(Service):
+class LocalKms(ChildService):
     """local-kms in a child process, keys in a temporary directory, on a free port."""
 
     def __init__(self, start_timeout: float = 60.0) -> None:
@@ -113,14 +112,6 @@ class LocalKms(Service):
                 return True
         except OSError:
             return False
-
-    def pause(self) -> None:
-        assert self._child is not None
-        self._child.pause()
-
-    def resume(self) -> None:
-        assert self._child is not None
-        self._child.resume()
 
     def stop(self) -> None:
         if self._child is not None:

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Self
 
 from keg.children import JAVA, child_environment
-from keg.embedded._child import Child, ChildFailed
+from keg.embedded._child import Child, ChildFailed, ChildService
 from keg.embedded.kafka import EmbeddedKafkaError, _free_ports, cache_dir, java_executable
 from keg.embedded.maven import ensure_maven_dir, maven_dir_ready
-from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def ensure_registry(progress: Callable[[str], None] | None = None) -> Path:
     return jar
 
 
-class EmbeddedRegistry(Service):
+class EmbeddedRegistry(ChildService):
     """Apicurio Registry in a child JVM, on loopback: `port` (0: a free one) and, with
     `tls`, a free port for HTTPS."""
 
@@ -96,14 +95,17 @@ class EmbeddedRegistry(Service):
         return self.url + CCOMPAT_PATH
 
     @property
+    def tls_certificate(self) -> Path:
+        """The certificate HTTPS is served with (PEM)."""
+        if not self._tls:
+            raise EmbeddedKafkaError("the registry was started without tls")
+        return self._tls[0]
+
+    @property
     def https_ccompat_url(self) -> str:
         if not self._tls:
             raise EmbeddedKafkaError("the registry was started without tls")
         return f"https://localhost:{self.https_port}{CCOMPAT_PATH}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._child.pid if self._child is not None else None
 
     def start(self) -> Self:
         if self._child is not None and self._child.running:
@@ -142,15 +144,6 @@ class EmbeddedRegistry(Service):
                 return bool(answer.status == 200)
         except (OSError, urllib.error.URLError):
             return False
-
-    def pause(self) -> None:
-        """Stall the registry (SIGSTOP): connections open, no answers."""
-        assert self._child is not None
-        self._child.pause()
-
-    def resume(self) -> None:
-        assert self._child is not None
-        self._child.resume()
 
     def stop(self) -> None:
         if self._child is not None:

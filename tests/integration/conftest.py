@@ -10,8 +10,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from keg.embedded.kafka import EmbeddedKafka, ensure_kafka, run_java_tool
+from keg.embedded.local_kms import LocalKms
+from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
+from tests.integration.services import self_signed
 
 # One broker for the session: a PLAINTEXT listener (`bootstrap`) and a SASL_PLAINTEXT one
 # (`sasl_bootstrap`, PLAIN and SCRAM) with these users; "keg" is the gateway's own.
@@ -109,3 +112,21 @@ def relay(gateway: Gateway) -> Iterator[RecordingRelay]:
         yield r
     finally:
         r.close()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRegistry]:
+    """A real schema registry (Apicurio Registry, in memory): Confluent's API at
+    `ccompat_url`, and over HTTPS at `https_ccompat_url` with `tls_certificate` (a
+    self-signed certificate for localhost) as the CA to trust."""
+    base = tmp_path_factory.mktemp("schema-registry")
+    certificate, key = self_signed(base)
+    with EmbeddedRegistry(tls=(certificate, key), log_dir=base) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def local_kms() -> Iterator[LocalKms]:
+    """A real server of the AWS KMS API (local-kms; any credentials are accepted)."""
+    with LocalKms() as kms:
+        yield kms

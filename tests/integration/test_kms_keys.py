@@ -14,16 +14,13 @@ import base64
 import json
 import os
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from filter_rules import load_rule_text
 from filter_rules.record_actions import HEADER_DATA_KEY, HEADER_ENCRYPTION_KEY_ID
@@ -32,12 +29,13 @@ from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.local_kms import LocalKms
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import create_topic
+from tests.integration.records_io import AuditLog, Headers, consume, produce, values
 
 pytestmark = pytest.mark.integration
 
 KEY_ID_ENV, SECRET_ENV = "KEG_TEST_AWS_ACCESS_KEY_ID", "KEG_TEST_AWS_SECRET_ACCESS_KEY"
 REQUEST_TIMED_OUT = 7
-Rec = tuple[bytes | None, list[tuple[str, bytes | None]]]
+Rec = tuple[bytes | None, Headers]
 
 
 def rules(kms: LocalKms, alias: str, down: str) -> str:
@@ -97,96 +95,47 @@ class Env:
     def __init__(self, kafka: EmbeddedKafka, gateway: Gateway, kms: LocalKms, alias: str,
                  keyring: Path, audit: Path) -> None:
         self.kafka, self.gateway, self.kms, self.alias = kafka, gateway, kms, alias
-        self.keyring, self.audit = keyring, audit
+        self.keyring, self.audit = keyring, AuditLog(audit)
         self.client = boto3.client("kms", endpoint_url=kms.endpoint, region_name=kms.region,
                                    aws_access_key_id="test", aws_secret_access_key="test")
 
     def topic(self, prefix: str) -> str:
         return create_topic(self.kafka.bootstrap, name=f"{prefix}{uuid.uuid4().hex[:8]}")
 
-    def audit_events(self, topic: str) -> list[dict[str, Any]]:
-        if not self.audit.exists():
-            return []
-        events = [json.loads(line) for line in self.audit.read_text().splitlines() if line]
-        return [e for e in events if e.get("topic") == topic]
-
-    def audit_event(self, topic: str, outcome: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for event in self.audit_events(topic):
-                if event["outcome"] == outcome:
-                    return event
-            time.sleep(0.1)
-        raise AssertionError(f"no {outcome} audit event for {topic}")
-
 
 @pytest.fixture(scope="module")
-def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(kafka: EmbeddedKafka, local_kms: LocalKms,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("kms")
     saved = {name: os.environ.get(name) for name in (KEY_ID_ENV, SECRET_ENV)}
     os.environ[KEY_ID_ENV], os.environ[SECRET_ENV] = "keg-test", "keg-test-secret"
     try:
-        with LocalKms() as kms:
-            client = boto3.client("kms", endpoint_url=kms.endpoint, region_name=kms.region,
-                                  aws_access_key_id="t", aws_secret_access_key="t")
-            alias = f"alias/keg-{uuid.uuid4().hex[:6]}"
-            client.create_alias(AliasName=alias,
-                                TargetKeyId=client.create_key()["KeyMetadata"]["KeyId"])
-            rule_dir = base / "rules"
-            rule_dir.mkdir()
-            keyring = rule_dir / "keyring.json"
-            keyring.write_text(keyring_doc({1: os.urandom(32)}, 1))
-            (down_port,) = _free_ports(1)
-            text = rules(kms, alias, f"http://127.0.0.1:{down_port}")
-            load_rule_text(text, "check.yaml")
-            (rule_dir / "kms.yaml").write_text(text)
-            audit = base / "audit.jsonl"
-            settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                                       rules_dir=rule_dir, audit_log=audit,
-                                       work_dir=base / "envoy", ext_proc_log_level="WARNING")
-            with Gateway(settings) as gateway:
-                yield Env(kafka, gateway, kms, alias, keyring, audit)
+        client = boto3.client("kms", endpoint_url=local_kms.endpoint,
+                              region_name=local_kms.region, aws_access_key_id="t",
+                              aws_secret_access_key="t")
+        alias = f"alias/keg-{uuid.uuid4().hex[:6]}"
+        client.create_alias(AliasName=alias,
+                            TargetKeyId=client.create_key()["KeyMetadata"]["KeyId"])
+        rule_dir = base / "rules"
+        rule_dir.mkdir()
+        keyring = rule_dir / "keyring.json"
+        keyring.write_text(keyring_doc({1: os.urandom(32)}, 1))
+        (down_port,) = _free_ports(1)
+        text = rules(local_kms, alias, f"http://127.0.0.1:{down_port}")
+        load_rule_text(text, "check.yaml")
+        (rule_dir / "kms.yaml").write_text(text)
+        audit = base / "audit.jsonl"
+        settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+                                   rules_dir=rule_dir, audit_log=audit,
+                                   work_dir=base / "envoy", ext_proc_log_level="WARNING")
+        with Gateway(settings) as gateway:
+            yield Env(kafka, gateway, local_kms, alias, keyring, audit)
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def produce(bootstrap: str, topic: str, values: list[bytes], retries: int = 10
-            ) -> list[str | None]:
-    errors: list[str | None] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "retries": retries,
-                         "message.timeout.ms": 20000})
-    for value in values:
-        producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(
-            None if err is None else err.name()))
-    producer.flush(30)
-    assert len(errors) == len(values)
-    return errors
-
-
-def consume(bootstrap: str, topic: str) -> list[Rec]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[Rec] = []
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise KafkaException(error)
-            out.append((msg.value(), list(msg.headers() or [])))  # type: ignore[arg-type]
-    finally:
-        consumer.close()
-    raise AssertionError(f"no end of {topic} within 30 s; got {len(out)}")
 
 
 def data_keys(records: list[Rec]) -> list[WrappedKey]:
@@ -202,19 +151,19 @@ def data_keys(records: list[Rec]) -> list[WrappedKey]:
     return out
 
 
-def values(prefix: str, count: int) -> list[bytes]:
+def secrets(prefix: str, count: int) -> list[bytes | None]:
     return [f"{prefix} secret record {i}".encode() for i in range(count)]
 
 
 def test_aws_kms_data_keys_rotate_and_the_kek_changes_mid_stream(env: Env) -> None:
     topic = env.topic("aws.")
-    first = values("first", 6)
-    assert produce(env.gateway.bootstrap, topic, first) == [None] * 6
+    first = secrets("first", 6)
+    assert produce(env.gateway.bootstrap, topic, first, retries=10) == [None] * 6
     # The KEK changes: the alias moves to a new KMS key. New data keys are wrapped by it.
     new_kek = env.client.create_key()["KeyMetadata"]["Arn"]
     env.client.update_alias(AliasName=env.alias, TargetKeyId=new_kek)
-    second = values("second", 6)
-    assert produce(env.gateway.bootstrap, topic, second) == [None] * 6
+    second = secrets("second", 6)
+    assert produce(env.gateway.bootstrap, topic, second, retries=10) == [None] * 6
 
     stored = consume(env.kafka.bootstrap, topic)  # directly: what the broker holds
     assert len(stored) == 12
@@ -231,7 +180,7 @@ def test_aws_kms_data_keys_rotate_and_the_kek_changes_mid_stream(env: Env) -> No
 
     # Read through the gateway: every record decrypted, old KEK and new, headers gone.
     read = consume(env.gateway.bootstrap, topic)
-    assert [value for value, _h in read] == first + second
+    assert values(read) == first + second
     assert all(HEADER_DATA_KEY not in dict(h) and HEADER_ENCRYPTION_KEY_ID not in dict(h)
                for _v, h in read)
 
@@ -239,7 +188,8 @@ def test_aws_kms_data_keys_rotate_and_the_kek_changes_mid_stream(env: Env) -> No
 def test_aws_kms_field_encryption(env: Env) -> None:
     topic = env.topic("fields.")
     docs = [{"id": i, "card": {"number": f"4111-{i:04d}"}} for i in range(3)]
-    assert produce(env.gateway.bootstrap, topic, [orjson.dumps(d) for d in docs]) == [None] * 3
+    assert produce(env.gateway.bootstrap, topic, [orjson.dumps(d) for d in docs],
+                   retries=10) == [None] * 3
     stored = consume(env.kafka.bootstrap, topic)
     assert all(orjson.loads(v or b"")["card"]["number"].startswith("keg:v1:")
                for v, _h in stored)
@@ -248,49 +198,35 @@ def test_aws_kms_field_encryption(env: Env) -> None:
 
 def test_keyring_kek_rotation_keeps_old_records_readable(env: Env) -> None:
     topic = env.topic("ring.")
-    first = values("first", 5)
-    assert produce(env.gateway.bootstrap, topic, first) == [None] * 5
+    first = secrets("first", 5)
+    assert produce(env.gateway.bootstrap, topic, first, retries=10) == [None] * 5
     ring = json.loads(env.keyring.read_text())["keys"]["orders"]["versions"]
     old_key = base64.b64decode(ring["1"])
     env.keyring.write_text(keyring_doc({1: old_key, 2: os.urandom(32)}, 2))  # rotate the KEK
-    second = values("second", 5)
-    assert produce(env.gateway.bootstrap, topic, second) == [None] * 5
+    second = secrets("second", 5)
+    assert produce(env.gateway.bootstrap, topic, second, retries=10) == [None] * 5
     keys = data_keys(consume(env.kafka.bootstrap, topic))
     assert {k.provider for k in keys} == {PROVIDER_KEYRING}
     assert keys[0].kek == "orders:v1" and keys[-1].kek == "orders:v2"
-    assert [value for value, _h in consume(env.gateway.bootstrap, topic)] == first + second
+    assert values(consume(env.gateway.bootstrap, topic)) == first + second
 
 
 def test_kms_down_at_produce_is_a_retriable_refusal(env: Env) -> None:
     topic = env.topic("down.")
     assert produce(env.gateway.bootstrap, topic, [b"secret"], retries=0) == [
         "REQUEST_TIMED_OUT"]
-    event = env.audit_event(topic, "unavailable")
+    event = env.audit.wait_for(topic, "unavailable")
     assert event["error_code"] == REQUEST_TIMED_OUT and "AWS KMS" in event["reason"]
     assert consume(env.kafka.bootstrap, topic) == []
 
 
 def test_kms_down_at_fetch_withholds_the_records(env: Env) -> None:
     source = env.topic("aws.")
-    assert produce(env.gateway.bootstrap, source, [b"secret"]) == [None]
+    assert produce(env.gateway.bootstrap, source, [b"secret"], retries=10) == [None]
     encrypted = consume(env.kafka.bootstrap, source)
     topic = env.topic("downfetch.")
-    producer = Producer({"bootstrap.servers": env.kafka.bootstrap})
-    for value, headers in encrypted:
-        producer.produce(topic, value, headers=headers)  # type: ignore[arg-type]
-    producer.flush(30)
-    consumer = Consumer({"bootstrap.servers": env.gateway.bootstrap,
-                         "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    got = []
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not env.audit_events(topic):
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                got.append(msg.value())
-        event = env.audit_event(topic, "unavailable")
-    finally:
-        consumer.close()
+    produce(env.kafka.bootstrap, topic, values(encrypted),
+            headers=[headers for _v, headers in encrypted])
+    got, event = env.audit.withheld_at_fetch(env.gateway.bootstrap, topic)
     assert got == []  # withheld, not handed out encrypted
     assert event["api_name"] == "Fetch" and event["error_code"] == REQUEST_TIMED_OUT

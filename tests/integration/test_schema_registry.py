@@ -11,27 +11,19 @@ topics.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import struct
 import textwrap
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
@@ -41,6 +33,7 @@ from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import create_topic
+from tests.integration.records_io import AuditLog, consume, produce, values
 
 pytestmark = pytest.mark.integration
 
@@ -58,28 +51,6 @@ ORDER_JSON = json.dumps({
 ORDER_PROTO = ('syntax = "proto3";\npackage shop;\n'
                "message Order { int64 id = 1; string sku = 2; }\n"
                "message Refund { int64 order_id = 1; }\n")
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for localhost and 127.0.0.1 (also its own CA) and its key, PEM."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "registry.pem", directory / "registry.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def rules(registry: EmbeddedRegistry, down_url: str) -> str:
@@ -121,7 +92,8 @@ def rules(registry: EmbeddedRegistry, down_url: str) -> str:
 class Env:
     def __init__(self, kafka: EmbeddedKafka, gateway: Gateway, registry: EmbeddedRegistry,
                  audit: Path) -> None:
-        self.kafka, self.gateway, self.registry, self.audit = kafka, gateway, registry, audit
+        self.kafka, self.gateway, self.registry = kafka, gateway, registry
+        self.audit = AuditLog(audit)
         self.client = SchemaRegistryClient({"url": registry.ccompat_url})
 
     def topic(self, prefix: str) -> str:
@@ -130,59 +102,27 @@ class Env:
     def register(self, subject: str, text: str, kind: str) -> int:
         return int(self.client.register_schema(subject, Schema(text, kind)))
 
-    def audit_events(self, topic: str) -> list[dict[str, Any]]:
-        if not self.audit.exists():
-            return []
-        events = [json.loads(line) for line in self.audit.read_text().splitlines() if line]
-        return [e for e in events if e.get("topic") == topic]
-
-    def wait_audit(self, topic: str, outcome: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for event in self.audit_events(topic):
-                if event["outcome"] == outcome:
-                    return event
-            time.sleep(0.1)
-        raise AssertionError(f"no {outcome} audit event for {topic}: "
-                             f"{self.audit_events(topic)}")
-
 
 @pytest.fixture(scope="module")
-def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(kafka: EmbeddedKafka, schema_registry: EmbeddedRegistry,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("schema-registry")
-    certificate, key = self_signed(base)
-    with EmbeddedRegistry(tls=(certificate, key), log_dir=base) as registry:
-        rule_dir = base / "rules"
-        rule_dir.mkdir()
-        (rule_dir / "registry.pem").write_bytes(certificate.read_bytes())
-        (down_port,) = _free_ports(1)  # nothing listens there
-        text = rules(registry, f"http://127.0.0.1:{down_port}")
-        load_rule_text(text, "check.yaml")
-        (rule_dir / "schema.yaml").write_text(text)
-        audit = base / "audit.jsonl"
-        settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                                   rules_dir=rule_dir, audit_log=audit,
-                                   work_dir=base / "envoy", ext_proc_log_level="WARNING")
-        with Gateway(settings) as gateway:
-            yield Env(kafka, gateway, registry, audit)
+    rule_dir = base / "rules"
+    rule_dir.mkdir()
+    (rule_dir / "registry.pem").write_bytes(schema_registry.tls_certificate.read_bytes())
+    (down_port,) = _free_ports(1)  # nothing listens there
+    text = rules(schema_registry, f"http://127.0.0.1:{down_port}")
+    load_rule_text(text, "check.yaml")
+    (rule_dir / "schema.yaml").write_text(text)
+    audit = base / "audit.jsonl"
+    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+                               rules_dir=rule_dir, audit_log=audit,
+                               work_dir=base / "envoy", ext_proc_log_level="WARNING")
+    with Gateway(settings) as gateway:
+        yield Env(kafka, gateway, schema_registry, audit)
 
 
 # --- producing and reading -----------------------------------------------------------------
-
-
-def produce(bootstrap: str, topic: str, values: list[bytes | None],
-            retries: int = 0) -> list[str | None]:
-    """The delivery error name of each value (None: stored); one batch, by default no
-    retries (a retriable refusal is what some tests look for)."""
-    errors: list[str | None] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "retries": retries,
-                         "message.timeout.ms": 20000})
-    for value in values:
-        producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(
-            None if err is None else err.name()))
-    producer.flush(30)
-    assert len(errors) == len(values)
-    return errors
 
 
 def serialized(env: Env, topic: str, kind: str, docs: list[dict[str, Any]]) -> list[bytes]:
@@ -199,29 +139,7 @@ def serialized(env: Env, topic: str, kind: str, docs: list[dict[str, Any]]) -> l
 
 def stored(env: Env, topic: str) -> list[bytes | None]:
     """The values the broker holds for `topic` (read directly, not through the gateway)."""
-    return consume(env.kafka.bootstrap, topic)
-
-
-def consume(bootstrap: str, topic: str, timeout: float = 30) -> list[bytes | None]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[bytes | None] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise KafkaException(error)
-            out.append(msg.value())
-    finally:
-        consumer.close()
-    raise AssertionError(f"no end of {topic} within {timeout} s; got {len(out)}")
+    return values(consume(env.kafka.bootstrap, topic))
 
 
 def framed(schema_id: int, body: bytes) -> bytes:
@@ -256,7 +174,7 @@ def test_record_name_strategy_and_protobuf(env: Env) -> None:
     # shop.Order (indexes [0]) is not registered under its own name
     assert produce(env.gateway.bootstrap, topic, [framed(proto_id, b"\x00")]) == [
         "INVALID_RECORD"]
-    event = env.wait_audit(topic, "rejected")
+    event = env.audit.wait_for(topic, "rejected")
     assert "not registered under subject shop.Order" in event["reason"]
 
 
@@ -294,7 +212,7 @@ def test_unregistered_id_wrong_subject_invalid_payload_are_refused(env: Env) -> 
         finally:
             producer.close()
         assert "keg rule valid-payload" in str(err.value) and reason in str(err.value), what
-    events = [e for e in env.audit_events(topic) if e["outcome"] == "rejected"]
+    events = [e for e in env.audit.events(topic) if e["outcome"] == "rejected"]
     assert {e["error_code"] for e in events} == {INVALID_RECORD}
     assert all(any(reason in e["reason"] for e in events) for _v, reason in cases.values())
     assert stored(env, topic) == [good]
@@ -305,7 +223,7 @@ def test_at_fetch_time_records_without_a_valid_schema_are_withheld(env: Env) -> 
     good = serialized(env, topic, "JSON", ORDERS[:2])
     bad = framed(int.from_bytes(good[0][1:5], "big"), b'{"id": 1, "amount": -1}')
     produce(env.kafka.bootstrap, topic, [good[0], bad, b"plain", good[1]])  # directly
-    assert consume(env.gateway.bootstrap, topic) == good
+    assert values(consume(env.gateway.bootstrap, topic)) == good
 
 
 # --- the registry down or stalled: the declared policy -----------------------------------
@@ -314,7 +232,7 @@ def test_at_fetch_time_records_without_a_valid_schema_are_withheld(env: Env) -> 
 def test_registry_down_fails_closed_with_a_retriable_error(env: Env) -> None:
     topic = env.topic("sr.down.")
     assert produce(env.gateway.bootstrap, topic, [framed(1, b"x")]) == ["REQUEST_TIMED_OUT"]
-    event = env.wait_audit(topic, "unavailable")
+    event = env.audit.wait_for(topic, "unavailable")
     assert event["error_code"] == REQUEST_TIMED_OUT
     assert "schema registry" in event["reason"] and "unavailable" in event["reason"]
     assert stored(env, topic) == []
@@ -325,7 +243,7 @@ def test_registry_down_passes_records_when_the_rule_says_so(env: Env) -> None:
     assert produce(env.gateway.bootstrap, topic, [framed(1, b"x"), b"junk"]) == [
         "INVALID_RECORD", "INVALID_RECORD"]  # the unframed record still fails its batch
     assert produce(env.gateway.bootstrap, topic, [framed(1, b"x")]) == [None]
-    event = env.wait_audit(topic, "unchecked")
+    event = env.audit.wait_for(topic, "unchecked")
     assert "schema registry" in event["reason"]
     assert stored(env, topic) == [framed(1, b"x")]
 
@@ -333,21 +251,9 @@ def test_registry_down_passes_records_when_the_rule_says_so(env: Env) -> None:
 def test_registry_down_at_fetch_time_withholds_records(env: Env) -> None:
     topic = env.topic("sr.fetchdown.")
     produce(env.kafka.bootstrap, topic, [framed(1, b"x")])
-    consumer = Consumer({"bootstrap.servers": env.gateway.bootstrap,
-                         "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    try:
-        got = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not env.audit_events(topic):
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                got.append(msg.value())
-        event = env.wait_audit(topic, "unavailable")
-        assert event["api_name"] == "Fetch" and event["error_code"] == REQUEST_TIMED_OUT
-        assert got == []
-    finally:
-        consumer.close()
+    got, event = env.audit.withheld_at_fetch(env.gateway.bootstrap, topic)
+    assert got == []
+    assert event["api_name"] == "Fetch" and event["error_code"] == REQUEST_TIMED_OUT
 
 
 def test_a_stalled_registry_stalls_neither_other_topics_nor_known_ids(env: Env) -> None:
@@ -369,5 +275,5 @@ def test_a_stalled_registry_stalls_neither_other_topics_nor_known_ids(env: Env) 
         assert stored(env, plain) == [b"hello"]
     finally:
         env.registry.resume()
-    event = env.wait_audit(fresh, "unavailable")
+    event = env.audit.wait_for(fresh, "unavailable")
     assert "did not answer" in event["reason"] or "unavailable" in event["reason"]
