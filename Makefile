@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
-.PHONY: setup up test lint unit integration bench clean system-deps native native-test
+.PHONY: setup up test lint unit integration bench clean system-deps native native-test helm
 
 # keg's Kafka filter for Envoy (a Rust dynamic module); cargo comes with Rust (rustup).
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
@@ -20,8 +20,22 @@ $(STAMP): pyproject.toml
 
 # --test-services: the schema registry (Apicurio, Maven Central) and local-kms (go
 # install) the tests run against, fetched once into ~/.cache/keg, never at each run.
-setup: $(STAMP) native
+setup: $(STAMP) native helm
 	$(VENV)/bin/keg setup --test-services
+
+# Helm for the chart's checks (tests/unit/keg/test_helm.py), built from source once with the
+# Go toolchain into keg's cache (~3 min cold, then cached): never at every run.
+HELM_VERSION := v3.22.0
+KEG_BIN ?= $(or $(KEG_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/keg,$(HOME)/.cache/keg))/bin
+HELM := $(KEG_BIN)/helm
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+
+helm:
+	@if [ -x $(HELM) ]; then :; \
+	elif [ -x "$(GO)" ]; then mkdir -p $(KEG_BIN) && echo "building helm $(HELM_VERSION) into $(KEG_BIN)" \
+	  && { GOBIN=$(KEG_BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	       || echo "WARNING: helm $(HELM_VERSION) did not build: the Helm chart's tests skip"; }; \
+	else echo "go is not installed: helm not built, the Helm chart's tests skip"; fi
 
 native:
 	$(CARGO) build --release --quiet --manifest-path $(CRATE)
@@ -36,9 +50,12 @@ native-test:
 up: setup
 	$(VENV)/bin/keg up
 
+# mypy checks kafka_wire and filter_rules strictly (pyproject's overrides); the second
+# run is mypy's own --strict on them, so the two can never drift apart.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict kafka_wire filter_rules
 	$(VENV)/bin/lint-imports
 
 # Debian packages some tests use, installed here when missing (as root): a real
@@ -56,7 +73,7 @@ system-deps:
 
 # pytest exits 5 when it collected no tests: that must fail, never pass silently.
 test: setup system-deps lint native-test
-	$(PY) -m pytest -q; rc=$$?; \
+	$(PY) -m pytest -q --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 unit: $(STAMP)

@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kafka_wire import ApiKey
+
 # kafka_wire is imported inside the functions that use it: the kio worker runs this
 # module in another venv, which has kio but not keg's dependencies.
 
@@ -111,13 +113,13 @@ def build_messages(seed: int = 7) -> dict[str, bytes]:
     import kafka_wire as kw
 
     rng = random.Random(seed)
-    produce = kw.encode_request(kw.RequestHeader(0, PRODUCE_V, 7, "producer-1"),
+    produce = kw.encode_request(kw.RequestHeader(ApiKey.PRODUCE, PRODUCE_V, 7, "producer-1"),
                                 produce_value(rng))
     return {
         "produce": produce[4:],  # the frame without its size, as framing yields it
         "stream": produce * STREAM_FRAMES,  # size-prefixed frames back to back
-        "fetch": kw.encode_body(1, FETCH_V, "response", fetch_value(rng)),
-        "metadata": kw.encode_body(3, METADATA_V, "response", metadata_value(rng)),
+        "fetch": kw.encode_body(ApiKey.FETCH, FETCH_V, "response", fetch_value(rng)),
+        "metadata": kw.encode_body(ApiKey.METADATA, METADATA_V, "response", metadata_value(rng)),
     }
 
 

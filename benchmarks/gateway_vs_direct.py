@@ -247,8 +247,10 @@ def _client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "logger": logging.getLogger("librdkafka"), **extra}
 
 
-def rdkafka_produce(bootstrap: str, topic: str, params: Params) -> Sample:
-    """Produce ``records`` values of ``record_size`` bytes with acks=all; time until flushed."""
+def rdkafka_produce(bootstrap: str, topic: str, params: Params,
+                    security: Mapping[str, Any] | None = None) -> Sample:
+    """Produce ``records`` values of ``record_size`` bytes with acks=all; time until flushed.
+    `security`: librdkafka's security.protocol, ssl.* and sasl.* settings, if any."""
     from confluent_kafka import KafkaError, Message, Producer
 
     latencies: list[float] = []
@@ -264,7 +266,7 @@ def rdkafka_produce(bootstrap: str, topic: str, params: Params) -> Sample:
         _client_config(
             bootstrap,
             acks="all",
-            **{"linger.ms": params.linger_ms, "compression.type": "none"},
+            **{"linger.ms": params.linger_ms, "compression.type": "none", **(security or {})},
             on_delivery=on_delivery,
         )
     )
@@ -293,7 +295,8 @@ def rdkafka_produce(bootstrap: str, topic: str, params: Params) -> Sample:
     }
 
 
-def rdkafka_consume(bootstrap: str, topic: str, params: Params) -> Sample:
+def rdkafka_consume(bootstrap: str, topic: str, params: Params,
+                    security: Mapping[str, Any] | None = None) -> Sample:
     """Read ``records`` records from the beginning of every partition (assign, no group
     rebalance); time from assign to the last record."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -305,6 +308,7 @@ def rdkafka_consume(bootstrap: str, topic: str, params: Params) -> Sample:
                 "group.id": f"bench-{uuid.uuid4().hex[:12]}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                **(security or {}),
             },
         )
     )

@@ -6,7 +6,7 @@ One broker, one gateway with a record rule (mask) on every topic used. Per round
 librdkafka produces `--records` 1 KiB JSON records through the gateway alone, then
 again while another connection sends record-count bombs (a 1,000,000-record zstd batch
 of a few hundred bytes) in a loop, each answered before the next. The ratio is the
-healthy producer's rate under the bombs / its rate alone (issue goal: >= 0.8).
+healthy producer's rate under the bombs / its rate alone (the goal: >= 0.8).
 Results: benchmarks/results/hostile.json and hostile.md.
 """
 
@@ -36,7 +36,7 @@ rules:
 
 
 def bomb_until(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    from tests.integration.test_hostile_records import bomb_loop
+    from tests.integration.rules.test_hostile_records import bomb_loop
 
     while not stop.is_set():
         answers: list[Any] = []

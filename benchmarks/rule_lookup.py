@@ -3,7 +3,7 @@
     python -m benchmarks.rule_lookup [--rules 1000] [--lookups 40000]
 
 Prints the compile time and the mean time of one `candidates()` lookup for the
-generated rule set `thousand_rules` (also what tests/unit/test_rules_compiled.py checks
+generated rule set `thousand_rules` (also what tests/unit/filter_rules/test_rules_compiled.py checks
 for behaviour: lookups are precomputed, identical tuples). Numbers depend on the
 machine; nothing is asserted here.
 """
@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from filter_rules import CompiledRuleSet, load_rule_data
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey
 
 APIS = ("Produce", "Fetch", "Metadata", "CreateTopics")
 
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     compile_s = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(args.lookups // 2):
-        compiled.candidates(PRODUCE, 9, "request")
-        compiled.candidates(FETCH, 12, "request")
+        compiled.candidates(ApiKey.PRODUCE, 9, "request")
+        compiled.candidates(ApiKey.FETCH, 12, "request")
     per_lookup = (time.perf_counter() - started) / args.lookups
     print(f"{args.rules} rules: compiled in {compile_s:.2f} s; "
           f"candidates() {per_lookup * 1e9:.0f} ns per lookup ({args.lookups} lookups)")

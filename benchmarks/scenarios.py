@@ -31,7 +31,6 @@ OBSERVE_ALL = "observe-all"
 
 NONMATCHING_RULES = 1000
 NONMATCHING_FILES = 10
-AUDIT_BACKUPS = 5  # ext_proc's JsonlAuditLog keeps path.1 .. path.5 when it rotates
 
 
 @dataclass(frozen=True)

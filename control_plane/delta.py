@@ -14,18 +14,20 @@ LDS); otherwise only the named resources are sent.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from control_plane.ads import RequestPump, next_nonce
-from control_plane.fleet import Fleet, NodeInfo, NodeStatus
+from control_plane.fleet import Fleet, NodeStatus
 from control_plane.snapshot import TYPE_ORDER, Snapshot, SnapshotCache, pack
-
-log = logging.getLogger(__name__)
+from control_plane.xds_stream import (
+    RequestPump,
+    end_stream,
+    next_nonce,
+    node_of,
+    refused_as_too_large,
+)
 
 WILDCARD = "*"
 
@@ -94,30 +96,17 @@ class DeltaStream:
     ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
         pump = RequestPump(requests, self._cache)
         try:
-            while True:
-                try:
-                    _, request = await pump.wait()
-                except EOFError:
-                    return
+            async for request in pump.requests():
                 if request is not None:
-                    if self._status is None:
-                        self._status = self._fleet.connected(
-                            NodeInfo.from_proto(request.node), "delta")
-                        log.info("node %s (%s, cluster %s) connected over delta ADS",
-                                 self._status.node_id, self._status.role,
-                                 self._status.cluster)
-                        pump.watch(self._status.node_id)
-                    self._status.last_seen = time.time()
+                    self._status = node_of(pump, self._fleet, self._status, request.node,
+                                           "delta")
                     self._on_request(self._status, request)
                 if self._status is None:
                     continue
                 for response in self._responses(self._status):
                     yield response
         finally:
-            await pump.close()
-            if self._status is not None:
-                self._fleet.disconnected(self._status.node_id)
-                log.info("node %s disconnected", self._status.node_id)
+            await end_stream(pump, self._fleet, self._status)
 
     def _on_request(self, status: NodeStatus,
                     request: discovery_pb2.DeltaDiscoveryRequest) -> None:
@@ -145,6 +134,12 @@ class DeltaStream:
             if state is None or not snapshot.has(type_url):
                 continue
             response = delta_response(state, type_url, snapshot)
+            if response is not None and refused_as_too_large(
+                    self._fleet, status, type_url, response.system_version_info, response):
+                for resource in response.resources:  # answered: not sent again
+                    state.known[resource.name] = resource.version
+                state.reported = True
+                continue
             if response is None:
                 if state.known and not state.reported:
                     # Resumed with everything current: the node runs this version.

@@ -10,7 +10,6 @@ Kafka connections), so everything per-connection the processor needs rides in
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,13 +34,21 @@ from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import kafka_broker_config
 from control_plane.native_filter import FILTER_TYPE as NATIVE_FILTER_TYPE
 from control_plane.native_filter import NativeFilter, module_config, network_filter
-from control_plane.snapshot import CLUSTER, EXTENSION_CONFIG, LISTENER, Snapshot
+from control_plane.snapshot import CLUSTER, EXTENSION_CONFIG, LISTENER, SECRET, Snapshot
+from control_plane.tls import TlsMaterial, is_ip
 from ext_proc.connection import (
     BROKER_ID,
     BROKER_ROUTES,
     CLIENT_ADDRESS,
     CONNECTION_ID,
     GATEWAY_ADDRESS,
+    PEER_SUBJECT,
+    PEER_URI_SAN,
+    PRINCIPAL_FROM,
+    PRINCIPAL_RULES,
+    SASL_TERMINATION,
+    TLS,
+    encode_rules,
     format_routes,
 )
 
@@ -81,6 +88,8 @@ class GatewayPlan:
     # every listener and cluster): a client that sends faster than the data path takes
     # its bytes is slowed at the socket, not buffered without bound.
     connection_buffer_bytes: int = 1024 * 1024
+    # The listeners authenticate clients themselves (ext_proc.sasl.termination).
+    sasl_termination: bool = False
 
     def broker_endpoints(self) -> tuple[tuple[int, str, int], ...]:
         """(node id, broker host, broker port) of the brokers this plan fronts."""
@@ -108,14 +117,6 @@ def _socket_address(host: str, port: int) -> address_pb2.Address:
     )
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
     limit = wrappers_pb2.UInt32Value(value=_UNLIMITED)
     return circuit_breaker_pb2.CircuitBreakers(
@@ -125,15 +126,26 @@ def _unlimited_breakers() -> circuit_breaker_pb2.CircuitBreakers:
     )
 
 
+_TLS_SOCKET = "envoy.transport_sockets.tls"
+
+
+def _transport_socket(context: Message | None) -> base_pb2.TransportSocket | None:
+    if context is None:
+        return None
+    return base_pb2.TransportSocket(name=_TLS_SOCKET, typed_config=_any(context))
+
+
 def _cluster(name: str, host: str, port: int, http2: bool = False,
              buffer_bytes: int = GatewayPlan.connection_buffer_bytes,
-             more_ports: tuple[int, ...] = ()) -> cluster_pb2.Cluster:
-    """A cluster of `host:port` (and `host` on each of `more_ports`: round robin)."""
+             more_ports: tuple[int, ...] = (),
+             tls: TlsMaterial | None = None) -> cluster_pb2.Cluster:
+    """A cluster of `host:port` (and `host` on each of `more_ports`: round robin), over
+    TLS when `tls` says so."""
     cluster = cluster_pb2.Cluster(
         name=name,
         per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
         connect_timeout=_duration(5),
-        type=cluster_pb2.Cluster.STATIC if _is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
+        type=cluster_pb2.Cluster.STATIC if is_ip(host) else cluster_pb2.Cluster.STRICT_DNS,
         circuit_breakers=_unlimited_breakers(),
         load_assignment=endpoint_pb2.ClusterLoadAssignment(
             cluster_name=name,
@@ -144,6 +156,9 @@ def _cluster(name: str, host: str, port: int, http2: bool = False,
             ])],
         ),
     )
+    socket = _transport_socket(tls.upstream_context(host) if tls is not None else None)
+    if socket is not None:
+        cluster.transport_socket.CopyFrom(socket)
     if http2:
         options = http_protocol_options_pb2.HttpProtocolOptions(
             explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
@@ -171,8 +186,37 @@ def _native_filter_config(plan: GatewayPlan, native: NativeFilter) -> Message:
                                               typed_config=_any(network_filter(config)))
 
 
+def _filter_chain(filters: list[listener_components_pb2.Filter],
+                  tls: TlsMaterial | None) -> listener_components_pb2.FilterChain:
+    """The listener's one chain, behind TLS when the gateway's listeners have it (a
+    plaintext client then fails the handshake: Envoy closes its connection)."""
+    chain = listener_components_pb2.FilterChain(filters=filters)
+    socket = _transport_socket(tls.downstream_context() if tls is not None else None)
+    if socket is not None:
+        chain.transport_socket.CopyFrom(socket)
+    return chain
+
+
+def _tls_metadata(tls: TlsMaterial | None) -> list[tuple[str, str]]:
+    """What the data path learns of a TLS connection: that it is one, and with mutual TLS
+    the client certificate's names (Envoy substitutes them once the handshake is done:
+    the ext_proc stream opens at the first bytes) and how to map them to a principal."""
+    listener = tls.listener if tls is not None else None
+    if listener is None:
+        return []
+    metadata = [(TLS, "1")]
+    if listener.mutual:
+        metadata += [
+            (PEER_SUBJECT, "%DOWNSTREAM_PEER_SUBJECT%"),
+            (PEER_URI_SAN, "%DOWNSTREAM_PEER_URI_SAN%"),
+            (PRINCIPAL_RULES, encode_rules(listener.principal_mapping_rules)),
+            (PRINCIPAL_FROM, listener.principal_from),
+        ]
+    return metadata
+
+
 def _native_listener(route: BrokerRoute, listen_host: str, native: NativeFilter,
-                     buffer_bytes: int) -> listener_pb2.Listener:
+                     buffer_bytes: int, tls: TlsMaterial | None) -> listener_pb2.Listener:
     """`[keg's module -> tcp_proxy]`; the module's config comes by ECDS, so a route change
     updates the shared resource and never this listener (a change would drain it)."""
     tcp_proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=route.listener_name, cluster=route.cluster_name)
@@ -186,25 +230,29 @@ def _native_listener(route: BrokerRoute, listen_host: str, native: NativeFilter,
         name=route.listener_name,
         address=_socket_address(listen_host, route.listen_port),
         per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(value=buffer_bytes),
-        filter_chains=[listener_components_pb2.FilterChain(filters=[
+        filter_chains=[_filter_chain([
             listener_components_pb2.Filter(name=native.route_table, config_discovery=discovery),
             listener_components_pb2.Filter(
                 name="envoy.filters.network.tcp_proxy", typed_config=_any(tcp_proxy)
             ),
-        ])],
+        ], tls)],
     )
 
 
 def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFilter | None,
-              native: NativeFilter | None = None) -> listener_pb2.Listener:
+              native: NativeFilter | None = None,
+              tls: TlsMaterial | None = None) -> listener_pb2.Listener:
     if native is not None:
-        return _native_listener(route, plan.listen_host, native, plan.connection_buffer_bytes)
+        return _native_listener(route, plan.listen_host, native, plan.connection_buffer_bytes,
+                                tls)
     metadata = [
         (CLIENT_ADDRESS, "%DOWNSTREAM_REMOTE_ADDRESS%"),
         (GATEWAY_ADDRESS, f"{plan.advertised_host}:{route.listen_port}"),
         (CONNECTION_ID, "%CONNECTION_ID%"),
         (BROKER_ID, str(route.node_id)),
         (BROKER_ROUTES, format_routes(plan.advertised_routes())),
+        *_tls_metadata(tls),
+        *([(SASL_TERMINATION, "1")] if plan.sasl_termination else []),
     ]
     ext_proc = ext_proc_pb2.NetworkExternalProcessor(
         grpc_service=grpc_service_pb2.GrpcService(
@@ -226,7 +274,7 @@ def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFi
         address=_socket_address(plan.listen_host, route.listen_port),
         per_connection_buffer_limit_bytes=wrappers_pb2.UInt32Value(
             value=plan.connection_buffer_bytes),
-        filter_chains=[listener_components_pb2.FilterChain(filters=[
+        filter_chains=[_filter_chain([
             *first,
             listener_components_pb2.Filter(
                 name="envoy.filters.network.ext_proc", typed_config=_any(ext_proc)
@@ -234,17 +282,19 @@ def _listener(plan: GatewayPlan, route: BrokerRoute, kafka_broker: KafkaBrokerFi
             listener_components_pb2.Filter(
                 name="envoy.filters.network.tcp_proxy", typed_config=_any(tcp_proxy)
             ),
-        ])],
+        ], tls)],
     )
 
 
 def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] = (),
                      kafka_broker: KafkaBrokerFilter | None = None,
-                     native: NativeFilter | None = None) -> Snapshot:
+                     native: NativeFilter | None = None,
+                     tls: TlsMaterial | None = None) -> Snapshot:
     """The snapshot for `plan`; `keep_clusters` are routes of earlier plans whose
     clusters must stay (a node may still run listeners that reference them);
     `kafka_broker` only for nodes whose Envoy lists that extension; `native` for nodes
-    that load keg's own filter (their listeners then have no ext_proc filter)."""
+    that load keg's own filter (their listeners then have no ext_proc filter); `tls`:
+    listeners and broker clusters name its secrets (served with the snapshot, SDS)."""
     clusters: dict[str, Message] = {
         EXT_PROC_CLUSTER: _cluster(EXT_PROC_CLUSTER, plan.ext_proc_host, plan.ext_proc_port,
                                    http2=True, buffer_bytes=plan.connection_buffer_bytes,
@@ -253,9 +303,9 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
     for route in (*keep_clusters, *plan.routes):
         clusters[route.cluster_name] = _cluster(
             route.cluster_name, route.broker_host, route.broker_port,
-            buffer_bytes=plan.connection_buffer_bytes)
+            buffer_bytes=plan.connection_buffer_bytes, tls=tls)
     listeners: dict[str, Message] = {
-        r.listener_name: _listener(plan, r, kafka_broker, native) for r in plan.routes
+        r.listener_name: _listener(plan, r, kafka_broker, native, tls) for r in plan.routes
     }
     references = {
         r.listener_name: frozenset({EXT_PROC_CLUSTER, r.cluster_name}) for r in plan.routes
@@ -263,4 +313,6 @@ def compile_snapshot(plan: GatewayPlan, keep_clusters: tuple[BrokerRoute, ...] =
     resources: dict[str, Mapping[str, Message]] = {CLUSTER: clusters, LISTENER: listeners}
     if native is not None:
         resources[EXTENSION_CONFIG] = {native.route_table: _native_filter_config(plan, native)}
+    if tls is not None and tls.secrets:
+        resources[SECRET] = dict(tls.secrets)
     return Snapshot(resources, references)

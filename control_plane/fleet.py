@@ -18,12 +18,16 @@ from envoy.config.core.v3 import base_pb2
 from google.protobuf import json_format
 
 from control_plane.snapshot import Snapshot
+from ext_proc.rule_subscription import MAX_RULE_SET_BYTES_KEY
 
 log = logging.getLogger(__name__)
 
 ENVOY = "envoy"
 EXT_PROC = "ext_proc"
 ROLE_KEY = "keg.role"
+# gRPC's default receive limit: what an ext_proc instance that does not state its own
+# (`keg.max_rule_set_bytes`, older versions) accepts.
+GRPC_DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class NodeInfo:
     user_agent: str = ""
     # (major, minor, patch) from user_agent_build_version: which Envoy ABI the node has.
     build_version: tuple[int, int, int] | None = None
+    # The largest response it accepts (None: no limit known, e.g. an Envoy).
+    max_message_bytes: int | None = None
 
     @classmethod
     def from_proto(cls, node: base_pb2.Node) -> NodeInfo:
@@ -54,16 +60,25 @@ class NodeInfo:
             build = (v.major_number, v.minor_number, v.patch)
         agent = " ".join(p for p in (node.user_agent_name,
                                      node.user_agent_version or version) if p)
+        role = role if role in (ENVOY, EXT_PROC) else ENVOY
         return cls(
             node_id=node.id,
             cluster=node.cluster,
             locality=locality,
-            role=role if role in (ENVOY, EXT_PROC) else ENVOY,
+            role=role,
             extensions=frozenset(e.name for e in node.extensions),
             metadata=metadata,
             user_agent=agent,
             build_version=build,
+            max_message_bytes=_max_message_bytes(role, metadata),
         )
+
+
+def _max_message_bytes(role: str, metadata: dict[str, Any]) -> int | None:
+    stated = metadata.get(MAX_RULE_SET_BYTES_KEY)
+    if isinstance(stated, int | float) and stated > 0:
+        return int(stated)
+    return GRPC_DEFAULT_MAX_RECEIVE if role == EXT_PROC else None
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -106,6 +121,7 @@ class NodeStatus:
     metadata: dict[str, Any] = field(default_factory=dict)
     user_agent: str = ""
     build_version: tuple[int, int, int] | None = None
+    max_message_bytes: int | None = None
     data_path: str = ""  # what the control plane compiled for it: native | ext-proc
     transport: str = ""  # sotw | delta
     streams: int = 0  # a restarted node may open its new stream before the old one ends
@@ -162,6 +178,7 @@ class Fleet:
         status.extensions, status.metadata = info.extensions, info.metadata
         status.user_agent, status.transport = info.user_agent, transport
         status.build_version = info.build_version
+        status.max_message_bytes = info.max_message_bytes
         status.streams += 1
         status.connected_at = status.last_seen = time.time()
         for callback in self.on_connect:

@@ -34,7 +34,7 @@ from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import MAX_VERSION, interest_table
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
                for d in ("request", "response")):
             wanted.add(key)
     if any(rule.kind in RECORD_KINDS for rule in compiled.rules):
-        wanted |= {PRODUCE, FETCH}
+        wanted |= {ApiKey.PRODUCE, ApiKey.FETCH}
     return [(key, 0, MAX_VERSION) for key in sorted(wanted)]
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ext_proc.heap import building
 from ext_proc.rule_source import WatchedDirectory
 from filter_rules import RuleSet, RuleSetInvalid, load_rule_dir
 
@@ -75,9 +76,14 @@ class StaticRuleProvider(_Subscribers):
         self._notify(*self._current)
 
 
-class DirectoryRuleProvider(_Subscribers, WatchedDirectory):
-    """A rule directory, re-read when its files change; invalid changes are refused
-    (errors logged with file:line, `last_error` kept) and the last good set stays."""
+class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
+    """A rule directory, re-read when its files change (in a worker thread, once they
+    hold still); invalid changes are refused (errors logged with file:line,
+    `last_error` kept) and the last good set stays. Subscribers are called from that
+    worker thread, so what they do with a large rule set (a store writing a version)
+    stays off the event loop."""
+
+    use_in_worker = True
 
     def __init__(self, directory: Path, interval: float = 1.0) -> None:
         if not directory.is_dir():
@@ -85,27 +91,29 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory):
         _Subscribers.__init__(self)
         WatchedDirectory.__init__(self, directory, interval)
         self.last_error: str | None = None
-        ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses to start
+        with building():
+            ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses
         self._current = (ruleset.version, ruleset)
 
     def current(self) -> tuple[str, RuleSet]:
         return self._current
 
-    def reload(self) -> bool:
-        """Re-read the directory; True when a new valid rule set was published."""
-        self._seen()
-        try:
-            ruleset = load_rule_dir(self.directory)
-        except RuleSetInvalid as err:
-            self.last_error = str(err)
-            log.error("rule set in %s refused, keeping version %s:\n%s", self.directory,
-                      self._current[0], err)
-            return False
+    def read(self) -> RuleSet:
+        return load_rule_dir(self.directory)
+
+    def refused(self, err: RuleSetInvalid) -> None:
+        self.last_error = str(err)
+        log.error("rule set in %s refused, keeping version %s:\n%s", self.directory,
+                  self._current[0], err)
+
+    def use(self, ruleset: RuleSet) -> bool:
+        """Publish `ruleset`; True when it is a new version."""
         self.last_error = None
-        if ruleset.version == self._current[0]:
+        version = ruleset.version
+        if version == self._current[0]:
             return False
-        self._current = (ruleset.version, ruleset)
-        log.info("rule set version %s loaded from %s (%d rules)", ruleset.version,
+        self._current = (version, ruleset)
+        log.info("rule set version %s loaded from %s (%d rules)", version,
                  self.directory, len(ruleset.rules))
         self._notify(*self._current)
         return True

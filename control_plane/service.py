@@ -41,8 +41,10 @@ from control_plane.kafka_broker import global_api_lists
 from control_plane.native_filter import HandOff, NativeFilter, interest, runs_module
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
-from control_plane.snapshot import LISTENER, RULES, Snapshot, SnapshotCache
-from control_plane.topology import DiscoveryError, SaslPlain, Topology, fetch_topology
+from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
+from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
+from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
+from ext_proc.heap import building
 from filter_rules import CompiledRuleSet, RuleSet
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class EnvoyGroup:
     listen_host: str = "0.0.0.0"
     advertised_host: str = "127.0.0.1"
     listen_port_base: int = 19092
+    sasl_termination: bool | None = None  # None: the control plane's setting
 
     def fronts(self, broker: int) -> bool:
         return self.brokers is None or broker in self.brokers
@@ -73,7 +76,8 @@ def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a mapping with a 'groups' list")
     groups = []
-    allowed = {"name", "brokers", "listen_host", "advertised_host", "listen_port_base"}
+    allowed = {"name", "brokers", "listen_host", "advertised_host", "listen_port_base",
+               "sasl_termination"}
     for i, entry in enumerate(entries):
         where = f"{path}: groups[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -88,8 +92,12 @@ def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
         port = entry.get("listen_port_base", 19092)
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"{where}: 'listen_port_base' must be a port number")
+        termination = entry.get("sasl_termination")
+        if termination is not None and not isinstance(termination, bool):
+            raise ValueError(f"{where}: 'sasl_termination' must be true or false")
         groups.append(EnvoyGroup(
             name=entry["name"],
+            sasl_termination=termination,
             brokers=None if brokers is None else frozenset(brokers),
             listen_host=str(entry.get("listen_host", "0.0.0.0")),
             advertised_host=str(entry.get("advertised_host", "127.0.0.1")),
@@ -109,6 +117,18 @@ class GroupPlan(GatewayPlan):
 
     def advertised_routes(self) -> dict[int, tuple[str, int]]:
         return {**{b: (h, p) for b, h, p in self.elsewhere}, **super().advertised_routes()}
+
+
+@dataclass(frozen=True)
+class _PreparedRules:
+    """A rule set made ready off the event loop: its snapshot for ext_proc nodes (None:
+    the version is already published), the kafka_broker filter's API lists and the native
+    filter's interest table (None: unchanged)."""
+
+    version: str
+    snapshot: Snapshot | None
+    kafka_broker: KafkaBrokerFilter | None
+    native_interest: dict[str, Any] | None
 
 
 NATIVE, EXT_PROC_PATH = "native", "ext-proc"
@@ -133,7 +153,22 @@ class ControlPlaneSettings:
     message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = 30.0
-    sasl: SaslPlain | None = None  # when the bootstrap servers are a SASL/PLAIN listener
+    # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER).
+    sasl: SaslCredentials | None = None
+    # TLS on the gateway's listeners (SDS; mutual with a client CA) and to the brokers
+    # (the control plane's discovery uses the same); see control_plane.tls.
+    tls: ListenerTls | None = None
+    upstream_tls: UpstreamTls | None = None
+    # TLS of the xDS/ADS server (it carries listener keys over SDS): with a client CA,
+    # Envoys and ext_proc instances must present a certificate it signed.
+    xds_tls: ServerTls | None = None
+    # How often the certificate files are checked for a change (rotation).
+    tls_poll_interval_s: float = 1.0
+    # The listeners authenticate Kafka clients themselves (SASL termination, in the
+    # ext_proc service) and reach the brokers as its service account; groups may say
+    # otherwise (EnvoyGroup.sasl_termination). Such listeners run the ext_proc chain on
+    # every node: the native module cannot log in to brokers (docs/production.md).
+    sasl_termination: bool = False
     # A watched rule directory as the rule source (when no provider is passed).
     rules_dir: Path | None = None
     # Envoy groups of a mesh; nodes of other clusters get the default group.
@@ -170,6 +205,10 @@ class ControlPlaneSettings:
                              f"not {self.data_path!r}")
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -186,7 +225,10 @@ class ControlPlane:
         self.rules = rules or (DirectoryRuleProvider(settings.rules_dir)
                                if settings.rules_dir is not None else None)
         self._fetch = topology_source or (lambda: fetch_topology(
-            settings.bootstrap_servers, sasl=settings.sasl))
+            settings.bootstrap_servers, sasl=settings.sasl, tls=settings.upstream_tls))
+        # TlsConfigError here: a certificate that cannot serve stops the start.
+        self.tls = (TlsMaterial(settings.tls, settings.upstream_tls)
+                    if settings.tls is not None or settings.upstream_tls is not None else None)
         self.cache = SnapshotCache()
         self.fleet = Fleet()
         self.topology: Topology | None = None
@@ -202,6 +244,9 @@ class ControlPlane:
         self._rules_snapshot: Snapshot | None = None
         # The native filter's interest table for the live rule set (ECDS, native nodes).
         self._native_interest: dict[str, Any] | None = None
+        self._rules_update: asyncio.Task[None] | None = None
+        self._rules_dirty = False
+        self._verdicts: set[asyncio.Task[None]] = set()  # being recorded off the loop
         self._kafka_broker = KafkaBrokerFilter()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -215,23 +260,36 @@ class ControlPlane:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.rules is not None:
-            self._rules_changed()
+            self._install_rules(await asyncio.to_thread(self._prepare_rules))
             self.rules.subscribe(self._rules_changed_threadsafe)
             watch = getattr(self.rules, "watch", None)  # providers that poll their source
             if watch is not None:
                 self._tasks.append(asyncio.create_task(watch()))
-        server = grpc.aio.server()
+        # Responses are bounded per node by what the node says it accepts (ads.py,
+        # refused_as_too_large), not by a server-wide send limit.
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
         )
         address = f"{self.settings.xds_host}:{self.settings.xds_port}"
-        self.xds_port = server.add_insecure_port(address)
+        xds_tls = self.settings.xds_tls
+        if xds_tls is not None:
+            self.xds_port = server.add_secure_port(address, xds_tls.grpc_credentials())
+        else:
+            self.xds_port = server.add_insecure_port(address)
+            if self.tls is not None and self.tls.listener is not None and not _loopback(
+                    self.settings.xds_host):
+                log.warning("xDS on %s without TLS carries the listeners' private keys "
+                            "(SDS) in plaintext: give the control plane a certificate",
+                            self.settings.xds_host)
         await server.start()
         self._server = server
-        log.info("xDS (ADS, SotW and delta) listening on %s:%d", self.settings.xds_host,
-                 self.xds_port)
+        log.info("xDS (ADS, SotW and delta) listening on %s:%d%s", self.settings.xds_host,
+                 self.xds_port, " over TLS" if xds_tls is not None else "")
         await self._first_refresh()
         self._tasks.append(asyncio.create_task(self._refresh_forever()))
+        if self.tls is not None:
+            self._tasks.append(asyncio.create_task(self._watch_tls()))
 
     async def _first_refresh(self, timeout: float = 60.0) -> None:
         """The brokers may still be starting: retry until one answers."""
@@ -247,11 +305,16 @@ class ControlPlane:
                 await asyncio.sleep(0.5)
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._rules_update is not None:
+            self._tasks.append(self._rules_update)
+            self._rules_update = None
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._verdicts:  # answers being recorded: into the store before it closes
+            await asyncio.wait(list(self._verdicts), timeout=10)
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -266,6 +329,15 @@ class ControlPlane:
             except (DiscoveryError, OSError) as err:
                 # Keep serving the last good snapshots; brokers may be restarting.
                 log.warning("topology refresh failed, keeping the last snapshots: %s", err)
+
+    async def _watch_tls(self) -> None:
+        """Certificate files replaced: their new secrets go to every Envoy (SDS); no
+        listener changes, so no connection is drained or dropped."""
+        assert self.tls is not None
+        while True:
+            await asyncio.sleep(self.settings.tls_poll_interval_s)
+            if self.tls.reload():
+                self._publish_envoys()
 
     # -- topology ----------------------------------------------------------------------
 
@@ -323,9 +395,14 @@ class ControlPlane:
             ext_proc_more_ports=s.ext_proc_more_ports,
             message_timeout_s=s.message_timeout_s,
             failure_mode_allow=s.failure_mode_allow,
+            sasl_termination=self.terminates_sasl(group),
             elsewhere=tuple(elsewhere),
         )
         return plan
+
+    def terminates_sasl(self, group: EnvoyGroup) -> bool:
+        return (self.settings.sasl_termination if group.sasl_termination is None
+                else group.sasl_termination)
 
     # -- snapshots per node ------------------------------------------------------------
 
@@ -343,7 +420,9 @@ class ControlPlane:
                                    interest=self.native_interest()) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,
-                                                          native=filter_)
+                                                          native=filter_, tls=self.tls)
+        if self.tls is not None:  # the current certificates (they rotate, listeners stay)
+            base = base.with_resources(SECRET, self.tls.secrets)
         return base.retaining(status.of(LISTENER).accepted)
 
     def native_interest(self) -> dict[str, Any]:
@@ -353,22 +432,21 @@ class ControlPlane:
             self._native_interest = interest(RuleSet(), "", self.settings.handoff)
         return self._native_interest
 
-    def _update_native_interest(self, version: str, ruleset: RuleSet) -> None:
+    def _update_native_interest(self, table: dict[str, Any] | None) -> None:
         """A new rule set: native nodes get its interest table by ECDS (the module's
         process-wide table, so live connections follow it; listeners stay)."""
-        if self.settings.data_path != NATIVE:
-            return
-        table = interest(ruleset, version, self.settings.handoff)
-        if table == self._native_interest:
+        if table is None or table == self._native_interest:
             return
         self._native_interest = table
         self._compiled = {k: v for k, v in self._compiled.items() if not k[2]}
         self._publish_envoys()
 
     def runs_native(self, status: NodeStatus) -> bool:
-        """Whether this Envoy gets keg's own filter: native asked for, and its Envoy
-        version is the one the module is built for."""
-        return self.settings.data_path == NATIVE and runs_module(status.build_version)
+        """Whether this Envoy gets keg's own filter: native asked for, its Envoy version
+        is the one the module is built for, and its listeners do not terminate SASL
+        (keg's service-account login to the brokers lives in the ext_proc service)."""
+        return (self.settings.data_path == NATIVE and runs_module(status.build_version)
+                and not self.terminates_sasl(self.group_of(status)))
 
     def _publish_node(self, status: NodeStatus) -> None:
         if status.role == EXT_PROC:
@@ -389,7 +467,12 @@ class ControlPlane:
             log.info("node %s has %s: compiling it in", status.node_id, KAFKA_BROKER)
         if status.role != EXT_PROC:
             status.data_path = NATIVE if self.runs_native(status) else EXT_PROC_PATH
-            if self.settings.data_path == NATIVE and status.data_path != NATIVE:
+            if (self.settings.data_path == NATIVE and status.data_path != NATIVE
+                    and self.terminates_sasl(self.group_of(status))):
+                log.warning("node %s's listeners terminate SASL: they get the ext_proc data "
+                            "path (keg's Envoy filter cannot log in to the brokers)",
+                            status.node_id)
+            elif self.settings.data_path == NATIVE and status.data_path != NATIVE:
                 log.warning("node %s runs Envoy %s, not the version keg's filter is built for: "
                             "it gets the ext_proc data path", status.node_id,
                             status.user_agent or "of unknown version")
@@ -403,12 +486,23 @@ class ControlPlane:
         # The rule source learns what the fleet made of its versions (the store marks
         # a refused one rejected and serves the last good one again).
         report = getattr(self.rules, "verdict", None)
-        if type_url == RULES and status.role == EXT_PROC and report is not None:
+        if type_url != RULES or status.role != EXT_PROC or report is None:
+            return
+
+        def record() -> None:
             try:
                 report(version, status.node_id, error)
             except Exception:  # a store hiccup must not break the node's stream
                 log.exception("could not record %s's answer to rules version %s",
                               status.node_id, version)
+
+        if self._loop is None or not self._loop.is_running():
+            record()
+            return
+        # A database write (and on a rejection the store's republication): off the loop.
+        task = self._loop.create_task(asyncio.to_thread(record))
+        self._verdicts.add(task)
+        task.add_done_callback(self._verdicts.discard)
 
     # -- rules -------------------------------------------------------------------------
 
@@ -417,34 +511,73 @@ class ControlPlane:
             self._loop.call_soon_threadsafe(self._rules_changed)
 
     def _rules_changed(self) -> None:
+        """The provider has a new rule set: prepare it in a worker thread (reading,
+        encoding and compiling 100,000 rules takes seconds the event loop -- xDS, the
+        REST API -- must not wait), then install it here. Changes during a preparation
+        are coalesced into one more."""
+        if self._rules_update is not None and not self._rules_update.done():
+            self._rules_dirty = True
+            return
+        self._rules_update = asyncio.create_task(self._update_rules())
+
+    async def _update_rules(self) -> None:
+        while True:
+            self._rules_dirty = False
+            try:
+                self._install_rules(await asyncio.to_thread(self._prepare_rules))
+            except Exception:  # a provider hiccup: the fleet keeps the last rule set
+                log.exception("could not prepare the new rule set; keeping version %s",
+                              self.rules_version)
+            if not self._rules_dirty:
+                return
+
+    def refresh_rules(self) -> None:
+        """Install the provider's current rule set now, on the calling thread (what a
+        rule change does off the loop; for tests and embedders without a loop)."""
+        self._install_rules(self._prepare_rules())
+
+    def _prepare_rules(self) -> _PreparedRules:
+        """What installing the provider's current rule set needs (any thread)."""
         assert self.rules is not None
-        number, ruleset = self.rules.current()
-        version = str(number)  # the store numbers its versions
-        snapshot = rules_snapshot(version, ruleset)
-        if (self._rules_snapshot is not None
-                and self._rules_snapshot.versions == snapshot.versions):
+        with building():  # no garbage collection walking 100,000 rules meanwhile
+            number, ruleset = self.rules.current()
+            version = str(number)  # the store numbers its versions
+            if (self._rules_snapshot is not None
+                    and self._rules_snapshot.version(RULES) == version):
+                return _PreparedRules(version, None, None, None)
+            native = (interest(ruleset, version, self.settings.handoff)
+                      if self.settings.data_path == NATIVE else None)
+            return _PreparedRules(version, rules_snapshot(version, ruleset),
+                                  self._kafka_broker_lists(ruleset), native)
+
+    def _install_rules(self, prepared: _PreparedRules) -> None:
+        """Publish a prepared rule set to every ext_proc node (on the event loop)."""
+        snapshot = prepared.snapshot
+        if snapshot is None or (self._rules_snapshot is not None
+                                and self._rules_snapshot.versions == snapshot.versions):
             return
         self._rules_snapshot = snapshot
-        log.info("rule set version %s: publishing to ext_proc instances", version)
+        log.info("rule set version %s: publishing to ext_proc instances", prepared.version)
         for status in list(self.fleet.nodes.values()):
             if status.role == EXT_PROC:
                 self.cache.set_if_changed(status.node_id, snapshot)
-        self._update_kafka_broker_lists(ruleset)
-        self._update_native_interest(version, ruleset)
+        lists = prepared.kafka_broker
+        if lists is not None and lists != self._kafka_broker:
+            self._kafka_broker = lists
+            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
+            self._publish_envoys()
+        self._update_native_interest(prepared.native_interest)
 
-    def _update_kafka_broker_lists(self, ruleset: Any) -> None:
+    def _kafka_broker_lists(self, ruleset: Any) -> KafkaBrokerFilter | None:
+        """The API lists the kafka_broker filter enforces; None: leave them as they are."""
         if not self.settings.kafka_broker_api_lists:
-            return
+            return None
         try:
             allowed, denied = global_api_lists(CompiledRuleSet(ruleset).rules)
         except ValueError as err:
             log.warning("kafka_broker API lists unchanged: %s", err)
-            return
-        lists = KafkaBrokerFilter(allowed, denied)
-        if lists != self._kafka_broker:
-            self._kafka_broker = lists
-            self._compiled = {k: v for k, v in self._compiled.items() if k[1] is None}
-            self._publish_envoys()
+            return None
+        return KafkaBrokerFilter(allowed, denied)
 
     @property
     def rules_version(self) -> str | None:

@@ -25,8 +25,11 @@ LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RULES = "type.googleapis.com/keg.v1.RuleSet"
 # ECDS: filter configurations listeners reference by name (keg's native filter).
 EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
-# Envoy must learn clusters before the listeners that reference them.
-TYPE_ORDER = (CLUSTER, EXTENSION_CONFIG, LISTENER, RULES)
+# SDS: TLS certificates and CAs that listeners and clusters name (control_plane.tls).
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# Envoy must learn clusters before the listeners that reference them; secrets first,
+# so that a rotation reaches Envoy before anything that might name a new one.
+TYPE_ORDER = (SECRET, CLUSTER, EXTENSION_CONFIG, LISTENER, RULES)
 ANY_NODE = "*"
 
 
@@ -92,6 +95,15 @@ class Snapshot:
     def has(self, type_url: str) -> bool:
         return type_url in self.resources
 
+    def with_resources(self, type_url: str, resources: Mapping[str, Message]) -> Snapshot:
+        """This snapshot with `type_url`'s resources replaced (none: the type dropped)."""
+        if not resources and type_url not in self.resources:
+            return self
+        merged = {**self.resources, type_url: resources}
+        if not resources:
+            del merged[type_url]
+        return Snapshot(merged, self.references, self.fixed_versions)
+
     def retaining(self, accepted: Snapshot | None) -> Snapshot:
         """This snapshot plus the clusters that `accepted`'s listeners still use.
 
@@ -144,7 +156,12 @@ class SnapshotCache:
         return True
 
     def clear(self, node_id: str) -> None:
+        """Forget a node (the fleet forgot it): its snapshot, its generation and the
+        wake-up event a cancelled watch left. A watch still waiting wakes up: the node
+        now gets the default snapshot."""
         self._snapshots.pop(node_id, None)
+        self._generations.pop(node_id, None)
+        self._wake(node_id)
 
     def get(self, node_id: str) -> Snapshot | None:
         return self._snapshots.get(node_id) or self._snapshots.get(ANY_NODE)

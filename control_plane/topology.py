@@ -1,15 +1,23 @@
-"""Broker discovery: ask the bootstrap servers for the cluster's brokers (Metadata)."""
+"""Broker discovery: ask the bootstrap servers for the cluster's brokers (Metadata).
+
+The control plane's admin connection speaks to the brokers as the gateway does: over
+TLS with the upstream settings (control_plane.tls.UpstreamTls: CA, client certificate,
+hostname verification), logged in with SASL (PLAIN, SCRAM, OAUTHBEARER) when given
+credentials."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kafka_wire
-from kafka_wire.api_keys import API_VERSIONS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from control_plane.tls import UpstreamTls
+from ext_proc.sasl.login import BrokerLogin, LoginFailed, SaslCredentials
+from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -53,59 +61,59 @@ async def _round_trip(
     return response
 
 
-@dataclass(frozen=True)
-class SaslPlain:
-    """Credentials for a SASL/PLAIN listener (never logged: repr hides the password)."""
-
-    username: str
-    password: str = field(repr=False)
+# Kept for callers of the PLAIN-only days: SaslPlain(user, password) is PLAIN.
+SaslPlain = SaslCredentials
 
 
 async def fetch_topology(bootstrap: str, timeout: float = 10.0,
-                         sasl: SaslPlain | None = None) -> Topology:
-    """Metadata from the first bootstrap server that answers."""
+                         sasl: SaslCredentials | None = None,
+                         tls: UpstreamTls | None = None) -> Topology:
+    """Metadata from the first bootstrap server that answers. A refused login or an
+    untrusted certificate is a DiscoveryError at once (retrying will not fix it)."""
     errors: list[str] = []
+    context = tls.client_context() if tls is not None else None
     for server in filter(None, (s.strip() for s in bootstrap.split(","))):
         host, _, port = server.rpartition(":")
         try:
-            return await asyncio.wait_for(_fetch_from(host.strip("[]"), int(port), sasl),
-                                          timeout)
+            return await asyncio.wait_for(
+                _fetch_from(host.strip("[]"), int(port), sasl, context, tls), timeout)
+        except LoginFailed as err:
+            raise DiscoveryError(f"{server}: {err}") from None
+        except ssl.SSLCertVerificationError as err:
+            raise DiscoveryError(f"{server}: the broker's TLS certificate is not trusted: "
+                                 f"{err.verify_message}") from None
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as err:
             errors.append(f"{server}: {err or type(err).__name__}")
     raise DiscoveryError("no bootstrap server answered: " + "; ".join(errors))
 
 
 async def _authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        sasl: SaslPlain) -> None:
-    handshake = await _round_trip(
-        reader, writer, kafka_wire.RequestHeader(SASL_HANDSHAKE, 1, 10, _CLIENT_ID, {}),
-        {"Mechanism": "PLAIN"},
-    )
-    if handshake["ErrorCode"]:
-        raise DiscoveryError(f"SASL PLAIN refused (error {handshake['ErrorCode']}); "
-                             f"broker offers {handshake.get('Mechanisms')}")
-    token = b"\0" + sasl.username.encode() + b"\0" + sasl.password.encode()
-    answer = await _round_trip(
-        reader, writer, kafka_wire.RequestHeader(SASL_AUTHENTICATE, 1, 11, _CLIENT_ID, {}),
-        {"AuthBytes": token},
-    )
-    if answer["ErrorCode"]:
-        raise DiscoveryError(f"SASL authentication as {sasl.username} failed: "
-                             f"{answer.get('ErrorMessage')}")
+                        sasl: SaslCredentials) -> None:
+    login = BrokerLogin(sasl, _CLIENT_ID, correlation_base=10)
+    request: bytes | None = login.start()
+    while request is not None:
+        writer.write(request)
+        await writer.drain()
+        size = await reader.readexactly(4)
+        request = login.on_response(size + await reader.readexactly(_SIZE.unpack(size)[0]))
 
 
-async def _fetch_from(host: str, port: int, sasl: SaslPlain | None = None) -> Topology:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _fetch_from(host: str, port: int, sasl: SaslCredentials | None = None,
+                      context: ssl.SSLContext | None = None,
+                      tls: UpstreamTls | None = None) -> Topology:
+    server_name = (tls.server_name if tls is not None else None) or host
+    reader, writer = await asyncio.open_connection(
+        host, port, ssl=context, server_hostname=server_name if context is not None else None)
     try:
         versions = await _round_trip(
-            reader, writer, kafka_wire.RequestHeader(API_VERSIONS, 0, 1, _CLIENT_ID, {}), {},
+            reader, writer, kafka_wire.RequestHeader(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, {}), {},
         )
         if sasl is not None:
             await _authenticate(reader, writer, sasl)
         ranges = {e["ApiKey"]: e["MaxVersion"] for e in versions["ApiKeys"]}
-        version = min(_METADATA_VERSION, ranges.get(METADATA, 1))
+        version = min(_METADATA_VERSION, ranges.get(ApiKey.METADATA, 1))
         metadata = await _round_trip(
-            reader, writer, kafka_wire.RequestHeader(METADATA, version, 2, _CLIENT_ID, {}),
+            reader, writer, kafka_wire.RequestHeader(ApiKey.METADATA, version, 2, _CLIENT_ID, {}),
             {"Topics": []},
         )
     finally:

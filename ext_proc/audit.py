@@ -34,10 +34,12 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ext_proc.connection import ConnectionInfo
 from ext_proc.identity import IdentityTracker
+from ext_proc.private_files import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +241,10 @@ class _RotatingWriter:
             self._reopen("wb")
 
     def _reopen(self, mode: str) -> None:
-        self._file = open(self.path, mode, buffering=0)  # noqa: SIM115 (open until close)
-        self._size = self._file.tell()
+        # 0600, the first file and every one after a rotation (docs: private_files).
+        flags = os.O_WRONLY | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+        self._file = os.fdopen(open_private(self.path, flags), mode, buffering=0)
+        self._size = self._file.seek(0, os.SEEK_END)
 
     def close(self) -> None:
         if self._file is not None:
@@ -264,7 +268,7 @@ class JsonlAuditLog:
         backups: int = DEFAULT_BACKUPS,
     ) -> None:
         self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        private_dir(Path(os.path.abspath(self.path)).parent)
         self.errors = 0
         self._closed = False
         self._lock = threading.Lock()

@@ -30,13 +30,12 @@ from ext_proc.filters import (
     ResponsePatch,
     combine,
 )
-from kafka_wire.api_keys import API_VERSIONS
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import Inspector, frame_bytes
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_VERSION: Final = 35
 _ERROR_CODE = struct.Struct(">h")
 _REQUEST_KEY = struct.Struct(">hh")  # api key, api version after the size prefix
 
@@ -154,10 +153,10 @@ class FilterChain:
         data = memoryview(raw)[4:]
         correlation_id, tags, offset = kafka_wire.read_response_header(data, api_key,
                                                                        api_version)
-        if api_key == API_VERSIONS and api_version > 0:
+        if api_key == ApiKey.API_VERSIONS and api_version > 0:
             # A broker answers an ApiVersions version it does not support in v0.
             (error,) = _ERROR_CODE.unpack_from(data, offset)
-            if error == UNSUPPORTED_VERSION:
+            if error == ErrorCode.UNSUPPORTED_VERSION:
                 api_version = 0
         body, _ = kafka_wire.decode_body(api_key, api_version, "response", data, offset)
         if not self.on_response(api_key, api_version, body, conn, patch):

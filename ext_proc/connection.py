@@ -8,6 +8,8 @@ needs no other channel to know where clients must be sent back to.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +20,31 @@ GATEWAY_ADDRESS = "x-keg-gateway-address"
 CONNECTION_ID = "x-keg-connection-id"
 BROKER_ID = "x-keg-broker-id"
 BROKER_ROUTES = "x-keg-broker-routes"
+# TLS listeners (control_plane.tls): "1" on a TLS connection; with mutual TLS the client
+# certificate's subject (RFC 2253) and URI SANs as Envoy substitutes them, and how to map
+# them to a principal (Kafka's ssl.principal.mapping.rules, base64url: the text may hold
+# characters Envoy's substitution formatter would read as commands).
+TLS = "x-keg-tls"
+PEER_SUBJECT = "x-keg-peer-subject"
+PEER_URI_SAN = "x-keg-peer-uri-san"
+PRINCIPAL_RULES = "x-keg-principal-rules"
+PRINCIPAL_FROM = "x-keg-principal-from"
+# "1": the listener authenticates clients itself (ext_proc.sasl.termination).
+SASL_TERMINATION = "x-keg-sasl-termination"
+# What Envoy substitutes for a certificate field that is absent.
+_ABSENT = ("", "-")
+
+
+def encode_rules(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def decode_rules(text: str) -> str | None:
+    """The rule text of PRINCIPAL_RULES; None when it is not valid base64 of UTF-8."""
+    try:
+        return base64.urlsafe_b64decode(text.encode()).decode()
+    except (binascii.Error, ValueError):
+        return None
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -50,6 +77,12 @@ class ConnectionInfo:
     connection_id: str = ""
     broker_id: int | None = None
     routes: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    tls: bool = False  # the client connected over TLS (terminated by Envoy)
+    peer_subject: str | None = None  # mutual TLS: the client certificate's subject
+    peer_uri_san: str | None = None  # ... and its URI SANs, comma-separated
+    principal_rules: str | None = None  # ssl.principal.mapping.rules for those names
+    principal_from: str = "subject"  # which name the rules apply to
+    sasl_termination: bool = False  # the gateway authenticates the client itself
 
     @property
     def gateway_route(self) -> tuple[str, int] | None:
@@ -76,8 +109,19 @@ class ConnectionInfo:
             connection_id=values.get(CONNECTION_ID, ""),
             broker_id=int(broker) if broker.lstrip("-").isdigit() else None,
             routes=parse_routes(values.get(BROKER_ROUTES, "")),
+            tls=values.get(TLS) == "1",
+            peer_subject=_present(values.get(PEER_SUBJECT)),
+            peer_uri_san=_present(values.get(PEER_URI_SAN)),
+            principal_rules=decode_rules(values[PRINCIPAL_RULES])
+            if PRINCIPAL_RULES in values else None,
+            principal_from=values.get(PRINCIPAL_FROM) or "subject",
+            sasl_termination=values.get(SASL_TERMINATION) == "1",
         )
 
     def describe(self) -> str:
         return f"conn={self.connection_id} client={self.client_host}:{self.client_port} " \
             f"gateway={self.gateway_address} broker={self.broker_id}"
+
+
+def _present(value: str | None) -> str | None:
+    return None if value is None or value in _ABSENT else value

@@ -74,7 +74,9 @@ class FramesSession:
         _check_whole(raw, REQUEST_HEAD_SIZE)
         head = parse_request_head(raw)
         if self._meter is not None:
-            self._meter.request(head.api_key, head.api_version, len(raw))
+            body = memoryview(raw)[REQUEST_HEAD_SIZE:]
+            self._meter.request(head.api_key, head.api_version, len(raw), body)
+            self._meter.topics(head.api_key, head.api_version, body)
         self.identity.learned_elsewhere(principal, security_protocol)
         judged = self.chain.judge_frame(raw, self.conn)
         if judged.want_response:

@@ -39,11 +39,14 @@ The principal is Kafka's ``Type:name`` form as DefaultKafkaPrincipalBuilder buil
 it; a broker with a custom ``principal.builder.class`` (or Kerberos name rules) may
 attribute the connection differently.
 
-Security protocol: TLS is not terminated by the gateway; Envoy passes TLS through as
-opaque bytes (which the processor cannot read), so the protocol here is as seen:
-``SASL_PLAINTEXT`` once a SaslHandshake passed, ``PLAINTEXT`` otherwise (``SSL`` and
-``SASL_SSL`` only if the tracker is told the connection was TLS, for a future where
-Envoy terminates TLS).
+Security protocol: on a TLS listener Envoy terminates TLS and tells the data path so
+(`ConnectionInfo.tls`): ``SSL``, or ``SASL_SSL`` once a SaslHandshake passed; on a
+plaintext listener ``PLAINTEXT`` / ``SASL_PLAINTEXT``.
+
+Mutual TLS: a client certificate names a principal (its subject mapped through
+Kafka's ssl.principal.mapping.rules, ext_proc.tls_principal), which holds until a SASL
+exchange authenticates another one, as on a broker's SASL_SSL listener, where the SASL
+principal wins.
 
 Malformed SASL bytes never raise: the principal stays ANONYMOUS and `reason` says
 why (reasons are fixed texts and never quote the client's bytes).
@@ -58,7 +61,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_wire.api_keys import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 from kafka_wire.envelope import Principal
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -194,13 +197,10 @@ def jwt_claims(token: str) -> dict[str, Any] | None:
     return payload
 
 
-def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
-    """The principal claim of an OAUTHBEARER client initial response (RFC 7628).
+def parse_oauthbearer_token(data: bytes) -> tuple[str, str]:
+    """(authzid, bearer token) of an OAUTHBEARER client initial response (RFC 7628).
 
-    ``gs2-header \\x01 (key=value \\x01)* \\x01`` with ``auth=Bearer <token>``. Returns
-    None when the token is not a JWT (opaque). The signature is NOT verified: the
-    broker verifies the token; the gateway only reads it.
-    """
+    ``gs2-header \\x01 (key=value \\x01)* \\x01`` with ``auth=Bearer <token>``."""
     text = _utf8(data, "OAUTHBEARER initial response")
     gs2, sep, rest = text.partition("\x01")
     if not sep:
@@ -226,13 +226,22 @@ def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
     match = _BEARER.match(auth)
     if match is None or match.group(1).lower() != "bearer":
         raise SaslParseError("OAUTHBEARER auth= is not 'Bearer <token>'")
-    claims = jwt_claims(match.group(2))
+    return gs2_parts[1][2:], match.group(2)
+
+
+def parse_oauthbearer(data: bytes, principal_claim: str = "sub") -> str | None:
+    """The principal claim of an OAUTHBEARER client initial response (RFC 7628).
+
+    Returns None when the token is not a JWT (opaque). The signature is NOT verified:
+    the broker verifies the token; the gateway only reads it.
+    """
+    authzid, token = parse_oauthbearer_token(data)
+    claims = jwt_claims(token)
     if claims is None:
         return None
     subject = claims.get(principal_claim)
     if not isinstance(subject, str) or not subject:
         raise SaslParseError(f"OAUTHBEARER JWT has no string {principal_claim!r} claim")
-    authzid = gs2_parts[1][2:]
     if authzid and authzid != subject:
         raise SaslParseError("OAUTHBEARER authzid differs from the token's principal")
     return subject
@@ -264,16 +273,18 @@ class IdentityTracker:
     read from them, until the broker accepts or refuses it.
     """
 
-    def __init__(self, *, oauth_principal_claim: str = "sub", tls: bool = False) -> None:
+    def __init__(self, *, oauth_principal_claim: str = "sub", tls: bool = False,
+                 certificate_principal: str | None = None) -> None:
         self.oauth_principal_claim = oauth_principal_claim
         self.tls = tls
+        # The client certificate's principal ("User:alice"), mutual TLS only.
+        self.certificate_principal = certificate_principal
         self.mechanism: str | None = None
         self.authenticated = False
         self.client_id: str | None = None
         self.reason: str | None = None  # why the principal is not (or not yet) known
         self.opaque_token = False  # token login whose owner only the broker knows
         self.handshake_seen = False
-        self.handshake_version: int | None = None
         self.session_lifetime_ms: int | None = None  # KIP-368 re-authentication deadline
         self._name: str | None = None  # the authenticated principal's name
         self._in_exchange = False
@@ -291,9 +302,9 @@ class IdentityTracker:
     def observe_request(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded request; SaslHandshake and SaslAuthenticate teach it something."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 self._on_handshake(api_version, body)
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate(body)
         except Exception:  # never into the data path
             self._fail_candidate("SASL request could not be read")
@@ -301,15 +312,23 @@ class IdentityTracker:
     def observe_response(self, api_key: int, api_version: int, body: Mapping[str, Any]) -> None:
         """A decoded response to a SaslHandshake or SaslAuthenticate request."""
         try:
-            if api_key == SASL_HANDSHAKE:
+            if api_key == ApiKey.SASL_HANDSHAKE:
                 error = body.get("ErrorCode", 0)
                 if error:
                     self._in_exchange = False
                     self.reason = f"SaslHandshake failed with error code {error}"
-            elif api_key == SASL_AUTHENTICATE:
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
                 self._on_authenticate_response(body)
         except Exception:  # never into the data path
             self._end_exchange(success=False, reason="SASL response could not be read")
+
+    def authenticated_by_gateway(self, mechanism: str, name: str) -> None:
+        """The gateway itself authenticated the client (SASL termination) as `name`."""
+        self.handshake_seen = True
+        self.mechanism = mechanism
+        self.authenticated = True
+        self._name = name
+        self.reason = None
 
     def learned_elsewhere(self, principal: str | None, security_protocol: str | None) -> None:
         """What another observer of the connection learned (the native module, which
@@ -330,13 +349,16 @@ class IdentityTracker:
     def principal(self) -> str:
         """Kafka's form: ``User:alice``; ``User:ANONYMOUS`` until authenticated."""
         if not self.authenticated or self._name is None:
-            return ANONYMOUS
+            return self.certificate_principal or ANONYMOUS
         return f"User:{self._name}"
 
     @property
     def principal_known(self) -> bool:
-        """Authenticated and the gateway could read who (not ANONYMOUS/unknown)."""
-        return self.authenticated and self._name not in (None, UNKNOWN_NAME)
+        """Authenticated (by SASL or a client certificate) and the gateway could read who
+        (not ANONYMOUS/unknown)."""
+        if self.authenticated:
+            return self._name not in (None, UNKNOWN_NAME)
+        return self.certificate_principal is not None
 
     @property
     def security_protocol(self) -> str:
@@ -356,7 +378,6 @@ class IdentityTracker:
     def _on_handshake(self, api_version: int, body: Mapping[str, Any]) -> None:
         mechanism = body.get("Mechanism")
         self.handshake_seen = True
-        self.handshake_version = api_version
         self.mechanism = mechanism.upper() if isinstance(mechanism, str) else None
         # A new handshake on an authenticated connection is KIP-368 re-authentication:
         # the current principal holds until the new exchange ends (Kafka refuses a
@@ -486,6 +507,7 @@ __all__ = [
     "SaslParseError",
     "jwt_claims",
     "parse_oauthbearer",
+    "parse_oauthbearer_token",
     "parse_plain",
     "parse_scram_client_first",
     "principal_for_envelope",

@@ -6,31 +6,47 @@ exactly these series on ``/metrics``.
 
 Series:
 
-    keg_requests_total{api,version,principal,topic}   requests seen
+    keg_requests_total{api,version,client_id,principal}   requests seen
+    keg_topic_requests_total{api,topic,client_id,principal}
+                                                       requests naming a topic (Produce)
+    keg_topic_record_bytes_total{api,topic,client_id,principal}
+                                                       record-batch bytes per topic (Produce)
     keg_request_bytes_total{api,direction}             frame bytes, request/response
-    keg_decisions_total{rule,action,mode,outcome}      rule decisions
+    keg_decisions_total{rule,action,mode,outcome,api,error}
+                                                       rule decisions; error: the Kafka error
+                                                       the client was answered with, or ""
+    keg_refusals_total{api,topic,client_id,principal,rule,error}
+                                                       requests (or batches) refused with a
+                                                       Kafka error code
     keg_unanswered_refusals_total{api,rule}            refusals no answer can carry (acks=0)
     keg_decode_errors_total{api,direction}             frames that did not decode
     keg_connections_active                             open client connections
     keg_connections_total                              client connections opened
-    keg_frame_latency_seconds                          time a held frame spent in keg
+    keg_frame_latency_seconds                          time a chunk or frame spent in keg
     keg_forwarded_requests_total{broker}               KIP-590 envelopes, per forwarding broker
     keg_rule_set_version_info{version}                 1 for the active rule set
     keg_rule_reloads_total{result}                     rule reloads by result
 
+Topics are read from Produce requests as they pass (kafka_wire.produce_topics: names, or ids
+from v13 on, which are named from what Metadata answers taught the gateway; an id it
+was never told stays an id), without holding or decoding the frame. Client ids come
+from each request's header.
+
 Cardinality: every distinct label combination is a time series held in this process
-and in Prometheus, forever. `topic` is labelled only where the frame was decoded
-anyway (otherwise it is ""), never worth decoding a frame for. Principals and topics
-come from clients and are unbounded (one per OAuth subject, per workload, ...), so
-only the first `max_principals` distinct principals (and `max_topics` topics) get
-their own label value; later ones are counted as "other". The first ones seen are
-kept, so established series stay stable; a restart starts over.
+and in Prometheus, forever. Principals, client ids and topics come from clients and
+are unbounded (one per OAuth subject, per workload, per pod...), so only the first
+`max_principals` distinct principals, `max_clients` client ids and `max_topics` topics
+get their own label value; later ones are counted as "other". The first ones seen are
+kept (not the busiest: a counter's past cannot move to another series), so
+established series stay stable; a restart starts over. Rules, actions, APIs and
+error codes are bounded by the rule set and the protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,11 +56,16 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import start_wsgi_server
 
 import kafka_wire
+from filter_rules.errors import error_name
 from kafka_wire.framing import HeldBytes
+from kafka_wire.produce_topics import ProduceTopics, client_id_of, wants_topics
+from kafka_wire.topic_ids import TopicIds
 
 OTHER = "other"
 DEFAULT_MAX_PRINCIPALS = 1000
 DEFAULT_MAX_TOPICS = 1000
+DEFAULT_MAX_CLIENTS = 1000
+NO_CLIENT_ID = ""  # a null client id (or one keg could not read)
 # 50 µs to 1 s: a pass-through frame costs tens of µs, a held and rewritten one more.
 LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005,
@@ -85,11 +106,21 @@ def api_label(api_key: int) -> str:
     return name
 
 
+def error_label(code: int | None) -> str:
+    """"TOPIC_AUTHORIZATION_FAILED", ...; "" for no error; the number for an unknown one."""
+    if code is None or code == 0:
+        return ""
+    return error_name(code) or str(code)
+
+
 class Metrics:
     def __init__(
         self,
         max_principals: int = DEFAULT_MAX_PRINCIPALS,
         max_topics: int = DEFAULT_MAX_TOPICS,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
+        topic_ids: TopicIds | None = None,
+        read_topics: bool = True,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.meters: weakref.WeakSet[ConnectionMeter] = weakref.WeakSet()
@@ -97,17 +128,37 @@ class Metrics:
         self.registry.register(_FlushMeters(self))
         self.principal_label = BoundedLabel(max_principals)
         self.topic_label = BoundedLabel(max_topics)
+        self.client_label = BoundedLabel(max_clients)
+        # Read the topics of passing Produce requests (a few µs per request and
+        # partition: the one cost of these metrics that grows with traffic).
+        self.read_topics = read_topics
+        # Produce v13+ names topics by id: named from what the data path learned.
+        self.topic_ids = topic_ids if topic_ids is not None else TopicIds()
         r = self.registry
         self.requests = Counter(
             "keg_requests", "Kafka requests seen by the gateway",
-            ["api", "version", "principal", "topic"], registry=r,
+            ["api", "version", "client_id", "principal"], registry=r,
+        )
+        self.topic_requests = Counter(
+            "keg_topic_requests", "Requests naming a topic (Produce), per topic",
+            ["api", "topic", "client_id", "principal"], registry=r,
+        )
+        self.topic_record_bytes = Counter(
+            "keg_topic_record_bytes", "Record-batch bytes per topic (Produce requests)",
+            ["api", "topic", "client_id", "principal"], registry=r,
+        )
+        self.refusals = Counter(
+            "keg_refusals",
+            "Requests (or batches) the gateway refused with a Kafka error code, enforced",
+            ["api", "topic", "client_id", "principal", "rule", "error"], registry=r,
         )
         self.request_bytes = Counter(
             "keg_request_bytes", "Kafka frame bytes through the gateway",
             ["api", "direction"], registry=r,
         )
         self.decisions = Counter(
-            "keg_decisions", "Rule decisions", ["rule", "action", "mode", "outcome"], registry=r,
+            "keg_decisions", "Rule decisions", ["rule", "action", "mode", "outcome", "api",
+                                                "error"], registry=r,
         )
         self.unanswered_refusals = Counter(
             "keg_unanswered_refusals",
@@ -142,6 +193,10 @@ class Metrics:
         self.rule_set_version = Gauge(
             "keg_rule_set_version_info", "The active rule set (value 1)", ["version"], registry=r,
         )
+        self.sasl_logins = Counter(
+            "keg_sasl_logins", "Client logins at listeners that terminate SASL, by outcome "
+            "(allowed, denied)", ["mechanism", "outcome"], registry=r,
+        )
         self.rule_reloads = Counter(
             "keg_rule_reloads", "Rule set reloads by result", ["result"], registry=r,
         )
@@ -150,22 +205,37 @@ class Metrics:
 
     # -- recording --------------------------------------------------------------------
 
-    def request(
-        self, api_key: int, api_version: int, principal: str, topic: str | None = None
-    ) -> None:
-        """One request; `topic` only when the frame was decoded anyway."""
-        self.requests.labels(
-            api_label(api_key),
-            str(api_version),
-            self.principal_label(principal),
-            "" if topic is None else self.topic_label(topic),
-        ).inc()
+    def request(self, api_key: int, api_version: int, principal: str,
+                client_id: str = NO_CLIENT_ID) -> None:
+        """One request (connections count theirs in a ConnectionMeter instead)."""
+        self.requests.labels(api_label(api_key), str(api_version),
+                             self.client_label(client_id),
+                             self.principal_label(principal)).inc()
+
+    def topic_request(self, api_key: int, topic: str, client_id: str, principal: str,
+                      record_bytes: int = 0, count: int = 1) -> None:
+        labels = (api_label(api_key), self.topic_label(topic), self.client_label(client_id),
+                  self.principal_label(principal))
+        self.topic_requests.labels(*labels).inc(count)
+        if record_bytes:
+            self.topic_record_bytes.labels(*labels).inc(record_bytes)
 
     def frame_bytes(self, api_key: int, direction: str, nbytes: int) -> None:
         self.request_bytes.labels(api_label(api_key), direction).inc(nbytes)
 
-    def decision(self, rule: str, action: str, mode: str, outcome: str, count: int = 1) -> None:
-        self.decisions.labels(rule, action, mode, outcome).inc(count)
+    def decision(self, rule: str, action: str, mode: str, outcome: str, count: int = 1,
+                 api_key: int | None = None, error_code: int | None = None) -> None:
+        api = "" if api_key is None else api_label(api_key)
+        self.decisions.labels(rule, action, mode, outcome, api,
+                              error_label(error_code)).inc(count)
+
+    def refusal(self, api_key: int, topic: str | None, client_id: str | None, principal: str,
+                rule: str, error_code: int, count: int = 1) -> None:
+        """A request (or batch) refused with `error_code`; `topic` None: not about one."""
+        self.refusals.labels(
+            api_label(api_key), "" if topic is None else self.topic_label(topic),
+            self.client_label(client_id or NO_CLIENT_ID), self.principal_label(principal),
+            rule, error_label(error_code)).inc(count)
 
     def unanswered_refusal(self, api_key: int, rule: str) -> None:
         self.unanswered_refusals.labels(api_label(api_key), rule).inc()
@@ -255,6 +325,7 @@ class Metrics:
 
 
 __all__ = [
+    "DEFAULT_MAX_CLIENTS",
     "DEFAULT_MAX_PRINCIPALS",
     "DEFAULT_MAX_TOPICS",
     "LATENCY_BUCKETS",
@@ -262,16 +333,18 @@ __all__ = [
     "BoundedLabel",
     "Metrics",
     "api_label",
+    "error_label",
 ]
 
 
 class ConnectionMeter:
     """Per-connection counting on the hot path.
 
-    A frame costs two dict updates on plain ints; the counts reach the Prometheus
+    A frame costs a few dict updates on plain ints; the counts reach the Prometheus
     counters when `flush` runs: at every scrape (on the event loop's thread, so no
     count is lost to a race) and when the connection ends. Incrementing the labelled
-    counters directly measured ~3 µs per frame, half the session's own cost.
+    counters directly measured ~3 µs per frame, half the session's own cost. Label
+    values (client ids, topics) stay raw bytes until the flush.
     """
 
     def __init__(self, metrics: Metrics, broker_id: int | None,
@@ -279,16 +352,46 @@ class ConnectionMeter:
         self._metrics = metrics
         self._principal = principal
         self._broker = "unknown" if broker_id is None else str(broker_id)
-        self._requests: dict[tuple[int, int, str], int] = {}
+        self._requests: dict[tuple[int, int, bytes | None, str], int] = {}
         self._bytes: dict[tuple[int, str], int] = {}
+        # (api, topic name or id, is id, client id, principal) -> [requests, record bytes]
+        self._topics: dict[tuple[int, bytes, bool, bytes | None, str], list[int]] = {}
+        self._client: bytes | None = None  # the client id of the request being read
         self._forwarded = 0
         metrics.meters.add(self)
 
-    def request(self, api_key: int, api_version: int, size: int) -> None:
-        key = (api_key, api_version, self._principal())
+    def request(self, api_key: int, api_version: int, size: int,
+                body: memoryview | bytes = b"") -> None:
+        """One request; `body`: what of it follows its head (the header's client id first)."""
+        client = client_id_of(body)
+        if client is not None:  # else the header was cut short: the connection's last one
+            self._client = client
+        key = (api_key, api_version, self._client, self._principal())
         self._requests[key] = self._requests.get(key, 0) + 1
         slot = (api_key, "request")
         self._bytes[slot] = self._bytes.get(slot, 0) + size
+
+    def topics(self, api_key: int, api_version: int,
+               body: memoryview | bytes) -> Callable[[memoryview], None] | None:
+        """Read the topics of the request whose `body` (as far as it is there) was just
+        counted; the sink for the rest of its bytes when the skim needs them, else None."""
+        if not wants_topics(api_key) or not self._metrics.read_topics:
+            return None
+        client, principal = self._client, self._principal()
+        topics = self._topics
+
+        def counted(topic: bytes, is_id: bool, partitions: int, record_bytes: int) -> None:
+            key = (api_key, topic, is_id, client, principal)
+            entry = topics.get(key)
+            if entry is None:
+                topics[key] = [1, record_bytes]
+            else:
+                entry[0] += 1
+                entry[1] += record_bytes
+
+        skim = ProduceTopics(api_version, counted)
+        skim.feed(body)
+        return None if skim.done else skim.feed
 
     def forwarded(self) -> None:
         self._forwarded += 1
@@ -301,10 +404,15 @@ class ConnectionMeter:
         m = self._metrics
         requests, self._requests = self._requests, {}
         nbytes, self._bytes = self._bytes, {}
+        topics, self._topics = self._topics, {}
         forwarded, self._forwarded = self._forwarded, 0
-        for (api_key, version, principal), count in requests.items():
-            m.requests.labels(api_label(api_key), str(version), m.principal_label(principal),
-                              "").inc(count)
+        for (api_key, version, client, principal), count in requests.items():
+            m.requests.labels(api_label(api_key), str(version),
+                              m.client_label(_text(client)),
+                              m.principal_label(principal)).inc(count)
+        for (api_key, topic, is_id, client, principal), (count, size) in topics.items():
+            m.topic_request(api_key, _topic_label(topic, is_id, m.topic_ids), _text(client),
+                            principal, size, count)
         for (api_key, direction), size in nbytes.items():
             m.request_bytes.labels(api_label(api_key), direction).inc(size)
         if forwarded:
@@ -313,6 +421,17 @@ class ConnectionMeter:
     def close(self) -> None:
         self.flush()
         self._metrics.meters.discard(self)
+
+
+def _text(raw: bytes | None) -> str:
+    return NO_CLIENT_ID if raw is None else raw.decode("utf-8", "replace")
+
+
+def _topic_label(topic: bytes, is_id: bool, topic_ids: TopicIds) -> str:
+    if not is_id:
+        return topic.decode("utf-8", "replace")
+    topic_id = uuid.UUID(bytes=topic)
+    return topic_ids.name(topic_id) or str(topic_id)
 
 
 class _FlushMeters:

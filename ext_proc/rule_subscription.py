@@ -8,6 +8,14 @@ response is validated and compiled, installed into the engine (live connections
 pick it up on their next request, nothing is closed) and ACKed; a rule set that
 does not validate or build is NACKed with the error and the running one stays.
 
+Large rule sets: a response carries the whole set (100,000 rules are about 50 MB of
+JSON), so the stream accepts messages up to `max_rule_set_bytes` (default
+MAX_RULE_SET_BYTES, 128 MiB, instead of gRPC's 4 MiB) and says so in its node
+metadata (`keg.max_rule_set_bytes`): the control plane never sends a node more than
+it accepts, and answers for it with a NACK naming the size instead (docs/xds.md).
+Decoding, validating and compiling run in a worker thread, so the data path's event
+loop goes on serving connections meanwhile; only the install is on the loop.
+
 The last good set is written to a local file (atomically) and installed from there
 at start, so an instance restarted while the control plane is down still enforces
 it. After a disconnect the subscription reconnects with exponential backoff and
@@ -26,6 +34,7 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -35,15 +44,26 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
 
 from ext_proc.filters.rules import RuleEngine
+from ext_proc.heap import building
 from ext_proc.metrics import Metrics
+from ext_proc.private_files import private_dir, write_private
+from ext_proc.rule_set_json import dumps_rule_set, loads_pieces, rule_set_from
 from filter_rules import CompiledRuleSet, RuleSet
 from interceptors import InterceptorConfigError
+from interceptors.engine import RecordEngine
 
 log = logging.getLogger(__name__)
 
 RULES_TYPE_URL = "type.googleapis.com/keg.v1.RuleSet"
 RULE_SET_RESOURCE = "rules"
 EXT_PROC_CLUSTER = "keg-ext-proc"
+# The largest xDS response (the whole rule set) an instance accepts by default, and the
+# node metadata key that tells the control plane an instance's limit.
+MAX_RULE_SET_BYTES: Final = 128 * 1024 * 1024
+MAX_RULE_SET_BYTES_KEY: Final = "keg.max_rule_set_bytes"
+
+
+Built = tuple[RecordEngine, CompiledRuleSet]  # RuleEngine.prepare's
 
 
 class RuleSetRejected(ValueError):
@@ -51,22 +71,25 @@ class RuleSetRejected(ValueError):
 
 
 def encode_rule_set(ruleset: RuleSet) -> any_pb2.Any:
-    payload = json.dumps(ruleset.model_dump(mode="json", by_alias=True),
-                         separators=(",", ":"), sort_keys=True).encode()
-    return any_pb2.Any(type_url=RULES_TYPE_URL,
-                       value=wrappers_pb2.BytesValue(value=payload).SerializeToString())
+    return any_pb2.Any(type_url=RULES_TYPE_URL, value=wrappers_pb2.BytesValue(
+        value=dumps_rule_set(ruleset)).SerializeToString())
 
 
 def decode_rule_set(resource: any_pb2.Any) -> RuleSet:
+    return _decode(resource)[0]
+
+
+def _decode(resource: any_pb2.Any) -> tuple[RuleSet, bytes]:
+    """The rule set and the JSON it came as."""
     if resource.type_url != RULES_TYPE_URL:
         raise RuleSetRejected(f"expected a {RULES_TYPE_URL} resource, got {resource.type_url}")
     try:
         payload = wrappers_pb2.BytesValue.FromString(resource.value).value
-        data = json.loads(payload)
+        data = loads_pieces(payload)
     except (DecodeError, ValueError) as err:
         raise RuleSetRejected(f"rule set resource is not JSON in a BytesValue: {err}") from err
     try:
-        return RuleSet.model_validate(data)
+        return rule_set_from(data), payload
     except ValueError as err:  # pydantic's ValidationError included
         raise RuleSetRejected(f"rule set does not validate: {err}") from err
 
@@ -76,6 +99,16 @@ def compile_rule_set(ruleset: RuleSet) -> CompiledRuleSet:
         return CompiledRuleSet(ruleset)
     except ValueError as err:
         raise RuleSetRejected(f"rule set does not compile: {err}") from err
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A received rule set, validated and compiled (off the event loop), and the JSON it
+    came as (what the cache file keeps)."""
+
+    compiled: CompiledRuleSet
+    payload: bytes
+    built: Built  # what the engine installs (RuleEngine.prepare)
 
 
 @dataclass(frozen=True)
@@ -99,8 +132,14 @@ class RuleSubscription:
 
     def __init__(self, target: str, engine: RuleEngine, node_id: str, *,
                  cache_file: Path | None = None, metrics: Metrics | None = None,
-                 backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER) -> None:
+                 backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 max_rule_set_bytes: int = MAX_RULE_SET_BYTES) -> None:
+        if max_rule_set_bytes <= 0:
+            raise ValueError("max_rule_set_bytes must be positive")
         self.target = target
+        self.credentials = credentials  # TLS to the control plane; None: plaintext
+        self.max_rule_set_bytes = max_rule_set_bytes
         self.engine = engine
         self.node_id = node_id
         self.cache_file = cache_file
@@ -116,25 +155,55 @@ class RuleSubscription:
 
     def apply(self, version: str, resources: Sequence[any_pb2.Any]) -> None:
         """Validate, compile and install one response; RuleSetRejected if it is refused."""
+        self._install_prepared(version, self._prepare(version, resources))
+
+    async def apply_async(self, version: str, resources: Sequence[any_pb2.Any]) -> None:
+        """`apply`, with decoding, validation and compiling in a worker thread: the
+        event loop (every connection's data path) is not held up by a large rule set."""
+        self._install_prepared(version, await asyncio.to_thread(self._prepare, version,
+                                                                resources))
+
+    def _prepare(self, version: str, resources: Sequence[any_pb2.Any]) -> _Prepared:
+        with building():  # no garbage collection walking the new rules meanwhile
+            return self._prepare_now(version, resources)
+
+    def _prepare_now(self, version: str, resources: Sequence[any_pb2.Any]) -> _Prepared:
         try:
             if len(resources) != 1:
                 raise RuleSetRejected(
                     f"expected exactly one {RULES_TYPE_URL} resource, got {len(resources)}")
-            ruleset = decode_rule_set(resources[0])
-            self._install(version, ruleset)
+            ruleset, payload = _decode(resources[0])
+            compiled = compile_rule_set(ruleset)
+            return _Prepared(compiled, payload, self._build(compiled))
         except RuleSetRejected as err:
-            self.last_error = str(err)
-            if self.metrics is not None:
-                self.metrics.rule_reload("rejected")
-            log.error("rule set version %s refused, keeping version %s: %s",
-                      version, self.version or "(none)", err)
+            self._refused(version, err)
             raise
-        self._persist(version, ruleset)
 
-    def _install(self, version: str, ruleset: RuleSet) -> None:
-        compiled = compile_rule_set(ruleset)
+    def _build(self, compiled: CompiledRuleSet) -> Built:
         try:
-            self.engine.install(compiled)
+            return self.engine.prepare(compiled)
+        except (InterceptorConfigError, ValueError) as err:
+            raise RuleSetRejected(f"rule set cannot be installed: {err}") from err
+
+    def _install_prepared(self, version: str, prepared: _Prepared) -> None:
+        try:
+            self._install(version, prepared.compiled, prepared.built)
+        except RuleSetRejected as err:
+            self._refused(version, err)
+            raise
+        self._persist(version, prepared.payload)
+
+    def _refused(self, version: str, err: RuleSetRejected) -> None:
+        self.last_error = str(err)
+        if self.metrics is not None:
+            self.metrics.rule_reload("rejected")
+        log.error("rule set version %s refused, keeping version %s: %s",
+                  version, self.version or "(none)", err)
+
+    def _install(self, version: str, compiled: CompiledRuleSet, built: Built | None = None
+                 ) -> None:
+        try:
+            self.engine.install(compiled, built)
         except (InterceptorConfigError, ValueError) as err:
             raise RuleSetRejected(f"rule set cannot be installed: {err}") from err
         self.version = version
@@ -144,15 +213,15 @@ class RuleSubscription:
             self.metrics.set_rule_set_version(version)
         log.info("rule set version %s applied: %d rules", version, len(compiled))
 
-    def _persist(self, version: str, ruleset: RuleSet) -> None:
+    def _persist(self, version: str, payload: bytes) -> None:
+        """Keep `payload` (the rule set's JSON as it came) with its version."""
         if self.cache_file is None:
             return
-        body = {"version": version, "ruleset": ruleset.model_dump(mode="json", by_alias=True)}
-        tmp = self.cache_file.with_name(self.cache_file.name + ".tmp")
+        body = b"".join((b'{"version":', json.dumps(version).encode(), b',"ruleset":',
+                         payload, b"}"))
         try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(body, separators=(",", ":")))
-            os.replace(tmp, self.cache_file)  # readers never see half a file
+            private_dir(self.cache_file.parent)
+            write_private(self.cache_file, body)  # 0600, whole or not at all
         except OSError as err:
             log.warning("could not keep the rule set in %s: %s", self.cache_file, err)
 
@@ -161,12 +230,13 @@ class RuleSubscription:
         if self.cache_file is None or not self.cache_file.exists():
             return False
         try:
-            body = json.loads(self.cache_file.read_text())
-            version = body["version"]
-            ruleset = RuleSet.model_validate(body["ruleset"])
-            if not isinstance(version, str):
-                raise TypeError("version is not a string")
-            self._install(version, ruleset)
+            with building():
+                body = loads_pieces(self.cache_file.read_bytes())
+                version = body["version"]
+                ruleset = rule_set_from(body["ruleset"])
+                if not isinstance(version, str):
+                    raise TypeError("version is not a string")
+                self._install(version, compile_rule_set(ruleset))
         except (OSError, ValueError, KeyError, TypeError, RuleSetRejected) as err:
             log.warning("ignoring the kept rule set in %s: %s", self.cache_file, err)
             return False
@@ -178,19 +248,30 @@ class RuleSubscription:
 
     def _node(self) -> base_pb2.Node:
         metadata = struct_pb2.Struct()
-        metadata.update({"keg.role": "ext_proc"})
+        metadata.update({"keg.role": "ext_proc",
+                         MAX_RULE_SET_BYTES_KEY: self.max_rule_set_bytes})
         return base_pb2.Node(id=self.node_id, cluster=self.cluster, metadata=metadata,
                              user_agent_name="keg-ext-proc")
 
     async def run(self) -> None:
         attempt = 0
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        options = [("grpc.max_receive_message_length", self.max_rule_set_bytes)]
+        channel = (grpc.aio.secure_channel(self.target, self.credentials, options=options)
+                   if self.credentials is not None
+                   else grpc.aio.insecure_channel(self.target, options=options))
+        async with channel:
             stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
             while True:
                 try:
                     if await self._stream(stub):
                         attempt = 0
                 except grpc.aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        # A control plane that does not honour keg.max_rule_set_bytes.
+                        self.last_error = (f"the control plane sent more than this instance "
+                                           f"accepts ({self.max_rule_set_bytes} bytes, "
+                                           f"--max-rule-set-bytes): {err.details()}")
+                        log.error("rule stream to %s: %s", self.target, self.last_error)
                     # Loud once when an established stream breaks; quiet while retrying
                     # (and while the control plane is still starting).
                     lost = self.connects and attempt == 0
@@ -224,19 +305,19 @@ class RuleSubscription:
                      self.version or "(none)")
             async for response in call:
                 answered = True
-                outbox.put_nowait(self._verdict(response))
+                outbox.put_nowait(await self._verdict(response))
         finally:
             call.cancel()
         return answered
 
-    def _verdict(self, response: discovery_pb2.DiscoveryResponse
-                 ) -> discovery_pb2.DiscoveryRequest:
+    async def _verdict(self, response: discovery_pb2.DiscoveryResponse
+                       ) -> discovery_pb2.DiscoveryRequest:
         request = discovery_pb2.DiscoveryRequest(type_url=RULES_TYPE_URL,
                                                  response_nonce=response.nonce)
         try:
             if response.type_url != RULES_TYPE_URL:
                 raise RuleSetRejected(f"unexpected type {response.type_url}")
-            self.apply(response.version_info, response.resources)
+            await self.apply_async(response.version_info, response.resources)
         except RuleSetRejected as err:
             request.version_info = self.version
             request.error_detail.CopyFrom(status_pb2.Status(code=code_pb2.INVALID_ARGUMENT,

@@ -1,11 +1,11 @@
 """The grpc.aio adapter: Envoy's network ext_proc stream in, KafkaSession in between.
 
-Facts this adapter is built on (measured, see DESIGN.md): Envoy sends every TCP
-read as `read_data` (client -> broker) and every write as `write_data` (broker ->
-client) without waiting for replies; replies are injected in arrival order, so
-every chunk gets exactly one reply, an empty one while a frame is being held; a
-reply without data would lose the chunk. Half-close arrives as an empty chunk
-with end_of_stream and is echoed.
+Facts this adapter is built on (measured against Envoy's network ext_proc filter):
+Envoy sends every TCP read as `read_data` (client -> broker) and every write as
+`write_data` (broker -> client) without waiting for replies; replies are injected in
+arrival order, so every chunk gets exactly one reply, an empty one while a frame is
+being held; a reply without data would lose the chunk. Half-close arrives as an empty
+chunk with end_of_stream and is echoed.
 """
 
 from __future__ import annotations
@@ -31,15 +31,34 @@ from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
 from ext_proc.identity import IdentityTracker
-from ext_proc.metrics import ConnectionMeter, Metrics
+from ext_proc.metrics import (
+    DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_PRINCIPALS,
+    DEFAULT_MAX_TOPICS,
+    ConnectionMeter,
+    Metrics,
+)
 from ext_proc.rule_source import RuleDirectory
-from ext_proc.rule_subscription import RuleSubscription, default_node_id
+from ext_proc.rule_subscription import MAX_RULE_SET_BYTES, RuleSubscription, default_node_id
+from ext_proc.sasl.login import SaslCredentials
+from ext_proc.sasl.termination import (
+    ALLOWED,
+    SASL_AUTHENTICATION_FAILED,
+    Attempt,
+    Authenticator,
+    SaslTerminationFilter,
+    TerminationConfig,
+    TerminationConfigError,
+    TerminationState,
+)
 from ext_proc.session import KafkaSession, ProtocolViolation
+from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors import BuildContext, NoSideEffects
 from interceptors.engine import DEFAULT_LIMITS, RecordLimits
 from interceptors.side_effects import DataPathSideEffects
+from kafka_wire import ApiKey
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE, HeldBytes
 
@@ -63,6 +82,11 @@ class ProcessorSettings:
     audit_log: Path | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics endpoint
+    # Label bounds: the first N distinct values get their own series, the rest "other".
+    metrics_max_topics: int = DEFAULT_MAX_TOPICS
+    metrics_max_clients: int = DEFAULT_MAX_CLIENTS
+    metrics_max_principals: int = DEFAULT_MAX_PRINCIPALS
+    metrics_topics: bool = True  # topic labels: read the topics of passing Produce requests
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
     # message_timeout (5 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
@@ -74,10 +98,29 @@ class ProcessorSettings:
     node_id: str | None = None  # the xDS node id (default: ext-proc-<host>-<port>-<pid>)
     # Where the last good distributed rule set is kept across restarts; None: not kept.
     rules_cache: Path | None = None
+    # The largest rule set (xDS response) accepted from the control plane.
+    max_rule_set_bytes: int = MAX_RULE_SET_BYTES
     # Where `copy` rules produce (librdkafka: bootstrap servers plus any properties,
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
     side_effects_config: tuple[tuple[str, str], ...] = ()
+    # SASL termination (ext_proc.sasl.termination): what terminating listeners accept,
+    # and the service account the gateway logs in to the brokers as.
+    sasl_termination: Path | None = None
+    service_sasl: SaslCredentials | None = None
+    # TLS to the control plane's xDS server: the CA to trust, and a client certificate
+    # when it asks for one (mutual TLS).
+    control_plane_ca: Path | None = None
+    control_plane_cert: Path | None = None
+    control_plane_key: Path | None = None
+
+    def control_plane_credentials(self) -> grpc.ChannelCredentials | None:
+        if self.control_plane_ca is None:
+            return None
+        key, cert = self.control_plane_key, self.control_plane_cert
+        return grpc.ssl_channel_credentials(
+            self.control_plane_ca.read_bytes(), key.read_bytes() if key is not None else None,
+            cert.read_bytes() if cert is not None else None)
 
     def __post_init__(self) -> None:
         if self.control_plane is not None and self.rules_dir is not None:
@@ -89,7 +132,10 @@ class DataPath:
     """What every connection shares: the rule engine, audit log and metrics."""
 
     def __init__(self, settings: ProcessorSettings) -> None:
-        self.metrics = Metrics()
+        self.metrics = Metrics(max_principals=settings.metrics_max_principals,
+                               max_topics=settings.metrics_max_topics,
+                               max_clients=settings.metrics_max_clients,
+                               read_topics=settings.metrics_topics)
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)
         self.audit: AuditLog = (JsonlAuditLog(settings.audit_log) if settings.audit_log
@@ -103,8 +149,29 @@ class DataPath:
         self.engine = RuleEngine(
             CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
             on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
+        self.metrics.topic_ids = self.engine.topic_ids  # names Produce v13's topic ids
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
+        self.termination: Authenticator | None = None
+        if settings.sasl_termination is not None:
+            if settings.service_sasl is None:
+                raise TerminationConfigError("SASL termination needs the service account "
+                                             "the gateway logs in to the brokers as")
+            self.termination = Authenticator(TerminationConfig.load(settings.sasl_termination),
+                                             settings.service_sasl, self._login_attempt)
+
+    def _login_attempt(self, attempt: Attempt) -> None:
+        """A client's login at a terminating listener: counted and audited."""
+        self.metrics.sasl_logins.labels(attempt.mechanism, attempt.outcome).inc()
+        self.audit.emit(AuditEvent.for_connection(
+            attempt.conn, principal=f"User:{attempt.user}" if attempt.user else None,
+            client_id=attempt.client_id,
+            security_protocol="SASL_SSL" if attempt.conn.tls else "SASL_PLAINTEXT",
+            api_key=ApiKey.SASL_AUTHENTICATE,
+            api_name=kafka_wire.api_name(ApiKey.SASL_AUTHENTICATE),
+            action="authenticate", outcome=attempt.outcome, reason=attempt.reason,
+            error_code=None if attempt.outcome == ALLOWED else SASL_AUTHENTICATION_FAILED,
+            extra={"mechanism": attempt.mechanism}))
 
     def close(self) -> None:
         """Flush what outlives connections: captures, copies queued, the audit log."""
@@ -114,20 +181,39 @@ class DataPath:
         self.audit.close()
         log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
+    @staticmethod
+    def identity(conn: ConnectionInfo) -> IdentityTracker:
+        """A connection's identity as it starts: TLS or not, and with mutual TLS the
+        principal its client certificate names. NoMatchingRule / MappingRuleError when
+        no principal can be given (the connection is refused, as a broker would)."""
+        return IdentityTracker(tls=conn.tls, certificate_principal=certificate_principal(conn))
+
     def frames_session(self, conn: ConnectionInfo) -> FramesSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
         return FramesSession(conn, self.engine, identity, meter)
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:
-        identity = IdentityTracker()
+        identity = self.identity(conn)
         meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
-        return KafkaSession(conn, connection_filters(self.engine, identity), max_frame_size,
-                            meter, self.held_bytes)
+        filters = connection_filters(self.engine, identity)
+        termination = None
+        if conn.sasl_termination:
+            if self.termination is None:
+                raise TerminationConfigError("the listener terminates SASL but this ext_proc "
+                                             "service has no --sasl-termination")
+            termination = TerminationState(self.termination, identity, conn)
+            filters = [SaslTerminationFilter(termination), *filters]
+        return KafkaSession(conn, filters, max_frame_size, meter, self.held_bytes,
+                            termination)
 
     def _record(self, d: RuleDecision) -> None:
         mode = "dry-run" if d.rule.dry_run else "enforce"
-        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records)
+        self.metrics.decision(d.rule.id, d.rule.kind, mode, d.outcome, d.records,
+                              d.header.api_key, d.error_code)
+        if d.error_code and not d.rule.dry_run:
+            self.metrics.refusal(d.header.api_key, d.topic, d.header.client_id, d.principal,
+                                 d.rule.id, d.error_code)
         extra: dict[str, object] = {"records": d.records} if d.rule.kind in RECORD_KINDS else {}
         if not d.answered:
             # Nothing tells the client (Produce acks=0): never let it pass unseen.
@@ -155,7 +241,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     def __init__(self, settings: ProcessorSettings, data_path: DataPath) -> None:
         self._settings = settings
         self._data_path = data_path
-        self.active_connections = 0
 
     async def _run(self, step: Callable[[bytes], _T], data: bytes) -> _T:
         """One chunk (or handed-off frame) through its session: inline, or in a worker
@@ -174,13 +259,21 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         metadata = context.invocation_metadata() or ()
         conn = ConnectionInfo.from_metadata(metadata)
+        try:
+            if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+                frames = self._data_path.frames_session(conn)
+            else:
+                session = self._data_path.session(conn, self._settings.max_frame_size)
+        except (NoMatchingRule, MappingRuleError, TerminationConfigError) as err:
+            log.warning("refusing connection: %s (%s)", err, conn.describe())
+            self._data_path.metrics.decode_error(-1, "stream")
+            yield _CLOSE_RST
+            return
         if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
-            async for reply in self._frames(request_iterator, conn):
+            async for reply in self._frames(request_iterator, conn, frames):
                 yield reply
             return
-        session = self._data_path.session(conn, self._settings.max_frame_size)
         metrics = self._data_path.metrics
-        self.active_connections += 1
         self._data_path.metrics.connection_opened()
         log.debug("connection opened %s", conn.describe())
         try:
@@ -209,6 +302,11 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     yield pb.ProcessingResponse(
                         write_data=pb.Data(data=out, end_of_stream=data.end_of_stream)
                     )
+                    # SASL termination: the service account's next login step, or the
+                    # requests that waited for the login, go to the broker unasked.
+                    to_broker = session.take_broker_bytes()
+                    if to_broker:
+                        yield pb.ProcessingResponse(read_data=pb.Data(data=to_broker))
         except ProtocolViolation as err:
             log.warning("closing connection: %s (%s)", err, conn.describe())
             metrics.decode_error(-1, "stream")
@@ -218,7 +316,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             log.exception("closing connection after an internal error (%s)", conn.describe())
             yield _CLOSE_RST
         finally:
-            self.active_connections -= 1
             self._data_path.metrics.connection_closed()
             session.close()
             if session.pending_bytes():
@@ -226,12 +323,12 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
 
 
     async def _frames(self, requests: AsyncIterator[pb.ProcessingRequest],
-                      conn: ConnectionInfo) -> AsyncIterator[pb.ProcessingResponse]:
+                      conn: ConnectionInfo,
+                      session: FramesSession) -> AsyncIterator[pb.ProcessingResponse]:
         """A connection's frames handed over by keg's native filter (ext_proc.frames):
         one whole frame per message, one reply each, in order."""
         data_path = self._data_path
         session = data_path.frames_session(conn)
-        self.active_connections += 1
         data_path.metrics.connection_opened()
         try:
             async for request in requests:
@@ -265,7 +362,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             log.exception("closing connection after an internal error (%s)", conn.describe())
             yield _CLOSE_RST
         finally:
-            self.active_connections -= 1
             data_path.metrics.connection_closed()
             session.close()
 
@@ -305,7 +401,9 @@ class ExtProcServer:
             self.subscription = RuleSubscription(
                 self.settings.control_plane, self.data_path.engine,
                 self.settings.node_id or default_node_id(self.port),
-                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics)
+                cache_file=self.settings.rules_cache, metrics=self.data_path.metrics,
+                credentials=self.settings.control_plane_credentials(),
+                max_rule_set_bytes=self.settings.max_rule_set_bytes)
             self.subscription.restore()  # serve the last good set even if the plane is down
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.

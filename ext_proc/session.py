@@ -16,9 +16,11 @@ from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import REQUEST, Filter
 from ext_proc.metrics import ConnectionMeter
+from ext_proc.sasl.termination import LoginFailed, TerminationState
 from kafka_wire.errors import FrameError, KafkaWireError
 from kafka_wire.framing import (
     DEFAULT_MAX_FRAME_SIZE,
+    REQUEST_HEAD_SIZE,
     CorrelationTracker,
     Decision,
     Frame,
@@ -44,8 +46,15 @@ class KafkaSession:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         meter: ConnectionMeter | None = None,
         held_bytes: HeldBytes | None = None,
+        termination: TerminationState | None = None,
     ) -> None:
         self.conn = conn
+        # SASL termination: once the gateway let the client in, the session logs the
+        # broker connection in as the service account (its frames ride this connection,
+        # their answers never reach the client) and holds the client's bytes meanwhile.
+        self._termination = termination
+        self._waiting_for_login: list[bytes | memoryview | bytearray] = []
+        self._to_broker: list[bytes] = []
         self._meter = meter
         self._budget = held_bytes or HeldBytes()  # shared by the process's connections
         self._holding = 0  # of it, what this connection holds now
@@ -60,14 +69,49 @@ class KafkaSession:
             requests=False, decide=self._on_response_head, max_frame_size=max_frame_size
         )
         self.frames_rewritten = 0
-        self.requests_answered = 0
         self._delay_s = 0.0
 
     # -- the two directions -------------------------------------------------------
 
     def from_client(self, chunk: bytes) -> bytes:
         """Bytes for the broker in place of `chunk` (see also `take_client_bytes`)."""
+        if self._termination is not None:
+            return self._run_terminated(chunk, self._termination)
         return self._run(self._requests, chunk, "request")
+
+    def take_broker_bytes(self) -> bytes:
+        """Bytes due to the broker that no client chunk carries: the service account's
+        login steps, then the client's requests that waited for it."""
+        out, self._to_broker = b"".join(self._to_broker), []
+        return out
+
+    def _run_terminated(self, chunk: bytes, state: TerminationState) -> bytes:
+        """Requests of a terminating connection: the bytes before the client got in go
+        on; the login starts right after the request that let it in; what comes later
+        waits for the broker's yes."""
+        try:
+            out: list[bytes | memoryview | bytearray] = []
+            for piece in self._requests.feed(chunk):
+                rendered = self._render(piece)
+                (self._waiting_for_login if state.login_pending else out).append(rendered)
+                if state.login_due:
+                    out.append(state.upstream.start())
+            return b"".join(out)
+        except KafkaWireError as err:
+            raise ProtocolViolation(f"malformed request: {err}") from err
+
+    def _login_answer(self, frame: Frame, state: TerminationState) -> bytes:
+        """A broker answer to the service account's login: never the client's."""
+        try:
+            following = state.upstream.on_response(bytes(frame.raw))
+        except LoginFailed as err:
+            raise ProtocolViolation(f"the broker refused keg's service account: {err}") from None
+        if following is not None:
+            self._to_broker.append(following)
+        elif state.upstream.done:
+            self._to_broker.extend(bytes(b) for b in self._waiting_for_login)
+            self._waiting_for_login.clear()
+        return b""
 
     def from_broker(self, chunk: bytes) -> bytes:
         out = self._run(self._responses, chunk, "response")
@@ -116,6 +160,9 @@ class KafkaSession:
             self._holding -= size
             if isinstance(piece.head, RequestHead):
                 return self._process_request(piece, piece.head)
+            state = self._termination
+            if state is not None and state.upstream.expects(piece.head.correlation_id):
+                return self._login_answer(piece, state)
             return self._filter_response(piece, self._held.popleft())
         return piece
 
@@ -128,7 +175,8 @@ class KafkaSession:
                 f"request header has api key {head.api_key}, version {head.api_version}"
             )
         if self._meter is not None:
-            self._meter.request(head.api_key, head.api_version, head.size + 4)
+            self._meter.request(head.api_key, head.api_version, head.size + 4,
+                                self._requests.body_view)
         # The answer order is fixed here, before any filter runs (see InFlight).
         slot = self._tracker.reserve(head)
         if self.chain.wants(head.api_key, head.api_version, REQUEST):
@@ -137,9 +185,16 @@ class KafkaSession:
         slot.forward(hold_response=self.chain.response_plan(head.api_key, head.api_version).hold)
         if self._meter is not None:
             self._meter.forwarded()
+            # Its topics are read as it passes, never held for it.
+            rest = self._meter.topics(head.api_key, head.api_version, self._requests.body_view)
+            if rest is not None:
+                self._requests.follow(rest)
         return Decision.PASS
 
     def _on_response_head(self, head: Head) -> Decision:
+        state = self._termination
+        if state is not None and state.upstream.expects(head.correlation_id):
+            return self._hold(head.size)  # the service account's login, see _login_answer
         entry, due = self._tracker.answered(head.correlation_id)
         if self._meter is not None:
             self._meter.bytes(entry.api_key, "response", head.size + 4)
@@ -157,6 +212,9 @@ class KafkaSession:
 
     def _process_request(self, frame: Frame, head: RequestHead) -> bytes:
         slot = self._held_requests.popleft()
+        if self._meter is not None:  # the topics the client named, before any filter
+            self._meter.topics(head.api_key, head.api_version,
+                               memoryview(frame.raw)[REQUEST_HEAD_SIZE:])
         judged = self.chain.judge_frame(frame.raw, self.conn)
         self._delay_s = max(self._delay_s, judged.delay_s)
         if not judged.expects_response:
@@ -165,9 +223,7 @@ class KafkaSession:
             slot.answer_with(judged.answer)
         else:
             slot.forward(judged.want_response, patch=judged.patch)
-        if judged.answered:
-            self.requests_answered += 1
-        elif self._meter is not None:
+        if not judged.answered and self._meter is not None:
             self._meter.forwarded()
         return judged.to_broker
 

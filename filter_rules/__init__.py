@@ -1,4 +1,4 @@
-"""The rule language: model, loader, JSON Schema, compiled matchers and actions (issue 4).
+"""The rule language: model, loader, JSON Schema, compiled matchers and actions.
 
     ruleset = load_rule_dir()                    # filter_rules/rules/*.yaml by default
     compiled = CompiledRuleSet(ruleset)          # once per rule-set version
@@ -12,6 +12,7 @@ The language is described in docs/rules.md. This package imports nothing of keg 
 `kafka_wire`, and no I/O framework.
 """
 
+from filter_rules._base import StringMatch
 from filter_rules.apis import api_keys_by_name, resolve_api
 from filter_rules.compiled import CompiledRule, CompiledRuleSet, StringMatcher, compile_rules
 from filter_rules.context import MatchContext, normalize_principal, parse_host
@@ -46,7 +47,6 @@ from filter_rules.model import (
     RuleSource,
     SafeguardAction,
     SafeguardSpec,
-    StringMatch,
     VersionRange,
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -42,3 +42,41 @@ class StringMatch(_Model):
         if not (self.exact or self.prefix or self.regex):
             raise ValueError("give at least one of exact, prefix, regex (each a list)")
         return self
+
+
+SpecT = TypeVar("SpecT")
+
+
+class KindAction(_Model, Generic[SpecT]):
+    """A rule's action: one mapping key, its kind, holding its spec (`mask: {...}`).
+
+    Every action is this one shape, written as `class MaskAction(KindAction[MaskSpec],
+    kind="mask")` with a docstring (the schema's description) and no body. Its one
+    field is named after the kind (`validate_` and `copy_` where the kind would shadow
+    a pydantic method, with the kind as alias); `spec` reads it whatever its name."""
+
+    kind: ClassVar[str]
+
+    if TYPE_CHECKING:  # the kind's field, which __init_subclass__ declares
+        def __getattr__(self, name: str) -> Any: ...
+
+    def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not kind:  # KindAction[Spec] itself, as pydantic parametrizes it
+            return
+        cls.kind = kind
+        generic = (base.__dict__.get("__pydantic_generic_metadata__") for base in cls.__mro__)
+        spec = next(meta["args"][0] for meta in generic if meta and meta["args"])
+        name = spec_field(kind)
+        cls.__annotations__ = {name: spec}
+        if name != kind:
+            setattr(cls, name, Field(alias=kind))
+
+    @property
+    def spec(self) -> SpecT:
+        return cast(SpecT, getattr(self, spec_field(self.kind)))
+
+
+def spec_field(kind: str) -> str:
+    """The attribute holding an action's spec: its kind, unless pydantic has that name."""
+    return f"{kind}_" if hasattr(BaseModel, kind) else kind

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 import kafka_wire
+from filter_rules._base import StringMatch
 from filter_rules.apis import resolve_api
 from filter_rules.context import FrameDirection, MatchContext, normalize_principal
 from filter_rules.index import RuleIndex
@@ -29,12 +30,12 @@ from filter_rules.model import (
     Rule,
     RuleSet,
     RuleSource,
-    StringMatch,
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
+from kafka_wire import ApiKey
 
-RECORD_APIS: Final = frozenset({0, 1})  # Produce, Fetch
+RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
@@ -291,9 +292,10 @@ _INDEX_FROM = 8
 class CompiledRuleSet:
     """The enabled rules of a RuleSet, indexed for per-frame lookup. Immutable."""
 
-    def __init__(self, ruleset: RuleSet, rules: Sequence[CompiledRule] | None = None) -> None:
+    def __init__(self, ruleset: RuleSet, rules: Sequence[CompiledRule] | None = None,
+                 version: str | None = None) -> None:
         self.ruleset = ruleset
-        self.version: str = ruleset.version
+        self.version: str = version or ruleset.version
         if rules is None:
             enabled = [rule for rule in ruleset.ordered() if rule.mode != "disabled"]
             rules = [CompiledRule(rule, position, ruleset.sources.get(rule.id))
@@ -304,7 +306,9 @@ class CompiledRuleSet:
         self._by_version: dict[tuple[int, str], dict[int, Entry]] = {}
         self._unfiltered: dict[tuple[int, str], Entry] = {}
         self._fallback: dict[str, Entry] = {}
-        self._indexes: dict[tuple[int, int, str], RuleIndex] = {}
+        self._indexes: dict[tuple[int, int, str], RuleIndex[CompiledRule]] = {}
+        # id of an entry of _plain or _by_version (kept as long as this set) -> its index
+        self._entry_indexes: dict[int, RuleIndex[CompiledRule]] = {}
         self._build_index()
 
     def _build_index(self) -> None:
@@ -379,8 +383,21 @@ class CompiledRuleSet:
         slot = (api_key, api_version, direction)
         index = self._indexes.get(slot)
         if index is None:
-            index = self._indexes[slot] = RuleIndex(rules)
+            # Versions that share their candidates (every version, for rules without
+            # version bounds) share the index built for them.
+            index = self._entry_indexes.get(id(rules)) or RuleIndex(rules)
+            self._indexes[slot] = index
         return index.relevant(topics, principal)
+
+    def warm(self) -> None:
+        """Build now the indexes `relevant` would build on first use: over 100,000 rules
+        that takes seconds, which a frame must not wait for (call it where waiting is
+        harmless, e.g. in the thread that prepares a new rule set)."""
+        entries = [*self._plain.values(), *(e for per_version in self._by_version.values()
+                                            for e in per_version.values())]
+        for entry in entries:
+            if len(entry) >= _INDEX_FROM and id(entry) not in self._entry_indexes:
+                self._entry_indexes[id(entry)] = RuleIndex(entry)
 
     def interested(self, api_key: int, api_version: int, direction: str = "request") -> bool:
         """Whether any rule may apply: if not, the frame can pass without decoding."""
@@ -402,7 +419,8 @@ class CompiledRuleSet:
         Each filter of the data path asks its own subset, so a record rule never makes
         the request filter decode a frame, and the other way round.
         """
-        return CompiledRuleSet(self.ruleset, [r for r in self.rules if r.kind in kinds])
+        return CompiledRuleSet(self.ruleset, [r for r in self.rules if r.kind in kinds],
+                               self.version)
 
     def get(self, rule_id: str) -> CompiledRule | None:
         """An enabled rule by id."""

@@ -1,8 +1,9 @@
 """Kafka error codes by name, as Apache Kafka's `Errors.java` spells them.
 
 Rule files name errors (`deny: {error: TOPIC_AUTHORIZATION_FAILED}`); the data path
-writes the code into the response it makes. Names are exactly Kafka's: code 7 is
-`REQUEST_TIMED_OUT`, code 10 `MESSAGE_TOO_LARGE`, -1 `UNKNOWN_SERVER_ERROR`.
+writes the code into the response it makes. Names are exactly Kafka's (code 7 is
+`REQUEST_TIMED_OUT`, code 10 `MESSAGE_TOO_LARGE`, -1 `UNKNOWN_SERVER_ERROR`): the
+table is `kafka_wire.ErrorCode`, generated from Kafka's source.
 """
 
 from __future__ import annotations
@@ -10,166 +11,15 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
-from kafka_wire import api_keys
+from kafka_wire import ApiKey, ErrorCode
 
-#: Every error of Kafka's protocol up to code 129, name -> code.
-ERROR_CODES: Final = MappingProxyType({
-    "UNKNOWN_SERVER_ERROR": -1,
-    "NONE": 0,
-    "OFFSET_OUT_OF_RANGE": 1,
-    "CORRUPT_MESSAGE": 2,
-    "UNKNOWN_TOPIC_OR_PARTITION": 3,
-    "INVALID_FETCH_SIZE": 4,
-    "LEADER_NOT_AVAILABLE": 5,
-    "NOT_LEADER_OR_FOLLOWER": 6,
-    "REQUEST_TIMED_OUT": 7,
-    "BROKER_NOT_AVAILABLE": 8,
-    "REPLICA_NOT_AVAILABLE": 9,
-    "MESSAGE_TOO_LARGE": 10,
-    "STALE_CONTROLLER_EPOCH": 11,
-    "OFFSET_METADATA_TOO_LARGE": 12,
-    "NETWORK_EXCEPTION": 13,
-    "COORDINATOR_LOAD_IN_PROGRESS": 14,
-    "COORDINATOR_NOT_AVAILABLE": 15,
-    "NOT_COORDINATOR": 16,
-    "INVALID_TOPIC_EXCEPTION": 17,
-    "RECORD_LIST_TOO_LARGE": 18,
-    "NOT_ENOUGH_REPLICAS": 19,
-    "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 20,
-    "INVALID_REQUIRED_ACKS": 21,
-    "ILLEGAL_GENERATION": 22,
-    "INCONSISTENT_GROUP_PROTOCOL": 23,
-    "INVALID_GROUP_ID": 24,
-    "UNKNOWN_MEMBER_ID": 25,
-    "INVALID_SESSION_TIMEOUT": 26,
-    "REBALANCE_IN_PROGRESS": 27,
-    "INVALID_COMMIT_OFFSET_SIZE": 28,
-    "TOPIC_AUTHORIZATION_FAILED": 29,
-    "GROUP_AUTHORIZATION_FAILED": 30,
-    "CLUSTER_AUTHORIZATION_FAILED": 31,
-    "INVALID_TIMESTAMP": 32,
-    "UNSUPPORTED_SASL_MECHANISM": 33,
-    "ILLEGAL_SASL_STATE": 34,
-    "UNSUPPORTED_VERSION": 35,
-    "TOPIC_ALREADY_EXISTS": 36,
-    "INVALID_PARTITIONS": 37,
-    "INVALID_REPLICATION_FACTOR": 38,
-    "INVALID_REPLICA_ASSIGNMENT": 39,
-    "INVALID_CONFIG": 40,
-    "NOT_CONTROLLER": 41,
-    "INVALID_REQUEST": 42,
-    "UNSUPPORTED_FOR_MESSAGE_FORMAT": 43,
-    "POLICY_VIOLATION": 44,
-    "OUT_OF_ORDER_SEQUENCE_NUMBER": 45,
-    "DUPLICATE_SEQUENCE_NUMBER": 46,
-    "INVALID_PRODUCER_EPOCH": 47,
-    "INVALID_TXN_STATE": 48,
-    "INVALID_PRODUCER_ID_MAPPING": 49,
-    "INVALID_TRANSACTION_TIMEOUT": 50,
-    "CONCURRENT_TRANSACTIONS": 51,
-    "TRANSACTION_COORDINATOR_FENCED": 52,
-    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
-    "SECURITY_DISABLED": 54,
-    "OPERATION_NOT_ATTEMPTED": 55,
-    "KAFKA_STORAGE_ERROR": 56,
-    "LOG_DIR_NOT_FOUND": 57,
-    "SASL_AUTHENTICATION_FAILED": 58,
-    "UNKNOWN_PRODUCER_ID": 59,
-    "REASSIGNMENT_IN_PROGRESS": 60,
-    "DELEGATION_TOKEN_AUTH_DISABLED": 61,
-    "DELEGATION_TOKEN_NOT_FOUND": 62,
-    "DELEGATION_TOKEN_OWNER_MISMATCH": 63,
-    "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED": 64,
-    "DELEGATION_TOKEN_AUTHORIZATION_FAILED": 65,
-    "DELEGATION_TOKEN_EXPIRED": 66,
-    "INVALID_PRINCIPAL_TYPE": 67,
-    "NON_EMPTY_GROUP": 68,
-    "GROUP_ID_NOT_FOUND": 69,
-    "FETCH_SESSION_ID_NOT_FOUND": 70,
-    "INVALID_FETCH_SESSION_EPOCH": 71,
-    "LISTENER_NOT_FOUND": 72,
-    "TOPIC_DELETION_DISABLED": 73,
-    "FENCED_LEADER_EPOCH": 74,
-    "UNKNOWN_LEADER_EPOCH": 75,
-    "UNSUPPORTED_COMPRESSION_TYPE": 76,
-    "STALE_BROKER_EPOCH": 77,
-    "OFFSET_NOT_AVAILABLE": 78,
-    "MEMBER_ID_REQUIRED": 79,
-    "PREFERRED_LEADER_NOT_AVAILABLE": 80,
-    "GROUP_MAX_SIZE_REACHED": 81,
-    "FENCED_INSTANCE_ID": 82,
-    "ELIGIBLE_LEADERS_NOT_AVAILABLE": 83,
-    "ELECTION_NOT_NEEDED": 84,
-    "NO_REASSIGNMENT_IN_PROGRESS": 85,
-    "GROUP_SUBSCRIBED_TO_TOPIC": 86,
-    "INVALID_RECORD": 87,
-    "UNSTABLE_OFFSET_COMMIT": 88,
-    "THROTTLING_QUOTA_EXCEEDED": 89,
-    "PRODUCER_FENCED": 90,
-    "RESOURCE_NOT_FOUND": 91,
-    "DUPLICATE_RESOURCE": 92,
-    "UNACCEPTABLE_CREDENTIAL": 93,
-    "INCONSISTENT_VOTER_SET": 94,
-    "INVALID_UPDATE_VERSION": 95,
-    "FEATURE_UPDATE_FAILED": 96,
-    "PRINCIPAL_DESERIALIZATION_FAILURE": 97,
-    "SNAPSHOT_NOT_FOUND": 98,
-    "POSITION_OUT_OF_RANGE": 99,
-    "UNKNOWN_TOPIC_ID": 100,
-    "DUPLICATE_BROKER_REGISTRATION": 101,
-    "BROKER_ID_NOT_REGISTERED": 102,
-    "INCONSISTENT_TOPIC_ID": 103,
-    "INCONSISTENT_CLUSTER_ID": 104,
-    "TRANSACTIONAL_ID_NOT_FOUND": 105,
-    "FETCH_SESSION_TOPIC_ID_ERROR": 106,
-    "INELIGIBLE_REPLICA": 107,
-    "NEW_LEADER_ELECTED": 108,
-    "OFFSET_MOVED_TO_TIERED_STORAGE": 109,
-    "FENCED_MEMBER_EPOCH": 110,
-    "UNRELEASED_INSTANCE_ID": 111,
-    "UNSUPPORTED_ASSIGNOR": 112,
-    "STALE_MEMBER_EPOCH": 113,
-    "MISMATCHED_ENDPOINT_TYPE": 114,
-    "UNSUPPORTED_ENDPOINT_TYPE": 115,
-    "UNKNOWN_CONTROLLER_ID": 116,
-    "UNKNOWN_SUBSCRIPTION_ID": 117,
-    "TELEMETRY_TOO_LARGE": 118,
-    "INVALID_REGISTRATION": 119,
-    "TRANSACTION_ABORTABLE": 120,
-    "INVALID_RECORD_STATE": 121,
-    "SHARE_SESSION_NOT_FOUND": 122,
-    "INVALID_SHARE_SESSION_EPOCH": 123,
-    "FENCED_STATE_EPOCH": 124,
-    "INVALID_VOTER_KEY": 125,
-    "DUPLICATE_VOTER": 126,
-    "VOTER_NOT_FOUND": 127,
-    "INVALID_REGULAR_EXPRESSION": 128,
-    "REBOOTSTRAP_REQUIRED": 129,
-})
+#: Every error of Kafka's protocol, name -> code.
+ERROR_CODES: Final = MappingProxyType({e.name: e for e in ErrorCode})
 
-ERROR_NAMES: Final = MappingProxyType({code: name for name, code in ERROR_CODES.items()})
-
-# The codes keg's own decisions use, as constants.
-UNKNOWN_SERVER_ERROR: Final = -1
-REQUEST_TIMED_OUT: Final = 7
-MESSAGE_TOO_LARGE: Final = 10
-RECORD_LIST_TOO_LARGE: Final = 18
-INVALID_REQUIRED_ACKS: Final = 21
-TOPIC_AUTHORIZATION_FAILED: Final = 29
-GROUP_AUTHORIZATION_FAILED: Final = 30
-CLUSTER_AUTHORIZATION_FAILED: Final = 31
-UNSUPPORTED_VERSION: Final = 35
-INVALID_CONFIG: Final = 40
-INVALID_REQUEST: Final = 42
-POLICY_VIOLATION: Final = 44
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
-DELEGATION_TOKEN_AUTHORIZATION_FAILED: Final = 65
-UNSUPPORTED_COMPRESSION_TYPE: Final = 76
-INVALID_RECORD: Final = 87
-THROTTLING_QUOTA_EXCEEDED: Final = 89
+ERROR_NAMES: Final = MappingProxyType({int(e): e.name for e in ErrorCode})
 
 
-def error_code(name: str) -> int:
+def error_code(name: str) -> ErrorCode:
     """The code of a Kafka error name: "POLICY_VIOLATION" -> 44. KeyError if unknown."""
     return ERROR_CODES[name]
 
@@ -182,33 +32,29 @@ def error_name(code: int) -> str | None:
 # --- Which error a `deny` answers with when the rule names none --------------------
 
 _TOPIC_APIS = frozenset({
-    api_keys.PRODUCE, api_keys.FETCH, api_keys.LIST_OFFSETS, api_keys.METADATA,
-    api_keys.CREATE_TOPICS, api_keys.DELETE_TOPICS,
-    21,  # DeleteRecords
-    23,  # OffsetForLeaderEpoch
-    37,  # CreatePartitions
-    61,  # DescribeProducers
-    75,  # DescribeTopicPartitions
-    78, 79,  # ShareFetch, ShareAcknowledge
+    ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA,
+    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.CREATE_PARTITIONS, ApiKey.DESCRIBE_PRODUCERS,
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE,
 })
 _GROUP_APIS = frozenset({
-    api_keys.OFFSET_COMMIT, api_keys.OFFSET_FETCH, api_keys.FIND_COORDINATOR,
-    api_keys.JOIN_GROUP, api_keys.HEARTBEAT, api_keys.LEAVE_GROUP, api_keys.SYNC_GROUP,
-    api_keys.DESCRIBE_GROUPS,
-    42,  # DeleteGroups
-    47,  # OffsetDelete
-    68, 69,  # ConsumerGroupHeartbeat, ConsumerGroupDescribe
-    76, 77,  # ShareGroupHeartbeat, ShareGroupDescribe
+    ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
+    ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP,
+    ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE,
+    ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.CONSUMER_GROUP_DESCRIBE,
+    ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_GROUP_DESCRIBE,
 })
 _TRANSACTION_APIS = frozenset({
-    22,  # InitProducerId
-    24, 25, 26, 28,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
-    65,  # DescribeTransactions
+    ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN,
+    ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.DESCRIBE_TRANSACTIONS,
 })
-_DELEGATION_TOKEN_APIS = frozenset({38, 39, 40, 41})
+_DELEGATION_TOKEN_APIS = frozenset({
+    ApiKey.CREATE_DELEGATION_TOKEN, ApiKey.RENEW_DELEGATION_TOKEN,
+    ApiKey.EXPIRE_DELEGATION_TOKEN, ApiKey.DESCRIBE_DELEGATION_TOKEN,
+})
 
 
-def default_deny_error(api_key: int) -> int:
+def default_deny_error(api_key: int) -> ErrorCode:
     """The authorization error Kafka itself answers a refused request of this API with.
 
     Topic APIs -> TOPIC_AUTHORIZATION_FAILED, group APIs -> GROUP_AUTHORIZATION_FAILED,
@@ -217,26 +63,26 @@ def default_deny_error(api_key: int) -> int:
     keys) -> CLUSTER_AUTHORIZATION_FAILED.
     """
     if api_key in _TOPIC_APIS:
-        return TOPIC_AUTHORIZATION_FAILED
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED
     if api_key in _GROUP_APIS:
-        return GROUP_AUTHORIZATION_FAILED
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED
     if api_key in _TRANSACTION_APIS:
-        return TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     if api_key in _DELEGATION_TOKEN_APIS:
-        return DELEGATION_TOKEN_AUTHORIZATION_FAILED
-    return CLUSTER_AUTHORIZATION_FAILED
+        return ErrorCode.DELEGATION_TOKEN_AUTHORIZATION_FAILED
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
 #: The error each safeguard check answers with when the rule names none.
 SAFEGUARD_ERRORS: Final = MappingProxyType({
-    "forbid_acks_zero": INVALID_REQUIRED_ACKS,
-    "require_idempotence": POLICY_VIOLATION,
-    "require_transactions": POLICY_VIOLATION,
-    "max_batch_bytes": RECORD_LIST_TOO_LARGE,
-    "max_record_bytes": MESSAGE_TOO_LARGE,
-    "compression": UNSUPPORTED_COMPRESSION_TYPE,
-    "max_headers": INVALID_RECORD,
-    "require_headers": INVALID_RECORD,
-    "max_fetch_bytes": POLICY_VIOLATION,
-    "read_only": TOPIC_AUTHORIZATION_FAILED,
+    "forbid_acks_zero": ErrorCode.INVALID_REQUIRED_ACKS,
+    "require_idempotence": ErrorCode.POLICY_VIOLATION,
+    "require_transactions": ErrorCode.POLICY_VIOLATION,
+    "max_batch_bytes": ErrorCode.RECORD_LIST_TOO_LARGE,
+    "max_record_bytes": ErrorCode.MESSAGE_TOO_LARGE,
+    "compression": ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+    "max_headers": ErrorCode.INVALID_RECORD,
+    "require_headers": ErrorCode.INVALID_RECORD,
+    "max_fetch_bytes": ErrorCode.POLICY_VIOLATION,
+    "read_only": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
 })

@@ -14,30 +14,42 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import re2
 
+from filter_rules._base import StringMatch
 from filter_rules.context import normalize_principal
-from filter_rules.model import StringMatch
-
-if TYPE_CHECKING:
-    from filter_rules.compiled import CompiledRule
+from filter_rules.model import Rule
 
 
-class _NameIndex:
+class IndexedRule(Protocol):
+    """What the index needs of a rule (`filter_rules.compiled.CompiledRule`): its model,
+    for the names its match requires, and its place in evaluation order."""
+
+    @property
+    def rule(self) -> Rule: ...
+
+    @property
+    def position(self) -> int: ...
+
+
+RuleT = TypeVar("RuleT", bound=IndexedRule)
+
+
+class _NameIndex(Generic[RuleT]):
     """exact names, prefixes and regexes -> rules. `hits(name)` costs a dict lookup per
     distinct prefix length and one pass of an RE2 set over all the regexes."""
 
     def __init__(self) -> None:
-        self.exact: dict[str, list[CompiledRule]] = defaultdict(list)
-        self.prefix: dict[str, list[CompiledRule]] = defaultdict(list)
+        self.exact: dict[str, list[RuleT]] = defaultdict(list)
+        self.prefix: dict[str, list[RuleT]] = defaultdict(list)
         self.lengths: list[int] = []
-        self._patterns: list[tuple[str, CompiledRule]] = []
+        self._patterns: list[tuple[str, RuleT]] = []
         self._set: Any = None
-        self._set_rules: list[CompiledRule] = []
+        self._set_rules: list[RuleT] = []
 
-    def add(self, spec: StringMatch, rule: CompiledRule, normalize: bool) -> None:
+    def add(self, spec: StringMatch, rule: RuleT, normalize: bool) -> None:
         fix = normalize_principal if normalize else (lambda v: v)
         for value in spec.exact:
             self.exact[fix(value)].append(rule)
@@ -45,7 +57,7 @@ class _NameIndex:
             self.prefix[fix(value) if ":" not in value and normalize else value].append(rule)
         self._patterns += [(pattern, rule) for pattern in spec.regex]
 
-    def freeze(self) -> list[CompiledRule]:
+    def freeze(self) -> list[RuleT]:
         """Build the lookup structures; return the rules whose regexes RE2 could not
         take into one set (the caller checks those on every frame)."""
         self.lengths = sorted({len(p) for p in self.prefix})
@@ -63,7 +75,7 @@ class _NameIndex:
         self._set = regex_set
         return []
 
-    def hits(self, name: str, out: set[CompiledRule]) -> None:
+    def hits(self, name: str, out: set[RuleT]) -> None:
         out.update(self.exact.get(name, ()))
         for length in self.lengths:
             if length > len(name):
@@ -76,14 +88,12 @@ class _NameIndex:
                 out.add(self._set_rules[i])
 
 
-
-
-class RuleIndex:
-    def __init__(self, rules: Sequence[CompiledRule]) -> None:
+class RuleIndex(Generic[RuleT]):
+    def __init__(self, rules: Sequence[RuleT]) -> None:
         self._rules = tuple(rules)
-        self._always: list[CompiledRule] = []
-        self._topics = _NameIndex()
-        self._principals = _NameIndex()
+        self._always: list[RuleT] = []
+        self._topics: _NameIndex[RuleT] = _NameIndex()
+        self._principals: _NameIndex[RuleT] = _NameIndex()
         for rule in rules:
             match = rule.rule.match
             if match.topics is not None:
@@ -95,11 +105,11 @@ class RuleIndex:
         self._always += self._topics.freeze() + self._principals.freeze()
         self.scans_everything = len(self._always) == len(self._rules)
 
-    def relevant(self, topics: Iterable[str], principal: str | None) -> tuple[CompiledRule, ...]:
+    def relevant(self, topics: Iterable[str], principal: str | None) -> tuple[RuleT, ...]:
         """The rules that may trigger for a frame with these topics and principal."""
         if self.scans_everything:
             return self._rules
-        found: set[CompiledRule] = set(self._always)
+        found: set[RuleT] = set(self._always)
         for topic in topics:
             self._topics.hits(topic, found)
         if principal is not None:

@@ -13,11 +13,11 @@ file, read when the rule set is compiled.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
-from filter_rules._base import PositiveInt, StringMatch, _Model
+from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model
 
 # `$.a.b`, `$.items[*].sku`, `$.lines[0].price`, `$['odd key']`: the subset of JSONPath
 # that names fields (no filters, no recursion), so a path is a fixed walk.
@@ -403,93 +403,57 @@ def _need_avro_schema(fmt: str, schema: AvroSchemaRef | None) -> None:
 # --- actions -----------------------------------------------------------------------
 
 
-class MaskAction(_Model):
+class MaskAction(KindAction[MaskSpec], kind="mask"):
     """Mask fields of JSON or Avro values: redact, keyed hash, truncate or null."""
 
-    kind: ClassVar[str] = "mask"
-    mask: MaskSpec
 
-
-class EncryptAction(_Model):
+class EncryptAction(KindAction[EncryptSpec], kind="encrypt"):
     """Encrypt fields or whole values with AES-256-GCM; the key id goes in a header."""
 
-    kind: ClassVar[str] = "encrypt"
-    encrypt: EncryptSpec
 
-
-class DecryptAction(_Model):
+class DecryptAction(KindAction[DecryptSpec], kind="decrypt"):
     """Decrypt what `encrypt` wrote, for the consumers this rule matches."""
 
-    kind: ClassVar[str] = "decrypt"
-    decrypt: DecryptSpec
 
-
-class ValidateAction(_Model):
+class ValidateAction(KindAction[ValidateSpec], kind="validate"):
     """Reject batches with records that fail a JSON Schema or Avro schema."""
 
-    kind: ClassVar[str] = "validate"
-    validate_: ValidateSpec = Field(alias="validate")
 
-
-class SchemaAction(_Model):
+class SchemaAction(KindAction[SchemaSpec], kind="schema"):
     """Require a Confluent-framed schema id registered for the topic (and a valid payload)."""
 
-    kind: ClassVar[str] = "schema"
-    schema_: SchemaSpec = Field(alias="schema")
 
-
-class HeadersAction(_Model):
+class HeadersAction(KindAction[HeadersSpec], kind="headers"):
     """Add, overwrite, remove or rename record headers."""
 
-    kind: ClassVar[str] = "headers"
-    headers: HeadersSpec
 
-
-class DropAction(_Model):
+class DropAction(KindAction[DropSpec], kind="drop"):
     """Drop the records a predicate matches (counted and audited)."""
 
-    kind: ClassVar[str] = "drop"
-    drop: DropSpec
 
-
-class CopyAction(_Model):
+class CopyAction(KindAction[CopySpec], kind="copy"):
     """Copy matching records to another topic or an HTTP endpoint, asynchronously."""
 
-    kind: ClassVar[str] = "copy"
-    copy_: CopySpec = Field(alias="copy")
 
-
-class InterceptorAction(_Model):
+class InterceptorAction(KindAction[InterceptorSpec], kind="interceptor"):
     """Run a user's Python interceptor (KIP-905 contract) on each record."""
 
-    kind: ClassVar[str] = "interceptor"
-    interceptor: InterceptorSpec
 
-
-class CaptureAction(_Model):
+class CaptureAction(KindAction[CaptureSpec], kind="capture"):
     """Write matching records, sampled, to Parquet for backtests (keg backtest)."""
 
-    kind: ClassVar[str] = "capture"
-    capture: CaptureSpec
 
-
-class VirtualTopicsAction(_Model):
+class VirtualTopicsAction(KindAction[VirtualTopicsSpec], kind="virtual_topics"):
     """Give the matching clients their own namespace of topics (and groups)."""
 
-    kind: ClassVar[str] = "virtual_topics"
-    virtual_topics: VirtualTopicsSpec
 
-
-RECORD_ACTIONS: Final[tuple[type[_Model], ...]] = (
+RECORD_ACTIONS: Final[tuple[type[KindAction[Any]], ...]] = (
     MaskAction, EncryptAction, DecryptAction, ValidateAction, SchemaAction, HeadersAction,
     DropAction, CopyAction, InterceptorAction, CaptureAction,
 )
-RECORD_KINDS: Final = frozenset(str(a.kind) for a in RECORD_ACTIONS)  # type: ignore[attr-defined]
+RECORD_KINDS: Final = frozenset(a.kind for a in RECORD_ACTIONS)
 
 
-def record_spec(action: Any) -> Any:
+def record_spec(action: KindAction[Any]) -> Any:
     """The spec of a record action (`action.mask`, `action.validate`, ...)."""
-    return getattr(action, _SPEC_FIELD.get(action.kind, action.kind))
-
-
-_SPEC_FIELD: Final = {"validate": "validate_", "copy": "copy_", "schema": "schema_"}
+    return action.spec

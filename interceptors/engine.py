@@ -46,13 +46,12 @@ from interceptors.contract import (
     ServiceUnavailable,
 )
 from interceptors.custom import build_custom
+from kafka_wire import ApiKey
 from kafka_wire.compression import MAX_DECOMPRESSED, declared_size
 from kafka_wire.records import BatchView, Record, decode_field, decode_records
 
 log = logging.getLogger(__name__)
 
-PRODUCE_API: Final = 0
-FETCH_API: Final = 1
 # The versions a record is judged at outside the data path (backtests, dry runs): the
 # newest a client speaks. Records do not change with versions; rules may restrict them.
 PLAN_VERSIONS: Final = {"produce": 13, "consume": 18}
@@ -67,10 +66,6 @@ Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]
 # Custom interceptors run here so a slow one costs its budget, not the event loop.
 _WORKERS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
                                                  thread_name_prefix="keg-interceptor")
-
-
-class StageTimeout(Exception):
-    """A custom interceptor ran past its budget on every attempt."""
 
 
 MiB: Final = 1024 * 1024
@@ -299,7 +294,7 @@ class RecordEngine:
     def interested(self, api_key: int, api_version: int) -> bool:
         """Whether any record rule may apply to this Produce (request) or Fetch
         (response): if not, the frame is never decoded for records."""
-        direction = "request" if api_key == PRODUCE_API else "response"
+        direction = "request" if api_key == ApiKey.PRODUCE else "response"
         return self.rules.interested(api_key, api_version, direction)
 
     def plan(self, direction: RecordDirection, topic: str, ctx: MatchContext) -> tuple[Stage, ...]:
@@ -308,7 +303,7 @@ class RecordEngine:
                ctx.broker_id, ctx.api_version)
         stages = self._plans.get(key)
         if stages is None:
-            api, frame = (PRODUCE_API, "request") if direction == "produce" else (FETCH_API,
+            api, frame = (ApiKey.PRODUCE, "request") if direction == "produce" else (ApiKey.FETCH,
                                                                                    "response")
             frame_ctx = ctx.for_frame(api, ctx.api_version, frame)  # type: ignore[arg-type]
             stages = tuple(self._stages[r.id]
@@ -381,8 +376,8 @@ class RecordEngine:
                  client_host: str | None = None) -> RecordOutcome:
         """One record as the gateway would treat it (backtests, dry runs)."""
         api_version = PLAN_VERSIONS[record.direction]
-        ctx = MatchContext(api_key=PRODUCE_API if record.direction == "produce" else FETCH_API,
-                           api_version=api_version, principal=record.principal,
+        api_key = ApiKey.PRODUCE if record.direction == "produce" else ApiKey.FETCH
+        ctx = MatchContext(api_key=api_key, api_version=api_version, principal=record.principal,
                            client_id=client_id, client_host=client_host)
         return self.run([record], self.plan(record.direction, record.topic, ctx))[0]
 

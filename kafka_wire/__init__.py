@@ -1,58 +1,15 @@
-"""kafka_wire: the sans-IO Kafka protocol core (framing, correlation, message codec)."""
+"""kafka_wire: the sans-IO Kafka protocol core (framing, correlation, message codec).
 
-from kafka_wire.codec import (
-    UNKNOWN_TAGS,
-    Buffer,
-    RequestHeader,
-    api_name,
-    decode_body,
-    decode_request,
-    decode_response,
-    decode_struct,
-    encode_body,
-    encode_request,
-    encode_response,
-    encode_struct,
-    known_api_keys,
-    read_request_header,
-    read_response_header,
-    request_header_version,
-    response_header_version,
-    supported_versions,
-    write_request_header,
-    write_response_header,
-)
-from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError, UnknownApiError
+The package's public face, each part's `__all__` written once in its own module: the
+message codec (`kafka_wire.codec`), record batches and their compression
+(`kafka_wire.records`, docs/records.md), error responses as Kafka's broker builds
+them and per-topic refusals for partial denies (`kafka_wire.error_responses`); and,
+by name, the protocol enums, the errors, KIP-559 group payloads and KIP-590 envelopes.
+"""
 
-__all__ = [
-    "UNKNOWN_TAGS",
-    "Buffer",
-    "DecodeError",
-    "EncodeError",
-    "KafkaWireError",
-    "RequestHeader",
-    "UnknownApiError",
-    "api_name",
-    "decode_body",
-    "decode_request",
-    "decode_response",
-    "decode_struct",
-    "encode_body",
-    "encode_request",
-    "encode_response",
-    "encode_struct",
-    "known_api_keys",
-    "read_request_header",
-    "read_response_header",
-    "request_header_version",
-    "response_header_version",
-    "supported_versions",
-    "write_request_header",
-    "write_response_header",
-]
-
-# KIP-559 group payloads (JoinGroup/SyncGroup metadata and assignments) and KIP-590
-# envelopes: modules of their own, re-exported here.
+from kafka_wire import codec, error_responses, records
+from kafka_wire.codec import *  # noqa: F403
+from kafka_wire.enums import ApiKey, ErrorCode
 from kafka_wire.envelope import (
     ForwardedRequest,
     ForwardedResponse,
@@ -63,6 +20,8 @@ from kafka_wire.envelope import (
     read_envelope_request,
     read_envelope_response,
 )
+from kafka_wire.error_responses import *  # noqa: F403
+from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError, UnknownApiError
 from kafka_wire.group_protocol import (
     DecodedGroupPayload,
     GroupObservation,
@@ -73,16 +32,23 @@ from kafka_wire.group_protocol import (
     decode_subscription,
     encode_payload,
 )
+from kafka_wire.records import *  # noqa: F403
 
-__all__ += [
+__all__ = [
+    "ApiKey",
+    "DecodeError",
     "DecodedGroupPayload",
+    "EncodeError",
+    "ErrorCode",
     "ForwardedRequest",
     "ForwardedResponse",
     "GroupObservation",
     "GroupPayload",
     "GroupProtocolTracker",
     "Inconsistency",
+    "KafkaWireError",
     "Principal",
+    "UnknownApiError",
     "decode_assignment",
     "decode_envelope_request",
     "decode_envelope_response",
@@ -92,66 +58,6 @@ __all__ += [
     "read_envelope_request",
     "read_envelope_response",
 ]
-
-# Record batches (magic v2) and their compression codecs: docs/records.md.
-from kafka_wire.compression import Compression  # noqa: E402
-from kafka_wire.records import (  # noqa: E402
-    BatchHeader,
-    BatchView,
-    ControlType,
-    OpaqueEntry,
-    Record,
-    TimestampType,
-    control_record,
-    control_type,
-    decode_records,
-    encode_batch,
-    iter_batches,
-    record_offset,
-    record_timestamp,
-    rewrite_records,
-    verify_crc,
-)
-
-__all__ += [
-    "BatchHeader",
-    "BatchView",
-    "Compression",
-    "ControlType",
-    "OpaqueEntry",
-    "Record",
-    "TimestampType",
-    "control_record",
-    "control_type",
-    "decode_records",
-    "encode_batch",
-    "iter_batches",
-    "record_offset",
-    "record_timestamp",
-    "rewrite_records",
-    "verify_crc",
-]
-
-# Error responses as Kafka's broker builds them, and per-topic refusals for partial
-# denies: kafka_wire/error_responses.py.
-from kafka_wire.error_responses import (  # noqa: E402
-    ERROR_RESPONSE_APIS,
-    PARTIAL_APIS,
-    UnsupportedErrorResponse,
-    error_response,
-    expects_response,
-    merge_error_entries,
-    partial_error_entries,
-    remove_topics,
-)
-
-__all__ += [
-    "ERROR_RESPONSE_APIS",
-    "PARTIAL_APIS",
-    "UnsupportedErrorResponse",
-    "error_response",
-    "expects_response",
-    "merge_error_entries",
-    "partial_error_entries",
-    "remove_topics",
-]
+__all__ += codec.__all__
+__all__ += records.__all__
+__all__ += error_responses.__all__

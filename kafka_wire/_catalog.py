@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from kafka_wire._codegen import StructReader, StructWriter, compile_reader, compile_writer
 from kafka_wire._schema import MAX_VERSION, SchemaFile, in_versions, registry
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import UnknownApiError
 
-CONTROLLED_SHUTDOWN = 7
-API_VERSIONS = 18
 KINDS = ("request", "response")
 
 _readers: dict[tuple[int, int, str], StructReader] = {}
@@ -73,7 +72,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
     if hv is None:
         if _is_flexible(api_key, api_version, "request"):
             hv = 2
-        elif api_key == CONTROLLED_SHUTDOWN and api_version == 0:
+        elif api_key == ApiKey.CONTROLLED_SHUTDOWN and api_version == 0:
             hv = 0
         else:
             hv = 1
@@ -90,28 +89,24 @@ def response_header_version(api_key: int, api_version: int) -> int:
     hv = _header_versions.get(key)
     if hv is None:
         flexible = _is_flexible(api_key, api_version, "response")
-        hv = 1 if flexible and api_key != API_VERSIONS else 0
+        hv = 1 if flexible and api_key != ApiKey.API_VERSIONS else 0
         _header_versions[key] = hv
     return hv
 
 
 def reader_for(api_key: int, api_version: int, kind: str) -> StructReader:
-    key = (api_key, api_version, kind)
-    reader = _readers.get(key)
+    reader = _readers.get((api_key, api_version, kind))
     if reader is None:
-        reader = _readers[key] = compile_reader(
-            message_file(api_key, api_version, kind).spec(), api_version
-        )
+        spec = message_file(api_key, api_version, kind).spec()
+        reader = _readers[(api_key, api_version, kind)] = compile_reader(spec, api_version)
     return reader
 
 
 def writer_for(api_key: int, api_version: int, kind: str) -> StructWriter:
-    key = (api_key, api_version, kind)
-    writer = _writers.get(key)
+    writer = _writers.get((api_key, api_version, kind))
     if writer is None:
-        writer = _writers[key] = compile_writer(
-            message_file(api_key, api_version, kind).spec(), api_version
-        )
+        spec = message_file(api_key, api_version, kind).spec()
+        writer = _writers[(api_key, api_version, kind)] = compile_writer(spec, api_version)
     return writer
 
 

@@ -32,16 +32,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from kafka_wire._schema import StructSpec, registry
-from kafka_wire.api_keys import (
-    DESCRIBE_CLUSTER,
-    DESCRIBE_CONFIGS,
-    FETCH,
-    FIND_COORDINATOR,
-    METADATA,
-    PRODUCE,
-    SHARE_ACKNOWLEDGE,
-    SHARE_FETCH,
-)
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import UnknownApiError
 from kafka_wire.framing import Inspector
 from kafka_wire.skim import TagScanner, top_level_tag
@@ -56,12 +47,14 @@ class EndpointPolicy(enum.Enum):
     NOT_AN_ADDRESS = "not-an-address"
 
 
-DESCRIBE_ACLS, DELETE_ACLS = 29, 31
-STREAMS_GROUP_HEARTBEAT, STREAMS_GROUP_DESCRIBE = 88, 89
-BROKER_ENDPOINT_APIS: Final = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, PRODUCE,
-                                         FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE})
-NOT_ADDRESS_APIS: Final = frozenset({DESCRIBE_ACLS, DELETE_ACLS, STREAMS_GROUP_HEARTBEAT,
-                                     STREAMS_GROUP_DESCRIBE})
+BROKER_ENDPOINT_APIS: Final = frozenset({
+    ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE,
+    ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE,
+})
+NOT_ADDRESS_APIS: Final = frozenset({
+    ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS, ApiKey.STREAMS_GROUP_HEARTBEAT,
+    ApiKey.STREAMS_GROUP_DESCRIBE,
+})
 _NODE_ID_FIELDS: Final = ("NodeId", "BrokerId", "LeaderId")
 
 
@@ -115,7 +108,7 @@ def _response_plan(api_key: int, version: int) -> _Plan | None:
 def carries_endpoints(api_key: int, version: int) -> bool:
     """Whether this response version can hold an endpoint that must be rewritten or
     redacted (its schema has a Host field, and it is an address), or broker configs."""
-    if api_key == DESCRIBE_CONFIGS:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return True
     if endpoint_policy(api_key) is EndpointPolicy.NOT_AN_ADDRESS:
         return False
@@ -170,7 +163,7 @@ def hide_streamed_endpoints(api_key: int, version: int) -> Inspector:
 def rewrite_endpoints(api_key: int, version: int, body: dict[str, Any], route: Route) -> bool:
     """Rewrite (brokers) or redact (controllers) every endpoint of a decoded response
     in place; True when something changed."""
-    if api_key == DESCRIBE_CONFIGS:
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
         return rewrite_config_endpoints(body, route)
     policy = endpoint_policy(api_key)
     plan = _response_plan(api_key, version)

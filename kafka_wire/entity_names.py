@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import Any, Final, Literal
 
 from kafka_wire._schema import in_versions, parse_versions, registry, strip_comments
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import KafkaWireError, UnknownApiError
 from kafka_wire.group_protocol import CONSUMER, Kind, decode_assignment, decode_subscription
 from kafka_wire.group_protocol import encode_payload as _encode_payload
@@ -67,11 +68,6 @@ WILDCARD: Final = "*"
 _COORDINATOR_ENTITY: Final = {0: GROUP, 1: TRANSACTIONAL_ID, 2: GROUP}
 _CONFIG_ENTITY: Final = {CONFIG_TOPIC: TOPIC, CONFIG_GROUP: GROUP}
 _ACL_ENTITY: Final = {ACL_TOPIC: TOPIC, ACL_GROUP: GROUP, ACL_TRANSACTIONAL_ID: TRANSACTIONAL_ID}
-
-DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
-FIND_COORDINATOR, DESCRIBE_GROUPS = 10, 15
-DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
-LIST_CONFIG_RESOURCES = 74
 
 
 class EntityNameError(KafkaWireError):
@@ -601,39 +597,39 @@ def _collect_coordinator_keys(kind: str, body: dict[str, Any], found: Named) -> 
 
 _Collect = Callable[[str, dict[str, Any], Named], None]
 _COLLECT_SPECIAL: Final[dict[int, _Collect]] = {
-    DESCRIBE_CONFIGS: _collect_config_resources,
-    ALTER_CONFIGS: _collect_config_resources,
-    INCREMENTAL_ALTER_CONFIGS: _collect_config_resources,
-    LIST_CONFIG_RESOURCES: _collect_config_resources,
-    DESCRIBE_ACLS: _collect_describe_acls,
-    CREATE_ACLS: _collect_create_acls,
-    DELETE_ACLS: _collect_delete_acls,
-    FIND_COORDINATOR: _collect_coordinator_keys,
+    ApiKey.DESCRIBE_CONFIGS: _collect_config_resources,
+    ApiKey.ALTER_CONFIGS: _collect_config_resources,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _collect_config_resources,
+    ApiKey.LIST_CONFIG_RESOURCES: _collect_config_resources,
+    ApiKey.DESCRIBE_ACLS: _collect_describe_acls,
+    ApiKey.CREATE_ACLS: _collect_create_acls,
+    ApiKey.DELETE_ACLS: _collect_delete_acls,
+    ApiKey.FIND_COORDINATOR: _collect_coordinator_keys,
 }
 
 _Special = Callable[[int, str, dict[str, Any], Renames], bool]
 _SPECIAL: Final[dict[int, _Special]] = {
-    DESCRIBE_CONFIGS: _config_resources,
-    ALTER_CONFIGS: _config_resources,
-    INCREMENTAL_ALTER_CONFIGS: _config_resources,
-    LIST_CONFIG_RESOURCES: _config_resources,
-    DESCRIBE_ACLS: _describe_acls,
-    CREATE_ACLS: _create_acls,
-    DELETE_ACLS: _delete_acls,
-    FIND_COORDINATOR: _find_coordinator,
-    DESCRIBE_GROUPS: _describe_groups,
+    ApiKey.DESCRIBE_CONFIGS: _config_resources,
+    ApiKey.ALTER_CONFIGS: _config_resources,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _config_resources,
+    ApiKey.LIST_CONFIG_RESOURCES: _config_resources,
+    ApiKey.DESCRIBE_ACLS: _describe_acls,
+    ApiKey.CREATE_ACLS: _create_acls,
+    ApiKey.DELETE_ACLS: _delete_acls,
+    ApiKey.FIND_COORDINATOR: _find_coordinator,
+    ApiKey.DESCRIBE_GROUPS: _describe_groups,
 }
 _ALL: Final = frozenset(ENTITY_TYPES)
 _SPECIAL_ENTITIES: Final[dict[int, frozenset[str]]] = {
-    DESCRIBE_CONFIGS: frozenset({TOPIC, GROUP}),
-    ALTER_CONFIGS: frozenset({TOPIC, GROUP}),
-    INCREMENTAL_ALTER_CONFIGS: frozenset({TOPIC, GROUP}),
-    LIST_CONFIG_RESOURCES: frozenset({TOPIC, GROUP}),
-    DESCRIBE_ACLS: _ALL,
-    CREATE_ACLS: _ALL,
-    DELETE_ACLS: _ALL,
-    FIND_COORDINATOR: frozenset({GROUP, TRANSACTIONAL_ID}),
-    DESCRIBE_GROUPS: frozenset({TOPIC, GROUP}),
+    ApiKey.DESCRIBE_CONFIGS: frozenset({TOPIC, GROUP}),
+    ApiKey.ALTER_CONFIGS: frozenset({TOPIC, GROUP}),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: frozenset({TOPIC, GROUP}),
+    ApiKey.LIST_CONFIG_RESOURCES: frozenset({TOPIC, GROUP}),
+    ApiKey.DESCRIBE_ACLS: _ALL,
+    ApiKey.CREATE_ACLS: _ALL,
+    ApiKey.DELETE_ACLS: _ALL,
+    ApiKey.FIND_COORDINATOR: frozenset({GROUP, TRANSACTIONAL_ID}),
+    ApiKey.DESCRIBE_GROUPS: frozenset({TOPIC, GROUP}),
 }
 
 

@@ -25,7 +25,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kafka_wire.api_keys import ENVELOPE
 from kafka_wire.codec import (
     Buffer,
     RequestHeader,
@@ -38,6 +37,7 @@ from kafka_wire.codec import (
     encode_struct,
     read_request_header,
 )
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -149,9 +149,9 @@ def read_envelope_request(body: dict[str, Any]) -> ForwardedRequest:
 def decode_envelope_request(frame: Buffer) -> tuple[RequestHeader, ForwardedRequest]:
     """A whole EnvelopeRequest frame (no size prefix) -> (outer header, its contents)."""
     header, off = read_request_header(frame)
-    if header.api_key != ENVELOPE:
+    if header.api_key != ApiKey.ENVELOPE:
         raise DecodeError(f"api key {header.api_key} is not an EnvelopeRequest")
-    body, end = decode_body(ENVELOPE, header.api_version, "request", frame, off)
+    body, end = decode_body(ApiKey.ENVELOPE, header.api_version, "request", frame, off)
     if end != len(frame):
         raise DecodeError(f"EnvelopeRequest: {len(frame) - end} trailing bytes")
     return header, read_envelope_request(body)
@@ -188,7 +188,7 @@ def decode_envelope_response(
     frame: Buffer, envelope_version: int, inner: RequestHeader
 ) -> tuple[int, ForwardedResponse]:
     """A whole EnvelopeResponse frame (no size prefix) -> (outer correlation id, contents)."""
-    correlation_id, body = decode_response(frame, ENVELOPE, envelope_version)
+    correlation_id, body = decode_response(frame, ApiKey.ENVELOPE, envelope_version)
     return correlation_id, read_envelope_response(body, inner)
 
 

@@ -38,14 +38,13 @@ from typing import Any, Final
 
 from kafka_wire import _catalog
 from kafka_wire._schema import StructSpec
+from kafka_wire.enums import ApiKey, ErrorCode
 from kafka_wire.errors import KafkaWireError
 
 Body = dict[str, Any]
 TopicRef = str | uuid.UUID
 
 ZERO_UUID: Final = uuid.UUID(int=0)
-UNSUPPORTED_VERSION: Final = 35
-API_VERSIONS: Final = 18
 # Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
 TOPIC_RESOURCE: Final = 2  # ConfigResource.Type.TOPIC
@@ -585,9 +584,9 @@ def _sasl_handshake(c: _Ctx, r: Body) -> Body:
 
 def _api_versions(c: _Ctx, r: Body) -> Body:
     body: Body = {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ApiKeys": []}
-    if c.error == UNSUPPORTED_VERSION:  # KIP-511: tell the client which versions to retry
-        lo, hi = _catalog.supported_versions(API_VERSIONS) or (0, 0)
-        body["ApiKeys"] = [{"ApiKey": API_VERSIONS, "MinVersion": lo, "MaxVersion": hi}]
+    if c.error == ErrorCode.UNSUPPORTED_VERSION:  # KIP-511: tell the client which versions to retry
+        lo, hi = _catalog.supported_versions(ApiKey.API_VERSIONS) or (0, 0)
+        body["ApiKeys"] = [{"ApiKey": ApiKey.API_VERSIONS, "MinVersion": lo, "MaxVersion": hi}]
     return body
 
 

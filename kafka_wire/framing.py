@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from kafka_wire.api_keys import PRODUCE
+from kafka_wire.enums import ApiKey
 from kafka_wire.errors import FrameError
 
 _INT32 = struct.Struct(">i")
@@ -124,10 +124,26 @@ class FrameSplitter:
         self._inspector: Inspector | None = None  # of the PASS frame going through
         self._inspected = 0  # frame offset (after the size prefix) of its next byte
         self.frames_seen = 0
+        # In `decide`: the current frame's body bytes that are in this chunk (all of a
+        # small frame; the first part of a big one: `follow` gives the rest).
+        self.body_view: memoryview = memoryview(b"")
 
     def inject_before_current(self, data: bytes) -> None:
         """From inside `decide`: emit `data` in the stream just before the frame decided."""
         self._injected.append(data)
+
+    def follow(self, sink: Callable[[memoryview], None]) -> None:
+        """From inside `decide`, for a frame it passes: `sink` gets every later piece of
+        the frame (what follows `body_view`), in order, as it goes by (a read-only
+        inspector)."""
+        seen = self._head_size - 4 + len(self.body_view)  # frame offset after body_view
+
+        def rest(chunk: memoryview, base: int) -> list[tuple[int, int]]:
+            if base + len(chunk) > seen:
+                sink(chunk[max(0, seen - base):])
+            return []
+
+        self.inspect_current(rest)
 
     def inspect_current(self, inspector: Inspector) -> None:
         """From inside `decide`, for a PASS frame: show `inspector` the frame's bytes as
@@ -193,8 +209,8 @@ class FrameSplitter:
 
             head = self._parse_head(head_bytes)
             self._check_size(head.size)
-            self.frames_seen += 1
             body_left = head.size + 4 - self._head_size
+            self.body_view = view[pos : pos + body_left]
             decision = self._decide(head)
             if self._injected:
                 # Bytes the caller put before this frame: close the verbatim run first.
@@ -344,7 +360,7 @@ class CorrelationTracker:
             elif entry.fate is Fate.FORWARDED:
                 if entry.correlation_id == correlation_id:
                     return entry, due
-                if entry.api_key != PRODUCE:  # only an acks=0 Produce goes unanswered
+                if entry.api_key != ApiKey.PRODUCE:  # only an acks=0 Produce goes unanswered
                     raise FrameError(f"response with correlation id {correlation_id} where "
                                      f"request {entry.correlation_id} was due")
         raise FrameError(f"response with correlation id {correlation_id} matches no request")

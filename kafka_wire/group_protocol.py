@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Literal
 
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
 from kafka_wire.codec import Buffer, decode_struct, encode_struct
+from kafka_wire.enums import ApiKey, ErrorCode
 from kafka_wire.errors import DecodeError, EncodeError, KafkaWireError, UnknownApiError
 
 CONSUMER = "consumer"
@@ -57,7 +57,6 @@ PROTOCOL_TYPES = (CONSUMER, CONNECT)
 CONNECT_SUBPROTOCOLS: Mapping[str, int] = {"default": 0, "compatible": 1, "sessioned": 2}
 CONNECTOR_TASK = -1
 
-INCONSISTENT_GROUP_PROTOCOL = 23
 
 Kind = Literal["subscription", "assignment"]
 DecodePath = Literal["message", "connection-memory", "unknown"]
@@ -384,7 +383,7 @@ class Inconsistency:
     field: str  # "ProtocolType" or "ProtocolName"
     expected: str | None  # what this connection's JoinGroup exchange established
     actual: str | None  # what the SyncGroupRequest says
-    error_code: int = INCONSISTENT_GROUP_PROTOCOL
+    error_code: int = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,8 +440,8 @@ class GroupProtocolTracker:
     def __init__(self, max_groups: int = 64, max_pending: int = 1024) -> None:
         self._groups: OrderedDict[str, _GroupMemory] = OrderedDict()
         self._pending: dict[int, OrderedDict[int, _Pending]] = {
-            JOIN_GROUP: OrderedDict(),
-            SYNC_GROUP: OrderedDict(),
+            ApiKey.JOIN_GROUP: OrderedDict(),
+            ApiKey.SYNC_GROUP: OrderedDict(),
         }
         self._max_groups = max_groups
         self._max_pending = max_pending
@@ -454,9 +453,9 @@ class GroupProtocolTracker:
     def on_request(
         self, api_key: int, version: int, body: Mapping[str, Any], correlation_id: int | None = None
     ) -> GroupObservation:
-        if api_key == JOIN_GROUP:
+        if api_key == ApiKey.JOIN_GROUP:
             return self._join_request(body, correlation_id)
-        if api_key == SYNC_GROUP:
+        if api_key == ApiKey.SYNC_GROUP:
             return self._sync_request(version, body, correlation_id)
         return _NOTHING
 
@@ -466,7 +465,7 @@ class GroupProtocolTracker:
         if api_key not in self._pending:
             return _NOTHING
         pending = self._answered(api_key, correlation_id)
-        if api_key == JOIN_GROUP:
+        if api_key == ApiKey.JOIN_GROUP:
             return self._join_response(version, body, pending)
         return self._sync_response(version, body, pending)
 
@@ -527,7 +526,7 @@ class GroupProtocolTracker:
         else:
             self._groups.move_to_end(group_id)
         self._expect(
-            JOIN_GROUP,
+            ApiKey.JOIN_GROUP,
             _Pending(correlation_id, group_id, member_id, protocol_type, None),
         )
         payloads = tuple(
@@ -600,7 +599,7 @@ class GroupProtocolTracker:
             protocol_type, protocol_name, path = None, said_name, "unknown"
         self.counters.inconsistencies += len(inconsistencies)
         self._expect(
-            SYNC_GROUP,
+            ApiKey.SYNC_GROUP,
             _Pending(correlation_id, group_id, member_id, protocol_type, protocol_name),
         )
         payloads = tuple(
@@ -711,7 +710,6 @@ __all__ = [
     "CONNECT_SUBPROTOCOLS",
     "CONSUMER",
     "CONSUMER_MAX_VERSION",
-    "INCONSISTENT_GROUP_PROTOCOL",
     "PROTOCOL_TYPES",
     "DecodePath",
     "DecodedGroupPayload",

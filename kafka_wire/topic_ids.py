@@ -19,12 +19,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
-from kafka_wire.api_keys import CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_TOPIC_PARTITIONS, METADATA
 from kafka_wire.entity_names import topic_id_pairs
+from kafka_wire.enums import ApiKey
 
 # The answers that pair topic names with ids.
-LEARNING_APIS: Final = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS,
-                                  DELETE_TOPICS})
+LEARNING_APIS: Final = frozenset({ApiKey.METADATA, ApiKey.CREATE_TOPICS,
+                                  ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.DELETE_TOPICS})
 DEFAULT_CAPACITY: Final = 1_000_000
 
 
@@ -41,7 +41,7 @@ class TopicIds:
         if api_key not in LEARNING_APIS:
             return
         pairs = topic_id_pairs(api_key, api_version, "response", response)
-        if api_key == DELETE_TOPICS:
+        if api_key == ApiKey.DELETE_TOPICS:
             deleted = {(t.get("Name"), t.get("TopicId")) for t in response.get("Responses") or ()
                        if t.get("ErrorCode") == 0}
             for name, topic_id in pairs:

@@ -12,11 +12,32 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from keg import cli_pipeline, cli_rules
+from keg.cli_security import (
+    SaslMechanism,
+    SaslPasswordFile,
+    SaslTermination,
+    SaslUsername,
+    SecurityOptions,
+    TlsCert,
+    TlsClientCa,
+    TlsKey,
+    TlsPrincipalFrom,
+    TlsPrincipalRules,
+    UpstreamServerName,
+    UpstreamTlsCa,
+    UpstreamTlsCert,
+    UpstreamTlsFlag,
+    UpstreamTlsKey,
+    UpstreamVerifyHostname,
+)
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import SERVICE_PASSWORD_ENV
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
+    from ext_proc import ExtProcServer, ProcessorSettings
     from filter_rules import RuleSet
     from keg.gateway import Gateway
 
@@ -161,6 +182,21 @@ def up(
         help="Pass this environment variable to the ext_proc service too (repeatable; "
              "e.g. what a custom interceptor reads). It gets the key variables its "
              "rules name without this; Envoy and the broker get neither.")] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    sasl_termination: SaslTermination = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -179,6 +215,17 @@ def up(
         raise _fail(f"--data-path is ext-proc or native, not {data_path!r}")
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
+    try:  # before anything starts: a missing secret or a bad certificate stops here
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file, sasl_termination).build()
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
+        raise _fail("--sasl-* and --upstream-tls-* are for an existing cluster: give "
+                    "--bootstrap-servers")
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
@@ -223,7 +270,9 @@ def up(
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
                 rules_dir=rules_dir,
-                audit_log=audit_log_setting(audit_log, state / "audit.jsonl"),
+                # A directory of its own: one file per ext_proc worker, and rotated ones,
+                # which `keg analyze --audit <directory>` reads together.
+                audit_log=audit_log_setting(audit_log, state / "audit" / "audit.jsonl"),
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
                 data_path=_usable_data_path(data_path),
@@ -231,6 +280,10 @@ def up(
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
                 ext_proc_env=tuple(ext_proc_env or ()),
+                sasl=sasl,
+                tls=listener_tls,
+                upstream_tls=broker_tls,
+                sasl_termination=sasl_termination,
             )
         )
         with gateway:
@@ -241,14 +294,18 @@ def up(
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
-            s = gateway.settings
+            if listener_tls is not None or sasl_termination is not None:
+                console.print(_security_line(listener_tls is not None,
+                                             listener_tls is not None and listener_tls.mutual,
+                                             sasl_termination is not None))
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
                        " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
-            console.print(f"audit log: {s.audit_log or 'off'}   metrics: {metrics}   "
-                          f"state: {state}")
+            audits = " ".join(str(path) for path in gateway.audit_logs) or "off"
+            console.print(f"audit log: {audits}   metrics: {metrics}   state: {state}")
             if gateway.app is not None and gateway.app.api_server is not None:
-                console.print(f"REST API: http://127.0.0.1:{gateway.app.api_server.port}/docs "
+                api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+                console.print(f"REST API: {api}/docs   console: {api}/console "
                               "(writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
@@ -260,6 +317,17 @@ def up(
         if kafka is not None:
             kafka.stop()
         lock.stop()
+
+
+def _security_line(tls: bool, mutual: bool, terminated: bool) -> str:
+    """What Kafka clients must speak to the listeners."""
+    protocol = ("SASL_SSL" if terminated else "SSL or SASL_SSL") if tls else "SASL_PLAINTEXT"
+    notes = []
+    if mutual:
+        notes.append("client certificates required")
+    if terminated:
+        notes.append("SASL logins checked by keg")
+    return f"clients: security.protocol={protocol}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
@@ -298,6 +366,22 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
+    metrics_max_topics: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_TOPICS", min=1,
+        help="Topics with a series of their own in the metrics (the first ones seen); "
+             "later ones count as 'other'. Default 1000.")] = None,
+    metrics_max_clients: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_CLIENTS", min=1,
+        help="Client ids with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
+    metrics_topics: Annotated[bool, typer.Option(
+        envvar="KEG_METRICS_TOPICS",
+        help="Label Produce traffic by topic: read the topics of every Produce request "
+             "as it passes (a few µs per request; off: no keg_topic_* series).")] = True,
+    metrics_max_principals: Annotated[int | None, typer.Option(
+        envvar="KEG_METRICS_MAX_PRINCIPALS", min=1,
+        help="Principals with a series of their own; later ones count as 'other'. "
+             "Default 1000.")] = None,
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
@@ -306,18 +390,34 @@ def ext_proc_cmd(
     rules_cache: Annotated[Path | None, typer.Option(
         help="File keeping the last good rule set from the control plane, served after a "
              "restart while the control plane is down.")] = None,
+    max_rule_set_bytes: Annotated[int, typer.Option(
+        min=1, help="Largest rule set accepted from the control plane, in bytes of its "
+                    "xDS response (100,000 rules: about 50 MB); the control plane NACKs "
+                    "larger ones for this instance instead of sending them.")]
+        = 128 * 1024 * 1024,
     side_effects_bootstrap: Annotated[str | None, typer.Option(
         help="Kafka bootstrap servers `copy` rules produce to (none: copies are dropped).")]
         = None,
     side_effects_config: Annotated[list[str] | None, typer.Option(
         help="A librdkafka property for that producer, key=value (repeatable); the SASL "
              f"password comes from ${SIDE_EFFECTS_PASSWORD_ENV}.")] = None,
+    sasl_termination: SaslTermination = None,
+    service_sasl_mechanism: Annotated[str | None, typer.Option(
+        help="With --sasl-termination: the mechanism of the service account the gateway "
+             f"logs in to the brokers as (its password from ${SERVICE_PASSWORD_ENV}).")] = None,
+    service_sasl_username: Annotated[str | None, typer.Option(
+        help="The service account's user name.")] = None,
+    control_plane_ca: Annotated[Path | None, typer.Option(
+        help="Reach --control-plane over TLS, trusting this CA.")] = None,
+    control_plane_cert: Annotated[Path | None, typer.Option(
+        help="Client certificate for a control plane that asks for one (mutual TLS).")] = None,
+    control_plane_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
     """Run the ext_proc service (Envoy's network external processor for Kafka)."""
     setup_logging(log_level, log_format)
-    from ext_proc import ExtProcServer, ProcessorSettings
+    from ext_proc import ProcessorSettings
 
     if control_plane is not None and rules is not None:
         raise _fail("give --rules or --control-plane, not both")
@@ -327,18 +427,42 @@ def ext_proc_cmd(
         if not sep or not key:
             raise _fail(f"--side-effects-config wants key=value, not {item!r}")
         producer_config.append((key, value))
-    password = os.environ.get(SIDE_EFFECTS_PASSWORD_ENV)
+    password = os.environ.pop(SIDE_EFFECTS_PASSWORD_ENV, None)
     if password:
         producer_config.append(("sasl.password", password))
-    server = ExtProcServer(ProcessorSettings(
+    from ext_proc.sasl.login import SaslCredentials
+    from ext_proc.sasl.termination import TerminationConfigError
+
+    service = None
+    if service_sasl_mechanism is not None:
+        service_password = os.environ.pop(SERVICE_PASSWORD_ENV, None)
+        if not service_password:
+            raise _fail(f"--service-sasl-mechanism needs ${SERVICE_PASSWORD_ENV}")
+        service = SaslCredentials(service_sasl_username or "", service_password,
+                                  service_sasl_mechanism.upper())
+    default = ProcessorSettings()  # the label bounds not given keep their defaults
+    try:
+        server = _ext_proc_server(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
+        max_rule_set_bytes=max_rule_set_bytes,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
-    ))
+        metrics_max_topics=metrics_max_topics or default.metrics_max_topics,
+        metrics_max_clients=metrics_max_clients or default.metrics_max_clients,
+        metrics_max_principals=metrics_max_principals or default.metrics_max_principals,
+        metrics_topics=metrics_topics,
+        sasl_termination=sasl_termination,
+        service_sasl=service,
+        control_plane_ca=control_plane_ca,
+        control_plane_cert=control_plane_cert,
+        control_plane_key=control_plane_key,
+        ))
+    except (TerminationConfigError, ValueError) as err:
+        raise _fail(str(err)) from None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -350,6 +474,12 @@ def ext_proc_cmd(
             await server.serve_forever()
 
     asyncio.run(main())
+
+
+def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:
+    from ext_proc import ExtProcServer
+
+    return ExtProcServer(settings)
 
 
 @app.command("control-plane")
@@ -373,6 +503,10 @@ def control_plane_cmd(
              "on which ports (docs/xds.md).")] = None,
     refresh_interval: Annotated[float, typer.Option(
         help="Seconds between topology refreshes.")] = 30.0,
+    data_path: Annotated[str, typer.Option(
+        help="ext-proc, or native: Envoys of the module's version get keg's Kafka filter "
+             "(a dynamic module on their ENVOY_DYNAMIC_MODULES_SEARCH_PATH), others the "
+             "ext_proc chain.")] = "ext-proc",
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API (and keep the rules in the store) on this port; "
              "without it the rules come from --rules alone.")] = None,
@@ -387,6 +521,44 @@ def control_plane_cmd(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
         help="Let reads of the REST API go without a token.")] = False,
+    ext_proc_metrics: Annotated[list[str] | None, typer.Option(
+        help="An ext_proc /metrics URL the console's decision counts are read from "
+             "(repeatable; a name with several addresses is read at each).")] = None,
+    audit_log: Annotated[list[Path] | None, typer.Option(
+        help="An audit log file (JSON Lines) this process can read: the console's audit "
+             "tail (repeatable: one per ext_proc process, merged by time).")] = None,
+    xds_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve xDS over TLS with this certificate (it carries the listeners' keys).")]
+        = None,
+    xds_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    xds_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="Envoys and ext_proc instances must present a certificate this CA signed.")]
+        = None,
+    api_tls_cert: Annotated[Path | None, typer.Option(
+        help="Serve the REST API over HTTPS with this certificate.")] = None,
+    api_tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    api_tls_client_ca: Annotated[Path | None, typer.Option(
+        help="REST clients must present a certificate this CA signed.")] = None,
+    api_insecure_tokens: Annotated[bool, typer.Option(
+        help="Take write tokens over plaintext HTTP on a non-loopback address anyway (a "
+             "TLS-terminating proxy in front); refused otherwise.")] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_client_ca: TlsClientCa = None,
+    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
+    tls_principal_from: TlsPrincipalFrom = "subject",
+    upstream_tls: UpstreamTlsFlag = False,
+    upstream_tls_ca: UpstreamTlsCa = None,
+    upstream_tls_cert: UpstreamTlsCert = None,
+    upstream_tls_key: UpstreamTlsKey = None,
+    upstream_server_name: UpstreamServerName = None,
+    upstream_verify_hostname: UpstreamVerifyHostname = True,
+    sasl_mechanism: SaslMechanism = None,
+    sasl_username: SaslUsername = None,
+    sasl_password_file: SaslPasswordFile = None,
+    terminate_sasl: Annotated[bool, typer.Option(
+        help="The listeners authenticate clients themselves (the ext_proc instances run "
+             "with --sasl-termination).")] = False,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -394,12 +566,28 @@ def control_plane_cmd(
     setup_logging(log_level, log_format)
     from control_plane.service import ControlPlaneSettings, load_groups
     from control_plane.store import StoreError
+    from control_plane.tls import ServerTls
     from ext_proc.connection import split_host_port
     from filter_rules import RuleSetInvalid
     from keg.embedded.kafka import cache_dir
     from keg.gateway import ApiOptions, ControlPlaneApp
 
+    def server_tls(cert: Path | None, key: Path | None, ca: Path | None,
+                   what: str) -> ServerTls | None:
+        if cert is None and key is None and ca is None:
+            return None
+        if cert is None or key is None:
+            raise ValueError(f"--{what}-tls-cert and --{what}-tls-key go together")
+        return ServerTls(cert, key, ca)
+
     try:
+        sasl, listener_tls, broker_tls = SecurityOptions(
+            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
+            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
+            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
+            sasl_password_file).build()
+        xds_tls = server_tls(xds_tls_cert, xds_tls_key, xds_tls_client_ca, "xds")
+        api_tls = server_tls(api_tls_cert, api_tls_key, api_tls_client_ca, "api")
         host, port = split_host_port(ext_proc)
         settings = ControlPlaneSettings(
             bootstrap_servers=bootstrap_servers,
@@ -413,12 +601,20 @@ def control_plane_cmd(
             rules_dir=rules,
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
+            data_path=data_path,
+            sasl=sasl,
+            tls=listener_tls,
+            upstream_tls=broker_tls,
+            sasl_termination=terminate_sasl,
+            xds_tls=xds_tls,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None
     api = None if api_port is None else ApiOptions(
         data_dir=data_dir or cache_dir() / "control-plane", host=api_host, port=api_port,
-        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules)
+        store_url=store, tokens_file=api_tokens, public_reads=public_reads, rules_dir=rules,
+        ext_proc_metrics=tuple(ext_proc_metrics or ()), audit_logs=tuple(audit_log or ()),
+        tls=api_tls, insecure_tokens=api_insecure_tokens)
     process = ControlPlaneApp(settings, api)
 
     async def main() -> None:
@@ -475,6 +671,67 @@ def schema_registry(
             _wait_for_ctrl_c()
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
+
+
+credentials_app = typer.Typer(help="The users listeners that terminate SASL authenticate "
+                                    "(salted SCRAM keys, never passwords).",
+                               no_args_is_help=True)
+app.add_typer(credentials_app, name="credentials")
+
+
+@credentials_app.command("add")
+def credentials_add(
+    file: Annotated[Path, typer.Argument(help="Credential file (YAML; created if absent).")],
+    user: Annotated[str, typer.Argument(help="User name (the principal is User:<name>).")],
+    password_file: Annotated[Path | None, typer.Option(
+        help="File holding the password; else it is read from standard input.")] = None,
+    iterations: Annotated[int, typer.Option(help="SCRAM iterations (4096 at least).")] = 8192,
+) -> None:
+    """Add or replace a user: SCRAM-SHA-256 and SCRAM-SHA-512 keys (PLAIN checks them too)."""
+    import sys
+
+    from ext_proc.sasl.credentials import CredentialFileError, add_user
+    from ext_proc.sasl.scram import ScramError
+    from keg.security import SecretMissing, read_secret
+
+    try:
+        if password_file is not None:
+            password = read_secret(password_file, "")
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise SecretMissing("an empty password")
+        add_user(file, user, password, iterations)
+    except (CredentialFileError, ScramError, SecretMissing, OSError, ValueError) as err:
+        raise _fail(str(err)) from None
+    console.print(f"{file}: {user} (SCRAM-SHA-256, SCRAM-SHA-512, {iterations} iterations)")
+
+
+@app.command("dev-certs")
+def dev_certs(
+    directory: Annotated[Path, typer.Argument(help="Where the CA and certificates go.")],
+    server: Annotated[list[str] | None, typer.Option(
+        help="A server certificate <name>[=host,host...] (repeatable; default hosts: the "
+             "name, localhost, 127.0.0.1); <name>-keystore.pem holds key and chain for "
+             "Kafka.")] = None,
+    client: Annotated[list[str] | None, typer.Option(
+        help="A client certificate <name> with subject CN=<name> (repeatable).")] = None,
+    readable_keys: Annotated[bool, typer.Option(
+        help="Keys readable by every user (containers running as other users).")] = False,
+) -> None:
+    """Throw-away certificates for trying TLS out: a CA and certificates it signed.
+    Never for anything real."""
+    from keg.embedded.certs import DevCa
+
+    ca = DevCa(directory, key_mode=0o644 if readable_keys else 0o600)
+    for entry in server or []:
+        name, _, hosts = entry.partition("=")
+        names = [h for h in hosts.split(",") if h] or [name, "localhost", "127.0.0.1"]
+        ca.keystore(ca.server(name, names))
+    for name in client or []:
+        ca.client(name, name)
+    console.print(f"{directory}: ca.pem, {len(server or [])} server and "
+                  f"{len(client or [])} client certificate(s)")
 
 
 @app.command()
@@ -545,5 +802,6 @@ def validate(
                f"({len(compiled.rules)} enabled), version {compiled.version}; {checked_text}")
 
 
-from keg import cli_pipeline as _cli_pipeline  # noqa: E402,F401  (registers capture, backtest, analyze)
-from keg import cli_rules as _cli_rules  # noqa: E402,F401  (registers diff, apply)
+# The commands of their own modules, after keg's own in `keg --help`.
+for _module in (cli_pipeline, cli_rules):
+    app.registered_commands.extend(_module.commands.registered_commands)

@@ -1,6 +1,6 @@
 """`keg capture`, `keg backtest`, `keg analyze`: the data pipeline's commands.
 
-Registered on keg's app by importing this module (the last line of keg/cli.py).
+Registered on keg's app by keg/cli.py (`commands`).
 Exit codes: 0 done, 1 a `--fail-on` threshold was crossed, 2 the job could not run
 (bad input, invalid rules, no Java...): one clear line each, never a stack trace.
 """
@@ -19,8 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from keg.cli import app
 from keg.console import error_line, make_console, plain_column, styled
+
+#: This module's commands; keg/cli.py adds them to keg's app.
+commands = typer.Typer()
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -81,7 +83,7 @@ def _parse_time(value: str | None, option: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-@app.command("capture")
+@commands.command("capture")
 def capture_cmd(
     topic: Annotated[str, typer.Option(help="Topic to snapshot.")],
     bootstrap_servers: Annotated[str, typer.Option(help="Kafka (or the gateway): host:port.")]
@@ -136,7 +138,7 @@ def capture_cmd(
                                                    else ""))
 
 
-@app.command("backtest")
+@commands.command("backtest")
 def backtest_cmd(
     rules: Annotated[Path, typer.Option(help="Candidate rule directory (YAML).")],
     input_: Annotated[str, typer.Option(
@@ -197,7 +199,7 @@ def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
                       f"{totals['bytes_before']:,} -> {totals['bytes_after']:,}")
 
 
-@app.command("analyze")
+@commands.command("analyze")
 def analyze_cmd(
     audit: Annotated[Path, typer.Option(help="Audit log (JSON Lines) or a directory of them.")],
     out: Annotated[Path, typer.Option(help="Result directory.")] = Path("keg-analyze"),

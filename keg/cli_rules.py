@@ -40,8 +40,10 @@ from control_plane.fleet import EXT_PROC
 from control_plane.snapshot import RULES
 from filter_rules import RuleSetInvalid, load_rule_dir
 from filter_rules.loader import RULE_FILE_SUFFIXES
-from keg.cli import app
 from keg.console import error_line, make_console, plain_column, styled
+
+#: This module's commands; keg/cli.py adds them to keg's app.
+commands = typer.Typer()
 
 TOKEN_ENV: Final = "KEG_API_TOKEN"
 API_ENV: Final = "KEG_API_URL"
@@ -232,7 +234,7 @@ def _progress() -> Progress:
 # --- commands -------------------------------------------------------------------------
 
 
-@app.command()
+@commands.command()
 def diff(
     directory: Directory, api: ApiUrl, token_file: TokenFile = None, owner: Owner = None,
     exit_code: Annotated[bool, typer.Option(
@@ -270,7 +272,7 @@ def diff(
     raise typer.Exit(int(Exit.CHANGES if exit_code else Exit.OK))
 
 
-@app.command()
+@commands.command()
 def apply(
     directory: Directory, api: ApiUrl, token_file: TokenFile = None, owner: Owner = None,
     reason: Annotated[str | None, typer.Option(

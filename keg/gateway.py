@@ -43,11 +43,18 @@ from control_plane.service import (
     free_port,
 )
 from control_plane.snapshot import RULES
-from control_plane.topology import DiscoveryError, SaslPlain
+from control_plane.tls import ClientTls, ListenerTls, ServerTls, TlsConfigError, UpstreamTls
+from control_plane.topology import DiscoveryError, SaslCredentials
 from keg.children import PYTHON, child_environment, die_with_parent
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
-from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
+from keg.security import (
+    PlaintextTokens,
+    SecretMissing,
+    control_plane_client_args,
+    ext_proc_security,
+    refuse_plaintext_tokens,
+)
 from keg.supervisor import Child, Supervisor
 
 log = logging.getLogger(__name__)
@@ -77,6 +84,13 @@ class ApiOptions:
     tokens_file: Path | None = None
     public_reads: bool = False
     rules_dir: Path | None = None
+    # What the console's decisions and audit pages read (control_plane/api/routes_observe):
+    # ext_proc /metrics URLs, and an audit log file this process can read.
+    ext_proc_metrics: tuple[str, ...] = ()
+    audit_logs: tuple[Path, ...] = ()  # one per ext_proc process
+    tls: ServerTls | None = None  # HTTPS (mutual with a client CA)
+    # Serve tokens over plaintext on a non-loopback address anyway (a TLS proxy in front).
+    insecure_tokens: bool = False
 
 
 class ControlPlaneApp:
@@ -103,12 +117,21 @@ class ControlPlaneApp:
             self.plane = ControlPlane(self.settings)
             await self.plane.start()
             return self.plane
-        from control_plane.api import ApiSettings, Tokens, create_app, ruleset_validator, serve_api
+        from control_plane.api import (
+            ApiSettings,
+            Observability,
+            Tokens,
+            create_app,
+            ruleset_validator,
+            serve_api,
+        )
         from control_plane.providers import DirectoryRuleProvider, StoreRuleProvider
         from control_plane.store import open_store
 
         api = self.api
         tokens = Tokens.load(api.tokens_file)  # before anything binds: a bad file stops here
+        refuse_plaintext_tokens(api.host, bool(tokens), api.tls is not None,
+                                api.insecure_tokens)
         self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
@@ -123,8 +146,10 @@ class ControlPlaneApp:
                                                  ready=lambda: plane.plan is not None,
                                                  registry=self.registry,
                                                  problems=self.problems),
-                         plane.fleet_status)
-        self.api_server = await serve_api(app, api.host, api.port)
+                         plane.fleet_status,
+                         Observability(metrics_urls=api.ext_proc_metrics,
+                                       audit_logs=api.audit_logs))
+        self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
 
     def _apply_directory(self, at_start: bool = False) -> None:
@@ -182,7 +207,17 @@ class GatewaySettings:
     rules_dir: Path | None = None
     audit_log: Path | None = None
     metrics_port: int | None = None
-    sasl: SaslPlain | None = None  # the control plane's login to a SASL/PLAIN bootstrap
+    # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER); with SASL
+    # termination also the service account the gateway logs in as.
+    sasl: SaslCredentials | None = None
+    tls: ListenerTls | None = None  # TLS (mutual with a client CA) on the listeners
+    upstream_tls: UpstreamTls | None = None  # TLS to the brokers
+    # The listeners authenticate clients themselves (YAML: ext_proc.sasl.termination).
+    sasl_termination: Path | None = None
+    # The control plane's xDS server over TLS, and how Envoy and the ext_proc service
+    # reach it (the CA they trust, their certificate for mutual TLS).
+    control_plane_tls: ServerTls | None = None
+    control_plane_client_tls: ClientTls | None = None
     work_dir: Path | None = None
     # Variables the ext_proc service gets besides its allow-list (keg.children) and
     # the key variables its rules name: `extra_env` as given, `ext_proc_env` by name from
@@ -316,6 +351,9 @@ class Gateway(Service):
             self.xds_port = s.xds_port or free_port()
             for worker in self.workers:
                 worker.port = worker.port or free_port()
+                if s.metrics_port is not None:  # known before the control plane starts
+                    given = s.metrics_port if worker.index == 0 else 0
+                    worker.metrics_port = given or worker.metrics_port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(
                 bootstrap_servers=s.bootstrap_servers,
@@ -329,6 +367,10 @@ class Gateway(Service):
                 message_timeout_s=s.message_timeout_s,
                 failure_mode_allow=s.failure_mode_allow,
                 sasl=s.sasl,
+                tls=s.tls,
+                upstream_tls=s.upstream_tls,
+                sasl_termination=s.sasl_termination is not None,
+                xds_tls=s.control_plane_tls,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
@@ -336,9 +378,15 @@ class Gateway(Service):
             # The control plane first: the ext_proc service is given the key variables
             # of the rules it will be served, and finds its xDS server up at once.
             if s.api is not None:
-                self.app = ControlPlaneApp(settings, replace(s.api, rules_dir=s.rules_dir),
-                                           registry=self.registry,
-                                           problems=self.supervisor.problems)
+                # The console reads this gateway's own ext_proc metrics and audit logs
+                # (every worker's).
+                metrics = tuple(f"http://127.0.0.1:{w.metrics_port}/metrics"
+                                for w in self.workers if w.metrics_port)
+                self.app = ControlPlaneApp(settings, replace(
+                    s.api, rules_dir=s.rules_dir,
+                    audit_logs=s.api.audit_logs or self.audit_logs,
+                    ext_proc_metrics=s.api.ext_proc_metrics or metrics),
+                    registry=self.registry, problems=self.supervisor.problems)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
@@ -349,7 +397,8 @@ class Gateway(Service):
             self.start_envoy()
         except BaseException as err:
             self.stop()
-            if isinstance(err, TimeoutError | DiscoveryError):
+            if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing
+                                | PlaintextTokens):
                 raise GatewayError(str(err)) from err
             raise
 
@@ -370,6 +419,12 @@ class Gateway(Service):
     def metrics_port(self) -> int | None:
         """The first worker's /metrics port (each worker serves its own)."""
         return self.workers[0].metrics_port
+
+    @property
+    def audit_logs(self) -> tuple[Path, ...]:
+        """The audit log files the ext_proc workers write, the first worker's first."""
+        audit = self.settings.audit_log
+        return () if audit is None else tuple(w.own_path(audit) for w in self.workers)
 
     @property
     def ext_proc_pid(self) -> int | None:
@@ -404,26 +459,23 @@ class Gateway(Service):
             s.ext_proc_log_level,
         ]
         if s.rules_from_control_plane:
-            cache = worker.own_path((s.work_dir or Path(tempfile.gettempdir()))
-                                    / f"keg-rules-{self.xds_port}.json")
+            cache = worker.own_path(self.rules_cache_file)
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
                     worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
-        if s.metrics_port is not None:
-            # Port 0 is resolved here: this process waits for /metrics and says where it is.
-            given = s.metrics_port if worker.index == 0 else 0
-            worker.metrics_port = given or worker.metrics_port or free_port()
+        if worker.metrics_port is not None:  # chosen in start(): this process waits for it
             cmd += ["--metrics-port", str(worker.metrics_port)]
         # `copy` rules produce to the broker the gateway fronts, as the gateway's user.
         cmd += ["--side-effects-bootstrap", s.bootstrap_servers]
-        if s.sasl is not None:
-            cmd += ["--side-effects-config", "security.protocol=SASL_PLAINTEXT",
-                    "--side-effects-config", "sasl.mechanism=PLAIN",
-                    "--side-effects-config", f"sasl.username={s.sasl.username}"]
-        worker.proc = subprocess.Popen(die_with_parent(cmd), env=self._ext_proc_environment())
+        # Secrets by environment, never on the command line (ps shows it).
+        args, secrets = ext_proc_security(s.sasl, s.upstream_tls, s.sasl_termination)
+        cmd += args
+        cmd += control_plane_client_args(s.control_plane_client_tls)
+        worker.proc = subprocess.Popen(die_with_parent(cmd),
+                                       env=self._ext_proc_environment(secrets))
         try:
             wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
             if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
@@ -432,15 +484,12 @@ class Gateway(Service):
             worker.end()
             raise
 
-    def _ext_proc_environment(self) -> dict[str, str]:
+    def _ext_proc_environment(self, secrets: dict[str, str]) -> dict[str, str]:
         """The allow-list of a Python child, the key variables the rules name, what the
-        settings add; the SASL password of `copy` rules (never on a command line)."""
+        settings add, and `secrets` (the brokers' passwords: never on a command line)."""
         s = self.settings
         names = {*s.ext_proc_env, *self._rule_secret_env_names()}
-        extra = dict(s.extra_env)
-        if s.sasl is not None:
-            extra[SIDE_EFFECTS_PASSWORD_ENV] = s.sasl.password
-        return child_environment((*PYTHON, *sorted(names)), extra)
+        return child_environment((*PYTHON, *sorted(names)), {**s.extra_env, **secrets})
 
     def _rule_secret_env_names(self) -> set[str]:
         """The environment variables the served rules read keys from: those of the
@@ -460,6 +509,15 @@ class Gateway(Service):
             return secret_env_names(load_rule_dir(self.settings.rules_dir))
         except RuleSetInvalid:  # the ext_proc service refuses it, with file:line errors
             return set()
+
+    @property
+    def rules_cache_file(self) -> Path:
+        """Where the first ext_proc worker keeps the last rule set it got (for its
+        restarts; the others `own_path` of it): one stable name in the work directory, so
+        runs do not pile files up there; removed at stop."""
+        if self.settings.work_dir is not None:
+            return self.settings.work_dir / "keg-rules.json"
+        return Path(tempfile.gettempdir()) / f"keg-rules-{self.xds_port}.json"
 
     def _check_ext_proc(self) -> None:
         for worker in self.workers:
@@ -546,6 +604,7 @@ class Gateway(Service):
             delta=self.settings.envoy_delta,
             extra_env=env,
             runtime=runtime,
+            xds_tls=self.settings.control_plane_client_tls,
         )
         envoy = self.envoy
         envoy.start()
@@ -586,6 +645,9 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
+        if self.settings.rules_from_control_plane:
+            for worker in self.workers:
+                worker.own_path(self.rules_cache_file).unlink(missing_ok=True)
 
     # -- what clients use ----------------------------------------------------------
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import IO, Final
 
+from ext_proc.private_files import open_private, private_dir
 from keg.lifecycle import Service
 
 LOCK_FILE: Final = ".keg.lock"
@@ -46,9 +47,9 @@ class DirectoryLock(Service):
     def start(self) -> DirectoryLock:
         if self._file is not None:
             return self
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)  # 0700 when created here: the store, the audit log
         path = self.directory / LOCK_FILE
-        file = path.open("a+", encoding="utf-8")
+        file = os.fdopen(open_private(path, os.O_RDWR | os.O_APPEND), "a+", encoding="utf-8")
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,4 +1,4 @@
-"""The data pipeline on Spark: capture, backtest, audit analytics (issue 7).
+"""The data pipeline on Spark: capture, backtest, audit analytics.
 
     spark = build_session("local[2]")
     rules = load_rules(Path("candidate-rules"))          # file:line errors: RulesInvalid

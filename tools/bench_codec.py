@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kafka_wire as kw
+from kafka_wire import ApiKey
 
 
 def metadata_value() -> dict[str, Any]:
@@ -82,8 +83,8 @@ def rate(fn: Callable[[], object], seconds: float = 1.0) -> float:
 
 
 def main() -> None:
-    md_body = kw.encode_body(3, 12, "response", metadata_value())
-    header = kw.RequestHeader(0, 9, 7, "producer-1")
+    md_body = kw.encode_body(ApiKey.METADATA, 12, "response", metadata_value())
+    header = kw.RequestHeader(ApiKey.PRODUCE, 9, 7, "producer-1")
     produce_frame = kw.encode_request(header, produce_value())[4:]
     print(
         f"MetadataResponse v12: {len(md_body)} bytes; ProduceRequest v9 frame: "
@@ -95,7 +96,7 @@ def main() -> None:
         (
             "kafka_wire",
             "decode Metadata response",
-            rate(lambda: kw.decode_body(3, 12, "response", md_body)),
+            rate(lambda: kw.decode_body(ApiKey.METADATA, 12, "response", md_body)),
         )
     )
     results.append(
@@ -105,12 +106,12 @@ def main() -> None:
             rate(lambda: kw.decode_request(produce_frame)),
         )
     )
-    md_value = kw.decode_body(3, 12, "response", md_body)[0]
+    md_value = kw.decode_body(ApiKey.METADATA, 12, "response", md_body)[0]
     results.append(
         (
             "kafka_wire",
             "encode Metadata response",
-            rate(lambda: kw.encode_body(3, 12, "response", md_value)),
+            rate(lambda: kw.encode_body(ApiKey.METADATA, 12, "response", md_value)),
         )
     )
 

@@ -25,6 +25,7 @@ from typing import Any
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_dir
 from interceptors.capture import CaptureWriter, read_capture, to_row
 from interceptors.contract import InterceptedRecord
+from kafka_wire import ApiKey
 from pipeline.backtest import evaluate_frame, load_rules
 from pipeline.evaluate import backtest_engine, records_from_arrow
 from pipeline.inputs import read_records
@@ -81,7 +82,7 @@ def data_path_rate(rules_dir: Path, records: list[InterceptedRecord]) -> float:
     start = time.perf_counter()
     for topic, items in by_topic.items():
         for offset in range(0, len(items), BATCH):
-            ctx = MatchContext(api_key=0, api_version=9, principal="User:alice")
+            ctx = MatchContext(api_key=ApiKey.PRODUCE, api_version=9, principal="User:alice")
             engine.run(items[offset:offset + BATCH], engine.plan("produce", topic, ctx))
     return len(records) / (time.perf_counter() - start)
 

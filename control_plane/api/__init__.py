@@ -15,6 +15,7 @@ from control_plane.api.app import create_app
 from control_plane.api.deps import FleetStatus
 from control_plane.api.dry_run import dry_run
 from control_plane.api.problems import PROBLEM_JSON, Problem
+from control_plane.api.routes_observe import Observability
 from control_plane.api.server import ApiServer, serve_api
 from control_plane.api.settings import TOKENS_ENV, ApiSettings, TokenError, Tokens
 from control_plane.store import Validator
@@ -26,6 +27,7 @@ __all__ = [
     "ApiServer",
     "ApiSettings",
     "FleetStatus",
+    "Observability",
     "Problem",
     "TokenError",
     "Tokens",

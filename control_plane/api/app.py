@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
-from starlette.responses import Response
 
-from control_plane.api import routes_check, routes_ops, routes_rules, routes_versions
+from control_plane.api import (
+    routes_check,
+    routes_observe,
+    routes_ops,
+    routes_rules,
+    routes_versions,
+)
+from control_plane.api.body_guard import BodyGuard
+from control_plane.api.console_pages import install_console
 from control_plane.api.deps import ApiContext, FleetStatus
+from control_plane.api.docs_pages import install_docs
 from control_plane.api.metrics import ApiMetrics
-from control_plane.api.problems import PROBLEM_SCHEMA, Problem, install_handlers
+from control_plane.api.problems import PROBLEM_SCHEMA, install_handlers
+from control_plane.api.routes_observe import Observability
 from control_plane.api.settings import ApiSettings
 from control_plane.store import RuleStore
 from filter_rules.schema import rule_file_schema
@@ -31,43 +40,38 @@ and see the fleet. Writes need `Authorization: Bearer <token>`; every error is
 
 
 def create_app(store: RuleStore, settings: ApiSettings | None = None,
-               fleet_status: FleetStatus | None = None) -> FastAPI:
+               fleet_status: FleetStatus | None = None,
+               observability: Observability | None = None) -> FastAPI:
     """The API over `store`. `fleet_status()` lists the fleet's nodes as JSON-able
-    dicts (the xDS side provides it); without it /v1/fleet says it is unavailable."""
+    dicts (the xDS side provides it); without it /v1/fleet says it is unavailable.
+    `observability` says where /v1/decisions and /v1/audit read what the data path did."""
     settings = settings or ApiSettings()
     registry = settings.registry if settings.registry is not None else CollectorRegistry()
     metrics = ApiMetrics(registry)
     app = FastAPI(title=settings.title, version=API_VERSION, description=DESCRIPTION,
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.keg = ApiContext(store=store, settings=settings, metrics=metrics,
                                fleet_status=fleet_status)
-    routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_ops)]
+    app.state.keg_observability = observability or Observability()
+    routers = [m.router for m in (routes_rules, routes_versions, routes_check, routes_ops,
+                                  routes_observe)]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
     install_handlers(app)
-    app.middleware("http")(_body_limit(settings.max_body_bytes))
+    install_docs(app)  # Swagger UI and ReDoc from bundled assets, no CDN
+    install_console(app)
+    # Bodies read and bounded before any route; the metrics middleware, added next,
+    # wraps it (its 413s and 422s are counted).
+    app.add_middleware(BodyGuard, limit=settings.max_body_bytes)
     app.middleware("http")(metrics.middleware)
 
     metrics.watch_live(store.live)
     if not settings.tokens:
-        log.warning("no API tokens configured (--api-token-file or KEG_API_TOKENS): "
+        log.warning("no API tokens configured (--api-tokens or KEG_API_TOKENS): "
                     "every write will be refused")
     app.openapi = _openapi_with_rule_schemas(app)  # type: ignore[method-assign]
     return app
-
-
-def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
-                                        Awaitable[Response]]:
-    async def check(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return Problem(413, "Request too large", f"the body is larger than {limit} bytes",
-                           kind="too-large").response()
-        return await call_next(request)
-
-    return check
 
 
 def _openapi_with_rule_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:

@@ -1,8 +1,9 @@
 """What route handlers are given: the app's context, the caller, the change's reason.
 
-`Writer` and `Reader` are the caller's token name (`Reader` is None for an anonymous
-read when reads are public). 401: no `Authorization: Bearer` header; 403: a token
-that is not one of ours. Tokens are never logged or echoed.
+`Writer` and `Reader` are the caller: its token's name and the owners whose rules it
+may change (`Reader` is None for an anonymous read when reads are public). 401: no
+`Authorization: Bearer` header; 403: a token that is not one of ours. Tokens are
+never logged or echoed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import Problem
 from control_plane.api.settings import ApiSettings
-from control_plane.store import Change, RuleStore
+from control_plane.store import EVERY_OWNER, Change, OwnerScope, RuleStore
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,16 @@ def context(request: Request) -> ApiContext:
 Context = Annotated[ApiContext, Depends(context)]
 
 
-def authenticate(request: Request, ctx: ApiContext) -> str:
-    """The token's name; raises the 401/403 problem otherwise."""
+@dataclass(frozen=True)
+class Caller:
+    """Who calls: the token's name (what versions record) and its scope."""
+
+    name: str
+    scope: OwnerScope = EVERY_OWNER
+
+
+def authenticate(request: Request, ctx: ApiContext) -> Caller:
+    """The caller the token names; raises the 401/403 problem otherwise."""
     challenge = {"WWW-Authenticate": 'Bearer realm="keg"'}
     header = request.headers.get("authorization")
     if header is None:
@@ -64,23 +73,24 @@ def authenticate(request: Request, ctx: ApiContext) -> str:
         log.warning("refused a request with an unknown API token from %s",
                     request.client.host if request.client else "?")
         raise Problem(403, "Forbidden", "the API token is not valid", kind="forbidden")
-    return name
+    return Caller(name, ctx.settings.tokens.scope(name))
 
 
 def writer(request: Request, ctx: Context,
-           _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+           _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Caller:
     return authenticate(request, ctx)
 
 
 def reader(request: Request, ctx: Context,
-           _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
+           _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+           ) -> Caller | None:
     if ctx.settings.public_reads:
         return None
     return authenticate(request, ctx)
 
 
-Writer = Annotated[str, Depends(writer)]
-Reader = Annotated[str | None, Depends(reader)]
+Writer = Annotated[Caller, Depends(writer)]
+Reader = Annotated[Caller | None, Depends(reader)]
 
 
 def reason(
@@ -98,26 +108,13 @@ def reason(
 Reason = Annotated[str, Depends(reason)]
 
 
-def change(author: str, why: str) -> Change:
-    return Change(author=author, reason=why)
+def change(author: Caller | None, why: str) -> Change:
+    return Change(author=author.name if author else "anonymous", reason=why)
 
 
-async def raw_body(request: Request, ctx: Context) -> bytes:
-    """The request body, bounded by `max_body_bytes` (413 past it)."""
-    limit = ctx.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise Problem(413, "Request too large", f"the body is larger than {limit} bytes",
-                      kind="too-large")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Problem(413, "Request too large", f"the body is larger than {limit} bytes",
-                          kind="too-large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def raw_body(request: Request) -> bytes:
+    """The request body (app.BodyGuard has read and bounded it already)."""
+    return await request.body()
 
 
 RawBody = Annotated[bytes, Depends(raw_body)]

@@ -34,7 +34,7 @@ from filter_rules import CompiledRuleSet, RuleSet, normalize_principal, resolve_
 from filter_rules.errors import error_name
 from interceptors import BuildContext, InterceptedRecord, NoSideEffects
 from interceptors.engine import PLAN_VERSIONS, RecordEngine, RecordOutcome, default_builders
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey
 from kafka_wire.entity_names import TOPIC
 
 
@@ -206,7 +206,7 @@ def _decode_sample(sample: SampleRequest, index: int) -> tuple[kafka_wire.Reques
 def _broker_topic(engine: RuleEngine, sample: SampleRecord, topic: str) -> str:
     """The broker's name of a record's topic: what record rules see on the data path
     (renamed by the virtual-topics rule that matches the sample's connection, if any)."""
-    api_key = PRODUCE if sample.direction == "produce" else FETCH
+    api_key = ApiKey.PRODUCE if sample.direction == "produce" else ApiKey.FETCH
     header = kafka_wire.RequestHeader(api_key, PLAN_VERSIONS[sample.direction], 0,
                                       sample.client_id, {})
     conn = ConnectionInfo(client_host=sample.client_host or "127.0.0.1")

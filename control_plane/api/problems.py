@@ -20,6 +20,7 @@ from starlette.routing import Match
 
 from control_plane.store import (
     InvalidChange,
+    OutOfScope,
     PreconditionFailed,
     PreconditionRequired,
     RuleNotFound,
@@ -95,7 +96,8 @@ PROBLEM_SCHEMA: Final[dict[str, Any]] = {
 }
 _DESCRIPTIONS: Final = {
     400: "Bad request.", 401: "No bearer token (or not the Bearer scheme).",
-    403: "Not a valid token.", 404: "Not found.", 409: "Owned by a rule directory.",
+    403: "Not a valid token, or a change outside the token's owner scope.",
+    404: "Not found.", 409: "Owned by a rule directory.",
     412: "ETag mismatch (If-Match / If-None-Match).", 413: "Body too large.",
     422: "Invalid input: `errors` gives each problem's file, line, column and field.",
     428: "If-Match is required.", 503: "The rule store cannot be reached.",
@@ -130,6 +132,9 @@ def from_store_error(err: StoreError) -> Problem:
                        headers=headers)
     if isinstance(err, PreconditionRequired):
         return Problem(428, "Precondition required", str(err), kind="etag-required")
+    if isinstance(err, OutOfScope):
+        return Problem(403, "Out of the token's scope", str(err), kind="out-of-scope",
+                       extra={"out_of_scope": err.owners})
     if isinstance(err, RuleOwned):
         return Problem(409, "Rule owned by a rule directory", str(err), kind="rule-owned",
                        extra={"owners": err.owners})

@@ -21,6 +21,7 @@ from control_plane.api.schemas import (
     RuleWriteOut,
     VersionOut,
 )
+from control_plane.store import EVERY_OWNER, OutOfScope
 from filter_rules.model import RULE_ID_PATTERN
 
 router = APIRouter(tags=["rules"])
@@ -96,7 +97,7 @@ def put_rule(rule_id: RuleId, body: RawBody, ctx: Context, who: Writer, why: Rea
                       kind="bad-precondition")
     rule = parse_rule(body, rule_id)
     result = ctx.store.put_rule(rule, change(who, why), if_match=_etags(if_match),
-                                if_none_match=create_only)
+                                if_none_match=create_only, scope=who.scope)
     if result.version is not None:
         ctx.metrics.rule_changes.labels(result.version.operation).inc()
     response.headers["ETag"] = _quoted(result.rule.etag)
@@ -115,7 +116,8 @@ def put_rule(rule_id: RuleId, body: RawBody, ctx: Context, who: Writer, why: Rea
 def delete_rule(rule_id: RuleId, ctx: Context, who: Writer, why: Reason,
                 if_match: IfMatch = None) -> DeleteOut:
     """Delete one rule; If-Match with its ETag (or *) is required."""
-    info = ctx.store.delete_rule(rule_id, change(who, why), if_match=_etags(if_match))
+    info = ctx.store.delete_rule(rule_id, change(who, why), if_match=_etags(if_match),
+                                 scope=who.scope)
     ctx.metrics.rule_changes.labels(info.operation).inc()
     return DeleteOut(version=info.number, new_version=VersionOut.of(info, None))
 
@@ -135,9 +137,13 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
         who = None if ctx.settings.public_reads else authenticate(request, ctx)
     else:
         who = authenticate(request, ctx)
+    scope = who.scope if who else EVERY_OWNER
+    if not dry_run and not scope.allows(body.owner):  # before reading what it sent
+        raise OutOfScope({body.owner}, scope.describe())
     ruleset = parse_files(body.files)
-    result = ctx.store.apply(body.owner, ruleset, change(who or "anonymous", body.reason or why),
-                             adopt=body.adopt, dry_run=dry_run)
+    result = ctx.store.apply(body.owner, ruleset, change(who, body.reason or why),
+                             adopt=body.adopt, dry_run=dry_run,
+                             scope=scope)
     if result.version is not None:
         ctx.metrics.rule_changes.labels(result.version.operation).inc()
     verdict = ctx.store.verdict(result.current) if result.current else None

@@ -62,7 +62,8 @@ def diff_version(
 def rollback(number: Number, ctx: Context, who: Writer, why: Reason,
              response: Response) -> VersionOut:
     """A new version whose rules (owners and sources too) are those of `number`."""
-    info = ctx.store.rollback(number, change(who, why or f"rollback to version {number}"))
+    info = ctx.store.rollback(number, change(who, why or f"rollback to version {number}"),
+                              scope=who.scope)
     ctx.metrics.rule_changes.labels(info.operation).inc()
     response.headers["Location"] = f"/v1/versions/{info.number}"
     return VersionOut.of(info, None)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from control_plane.api.body_guard import check_json_depth
 from filter_rules import Rule, RuleError, RuleSet, RuleSetInvalid, load_rule_data, load_rule_text
 
 BODY: Final = "request body"
@@ -20,6 +21,7 @@ BODY: Final = "request body"
 def parse_rule(raw: bytes, rule_id: str) -> Rule:
     """One rule from a JSON body; its `id` may be left out (the URL's) or must agree."""
     text = _text(raw, BODY)
+    check_json_depth(raw)  # whatever its Content-Type says, this body is read as JSON
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

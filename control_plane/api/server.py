@@ -6,10 +6,14 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+
+from control_plane.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +32,18 @@ class ApiServer:
     `port` is the bound port once started (pass 0 for a free one).
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 8080) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 8080,
+                 tls: ServerTls | None = None) -> None:
+        ssl_options: dict[str, Any] = {}
+        if tls is not None:
+            tls.check()  # TlsConfigError naming the file, before anything binds
+            ssl_options = {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file)}
+            if tls.client_ca_file is not None:
+                ssl_options.update(ssl_ca_certs=str(tls.client_ca_file),
+                                   ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                lifespan="off", server_header=False)
+                                lifespan="off", server_header=False, **ssl_options)
+        self.scheme = "https" if tls is not None else "http"
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
@@ -54,7 +67,7 @@ class ApiServer:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"the API server did not start within {timeout}s")
             await asyncio.sleep(0.01)
-        log.info("REST API listening on http://%s:%d", self.host, self.port)
+        log.info("REST API listening on %s://%s:%d", self.scheme, self.host, self.port)
 
     async def stop(self) -> None:
         if self._task is None:
@@ -68,8 +81,9 @@ class ApiServer:
             self._socket = None
 
 
-async def serve_api(app: FastAPI, host: str = "127.0.0.1", port: int = 8080) -> ApiServer:
+async def serve_api(app: FastAPI, host: str = "127.0.0.1", port: int = 8080,
+                    tls: ServerTls | None = None) -> ApiServer:
     """Start the API on the running loop and return its server (call `stop()`)."""
-    server = ApiServer(app, host, port)
+    server = ApiServer(app, host, port, tls)
     await server.start()
     return server

@@ -18,9 +18,13 @@ import os
 from pathlib import Path
 from typing import Final
 
+from control_plane.store import errors
 from control_plane.store.entries import (
+    EVERY_OWNER,
+    REST_OWNED,
     Change,
     Operation,
+    OwnerScope,
     RuleDiff,
     StoredRule,
     Verdict,
@@ -33,16 +37,8 @@ from control_plane.store.entries import (
     rules_yaml,
     to_ruleset,
 )
-from control_plane.store.errors import (
-    InvalidChange,
-    PreconditionFailed,
-    PreconditionRequired,
-    RuleNotFound,
-    RuleOwned,
-    StoreError,
-    StoreUnavailable,
-    VersionNotFound,
-)
+from control_plane.store.errors import *  # noqa: F403  (the store's exceptions)
+from control_plane.store.errors import StoreError
 from control_plane.store.rule_store import (
     ApplyResult,
     RuleStore,
@@ -55,27 +51,22 @@ from control_plane.store.sql import PostgresDialect, SqlBackend, SqliteDialect
 SQLITE_FILE: Final = "control-plane.sqlite3"
 
 __all__ = [
+    "EVERY_OWNER",
+    "REST_OWNED",
     "SQLITE_FILE",
     "ApplyResult",
     "Change",
-    "InvalidChange",
     "Operation",
-    "PreconditionFailed",
-    "PreconditionRequired",
+    "OwnerScope",
     "RuleDiff",
-    "RuleNotFound",
-    "RuleOwned",
     "RuleStore",
     "RuleWrite",
-    "StoreError",
-    "StoreUnavailable",
     "StoredRule",
     "Subscriber",
     "Validator",
     "Verdict",
     "Version",
     "VersionInfo",
-    "VersionNotFound",
     "VersionStatus",
     "describe_url",
     "diff_rules",
@@ -85,6 +76,7 @@ __all__ = [
     "rules_yaml",
     "to_ruleset",
 ]
+__all__ += errors.__all__
 
 
 def open_store(url: str | None, data_dir: str | os.PathLike[str] | None = None,

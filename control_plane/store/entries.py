@@ -9,12 +9,13 @@ the store, the REST API and `keg diff`.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 
@@ -102,6 +103,9 @@ class Verdict:
 class Version:
     info: VersionInfo
     rules: tuple[StoredRule, ...]
+    # The rules as models, built once: 100,000 rules take seconds to validate, and the
+    # store, the control plane and dry runs all ask for the same version.
+    _ruleset: list[RuleSet] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def number(self) -> int:
@@ -111,7 +115,10 @@ class Version:
         return next((r for r in self.rules if r.id == rule_id), None)
 
     def ruleset(self) -> RuleSet:
-        return to_ruleset(self.rules)
+        """The rule set (the same object every call: do not change it)."""
+        if not self._ruleset:
+            self._ruleset.append(to_ruleset(self.rules))
+        return self._ruleset[0]
 
 
 def to_ruleset(rules: Iterable[StoredRule]) -> RuleSet:
@@ -123,9 +130,21 @@ def to_ruleset(rules: Iterable[StoredRule]) -> RuleSet:
 
 
 def ruleset_hash(rules: Sequence[StoredRule]) -> str:
-    """RuleSet.version without building the models (same JSON, same hash)."""
-    text = json.dumps([r.body for r in rules], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """RuleSet.version without building the models (same JSON, same hash), fed a rule
+    at a time as RuleSet.version is."""
+    digest = hashlib.sha256(b"[")
+    for position, rule in enumerate(rules):
+        if position:
+            digest.update(b",")
+        digest.update(json.dumps(rule.body, sort_keys=True, separators=(",", ":")).encode())
+    digest.update(b"]")
+    return digest.hexdigest()[:16]
+
+
+def manifest_json(rules: Sequence[StoredRule]) -> str:
+    """canonical_json of the rules' manifests, a rule at a time (one call over 100,000
+    rules would hold the GIL for a second: the event loop would wait as long)."""
+    return "[" + ",".join(canonical_json(rule.manifest()) for rule in rules) + "]"
 
 
 # --- comparing rule lists ----------------------------------------------------------------
@@ -133,20 +152,32 @@ def ruleset_hash(rules: Sequence[StoredRule]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RuleDiff:
-    """What turns `before` into `after`: rule ids added, removed, changed; a YAML diff."""
+    """What turns `before` into `after`: rule ids added, removed, changed; a YAML diff
+    (`unified`, written when first asked for: for 100,000 rules it takes a minute, and
+    a rule directory applied at each change never asks)."""
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     unchanged: int = 0
-    unified: str = ""
     reordered: bool = False
     owners_changed: tuple[str, ...] = field(default=())
+    # (before, after, from_name, to_name): what `unified` is written from.
+    compared: tuple[Sequence[StoredRule], Sequence[StoredRule], str, str] = field(
+        default=((), (), "before", "after"), repr=False, compare=False)
+    _unified: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed or self.reordered
                     or self.owners_changed)
+
+    @property
+    def unified(self) -> str:
+        """The unified diff of the two rule lists as YAML."""
+        if not self._unified:
+            self._unified.append(unified_yaml_diff(*self.compared))
+        return self._unified[0]
 
 
 def diff_rules(before: Sequence[StoredRule], after: Sequence[StoredRule],
@@ -161,9 +192,9 @@ def diff_rules(before: Sequence[StoredRule], after: Sequence[StoredRule],
         removed=tuple(i for i in old if i not in new),
         changed=changed,
         unchanged=len(common) - len(changed),
-        unified=unified_yaml_diff(before, after, from_name, to_name),
         reordered=kept_order != common,
         owners_changed=tuple(i for i in common if old[i].owner != new[i].owner),
+        compared=(tuple(before), tuple(after), from_name, to_name),
     )
 
 
@@ -191,6 +222,48 @@ def unified_yaml_diff(before: Sequence[StoredRule], after: Sequence[StoredRule],
         fromfile=from_name, tofile=to_name,
     )
     return "".join(lines)
+
+
+# --- who may change which rules ------------------------------------------------------------
+
+#: In an OwnerScope, the rules written through REST (they have no owner). No owner can
+#: be named so: owners start with a letter or digit.
+REST_OWNED: Final = "@rest"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerScope:
+    """Whose rules a writer (an API token) may change: every owner's (`patterns` None),
+    or those of the owners matching one of `patterns` (names, or globs such as
+    `dir:team-*`; `REST_OWNED` for the rules written through REST)."""
+
+    patterns: tuple[str, ...] | None = None
+
+    def allows(self, owner: str | None) -> bool:
+        if self.patterns is None:
+            return True
+        name = REST_OWNED if owner is None else owner
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns)
+
+    def describe(self) -> str:
+        return "every owner" if self.patterns is None else ", ".join(self.patterns)
+
+
+EVERY_OWNER: Final = OwnerScope()
+
+
+def owners_touched(before: Sequence[StoredRule], after: Sequence[StoredRule]) -> set[str | None]:
+    """The owners (None: REST-written) of every rule that `after` adds, removes or
+    changes (content or owner) relative to `before`, on either side."""
+    old = {r.id: r for r in before}
+    new = {r.id: r for r in after}
+    touched: set[str | None] = set()
+    for rule_id in old.keys() | new.keys():
+        was, now = old.get(rule_id), new.get(rule_id)
+        if was is not None and now is not None and (was.etag, was.owner) == (now.etag, now.owner):
+            continue
+        touched.update(r.owner for r in (was, now) if r is not None)
+    return touched
 
 
 # --- GitOps: a directory's rules replacing the ones it owns -------------------------------

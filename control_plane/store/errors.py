@@ -5,7 +5,21 @@ SQL drivers' errors never leave the store: they become `StoreUnavailable`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+
+from control_plane.store.entries import REST_OWNED
+
+__all__ = [
+    "InvalidChange",
+    "OutOfScope",
+    "PreconditionFailed",
+    "PreconditionRequired",
+    "RuleNotFound",
+    "RuleOwned",
+    "StoreError",
+    "StoreUnavailable",
+    "VersionNotFound",
+]
 
 
 class StoreError(Exception):
@@ -57,6 +71,17 @@ class RuleOwned(StoreError):
                 "change its own rules (pass adopt to take over rules nobody owns)"
             )
         super().__init__(message)
+
+
+class OutOfScope(StoreError):
+    """A change to rules of owners outside the writer's scope (HTTP 403)."""
+
+    def __init__(self, owners: Collection[str | None], scope: str) -> None:
+        # The owners the change would touch that the scope does not cover.
+        self.owners = sorted(f"{REST_OWNED} (written through REST)" if owner is None else owner
+                             for owner in owners)
+        super().__init__(f"this token may change the rules of {scope} only; the change "
+                         f"touches rules of {', '.join(self.owners)}")
 
 
 class InvalidChange(StoreError):

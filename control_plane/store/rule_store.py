@@ -29,20 +29,24 @@ from datetime import UTC, datetime
 
 from control_plane.store.entries import (
     APPLIED,
+    EVERY_OWNER,
     REJECTED,
     Change,
     Operation,
+    OwnerScope,
     RuleDiff,
     StoredRule,
     Verdict,
     Version,
     VersionInfo,
     diff_rules,
+    owners_touched,
     plan_apply,
     to_ruleset,
 )
 from control_plane.store.errors import (
     InvalidChange,
+    OutOfScope,
     PreconditionFailed,
     PreconditionRequired,
     RuleNotFound,
@@ -51,6 +55,7 @@ from control_plane.store.errors import (
     owners_of,
 )
 from control_plane.store.sql import Backend, Pending
+from ext_proc.heap import building
 from filter_rules import Rule, RuleSet, RuleSource
 
 log = logging.getLogger(__name__)
@@ -139,12 +144,15 @@ class RuleStore:
     # --- writes ---------------------------------------------------------------------
 
     def put_rule(self, rule: Rule, change: Change, *, if_match: Collection[str] | None = None,
-                 if_none_match: bool = False, source: RuleSource | None = None) -> RuleWrite:
-        """Create or replace one rule (REST). Replacing needs its current ETag."""
+                 if_none_match: bool = False, source: RuleSource | None = None,
+                 scope: OwnerScope = EVERY_OWNER) -> RuleWrite:
+        """Create or replace one rule (REST). Replacing needs its current ETag; the
+        writer's `scope` must cover rules written through REST."""
         entry = StoredRule.of(rule, owner=None, source=source)
         outcome: list[RuleWrite] = []
 
         def build(head: Version | None) -> Pending | None:
+            _check_scope(scope, {None})
             rules = head.rules if head else ()
             existing = next((r for r in rules if r.id == rule.id), None)
             if existing is not None and existing.owner:
@@ -161,12 +169,14 @@ class RuleStore:
             return self._pending(new_rules, change, "create" if existing is None else "update")
 
         version = self._commit(build)
-        result = outcome[0]
+        result = outcome[-1]  # what the build that was committed found
         return RuleWrite(result.rule, version.info if version else None, result.created)
 
     def delete_rule(self, rule_id: str, change: Change, *,
-                    if_match: Collection[str] | None = None) -> VersionInfo:
+                    if_match: Collection[str] | None = None,
+                    scope: OwnerScope = EVERY_OWNER) -> VersionInfo:
         def build(head: Version | None) -> Pending:
+            _check_scope(scope, {None})
             rules = head.rules if head else ()
             existing = next((r for r in rules if r.id == rule_id), None)
             if existing is None:
@@ -181,7 +191,8 @@ class RuleStore:
         return version.info
 
     def apply(self, owner: str, ruleset: RuleSet, change: Change, *, adopt: bool = False,
-              dry_run: bool = False, retry_rejected: bool = False) -> ApplyResult:
+              dry_run: bool = False, retry_rejected: bool = False,
+              scope: OwnerScope = EVERY_OWNER) -> ApplyResult:
         """Make the rules `owner` (a rule directory) owns exactly `ruleset` (GitOps).
 
         Rules another directory owns are refused; rules nobody owns (written through
@@ -189,6 +200,8 @@ class RuleStore:
         removed. One new version, or none when nothing changes -- unless the latest
         version was rejected and `retry_rejected`: then the same rules become a new
         version, served again (what changed may be the instances' environment).
+        The writer's `scope` must cover `owner` (and, to adopt, REST-written rules);
+        a dry run changes nothing and needs no scope.
         """
         if not owner.strip():
             raise InvalidChange("an owner is required (e.g. 'dir:rules')", "owner")
@@ -199,6 +212,8 @@ class RuleStore:
         outcome: list[ApplyResult] = []
 
         def build(head: Version | None) -> Pending | None:
+            if not dry_run:
+                _check_scope(scope, {owner})
             rules = head.rules if head else ()
             current = {r.id: r.owner for r in rules}
             foreign = {i: o for i, o in owners_of([r.id for r in incoming], current).items()
@@ -209,6 +224,8 @@ class RuleStore:
             if unowned and not adopt:
                 raise RuleOwned(dict.fromkeys(unowned, "nobody: written through the REST API"),
                                 writer=owner)
+            if unowned and not dry_run:
+                _check_scope(scope, {None})  # adopting changes REST-written rules
             new_rules = plan_apply(rules, owner, incoming)
             number = head.number if head else 0
             diff = diff_rules(rules, new_rules, f"version {number}", owner)
@@ -222,16 +239,19 @@ class RuleStore:
             return self._pending(new_rules, change, "apply")
 
         version = self._commit(build)
-        result = outcome[0]
+        result = outcome[-1]
         if version is None:
             return result
         return ApplyResult(owner, result.diff, version.info, version.number)
 
-    def rollback(self, number: int, change: Change) -> VersionInfo:
-        """A new version whose rules (owners and sources too) are those of `number`."""
+    def rollback(self, number: int, change: Change, *,
+                 scope: OwnerScope = EVERY_OWNER) -> VersionInfo:
+        """A new version whose rules (owners and sources too) are those of `number`.
+        The writer's `scope` must cover the owners of every rule that changes."""
         target = self.version(number)
 
         def build(head: Version | None) -> Pending:
+            _check_scope(scope, owners_touched(head.rules if head else (), target.rules))
             return self._pending(target.rules, change, "rollback", parent=number)
 
         version = self._commit(build)
@@ -285,20 +305,37 @@ class RuleStore:
 
     def _pending(self, rules: tuple[StoredRule, ...], change: Change, operation: Operation,
                  parent: int | None = None) -> Pending:
-        self._validate(rules)
-        return Pending(rules, change, operation, parent)
+        return Pending(rules, change, operation, parent, ruleset=self._validate(rules))
 
-    def _validate(self, rules: tuple[StoredRule, ...]) -> None:
-        if self._validator is not None:
-            self._validator(to_ruleset(rules))
+    def _validate(self, rules: tuple[StoredRule, ...]) -> RuleSet | None:
+        """The rules as a RuleSet, checked by the validator; None without one."""
+        if self._validator is None:
+            return None
+        ruleset = to_ruleset(rules)
+        self._validator(ruleset)
+        return ruleset
 
     def _commit(self, build: Callable[[Version | None], Pending | None]) -> Version | None:
-        version = self._backend.commit(build)
-        if version is not None:
-            log.info("rules version %d: %s by %s (%d rules)%s", version.number,
-                     version.info.operation, version.info.author, version.info.rule_count,
-                     f": {version.info.reason}" if version.info.reason else "")
-            self.poll()
+        """Build the next version from the latest one and write it, unless another
+        writer wrote one in between: then build again on that one.
+
+        The build (preconditions, and validation, which compiles the whole rule set)
+        runs with no lock held, so reads go on meanwhile; the write itself only checks
+        that the latest version is still the one built on."""
+        while True:
+            head = self._backend.head()
+            with building():  # no garbage collection walking a large rule set meanwhile
+                pending = build(head)
+                if pending is None:
+                    return None
+                version = self._backend.commit(head.number if head else 0, pending)
+            if version is not None:
+                break
+            log.info("another writer made a version meanwhile: building on it")
+        log.info("rules version %d: %s by %s (%d rules)%s", version.number,
+                 version.info.operation, version.info.author, version.info.rule_count,
+                 f": {version.info.reason}" if version.info.reason else "")
+        self.poll()
         return version
 
     def _publish(self, version: Version) -> bool:
@@ -314,6 +351,12 @@ class RuleStore:
             except Exception:  # one subscriber must not stop the others
                 log.exception("rule-set subscriber failed on version %d", version.number)
         return True
+
+
+def _check_scope(scope: OwnerScope, owners: Collection[str | None]) -> None:
+    outside = {owner for owner in owners if not scope.allows(owner)}
+    if outside:
+        raise OutOfScope(outside, scope.describe())
 
 
 def _check_preconditions(existing: StoredRule | None, rule_id: str,

@@ -23,9 +23,9 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Container, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,9 +40,14 @@ from control_plane.store.entries import (
     Version,
     VersionInfo,
     canonical_json,
+    manifest_json,
     ruleset_hash,
 )
 from control_plane.store.errors import StoreError, StoreUnavailable
+from ext_proc.heap import building
+from ext_proc.private_files import create_private, narrow_private, private_dir
+from ext_proc.rule_set_json import loads_pieces
+from filter_rules import RuleSet
 
 SCHEMA_VERSION = 1
 _CACHED_VERSIONS = 256
@@ -57,11 +62,26 @@ class Pending:
     change: Change
     operation: Operation
     parent: int | None = None
+    # The rules as a RuleSet, if the writer built it already (validation does): the
+    # version keeps it instead of building it again.
+    ruleset: RuleSet | None = field(default=None, compare=False)
 
 
-# Given the current version (None: the store is empty), the next one, or None for "no
-# change". It may raise a StoreError, which rolls the transaction back.
-Builder = Callable[[Version | None], Pending | None]
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A pending version turned into what its rows hold (the JSON, the hash): work done
+    before the write lock is taken."""
+
+    pending: Pending
+    bodies: list[tuple[str, str]]  # (etag, body JSON) of bodies the store may lack
+    ruleset_hash: str
+    manifest: str
+
+    @classmethod
+    def of(cls, pending: Pending, known: Container[str]) -> _Prepared:
+        bodies = {rule.etag: rule.body for rule in pending.rules if rule.etag not in known}
+        return cls(pending, [(etag, canonical_json(body)) for etag, body in bodies.items()],
+                   ruleset_hash(pending.rules), manifest_json(pending.rules))
 
 
 class Backend(Protocol):
@@ -71,7 +91,7 @@ class Backend(Protocol):
 
     def versions(self, limit: int, before: int | None) -> list[VersionInfo]: ...
 
-    def commit(self, build: Builder) -> Version | None: ...
+    def commit(self, expected: int, pending: Pending) -> Version | None: ...
 
     def verdicts(self, numbers: Sequence[int]) -> dict[int, Verdict]: ...
 
@@ -82,22 +102,6 @@ class Backend(Protocol):
     def live_number(self) -> int: ...
 
     def close(self) -> None: ...
-
-
-class _Dialect(Protocol):
-    name: str
-    placeholder: str
-
-    def connect(self) -> Any: ...
-
-    def schema(self) -> Sequence[str]: ...
-
-    @contextmanager
-    def write_transaction(self, conn: Any) -> Iterator[None]: ...
-
-    def driver_errors(self) -> tuple[type[BaseException], ...]: ...
-
-    def is_broken(self, conn: Any) -> bool: ...
 
 
 _TABLES = """
@@ -143,7 +147,11 @@ class SqliteDialect:
 
     def connect(self) -> sqlite3.Connection:
         if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # 0600 before SQLite opens it: its -wal and -shm files take the same mode.
+            private_dir(self.path.parent)
+            create_private(self.path)
+            for suffix in ("-wal", "-shm"):  # an older keg's, made 0644
+                narrow_private(f"{self.path}{suffix}")
         # Autocommit; writes open `BEGIN IMMEDIATE` themselves. One connection is
         # shared by the API's worker threads under the backend's lock.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
@@ -206,16 +214,50 @@ class PostgresDialect:
         return bool(conn.closed or conn.broken)
 
 
+class _Connection:
+    """One DB-API connection, opened on first use and again after it broke, shared by
+    threads under its lock."""
+
+    def __init__(self, dialect: SqliteDialect | PostgresDialect) -> None:
+        self.dialect = dialect
+        self.lock = threading.RLock()
+        self.conn: Any = None
+
+    @contextmanager
+    def use(self) -> Iterator[Any]:
+        with self.lock:
+            try:
+                if self.conn is None or self.dialect.is_broken(self.conn):
+                    self.conn = self.dialect.connect()
+                yield self.conn
+            except self.dialect.driver_errors() as err:
+                if self.conn is not None and self.dialect.is_broken(self.conn):
+                    self.conn = None  # reconnect on the next call (a database failover)
+                raise StoreUnavailable(f"{self.dialect.name}: {_driver_message(err)}") from None
+
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+
 class SqlBackend:
-    """A Backend over one DB-API connection, shared by threads under a lock."""
+    """A Backend over two DB-API connections shared by threads: one for writes, one
+    for reads, so that reads go on while a large version is written (SQLite in WAL
+    mode and PostgreSQL both let a reader see the last committed state meanwhile).
+    An in-memory SQLite database has a single connection."""
 
     def __init__(self, dialect: SqliteDialect | PostgresDialect) -> None:
         self._dialect = dialect
-        self._lock = threading.RLock()
-        self._conn: Any = None
+        self._writer = _Connection(dialect)
+        in_memory = isinstance(dialect, SqliteDialect) and str(dialect.path) == ":memory:"
+        self._reader = self._writer if in_memory else _Connection(dialect)
+        self._cache_lock = threading.Lock()  # the two caches below, read by every thread
         self._bodies: dict[str, dict[str, Any]] = {}
         self._versions: OrderedDict[int, Version] = OrderedDict()
-        with self._connection() as conn:
+        self._committed = 0  # the newest version this backend saw committed
+        with self._writer.use() as conn:
             if isinstance(dialect, PostgresDialect):
                 with conn.transaction():
                     for statement in dialect.schema():
@@ -237,17 +279,9 @@ class SqlBackend:
 
     # --- connection and error translation --------------------------------------------
 
-    @contextmanager
-    def _connection(self) -> Iterator[Any]:
-        with self._lock:
-            try:
-                if self._conn is None or self._dialect.is_broken(self._conn):
-                    self._conn = self._dialect.connect()
-                yield self._conn
-            except self._dialect.driver_errors() as err:
-                if self._conn is not None and self._dialect.is_broken(self._conn):
-                    self._conn = None  # reconnect on the next call (a database failover)
-                raise StoreUnavailable(f"{self._dialect.name}: {_driver_message(err)}") from None
+    def _connection(self) -> AbstractContextManager[Any]:
+        """The read connection (writes use `self._writer`)."""
+        return self._reader.use()
 
     def _sql(self, statement: str) -> str:
         return statement.replace("?", self._dialect.placeholder)
@@ -259,22 +293,21 @@ class SqlBackend:
         return list(conn.execute(self._sql(statement), tuple(params)).fetchall())
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._reader.close()
+        self._writer.close()
 
     # --- reads --------------------------------------------------------------------------
 
     def head(self) -> Version | None:
         with self._connection() as conn:
             row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
-            number = int(row[0]) if row else 0
-            return self._load(conn, number) if number else None
+        number = int(row[0]) if row else 0
+        with self._cache_lock:
+            self._committed = max(self._committed, number)
+        return self._load(number, committed=True) if number else None
 
     def version(self, number: int) -> Version | None:
-        with self._connection() as conn:
-            return self._load(conn, number)
+        return self._load(number, committed=False)
 
     def versions(self, limit: int, before: int | None) -> list[VersionInfo]:
         columns = _INFO_COLUMNS
@@ -287,56 +320,83 @@ class SqlBackend:
                                        "ORDER BY number DESC LIMIT ?", (before, limit))
         return [_info(row) for row in rows]
 
-    def _load(self, conn: Any, number: int) -> Version | None:
-        cached = self._versions.get(number)
-        if cached is not None:
-            self._versions.move_to_end(number)
-            return cached
-        row = self._one(conn, f"SELECT {_INFO_COLUMNS}, manifest FROM keg_versions "
-                              "WHERE number = ?", (number,))
+    def _load(self, number: int, *, committed: bool) -> Version | None:
+        """Version `number`, from the cache or the database. `committed`: the number was
+        read from the database's head; otherwise a cached version newer than the last
+        commit seen here may be one being committed right now, and is not trusted.
+
+        The read connection is held for each query only: parsing 100,000 rules takes
+        seconds, and other reads go on meanwhile."""
+        with self._cache_lock:
+            cached = self._versions.get(number)
+            if cached is not None and (committed or number <= self._committed):
+                self._versions.move_to_end(number)
+                return cached
+        with self._connection() as conn:
+            row = self._one(conn, f"SELECT {_INFO_COLUMNS}, manifest FROM keg_versions "
+                                  "WHERE number = ?", (number,))
         if row is None:
             return None
-        manifest: list[dict[str, Any]] = json.loads(row[-1])
-        bodies = self._load_bodies(conn, [entry["etag"] for entry in manifest])
-        rules = tuple(
-            StoredRule(entry["id"], bodies[entry["etag"]], entry.get("owner"),
-                       entry.get("source"), entry["etag"])
-            for entry in manifest
-        )
+        with building():  # no garbage collection walking 100,000 rules meanwhile
+            manifest: list[dict[str, Any]] = loads_pieces(row[-1])
+            bodies = self._load_bodies([entry["etag"] for entry in manifest])
+            rules = tuple(
+                StoredRule(entry["id"], bodies[entry["etag"]], entry.get("owner"),
+                           entry.get("source"), entry["etag"])
+                for entry in manifest
+            )
         version = Version(_info(row[:-1]), rules)
-        self._versions[number] = version
-        if len(self._versions) > _CACHED_VERSIONS:
-            self._versions.popitem(last=False)
+        self._cache(version)
         return version
 
-    def _load_bodies(self, conn: Any, etags: Sequence[str]) -> dict[str, dict[str, Any]]:
-        missing = sorted({e for e in etags if e not in self._bodies})
+    def _cache(self, version: Version) -> None:
+        with self._cache_lock:
+            self._versions[version.number] = version
+            if len(self._versions) > _CACHED_VERSIONS:
+                self._versions.popitem(last=False)
+
+    def _load_bodies(self, etags: Sequence[str]) -> dict[str, dict[str, Any]]:
+        bodies = self._bodies  # entries are only ever added, never changed
+        missing = sorted({e for e in etags if e not in bodies})
         for start in range(0, len(missing), _IN_CHUNK):
             chunk = missing[start:start + _IN_CHUNK]
             marks = ", ".join("?" for _ in chunk)
-            for etag, body in self._all(
-                conn, f"SELECT etag, body FROM keg_rule_bodies WHERE etag IN ({marks})", chunk
-            ):
-                self._bodies[etag] = json.loads(body)
-        absent = [e for e in etags if e not in self._bodies]
+            with self._connection() as conn:
+                rows = self._all(conn, "SELECT etag, body FROM keg_rule_bodies "
+                                       f"WHERE etag IN ({marks})", chunk)
+            for etag, body in rows:
+                bodies[etag] = json.loads(body)
+        absent = [e for e in etags if e not in bodies]
         if absent:
             raise StoreError(f"the database is inconsistent: no rule body {absent[0]}")
-        return {etag: self._bodies[etag] for etag in etags}
+        return {etag: bodies[etag] for etag in etags}
 
     # --- the one write ----------------------------------------------------------------
 
-    def commit(self, build: Builder) -> Version | None:
-        with self._connection() as conn:
-            with self._dialect.write_transaction(conn):
-                row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
-                number = int(row[0]) if row else 0
-                head = self._load(conn, number) if number else None
-                pending = build(head)
-                if pending is None:
-                    return None
-                version = self._insert(conn, number + 1, pending)
-            # Cached only once committed: a failed transaction leaves no trace.
-            self._remember(version)
+    def commit(self, expected: int, pending: Pending) -> Version | None:
+        """Write `pending` as the version after `expected`; None (nothing written) when
+        the latest version is no longer `expected` (another writer was first)."""
+        prepared = _Prepared.of(pending, self._bodies)  # the JSON work: before the lock
+        version: Version | None = None
+        with self._writer.use() as conn:
+            try:
+                with self._dialect.write_transaction(conn):
+                    row = self._one(conn, "SELECT number FROM keg_head WHERE id = 1")
+                    number = int(row[0]) if row else 0
+                    if number != expected:
+                        return None
+                    version = self._insert(conn, number + 1, prepared)
+                    # Cached before the commit: a reader that sees the new head finds it
+                    # here instead of loading it from the database (seconds for 100,000
+                    # rules). Until then `version()` does not trust it (`_committed`).
+                    self._remember(version)
+            except BaseException:
+                if version is not None:  # the commit failed: nothing of it stays
+                    with self._cache_lock:
+                        self._versions.pop(version.number, None)
+                raise
+            with self._cache_lock:
+                self._committed = max(self._committed, version.number)
             return version
 
     # --- verdicts -----------------------------------------------------------------------
@@ -367,7 +427,7 @@ class SqlBackend:
                          "ON CONFLICT (number) DO UPDATE SET status = excluded.status, "
                          "node = excluded.node, detail = excluded.detail, at = excluded.at "
                          f"WHERE keg_verdicts.status <> '{REJECTED}'")
-        with self._connection() as conn:
+        with self._writer.use() as conn:
             cursor = conn.execute(self._sql(statement.format(c=_VERDICT_COLUMNS)), (
                 verdict.number, verdict.status, verdict.node, verdict.detail,
                 verdict.at.isoformat()))
@@ -388,38 +448,37 @@ class SqlBackend:
                                   f"WHERE status = '{APPLIED}'")
         return int(row[0]) if row and row[0] is not None else 0
 
-    def _insert(self, conn: Any, number: int, pending: Pending) -> Version:
-        for rule in pending.rules:
-            if rule.etag not in self._bodies:
-                self._exec(conn, "INSERT INTO keg_rule_bodies (etag, body) VALUES (?, ?) "
-                                 "ON CONFLICT DO NOTHING", (rule.etag, canonical_json(rule.body)))
+    def _insert(self, conn: Any, number: int, prepared: _Prepared) -> Version:
+        pending = prepared.pending
+        if prepared.bodies:
+            conn.cursor().executemany(self._sql(
+                "INSERT INTO keg_rule_bodies (etag, body) VALUES (?, ?) ON CONFLICT DO NOTHING"),
+                prepared.bodies)
         info = VersionInfo(
             number=number,
             created_at=datetime.now(UTC),
             author=pending.change.author,
             reason=pending.change.reason,
             operation=pending.operation,
-            ruleset_hash=ruleset_hash(pending.rules),
+            ruleset_hash=prepared.ruleset_hash,
             rule_count=len(pending.rules),
             parent=pending.parent,
         )
-        manifest = canonical_json([rule.manifest() for rule in pending.rules])
         self._exec(
             conn,
             f"INSERT INTO keg_versions ({_INFO_COLUMNS}, manifest) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (number, info.created_at.isoformat(), info.author, info.reason, info.operation,
-             info.parent, info.ruleset_hash, info.rule_count, manifest),
+             info.parent, info.ruleset_hash, info.rule_count, prepared.manifest),
         )
         self._exec(conn, "UPDATE keg_head SET number = ? WHERE id = 1", (number,))
-        return Version(info, pending.rules)
+        built = [] if pending.ruleset is None else [pending.ruleset]
+        return Version(info, pending.rules, _ruleset=built)
 
     def _remember(self, version: Version) -> None:
         for rule in version.rules:
             self._bodies.setdefault(rule.etag, rule.body)
-        self._versions[version.number] = version
-        if len(self._versions) > _CACHED_VERSIONS:
-            self._versions.popitem(last=False)
+        self._cache(version)
 
     def _exec(self, conn: Any, statement: str, params: Sequence[Any]) -> None:
         conn.execute(self._sql(statement), tuple(params))

@@ -23,14 +23,14 @@ from typing import Any
 import kafka_wire
 from ext_proc.filters import RESPONSE, BaseFilter, Direction, ResponseContext
 from ext_proc.filters.broker_address import endpoint_api_keys
-from kafka_wire.api_keys import API_VERSIONS
+from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
 
 
 class ApiVersionsNarrower(BaseFilter):
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return api_key == API_VERSIONS and direction == RESPONSE
+        return api_key == ApiKey.API_VERSIONS and direction == RESPONSE
 
     def on_response(self, ctx: ResponseContext) -> None:
         ctx.changed(self.narrow(ctx.body))

@@ -45,9 +45,6 @@ def endpoint_api_keys() -> frozenset[int]:
 
 
 class BrokerAddressRewriter(BaseFilter):
-    def __init__(self) -> None:
-        self.unknown_brokers = 0
-
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
         return direction == RESPONSE and carries_endpoints(api_key, api_version)
 
@@ -67,7 +64,6 @@ class BrokerAddressRewriter(BaseFilter):
         route = conn.routes.get(node)
         if route is not None:
             return route
-        self.unknown_brokers += 1
         log.warning("broker %s has no gateway listener yet; %s sent to its own listener",
                     node, conn.describe())
         if conn.gateway_route is None:

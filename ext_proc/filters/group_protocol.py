@@ -38,11 +38,10 @@ from ext_proc.filters import (
     RequestVerdict,
     ResponseContext,
 )
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.codec import RequestHeader
 from kafka_wire.error_responses import error_response
 from kafka_wire.group_protocol import (
-    INCONSISTENT_GROUP_PROTOCOL,
     GroupObservation,
     GroupProtocolTracker,
 )
@@ -53,7 +52,7 @@ ObservationSink = Callable[[ConnectionInfo, GroupObservation], None]
 
 
 class GroupProtocolObserver(BaseFilter):
-    api_keys = frozenset({JOIN_GROUP, SYNC_GROUP})
+    api_keys = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
 
     def __init__(self, sink: ObservationSink | None = None) -> None:
         self.tracker = GroupProtocolTracker()
@@ -126,7 +125,7 @@ class GroupProtocolGuard(BaseFilter):
         self._observer = observer
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return (direction == REQUEST and api_key == SYNC_GROUP
+        return (direction == REQUEST and api_key == ApiKey.SYNC_GROUP
                 and api_version >= SYNC_GROUP_PROTOCOL_VERSION
                 and self._observer.wants(api_key, api_version))
 
@@ -141,10 +140,11 @@ class GroupProtocolGuard(BaseFilter):
                                       body.get("ProtocolName"), confirmed=True)
         if not conflicts:
             return None
-        tracker.cancel(SYNC_GROUP, header.correlation_id)
+        tracker.cancel(ApiKey.SYNC_GROUP, header.correlation_id)
         first = conflicts[0]
         message = (f"{first.field} {first.actual!r} differs from the group's {first.expected!r}")
         log.info("SyncGroup of group %r answered INCONSISTENT_GROUP_PROTOCOL: %s (%s)",
                  first.group_id, message, conn.describe())
         return RequestVerdict(answer=error_response(
-            SYNC_GROUP, header.api_version, body, INCONSISTENT_GROUP_PROTOCOL, message))
+            ApiKey.SYNC_GROUP, header.api_version, body, ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+            message))

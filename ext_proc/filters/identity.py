@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, ResponseContext
 from ext_proc.identity import IdentityTracker
-from kafka_wire.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kafka_wire import ApiKey
 
-_SASL = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
+_SASL = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class IdentityObserver(BaseFilter):
@@ -18,8 +18,8 @@ class IdentityObserver(BaseFilter):
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
         if direction == REQUEST:
             # ApiVersions opens every connection: its header names the client.
-            return api_key in _SASL or api_key == API_VERSIONS
-        return api_key == SASL_AUTHENTICATE
+            return api_key in _SASL or api_key == ApiKey.API_VERSIONS
+        return api_key == ApiKey.SASL_AUTHENTICATE
 
     def on_request(self, ctx: RequestContext) -> None:
         header = ctx.header

@@ -35,7 +35,6 @@ from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
-from filter_rules.errors import error_code
 from interceptors.engine import (
     REFUSING,
     BatchOutcome,
@@ -44,7 +43,7 @@ from interceptors.engine import (
     RecordEngine,
     Stage,
 )
-from kafka_wire.api_keys import FETCH, PRODUCE
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.error_responses import expects_response
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, encode_batch, iter_batches, rewrite_records
@@ -53,12 +52,6 @@ from kafka_wire.topic_ids import topic_name
 
 log = logging.getLogger(__name__)
 
-INVALID_RECORD: Final = error_code("INVALID_RECORD")
-REQUEST_TIMED_OUT: Final = error_code("REQUEST_TIMED_OUT")
-UNKNOWN_SERVER_ERROR: Final = error_code("UNKNOWN_SERVER_ERROR")
-CORRUPT_MESSAGE: Final = error_code("CORRUPT_MESSAGE")
-MESSAGE_TOO_LARGE: Final = error_code("MESSAGE_TOO_LARGE")
-UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 Body = dict[str, Any]
 # Out of time, or a service the rule needs (a schema registry, a KMS) unavailable: the
@@ -75,8 +68,10 @@ def _refusal_code(outcome: BatchOutcome) -> int:
     """The error a refused batch (or fetched partition) is answered with."""
     failure = outcome.failure
     if failure is None:
-        return INVALID_RECORD
-    return REQUEST_TIMED_OUT if failure.effect in _RETRIABLE_EFFECTS else UNKNOWN_SERVER_ERROR
+        return ErrorCode.INVALID_RECORD
+    if failure.effect in _RETRIABLE_EFFECTS:
+        return ErrorCode.REQUEST_TIMED_OUT
+    return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 def _refusal(index: int, outcome: BatchOutcome) -> Body:
@@ -98,21 +93,22 @@ def _refusal(index: int, outcome: BatchOutcome) -> Body:
 
 def _corrupt(index: int, err: Exception) -> Body:
     entry = _success(index)
-    entry["ErrorCode"] = CORRUPT_MESSAGE
+    entry["ErrorCode"] = ErrorCode.CORRUPT_MESSAGE
     entry["ErrorMessage"] = f"keg: the batch does not decode: {err}"[:1000]
     return entry
 
 
 def _too_costly(index: int, err: OverBudget) -> Body:
     entry = _success(index)
-    entry["ErrorCode"] = REQUEST_TIMED_OUT if err.retriable else MESSAGE_TOO_LARGE
+    entry["ErrorCode"] = (ErrorCode.REQUEST_TIMED_OUT if err.retriable
+                          else ErrorCode.MESSAGE_TOO_LARGE)
     entry["ErrorMessage"] = f"keg: {err}"[:1000]
     return entry
 
 
 def _unknown_topic(index: int) -> Body:
     entry = _success(index)
-    entry["ErrorCode"] = UNKNOWN_TOPIC_ID
+    entry["ErrorCode"] = ErrorCode.UNKNOWN_TOPIC_ID
     entry["ErrorMessage"] = "keg: topic id not seen in a Metadata answer yet; refresh metadata"
     return entry
 
@@ -159,7 +155,7 @@ class RecordsFilter(BaseFilter):
         self._identity = identity
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
-        return api_key in (PRODUCE, FETCH) and self._engine.records.interested(
+        return api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and self._engine.records.interested(
             api_key, api_version)
 
     # -- the filter contract: a request decided by `judge` -------------------------
@@ -179,7 +175,7 @@ class RecordsFilter(BaseFilter):
                            principal=principal, client_id=header.client_id,
                            client_host=conn.client_host, listener=conn.gateway_address or None,
                            broker_id=conn.broker_id)
-        if header.api_key == PRODUCE:
+        if header.api_key == ApiKey.PRODUCE:
             return self._produce(records, header, body, conn, ctx)
         return self._fetch(records, header, conn, ctx)
 
@@ -298,7 +294,7 @@ class RecordsFilter(BaseFilter):
             for topic in response.get("Responses") or ():
                 name = topic_name(topic, self._engine.topic_ids)
                 if name is None:  # v13+: an id not seen named yet: hand out nothing
-                    changed |= _withhold(topic.get("Partitions") or (), UNKNOWN_TOPIC_ID)
+                    changed |= _withhold(topic.get("Partitions") or (), ErrorCode.UNKNOWN_TOPIC_ID)
                     continue
                 stages = records.plan("consume", name, ctx)
                 if not stages:
@@ -330,11 +326,11 @@ class RecordsFilter(BaseFilter):
             except KafkaWireError as err:
                 # Never hand out records a rule could not see (fail closed).
                 log.warning("fetched batch of %s-%d does not decode: %s", topic, index, err)
-                refused.append(CORRUPT_MESSAGE)
+                refused.append(ErrorCode.CORRUPT_MESSAGE)
                 return None
             except OverBudget as err:
                 self._over_budget(topic, index, err, conn)
-                refused.append(CORRUPT_MESSAGE)
+                refused.append(ErrorCode.CORRUPT_MESSAGE)
                 return None
             self._report(outcome, header, conn, topic, index)
             if outcome.failure is not None:
@@ -365,7 +361,7 @@ class RecordsFilter(BaseFilter):
         client is answered with (`answered=False`: no answer reaches it, acks=0)."""
         if not outcome.counts:
             return
-        produce = header.api_key == PRODUCE
+        produce = header.api_key == ApiKey.PRODUCE
         rejected = {r.rule_id: r.reason for r in outcome.rejections}
         for (rule_id, effect), count in outcome.counts.items():
             if effect == "unchanged":

@@ -44,7 +44,7 @@ from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
 from interceptors import BuildContext
 from interceptors.engine import DEFAULT_LIMITS, RecordEngine, RecordLimits
-from kafka_wire.api_keys import ENVELOPE, FETCH, METADATA, PRODUCE
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
@@ -59,16 +59,16 @@ from kafka_wire.topic_ids import TopicIds, topic_name
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_TOPIC_ID = error_code("UNKNOWN_TOPIC_ID")
-TOPIC_AUTHORIZATION_FAILED = error_code("TOPIC_AUTHORIZATION_FAILED")
-GROUP_AUTHORIZATION_FAILED = error_code("GROUP_AUTHORIZATION_FAILED")
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
 # APIs whose requests are split when only some topics are refused. Fetch is not among
 # them: in an incremental fetch session the broker would never learn the refused
 # partitions, so a Fetch with any refused topic is answered whole.
-_PARTIAL_DENIAL_APIS = frozenset({PRODUCE, 2, METADATA, 8, 19, 20, 21, 28})
+_PARTIAL_DENIAL_APIS = frozenset({
+    ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_COMMIT,
+    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS, ApiKey.TXN_OFFSET_COMMIT,
+})
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,19 @@ class RuleEngine:
         self.requests = compiled.subset(ENFORCED_KINDS)
         self.install(compiled)
 
-    def install(self, compiled: CompiledRuleSet) -> None:
-        records = RecordEngine(compiled, self.context)  # raises RuleSetInvalid
+    def prepare(self, compiled: CompiledRuleSet) -> tuple[RecordEngine, CompiledRuleSet]:
+        """What `install` builds, in any thread (seconds for 100,000 rules): the record
+        engine (raises RuleSetInvalid) and the request rules, their indexes built."""
+        requests = compiled.subset(ENFORCED_KINDS)
+        requests.warm()
+        return RecordEngine(compiled, self.context), requests
+
+    def install(self, compiled: CompiledRuleSet,
+                prepared: tuple[RecordEngine, CompiledRuleSet] | None = None) -> None:
+        records, requests = prepared or self.prepare(compiled)
         previous = self.records
         # Reference swaps: live connections pick the new views up on their next frame.
-        self.requests = compiled.subset(ENFORCED_KINDS)
+        self.requests = requests
         self.records = records
         self.compiled = compiled
         if previous is not records:
@@ -175,7 +183,7 @@ class RulesFilter(BaseFilter):
 
     def wants_request(self, api_key: int, api_version: int) -> bool:
         compiled = self._engine.requests
-        if api_key == ENVELOPE:  # any rule may apply to the request inside
+        if api_key == ApiKey.ENVELOPE:  # any rule may apply to the request inside
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
 
@@ -190,7 +198,7 @@ class RulesFilter(BaseFilter):
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
     ) -> RequestVerdict | None:
-        if header.api_key == ENVELOPE:
+        if header.api_key == ApiKey.ENVELOPE:
             return self._envelope(header, body, conn)
         # A login the gateway could not read (opaque token) is no one to match on.
         principal = self._identity.principal if self._identity.principal_known else None
@@ -205,7 +213,7 @@ class RulesFilter(BaseFilter):
         except KafkaWireError as err:
             log.warning("envelope refused, its request is unreadable: %s (%s)", err,
                         conn.describe())
-            return RequestVerdict(answer={"ErrorCode": error_code("INVALID_REQUEST")})
+            return RequestVerdict(answer={"ErrorCode": ErrorCode.INVALID_REQUEST})
         ih = inner.header
         verdict = self._evaluate(ih, inner.body, conn, principal_for_envelope(inner.principal),
                                  str(inner.client_address))
@@ -264,7 +272,7 @@ class RulesFilter(BaseFilter):
             log.info("%s names topic ids the gateway has not seen (%s): UNKNOWN_TOPIC_ID",
                      kafka_wire.api_name(api_key), named.unknown_topic_ids[0])
             return self._answer(header, body, Refusal(
-                UNKNOWN_TOPIC_ID, "keg: a topic id this gateway has not seen named yet; "
+                ErrorCode.UNKNOWN_TOPIC_ID, "keg: a topic id this gateway has not seen named yet; "
                 "refresh metadata"), per_topic=True)
         rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
         denied: dict[str, Refusal] = {}
@@ -288,7 +296,7 @@ class RulesFilter(BaseFilter):
                 throttle_s = max(throttle_s, self._rate(rule, header, conn, body, hits))
                 continue
             if rule.kind == "safeguard":
-                if api_key == FETCH:
+                if api_key == ApiKey.FETCH:
                     changed |= self._limit_fetch(rule, header, conn, body, hits)
                     continue
                 refused = self._safeguard(rule, header, conn, body, hits)
@@ -308,7 +316,7 @@ class RulesFilter(BaseFilter):
             denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
         verdict: RequestVerdict | None
         if not denied:
-            verdict = (self._hide_topics(ctx) if api_key == METADATA
+            verdict = (self._hide_topics(ctx) if api_key == ApiKey.METADATA
                        and body.get("Topics") is None else None)
         elif set(denied) >= set(topics) or api_key not in _PARTIAL_DENIAL_APIS:
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
@@ -326,7 +334,7 @@ class RulesFilter(BaseFilter):
                      conn: ConnectionInfo, body: dict[str, Any], hits: list[str | None]) -> bool:
         """A `max_fetch_bytes` safeguard: caps the Fetch's byte limits (True: changed); in
         dry-run it only reports the cap it would apply and leaves the request alone."""
-        spec = rule.action.safeguard  # type: ignore[union-attr]
+        spec = rule.action.safeguard
         asked = fetch_over_limit(spec, body)
         if asked is None:
             return False
@@ -342,9 +350,9 @@ class RulesFilter(BaseFilter):
                    conn: ConnectionInfo, body: dict[str, Any],
                    hits: list[str | None]) -> dict[str | None, Refusal]:
         """The topics (None: the request) a Produce safeguard refuses, and why."""
-        if header.api_key != PRODUCE:
+        if header.api_key != ApiKey.PRODUCE:
             return {}
-        spec = rule.action.safeguard  # type: ignore[union-attr]
+        spec = rule.action.safeguard
         refused: dict[str | None, Refusal] = {}
         for topic in hits:
             found = produce_violations(spec, body, topic, self._engine.topic_ids)
@@ -361,8 +369,8 @@ class RulesFilter(BaseFilter):
 
     def _rate(self, rule: CompiledRule, header: kafka_wire.RequestHeader, conn: ConnectionInfo,
               body: dict[str, Any], hits: list[str | None]) -> float:
-        spec = rule.action.rate  # type: ignore[union-attr]
-        nbytes = produce_bytes(body) if header.api_key == PRODUCE else 0
+        spec = rule.action.rate
+        nbytes = produce_bytes(body) if header.api_key == ApiKey.PRODUCE else 0
         keys: list[str | None]
         if spec.per == "topic":
             keys = hits
@@ -400,7 +408,7 @@ class RulesFilter(BaseFilter):
         answer = error_response(header.api_key, header.api_version, body, refusal.code,
                                 refusal.message, throttle_time_ms=int(throttle_s * 1000),
                                 per_topic=per_topic)
-        if header.api_key == PRODUCE:
+        if header.api_key == ApiKey.PRODUCE:
             _name_records(answer.get("Responses") or (), refusal.records,
                           self._engine.topic_ids)
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
@@ -416,7 +424,7 @@ class RulesFilter(BaseFilter):
             names = {t for t, r in denied.items() if r == refusal}
             found = partial_error_entries(api_key, version, body, names, refusal.code,
                                           refusal.message, topic_ids=id_names)
-            if api_key == PRODUCE:
+            if api_key == ApiKey.PRODUCE:
                 _name_records(found, refusal.records, ids)
             entries += found
         forwarded = remove_topics(api_key, version, body, set(denied), topic_ids=id_names)
@@ -439,9 +447,9 @@ class RulesFilter(BaseFilter):
         if name:
             return error_code(name)
         if rule.uses_topics and None not in hits:
-            return TOPIC_AUTHORIZATION_FAILED
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED
         if rule.uses_groups and groups:
-            return GROUP_AUTHORIZATION_FAILED
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED
         return default_deny_error(api_key)
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Virtual topics: each tenant sees its own namespace of topics (issue 5, item 6).
+"""Virtual topics: each tenant sees its own namespace of topics.
 
 A `virtual_topics` rule (`{prefix: "tenant-a.", groups: true, transactional_ids:
 true}`) matched by the usual matchers (principals, listeners, client addresses, client
@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
@@ -38,10 +38,9 @@ from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, Req
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, MatchContext
-from filter_rules.errors import INVALID_REQUEST, error_code
 from filter_rules.patterns import PatternError, compile_re2
 from filter_rules.record_actions import VirtualTopicsAction
-from kafka_wire.api_keys import JOIN_GROUP, SYNC_GROUP
+from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.entity_names import (
     GROUP,
     TOPIC,
@@ -58,16 +57,12 @@ from kafka_wire.error_responses import error_response
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_TOPIC_ID: Final = error_code("UNKNOWN_TOPIC_ID")
 
 
 class ForeignTopicId(EntityNameError):
     """A request names a topic id outside the connection's namespace (or unknown)."""
 
-CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE, LIST_TRANSACTIONS = 68, 69, 66
-DELETE_TOPICS = 20
 # Kafka 4.0's error for a refused regex subscription (KIP-848); not in older tables.
-INVALID_REGULAR_EXPRESSION: Final = error_code("INVALID_REGULAR_EXPRESSION")
 _MAX_GROUPS = 64  # JoinGroup protocol types remembered per connection
 
 
@@ -191,14 +186,15 @@ class VirtualTopicsFilter(BaseFilter):
 
     def _rename_request(self, key: int, version: int, body: dict[str, Any],
                         ns: Namespace) -> bool:
-        if key == DELETE_TOPICS and any(t.get("Name") is None for t in body.get("Topics") or []):
+        topics = body.get("Topics") or []
+        if key == ApiKey.DELETE_TOPICS and any(t.get("Name") is None for t in topics):
             # The answer would hide a foreign topic, but only after the broker deleted it.
             raise EntityNameError("virtual topics: DeleteTopics by topic id is not supported; "
                                   "name the topics")
         self._confine_topic_ids(key, version, body, ns)
         changed = self._anchor_patterns(key, body, ns)  # may refuse: before any rename
         changed |= rename_entities(key, version, "request", body, ns.to_broker)
-        if key == JOIN_GROUP:
+        if key == ApiKey.JOIN_GROUP:
             protocol_type = body.get("ProtocolType")
             for p in body.get("Protocols") or []:
                 new = rename_group_payload(protocol_type, "subscription", p.get("Metadata"),
@@ -207,7 +203,7 @@ class VirtualTopicsFilter(BaseFilter):
                     p["Metadata"], changed = new, True
             if isinstance(protocol_type, str):
                 self._remember(body["GroupId"], protocol_type)
-        elif key == SYNC_GROUP:
+        elif key == ApiKey.SYNC_GROUP:
             protocol_type = self._request_protocol_type(key, version, body)
             for a in body.get("Assignments") or []:
                 new = rename_group_payload(protocol_type, "assignment", a.get("Assignment"),
@@ -230,12 +226,12 @@ class VirtualTopicsFilter(BaseFilter):
                 raise ForeignTopicId(f"topic id {topic_id} is not a topic of this namespace")
 
     def _anchor_patterns(self, key: int, body: dict[str, Any], ns: Namespace) -> bool:
-        if key == CONSUMER_GROUP_HEARTBEAT:
+        if key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
             regex = body.get("SubscribedTopicRegex")
             if regex:
                 body["SubscribedTopicRegex"] = ns.anchor(regex)
                 return True
-        elif key == LIST_TRANSACTIONS and ns.transactional_ids:
+        elif key == ApiKey.LIST_TRANSACTIONS and ns.transactional_ids:
             pattern = body.get("TransactionalIdPattern")
             if pattern:
                 body["TransactionalIdPattern"] = ns.anchor(pattern)
@@ -243,10 +239,10 @@ class VirtualTopicsFilter(BaseFilter):
         return False
 
     def _request_protocol_type(self, key: int, version: int, body: dict[str, Any]) -> str | None:
-        if key == JOIN_GROUP:
+        if key == ApiKey.JOIN_GROUP:
             found = body.get("ProtocolType")
             return found if isinstance(found, str) else None
-        if key != SYNC_GROUP:
+        if key != ApiKey.SYNC_GROUP:
             return None
         said = body.get("ProtocolType") if version >= 5 else None
         if isinstance(said, str):
@@ -262,11 +258,11 @@ class VirtualTopicsFilter(BaseFilter):
     def _refuse(self, header: kafka_wire.RequestHeader, body: dict[str, Any], ns: Namespace,
                 err: Exception) -> RequestVerdict:
         if isinstance(err, ForeignTopicId):
-            code, what = UNKNOWN_TOPIC_ID, "topic id"
+            code, what = ErrorCode.UNKNOWN_TOPIC_ID, "topic id"
         elif isinstance(err, PatternError):
-            code, what = INVALID_REGULAR_EXPRESSION, "regular expression"
+            code, what = ErrorCode.INVALID_REGULAR_EXPRESSION, "regular expression"
         else:
-            code, what = INVALID_REQUEST, "request"
+            code, what = ErrorCode.INVALID_REQUEST, "request"
         message = f"virtual topics: {what} refused: {err}"
         log.info("%s (%s)", message, header.client_id)
         answer = error_response(header.api_key, header.api_version, body, code, message)
@@ -278,7 +274,7 @@ class VirtualTopicsFilter(BaseFilter):
     def _rename_response(self, key: int, version: int, response: dict[str, Any],
                          ns: Namespace, protocol_type: str | None) -> bool:
         changed = rename_entities(key, version, "response", response, ns.to_client)
-        if key == JOIN_GROUP:
+        if key == ApiKey.JOIN_GROUP:
             said = response.get("ProtocolType") if version >= 7 else None
             ptype = said if isinstance(said, str) else protocol_type
             for m in response.get("Members") or []:
@@ -286,14 +282,14 @@ class VirtualTopicsFilter(BaseFilter):
                                            ns.to_client)
                 if new is not None:
                     m["Metadata"], changed = new, True
-        elif key == SYNC_GROUP:
+        elif key == ApiKey.SYNC_GROUP:
             said = response.get("ProtocolType") if version >= 5 else None
             ptype = said if isinstance(said, str) else protocol_type
             new = rename_group_payload(ptype, "assignment", response.get("Assignment"),
                                        ns.to_client)
             if new is not None:
                 response["Assignment"], changed = new, True
-        elif key == CONSUMER_GROUP_DESCRIBE:
+        elif key == ApiKey.CONSUMER_GROUP_DESCRIBE:
             for group in response.get("Groups") or []:
                 for member in group.get("Members") or []:
                     regex = member.get("SubscribedTopicRegex")

@@ -309,7 +309,8 @@ def _immutable_view(records: Buffer) -> memoryview:
 
 def verify_crc(batch: BatchView) -> bool:
     """True when the batch's CRC32C matches its bytes from the attributes onward."""
-    return google_crc32c.value(bytes(batch.raw[_CRC_START:])) == batch.header.crc
+    crc: int = google_crc32c.value(bytes(batch.raw[_CRC_START:]))
+    return crc == batch.header.crc
 
 
 # --------------------------------------------------------------------------- helpers

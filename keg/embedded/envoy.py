@@ -8,6 +8,7 @@ package of its own `envoy` and finds the binary through `envoy._bin`.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from control_plane.tls import ClientTls
 from keg.children import ENVOY, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
@@ -60,10 +62,12 @@ def render_bootstrap(
     delta: bool = False,
     locality: dict[str, str] | None = None,
     runtime: dict[str, Any] | None = None,
+    xds_tls: ClientTls | None = None,
 ) -> str:
     """The bootstrap template filled in; `delta` switches ADS to the incremental variant,
     `locality` ({region, zone, sub_zone}) places the node in the fleet view, `runtime`
-    is a static runtime layer (feature flags)."""
+    is a static runtime layer (feature flags), `xds_tls` reaches the control plane over
+    TLS (its certificate must name `xds_host`)."""
     text = Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
         NODE_ID=node_id,
         NODE_CLUSTER=node_cluster,
@@ -72,9 +76,12 @@ def render_bootstrap(
         ADMIN_HOST=admin_host,
         ADMIN_PORT=admin_port,
     )
-    if not delta and not locality and not runtime:
+    if not delta and not locality and not runtime and xds_tls is None:
         return text
     config = yaml.safe_load(text)
+    if xds_tls is not None:
+        config["static_resources"]["clusters"][0]["transport_socket"] = xds_transport_socket(
+            xds_tls, xds_host)
     if delta:
         config["dynamic_resources"]["ads_config"]["api_type"] = "DELTA_GRPC"
     if locality:
@@ -83,6 +90,28 @@ def render_bootstrap(
         config["layered_runtime"] = {"layers": [
             {"name": "keg", "static_layer": dict(runtime)}, {"name": "admin", "admin_layer": {}}]}
     return str(yaml.safe_dump(config, sort_keys=False))
+
+
+def xds_transport_socket(tls: ClientTls, host: str) -> dict[str, Any]:
+    """The xDS cluster's TLS (bootstrap YAML): the control plane's CA, its certificate
+    checked for `host`, and the node's own certificate for mutual TLS."""
+    try:
+        ipaddress.ip_address(host)
+        san_type, sni = "IP_ADDRESS", None
+    except ValueError:
+        san_type, sni = "DNS", host
+    common: dict[str, Any] = {"validation_context": {
+        "trusted_ca": {"filename": str(tls.ca_file)},
+        "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}]}}
+    if tls.cert_file is not None and tls.key_file is not None:
+        common["tls_certificates"] = [{"certificate_chain": {"filename": str(tls.cert_file)},
+                                       "private_key": {"filename": str(tls.key_file)}}]
+    context: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+                 "UpstreamTlsContext", "common_tls_context": common}
+    if sni is not None:
+        context["sni"] = sni
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
 
 class EmbeddedEnvoy(Service):
@@ -101,10 +130,12 @@ class EmbeddedEnvoy(Service):
         locality: dict[str, str] | None = None,
         extra_env: dict[str, str] | None = None,
         runtime: dict[str, Any] | None = None,
+        xds_tls: ClientTls | None = None,
     ) -> None:
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
-                                           delta=delta, locality=locality, runtime=runtime)
+                                           delta=delta, locality=locality, runtime=runtime,
+                                           xds_tls=xds_tls)
         # Envoy's allow-list only: nothing of keg's own environment (keys, passwords).
         self._env = child_environment(ENVOY, extra_env)
         self._own_dir = work_dir is None

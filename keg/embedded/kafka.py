@@ -38,10 +38,12 @@ import uuid
 import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import IO, Self
 
+from kafka_wire import ApiKey
 from keg.children import JAVA, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.state import DirectoryLock, StateInUse
@@ -445,16 +447,29 @@ def probe_broker(host: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            body = _kafka_request(sock, 18, 0, 1, b"")  # ApiVersions v0
+            body = _kafka_request(sock, ApiKey.API_VERSIONS, 0, 1, b"")  # ApiVersions v0
             (error_code,) = struct.unpack(">h", body[:2])
             if error_code != 0:
                 return False
             # Metadata v4: topics = [] (none), allow_auto_topic_creation = false.
-            body = _kafka_request(sock, 3, 4, 2, struct.pack(">ib", 0, 0))
+            body = _kafka_request(sock, ApiKey.METADATA, 4, 2, struct.pack(">ib", 0, 0))
             _throttle, brokers = struct.unpack(">ii", body[:8])
             return bool(brokers > 0)
     except (OSError, ConnectionError, struct.error):
         return False
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """TLS listeners of the embedded broker, from PEM files (Kafka's PEM key stores):
+    an `SSL` listener, and with `sasl_users` a `SASL_SSL` one. `key_file` must be an
+    unencrypted PKCS#8 key; `client_auth` is Kafka's ssl.client.auth (none, requested,
+    required), checked against `ca_file`."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_auth: str = "none"
 
 
 # Features finalized when a data dir is formatted (see EmbeddedKafka).
@@ -485,6 +500,7 @@ class EmbeddedKafka(Service):
         start_timeout: float = 60.0,
         heap: str = "1g",
         features: dict[str, int] | None = None,
+        tls: BrokerTls | None = None,
     ) -> None:
         for name in sasl_users or {}:
             if not _USER_RE.match(name):
@@ -495,6 +511,9 @@ class EmbeddedKafka(Service):
         self._port = port
         self._controller_port = 0
         self._sasl_port = 0
+        self._ssl_port = 0
+        self._sasl_ssl_port = 0
+        self._tls = tls
         self._sasl_users = dict(sasl_users or {})
         self._extra_config = dict(extra_config or {})
         self._features = dict(DEFAULT_FEATURES if features is None else features)
@@ -540,6 +559,22 @@ class EmbeddedKafka(Service):
         if not self._sasl_port:
             raise EmbeddedKafkaError("EmbeddedKafka is not started")
         return f"127.0.0.1:{self._sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """``127.0.0.1:<port>`` of the SSL listener (needs ``tls``)."""
+        if self._tls is None or not self._ssl_port:
+            raise EmbeddedKafkaError("EmbeddedKafka has no SSL listener (no tls given) or "
+                                     "is not started")
+        return f"127.0.0.1:{self._ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """``127.0.0.1:<port>`` of the SASL_SSL listener (needs ``tls`` and ``sasl_users``)."""
+        if self._tls is None or not self._sasl_users or not self._sasl_ssl_port:
+            raise EmbeddedKafkaError("EmbeddedKafka has no SASL_SSL listener (needs tls and "
+                                     "sasl_users) or is not started")
+        return f"127.0.0.1:{self._sasl_ssl_port}"
 
     @property
     def logs_dir(self) -> Path:
@@ -653,31 +688,22 @@ class EmbeddedKafka(Service):
         with contextlib.suppress(OSError, ValueError):
             saved = {k: int(v) for k, v in json.loads(ports_file.read_text()).items()}
         want_sasl = bool(self._sasl_users)
-        if not self._port and saved.get("port") and _port_is_free(saved["port"]):
-            self._port = saved["port"]
-        if not self._controller_port:
-            cport = saved.get("controller_port", 0)
-            if cport and cport != self._port and _port_is_free(cport):
-                self._controller_port = cport
-        if want_sasl and not self._sasl_port:
-            sport = saved.get("sasl_port", 0)
-            if sport and sport not in (self._port, self._controller_port) and _port_is_free(sport):
-                self._sasl_port = sport
-        taken = {p for p in (self._port, self._controller_port, self._sasl_port) if p}
-        missing = [
-            attr
-            for attr, needed in (
-                ("_port", True),
-                ("_controller_port", True),
-                ("_sasl_port", want_sasl),
-            )
-            if needed and not getattr(self, attr)
-        ]
+        wanted = [("port", True), ("controller_port", True), ("sasl_port", want_sasl),
+                  ("ssl_port", self._tls is not None),
+                  ("sasl_ssl_port", want_sasl and self._tls is not None)]
+        for name, needed in wanted:
+            attr = f"_{name}"
+            port = saved.get(name, 0)
+            taken = {getattr(self, f"_{other}") for other, _ in wanted if other != name}
+            if needed and not getattr(self, attr) and port and port not in taken \
+                    and _port_is_free(port):
+                setattr(self, attr, port)
+        taken = {getattr(self, f"_{name}") for name, _ in wanted} - {0}
+        missing = [f"_{name}" for name, needed in wanted
+                   if needed and not getattr(self, f"_{name}")]
         for attr, port in zip(missing, _free_ports(len(missing), taken), strict=True):
             setattr(self, attr, port)
-        record = {"port": self._port, "controller_port": self._controller_port}
-        if want_sasl:
-            record["sasl_port"] = self._sasl_port
+        record = {name: getattr(self, f"_{name}") for name, needed in wanted if needed}
         ports_file.write_text(json.dumps(record) + "\n")
 
     def server_properties(self) -> dict[str, str]:
@@ -692,10 +718,15 @@ class EmbeddedKafka(Service):
             f"CONTROLLER://{host}:{self._controller_port}",
         ]
         protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
-        if self._sasl_users:
-            listeners.append(f"SASL_PLAINTEXT://{host}:{self._sasl_port}")
-            advertised.append(f"SASL_PLAINTEXT://{host}:{self._sasl_port}")
-            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        extra = [("SASL_PLAINTEXT", self._sasl_port)] if self._sasl_users else []
+        if self._tls is not None:
+            extra.append(("SSL", self._ssl_port))
+            if self._sasl_users:
+                extra.append(("SASL_SSL", self._sasl_ssl_port))
+        for name, port in extra:
+            listeners.append(f"{name}://{host}:{port}")
+            advertised.append(f"{name}://{host}:{port}")
+            protocols.append(f"{name}:{name}")
         props: dict[str, str] = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -724,12 +755,14 @@ class EmbeddedKafka(Service):
             "log.retention.check.interval.ms": "300000",
             "num.recovery.threads.per.data.dir": "1",
         }
-        if self._sasl_users:
-            prefix = "listener.name.sasl_plaintext"
+        sasl_listeners = [name for name, _ in extra if name.startswith("SASL_")]
+        if sasl_listeners:
             plain_users = " ".join(
                 f"user_{name}={_jaas_quote(pw)}" for name, pw in sorted(self._sasl_users.items())
             )
             props["sasl.enabled.mechanisms"] = ",".join(_SASL_MECHANISMS)
+        for listener in sasl_listeners:
+            prefix = f"listener.name.{listener.lower()}"
             props[f"{prefix}.sasl.enabled.mechanisms"] = ",".join(_SASL_MECHANISMS)
             props[f"{prefix}.plain.sasl.jaas.config"] = (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
@@ -738,7 +771,28 @@ class EmbeddedKafka(Service):
                 props[f"{prefix}.{mechanism.lower()}.sasl.jaas.config"] = (
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;"
                 )
+        if self._tls is not None:
+            props.update(self._tls_properties())
         props.update(self._extra_config)
+        return props
+
+    def _tls_properties(self) -> dict[str, str]:
+        """PEM key and trust stores for the TLS listeners (Kafka reads PEM since 2.7:
+        KIP-651); the key store is one file, the private key then the chain."""
+        assert self._tls is not None
+        keystore = self.data_dir / "keystore.pem"
+        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(Path(self._tls.key_file).read_bytes())
+            fh.write(Path(self._tls.cert_file).read_bytes())
+        props = {}
+        for listener in ("ssl", "sasl_ssl"):
+            prefix = f"listener.name.{listener}.ssl"
+            props[f"{prefix}.keystore.type"] = "PEM"
+            props[f"{prefix}.keystore.location"] = str(keystore)
+            props[f"{prefix}.truststore.type"] = "PEM"
+            props[f"{prefix}.truststore.location"] = str(self._tls.ca_file)
+            props[f"{prefix}.client.auth"] = self._tls.client_auth
         return props
 
     def _write_config(self) -> None:
@@ -856,6 +910,7 @@ class EmbeddedKafka(Service):
             self._data_dir = None
             self._owns_data_dir = False
             self._port, self._controller_port, self._sasl_port = self._requested_port, 0, 0
+            self._ssl_port = self._sasl_ssl_port = 0
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

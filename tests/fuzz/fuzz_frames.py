@@ -50,9 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import kafka_wire as kw
-from kafka_wire import _catalog
+from kafka_wire import ApiKey, _catalog
 from kafka_wire._schema import FieldSpec, StructSpec, in_versions, registry
-from kafka_wire.api_keys import API_VERSIONS, ENVELOPE, JOIN_GROUP, SYNC_GROUP
 from kafka_wire.envelope import (
     Principal,
     decode_client_address,
@@ -85,6 +84,7 @@ from kafka_wire.group_protocol import (
     encode_payload,
     encode_subscription,
 )
+from tests.unit.kafka_wire.test_codec import INT_RANGES
 
 MODE_STREAMS, MODE_GROUP, MODE_ENVELOPE = 0, 1, 2
 MAX_FRAME = 1 << 20  # fuzz inputs are small: bigger sizes must be refused, not buffered
@@ -211,12 +211,12 @@ def _request_frame(
         out.frames_rejected += 1
         return
     out.frames_ok += 1
-    if header.api_key in (JOIN_GROUP, SYNC_GROUP):
+    if header.api_key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
         observation = groups.on_request(
             header.api_key, header.api_version, body, header.correlation_id
         )
         out.group_payloads += len(observation.payloads)
-    elif header.api_key == ENVELOPE:
+    elif header.api_key == ApiKey.ENVELOPE:
         with contextlib.suppress(KafkaWireError):
             _, forwarded = decode_envelope_request(frame)
             assert forwarded == read_envelope_request(body)
@@ -236,7 +236,7 @@ def _response_frame(
         try:
             correlation_id, body = kw.decode_response(frame, entry.api_key, version)
         except KafkaWireError:
-            if entry.api_key != API_VERSIONS:
+            if entry.api_key != ApiKey.API_VERSIONS:
                 raise
             version = 0
             correlation_id, body = kw.decode_response(frame, entry.api_key, version)
@@ -245,10 +245,10 @@ def _response_frame(
         out.frames_rejected += 1
         return
     out.frames_ok += 1
-    if entry.api_key in (JOIN_GROUP, SYNC_GROUP):
+    if entry.api_key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
         observation = groups.on_response(entry.api_key, version, body, correlation_id)
         out.group_payloads += len(observation.payloads)
-    elif entry.api_key == ENVELOPE and correlation_id in envelopes:
+    elif entry.api_key == ApiKey.ENVELOPE and correlation_id in envelopes:
         with contextlib.suppress(KafkaWireError):
             read_envelope_response(body, envelopes[correlation_id])
             out.envelopes += 1
@@ -294,14 +294,6 @@ def _envelope_parts(payload: bytes, out: Outcome) -> None:
 
 # -- valid inputs from the schemas -------------------------------------------------------
 
-_INT_RANGES = {
-    "int8": (-(2**7), 2**7 - 1),
-    "int16": (-(2**15), 2**15 - 1),
-    "uint16": (0, 2**16 - 1),
-    "int32": (-(2**31), 2**31 - 1),
-    "uint32": (0, 2**32 - 1),
-    "int64": (-(2**63), 2**63 - 1),
-}
 
 
 class RandomValues:
@@ -326,8 +318,8 @@ class RandomValues:
 
     def scalar(self, t: str, f: FieldSpec, version: int, depth: int) -> Any:
         rng = self.rng
-        if t in _INT_RANGES:
-            lo, hi = _INT_RANGES[t]
+        if t in INT_RANGES:
+            lo, hi = INT_RANGES[t]
             return rng.choice((0, -1, 1, lo, hi, rng.randint(lo, hi)))
         if t == "bool":
             return rng.random() < 0.5
@@ -423,10 +415,10 @@ def _group_seeds(rng: random.Random) -> list[bytes]:
             }
             synced = {"ProtocolType": protocol_type, "ProtocolName": name, "Assignment": asg}
             seeds.append(streams_input(
-                [kw.encode_request(kw.RequestHeader(JOIN_GROUP, join_v, 1, "c"), join),
-                 kw.encode_request(kw.RequestHeader(SYNC_GROUP, sync_v, 2, "c"), sync)],
-                [kw.encode_response(1, JOIN_GROUP, join_v, joined),
-                 kw.encode_response(2, SYNC_GROUP, sync_v, synced)],
+                [kw.encode_request(kw.RequestHeader(ApiKey.JOIN_GROUP, join_v, 1, "c"), join),
+                 kw.encode_request(kw.RequestHeader(ApiKey.SYNC_GROUP, sync_v, 2, "c"), sync)],
+                [kw.encode_response(1, ApiKey.JOIN_GROUP, join_v, joined),
+                 kw.encode_response(2, ApiKey.SYNC_GROUP, sync_v, synced)],
                 seed=rng.randrange(256),
             ))
         for selector, data in enumerate((md, asg)):
@@ -446,8 +438,8 @@ def _envelope_seeds(values: RandomValues) -> list[bytes]:
             answer = values.message(inner_key, inner_version, "response")
         except KafkaWireError:
             continue
-        request = kw.encode_request(kw.RequestHeader(ENVELOPE, 0, 9, "broker"), body)
-        response = kw.encode_response(9, ENVELOPE, 0, envelope_response_body(inner, answer))
+        request = kw.encode_request(kw.RequestHeader(ApiKey.ENVELOPE, 0, 9, "broker"), body)
+        response = kw.encode_response(9, ApiKey.ENVELOPE, 0, envelope_response_body(inner, answer))
         seeds.append(streams_input([request], [response]))
         seeds.append(bytes((MODE_ENVELOPE,)) + body["RequestData"])
         seeds.append(bytes((MODE_ENVELOPE,)) + (body["RequestPrincipal"] or b""))

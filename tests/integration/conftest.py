@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keg.embedded.kafka import EmbeddedKafka, ensure_kafka, run_java_tool
+from filter_rules import DEFAULT_RULES_DIR
+from keg.embedded.certs import DevCa
+from keg.embedded.kafka import BrokerTls, EmbeddedKafka, ensure_kafka, run_java_tool
 from keg.embedded.local_kms import LocalKms
 from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway, GatewaySettings
@@ -24,9 +29,19 @@ SASL_USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secr
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[EmbeddedKafka]:
+def dev_ca(tmp_path_factory: pytest.TempPathFactory) -> DevCa:
+    """A throw-away CA for the session: the broker's TLS listeners, gateways, clients."""
+    return DevCa(tmp_path_factory.mktemp("dev-ca"))
+
+
+@pytest.fixture(scope="session")
+def kafka(dev_ca: DevCa) -> Iterator[EmbeddedKafka]:
+    """The session's broker: PLAINTEXT, SASL_PLAINTEXT, SSL and SASL_SSL listeners (the
+    TLS ones with a certificate of `dev_ca` for 127.0.0.1 and localhost)."""
     ensure_kafka()
-    with EmbeddedKafka(sasl_users=SASL_USERS) as broker:
+    server = dev_ca.server("broker")
+    tls = BrokerTls(server.cert, server.key, dev_ca.cert_file, client_auth="requested")
+    with EmbeddedKafka(sasl_users=SASL_USERS, tls=tls) as broker:
         yield broker
 
 
@@ -55,15 +70,29 @@ def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
             if "compresscodec: " in line}
 
 
+EXAMPLES = DEFAULT_RULES_DIR.parent / "examples"
+
+
+def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:
+    """A gateway in front of the session's broker: ports picked free, quiet logs."""
+    base: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap, "listen_port_base": 0,
+                            "work_dir": work_dir, "ext_proc_log_level": "WARNING"}
+    return GatewaySettings(**(base | overrides))
+
+
+def rule_dir(path: Path, files: Mapping[str, str], examples: Sequence[str] = ()) -> Path:
+    """A rule directory at `path`: the shipped examples named, then these files."""
+    path.mkdir()
+    for name in examples:
+        shutil.copy(EXAMPLES / name, path / name)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
 @pytest.fixture(scope="session")
 def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap,
-        listen_port_base=0,
-        work_dir=tmp_path_factory.mktemp("envoy"),
-        ext_proc_log_level="WARNING",
-    )
-    with Gateway(settings) as gw:
+    with Gateway(gateway_settings(kafka, tmp_path_factory.mktemp("envoy"))) as gw:
         yield gw
 
 
@@ -71,14 +100,8 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
 def native_gateway(kafka: EmbeddedKafka,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """The gateway on the native data path: keg's Kafka filter inside Envoy."""
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap,
-        listen_port_base=0,
-        work_dir=tmp_path_factory.mktemp("envoy-native"),
-        ext_proc_log_level="WARNING",
-        data_path="native",
-    )
-    with Gateway(settings) as gw:
+    work_dir = tmp_path_factory.mktemp("envoy-native")
+    with Gateway(gateway_settings(kafka, work_dir, data_path="native")) as gw:
         yield gw
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kafka_wire as kw
-from kafka_wire.api_keys import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA
+from kafka_wire import ApiKey
 from keg.gateway import Gateway
 
 _SIZE = struct.Struct(">i")
@@ -74,7 +74,7 @@ def _send(sock: socket.socket, frame: bytes) -> bool:
 class RecordingRelay:
     """Listens on one port, forwards to `upstream` frame by frame, records every frame."""
 
-    REWRITE = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+    REWRITE = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER})
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
@@ -159,7 +159,7 @@ class RecordingRelay:
         correlation_id, tags, off = kw.read_response_header(frame, api_key, version)
         body, _ = kw.decode_body(api_key, version, "response", frame, off)
         entries: list[dict[str, Any]] = []
-        if api_key in (METADATA, DESCRIBE_CLUSTER):
+        if api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
             entries = body.get("Brokers") or []
         elif "Coordinators" in body:
             entries = body["Coordinators"] or []

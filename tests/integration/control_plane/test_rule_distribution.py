@@ -1,0 +1,239 @@
+"""Rule rollout to 100 ext_proc subscribers (real gRPC clients) with 10 real Envoys on the
+same control plane: every round converges; the times are printed (benchmarks/fleet_rollout.py
+has the details), never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.fleet_rollout import run
+from control_plane.service import ControlPlaneSettings, free_port
+from filter_rules import load_rule_dir
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway
+from tests.integration.conftest import create_topic, gateway_settings, produce_one, rule_dir
+
+pytestmark = pytest.mark.integration
+
+
+def test_rule_write_to_last_ack_with_100_subscribers_and_10_envoys() -> None:
+    lines: list[str] = []
+    results = run(subscribers=100, envoys=10, rounds=3, report=lines.append)
+    print("\n" + "\n".join(lines))
+    # Each round waited for every subscriber's ACK (and every Envoy's) or raised.
+    assert len(results.rules_s) == 3 and len(results.topology_s) == 3
+
+
+def test_rest_and_directory_changes_reach_every_ext_proc_process(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """The control plane process as deployed: store + REST API + xDS; two `keg ext-proc
+    --control-plane` processes. A REST write and a rule-directory change (GitOps) each
+    become a store version that both instances ACK."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "base.yaml").write_text(
+        "rules:\n  - id: from-git\n    action: {observe: {audit: false}}\n")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("ci:s3cret-token-of-the-ci\n")
+    loop = BackgroundLoop()
+    process = ControlPlaneApp(
+        ControlPlaneSettings(bootstrap_servers=kafka.bootstrap, ext_proc_host="127.0.0.1",
+                             ext_proc_port=1, listen_port_base=0),
+        ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tokens, public_reads=True,
+                   rules_dir=rules_dir))
+    children = []
+    try:
+        plane = loop.run(process.start(), timeout=60)
+        api = f"http://127.0.0.1:{process.api_server.port}"
+        for name in ("xp-a", "xp-b"):
+            children.append(subprocess.Popen([
+                sys.executable, "-m", "keg", "ext-proc", "--port", str(free_port()),
+                "--control-plane", f"127.0.0.1:{plane.xds_port}", "--node-id", name,
+                "--rules-cache", str(tmp_path / f"{name}.json"), "--log-level", "WARNING"]))
+
+        def applied() -> dict[str, str]:
+            with urllib.request.urlopen(f"{api}/v1/fleet", timeout=5) as response:
+                body = json.loads(response.read())
+            nodes = body if isinstance(body, list) else body.get("nodes", [])
+            return {n["node_id"]: n["types"].get("keg.v1.RuleSet", {}).get("applied_version")
+                    for n in nodes if n["role"] == "ext_proc" and n["connected"]}
+
+        def wait_for(version: str) -> float:
+            started = time.monotonic()
+            while applied() != {"xp-a": version, "xp-b": version}:
+                assert time.monotonic() - started < 30, applied()
+                time.sleep(0.02)
+            return time.monotonic() - started
+
+        first = loop.run(_current(process))
+        wait_for(first)
+
+        rule = json.dumps({"id": "from-rest", "match": {"apis": ["Produce"],
+                           "topics": {"prefix": ["rest."]}}, "action": {"deny": {}}}).encode()
+        request = urllib.request.Request(
+            f"{api}/v1/rules/from-rest", data=rule, method="PUT",
+            headers={"Authorization": "Bearer s3cret-token-of-the-ci", "If-None-Match": "*",
+                     "Content-Type": "application/json"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 201
+        second = loop.run(_current(process))
+        assert second != first
+        wait_for(second)
+        print(f"\nREST write -> both ext_proc processes ACKed: {time.monotonic() - started:.2f} s")
+
+        (rules_dir / "base.yaml").write_text(
+            "rules:\n  - id: from-git\n    action: {observe: {audit: true}}\n")
+        started = time.monotonic()
+        while loop.run(_current(process)) == second:
+            assert time.monotonic() - started < 30
+            time.sleep(0.05)
+        third = loop.run(_current(process))
+        wait_for(third)
+        print(f"rule directory write -> both ACKed: {time.monotonic() - started:.2f} s "
+              f"(1 s directory poll included)")
+
+        # GitOps from CI: `keg apply` of another directory, as its own owner.
+        team = tmp_path / "team-rules"
+        team.mkdir()
+        (team / "team.yaml").write_text(
+            "rules:\n  - id: from-apply\n    action: {observe: {audit: false}}\n")
+        token_file = tmp_path / "ci-token"
+        token_file.write_text("s3cret-token-of-the-ci\n")
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "keg", "apply", str(team), "--api", api,
+                               "--token-file", str(token_file), "--reason", "ci run 42",
+                               "--wait"], capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        fourth = loop.run(_current(process))
+        assert fourth != third
+        # --wait returned once both instances ran the version: no polling here.
+        assert applied() == {"xp-a": fourth, "xp-b": fourth}
+        assert f"version {fourth} applied by all 2 connected" in done.stderr
+        print(f"keg apply --wait -> both ACKed: {time.monotonic() - started:.2f} s")
+        _, live = process.store.current()
+        assert {r.id for r in live.rules} == {"from-git", "from-rest", "from-apply"}
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait(10)
+        loop.run(process.stop(), timeout=30)
+        loop.close()
+
+
+async def _current(process: ControlPlaneApp) -> str:
+    number, _ = process.store.current()
+    return str(number)
+
+
+def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`keg up`'s default: the ext_proc child subscribes to the in-process control plane,
+    and Envoy starts only once it has ACKed the rule set."""
+    rules_dir = rule_dir(tmp_path / "rules", {"deny.yaml": (
+        "rules:\n  - id: no-up-topics\n    match: {apis: [Produce], topics: {prefix: [up.]}}\n"
+        "    action: {deny: {}}\n")})
+    settings = gateway_settings(kafka, tmp_path / "envoy", rules_dir=rules_dir,
+                                rules_delivery="control-plane")
+    with Gateway(settings) as gateway:
+        (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
+        version = load_rule_dir(rules_dir).version
+        assert node["types"]["keg.v1.RuleSet"]["applied_version"] == version
+        assert gateway.rules_cache_file == tmp_path / "envoy" / "keg-rules.json"
+        assert gateway.rules_cache_file.exists()
+        denied = create_topic(kafka.bootstrap, name=f"up.{time.monotonic_ns()}")
+        assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`keg up`'s control plane (store, REST API, xDS) and its real ext_proc child. The
+    directory's second version names a key the ext_proc service does not have: it NACKs
+    it. The store marks it rejected, serves the first version again -- a fresh instance
+    gets that, not the rejected one -- and the API and `keg diff` never call it live."""
+    monkeypatch.delenv("KEG_TEST_ABSENT_KEY", raising=False)  # the ext_proc child's env
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    deny = ("rules:\n  - id: no-nack-topics\n    match: {apis: [Produce], topics: "
+            "{prefix: [nack.]}}\n    action: {deny: {}}\n")
+    (rules_dir / "rules.yaml").write_text(deny)
+    token = "reader-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ci:{token}\n")
+    (tmp_path / "token").write_text(f"{token}\n")
+    settings = gateway_settings(
+        kafka, tmp_path / "work", rules_dir=rules_dir,
+        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
+    topic = create_topic(kafka.bootstrap, name=f"nack.{time.monotonic_ns()}")
+    with Gateway(settings) as gateway:
+        assert gateway.app is not None and gateway.app.store is not None
+        store = gateway.app.store
+        api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+
+        def get(path: str) -> Any:
+            request = urllib.request.Request(f"{api}{path}",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+
+        def ext_proc_runs() -> str | None:
+            (node,) = [n for n in gateway.fleet_status() if n["role"] == "ext_proc"]
+            return node["types"]["keg.v1.RuleSet"]["applied_version"]
+
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        # Version 2 drops the deny and encrypts with a key the ext_proc host lacks.
+        (rules_dir / "rules.yaml").write_text(
+            "rules:\n  - id: encrypt-nack\n    match: {topics: {prefix: [nack.]}}\n"
+            "    action:\n      encrypt:\n        key: {id: k1, secret: {env: "
+            "KEG_TEST_ABSENT_KEY}}\n")
+        deadline = time.monotonic() + 30
+        while (verdict := store.verdict(2)) is None:  # the directory is polled each second
+            assert time.monotonic() < deadline, "version 2 was never answered"
+            time.sleep(0.1)
+        assert verdict.status == "rejected" and "KEG_TEST_ABSENT_KEY" in verdict.detail
+        assert store.current()[0] == 1
+
+        # A fresh ext_proc instance, without the rule cache of the old one, is served
+        # the last good version: the deny holds for a real client through Envoy.
+        gateway.stop_ext_proc()
+        gateway.rules_cache_file.unlink()
+        gateway.start_ext_proc()
+        gateway.wait_for_rules()
+        assert ext_proc_runs() == "1"
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+
+        listed = get("/v1/rules")
+        assert (listed["version"], listed["status"], listed["live_version"]) == (
+            2, "rejected", 1)
+        version = get("/v1/versions/2")["info"]
+        assert version["status"] == "rejected"
+        assert version["status_detail"].startswith("ext-proc-gateway: ")
+        assert get("/v1/versions/1")["info"]["status"] == "applied"
+        diff = subprocess.run(
+            [sys.executable, "-m", "keg", "diff", str(rules_dir), "--api", api,
+             "--token-file", str(tmp_path / "token"), "--owner", f"dir:{rules_dir}"],
+            capture_output=True, text=True, timeout=60)
+        output = diff.stdout + diff.stderr
+        assert diff.returncode == 6, output
+        assert "version 2 was REJECTED by the fleet" in output
+        assert "the fleet runs version 1" in output and "is live" not in output
+
+        # Fixed on the host and applied again (as `keg up` does at start): served, live.
+        gateway.stop_ext_proc()
+        gateway.settings.extra_env["KEG_TEST_ABSENT_KEY"] = "11" * 32
+        gateway.start_ext_proc()
+        gateway.wait_for_rules()
+        (rules_dir / "rules.yaml").write_text(deny)
+        deadline = time.monotonic() + 30
+        while store.live() is None or store.live().number != 3:
+            assert time.monotonic() < deadline, get("/v1/versions")
+            time.sleep(0.1)
+        assert ext_proc_runs() == "3"
+

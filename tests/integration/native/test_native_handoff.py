@@ -1,0 +1,205 @@
+"""The hand-off: keg's native filter gives the frames rules need to the real Python
+service (frames mode), through the real Envoy, the real broker and real clients.
+
+The module decides from the interest table the control plane computed for the live
+rule set (ECDS); the Python chain judges or rewrites the frame; the module forwards its
+answer in the frame's place. Identity comes from the module: it reads the SASL exchange
+itself and hands the principal over with every frame.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from control_plane.providers import StaticRuleProvider
+from control_plane.topology import SaslPlain
+from filter_rules import load_rule_text
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import Gateway, GatewaySettings
+from tests.integration.conftest import SASL_USERS, create_topic
+from tests.integration.rules.test_rules_enforcement import produce
+
+pytestmark = pytest.mark.integration
+
+TOPIC_AUTHORIZATION_FAILED = 29
+REQUEST_TIMED_OUT = 7
+
+RULES = """
+rules:
+  - id: no-secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: payments-only-alice
+    match:
+      apis: [Produce, Fetch]
+      topics: {prefix: [payments.]}
+      not: {principals: {exact: [alice]}}
+    action: {deny: {}}
+  - id: mask-emails
+    match: {direction: response, topics: {prefix: [pii.]}}
+    action: {mask: {fields: [$.email]}}
+"""
+
+LATER = """
+  - id: freeze-later
+    match: {apis: [Produce], topics: {prefix: [later.]}}
+    action: {deny: {}}
+"""
+
+
+class Env:
+    def __init__(self, kafka: EmbeddedKafka, gateway: Gateway, rules: StaticRuleProvider) -> None:
+        self.kafka, self.gateway, self.rules = kafka, gateway, rules
+
+    def client(self, user: str, mechanism: str = "PLAIN", **conf: Any) -> dict[str, Any]:
+        """librdkafka settings for `user` through the gateway (`conf` with dots: **{})."""
+        return {"bootstrap.servers": self.gateway.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism, "sasl.username": user,
+                "sasl.password": SASL_USERS[user], **conf}
+
+    def admin(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.kafka.sasl_bootstrap,
+                "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": "keg", "sasl.password": SASL_USERS["keg"]}
+
+    def topic(self, prefix: str) -> str:
+        return create_topic(self.kafka.bootstrap, name=f"{prefix}{uuid.uuid4().hex[:8]}")
+
+    def stored(self, topic: str) -> list[bytes]:
+        """What the broker stored, read directly."""
+        return consume({**self.admin(), "group.id": f"direct-{uuid.uuid4().hex[:6]}"}, topic)
+
+    def envoy_stats(self, marker: str) -> dict[str, int]:
+        """Envoy's counters whose name has `marker` (the admin listener's left out)."""
+        assert self.gateway.envoy is not None
+        stats = {}
+        for line in self.gateway.envoy.admin("/stats").splitlines():
+            name, _, value = line.partition(": ")
+            if marker in name and "admin" not in name and value.isdigit():
+                stats[name] = int(value)
+        return stats
+
+
+@pytest.fixture(scope="module")
+def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    base = tmp_path_factory.mktemp("native-handoff")
+    rules = StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1")
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
+        sasl=SaslPlain("keg", SASL_USERS["keg"]), rules_provider=rules,
+        work_dir=base, ext_proc_log_level="WARNING", data_path="native")
+    with Gateway(settings) as gateway:
+        yield Env(kafka, gateway, rules)
+
+
+def consume(conf: dict[str, Any], topic: str, expected: int | None = None) -> list[bytes]:
+    consumer = Consumer({"auto.offset.reset": "earliest", "enable.auto.commit": False, **conf})
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        want = high if expected is None else expected
+        deadline = time.monotonic() + 30
+        while len(values) < want and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
+def test_a_denied_topic_is_refused_by_the_python_chain(env: Env) -> None:
+    secret, plain = env.topic("secret."), env.topic("plain.")
+    results = produce(env.client("alice"), [(secret, b"s"), (plain, b"p")] * 3)
+    assert sorted(set(results)) == sorted({(secret, TOPIC_AUTHORIZATION_FAILED), (plain, 0)})
+    assert env.stored(secret) == [] and env.stored(plain) == [b"p"] * 3
+    stats = env.envoy_stats("keg_kafka.handoff_requests")
+    assert sum(stats.values()) > 0, "Produce requests went to the Python service"
+
+
+def test_principal_rules_see_the_identity_the_module_read(env: Env) -> None:
+    """The module reads PLAIN and SCRAM logins and hands the principal over; the Python
+    chain never sees the SASL frames."""
+    payments = env.topic("payments.")
+    assert produce(env.client("alice"), [(payments, b"a")] * 2) == [(payments, 0)] * 2
+    assert produce(env.client("bob", "SCRAM-SHA-256"), [(payments, b"b")]) == [
+        (payments, TOPIC_AUTHORIZATION_FAILED)]
+    assert env.stored(payments) == [b"a", b"a"]
+
+
+def test_records_are_masked_on_their_way_to_the_consumer(env: Env) -> None:
+    pii = env.topic("pii.")
+    docs = [{"email": f"user{i}@example.com", "n": i} for i in range(5)]
+    assert produce(env.client("alice"), [(pii, orjson.dumps(d)) for d in docs]) == [(pii, 0)] * 5
+    seen = consume(env.client("carol", **{"group.id": f"g-{uuid.uuid4().hex[:6]}"}), pii, 5)
+    assert [orjson.loads(v)["n"] for v in seen] == list(range(5))
+    assert all(orjson.loads(v)["email"] != docs[0]["email"] for v in seen), seen
+    assert [orjson.loads(v) for v in env.stored(pii)] == docs, "the broker keeps the originals"
+    assert sum(env.envoy_stats("keg_kafka.handoff_responses").values()) > 0
+
+
+def test_a_rule_change_reaches_a_live_connection_without_draining(env: Env) -> None:
+    """A new rule set reaches the module (ECDS, process-wide table) and the Python
+    service (xDS) while a producer stays on its connection; no listener changes."""
+    later = env.topic("later.")
+    assert env.gateway.envoy is not None
+    results: list[int] = []
+    producer = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
+
+    def send() -> int:
+        producer.produce(later, b"x", on_delivery=lambda err, _m: results.append(
+            0 if err is None else err.code()))
+        producer.flush(30)
+        return results[-1]
+
+    assert send() == 0
+    connections = env.envoy_stats("downstream_cx_total")
+    listeners = {k: v for k, v in env.gateway.envoy.dynamic_versions().items()
+                 if k.startswith("listener/")}
+    changed_at = time.monotonic()
+    env.rules.set(load_rule_text(RULES + LATER, "rules.yaml"), version="2")
+    while send() == 0:
+        assert time.monotonic() - changed_at < 30, "the new rule never reached the connection"
+    enforced_after = time.monotonic() - changed_at
+    assert results[-1] == TOPIC_AUTHORIZATION_FAILED
+    assert env.envoy_stats("downstream_cx_total") == connections, "the same connection"
+    assert {k: v for k, v in env.gateway.envoy.dynamic_versions().items()
+            if k.startswith("listener/")} == listeners, "no listener changed (none drained)"
+    print(f"rule change enforced on the live connection after {enforced_after * 1000:.0f} ms "
+          f"({len(results) - 1} produce requests)")
+    env.rules.set(load_rule_text(RULES, "rules.yaml"), version="3")
+
+
+def test_without_the_service_produce_fails_closed_with_a_retriable_error(env: Env) -> None:
+    """The ext_proc service goes away under a connected producer: its handed-off Produce
+    requests get REQUEST_TIMED_OUT (retriable) and nothing reaches the broker; once the
+    service is back, the same producer's retry goes through."""
+    plain = env.topic("plain.")
+    results: list[int] = []
+    producer = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
+
+    def send(value: bytes) -> int:
+        producer.produce(plain, value, on_delivery=lambda err, _m: results.append(
+            0 if err is None else err.code()))
+        producer.flush(30)
+        return results[-1]
+
+    assert send(b"before") == 0  # connected, metadata known
+    env.gateway.stop_ext_proc()
+    try:
+        assert send(b"lost") == REQUEST_TIMED_OUT
+        assert env.stored(plain) == [b"before"]
+        assert sum(env.envoy_stats("keg_kafka.handoff_retriable_errors").values()) > 0
+    finally:
+        env.gateway.start_ext_proc()
+        env.gateway.wait_for_rules()
+    assert send(b"after") == 0
+    assert env.stored(plain) == [b"before", b"after"]

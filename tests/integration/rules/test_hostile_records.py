@@ -1,0 +1,258 @@
+"""Hostile records through the real gateway: bombs are refused, masks fail closed.
+
+Regression tests (hardening): a 660-byte zstd batch holding a million records,
+or batches decompressing to tens of MiB, blocked the single event loop for seconds,
+and Envoy's message timeout then dropped every healthy client; a JSON value nested
+deeper than the parser follows skipped masking, and the card number was stored in
+clear. Now the bombs are refused with MESSAGE_TOO_LARGE on their own connection, which
+stays open, while a healthy producer next to them delivers everything; the deep value
+is refused at produce and withheld at fetch.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cramjam
+import google_crc32c
+import orjson
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+import kafka_wire
+from kafka_wire import ApiKey
+from kafka_wire.compression import Compression
+from kafka_wire.records import BatchHeader, Record, encode_batch
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
+
+pytestmark = pytest.mark.integration
+
+RULES = """
+rules:
+  - id: mask-cards
+    match: {topics: {prefix: [pii.]}}
+    action: {mask: {fields: [$.card]}}
+  - id: mask-cards-on-read
+    match: {direction: response, topics: {prefix: [fpii.]}}
+    action: {mask: {fields: [$.card]}}
+"""
+MESSAGE_TOO_LARGE, INVALID_RECORD = 10, 87
+DEEP = 1100  # past orjson's 1024 levels
+
+
+@pytest.fixture(scope="module")
+def guarded(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    base = tmp_path_factory.mktemp("hostile")
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
+    with Gateway(gateway_settings(kafka, base / "envoy", rules_dir=rules)) as gateway:
+        yield gateway
+
+
+def record_count_bomb(records: int = 1_000_000) -> bytes:
+    """A zstd batch claiming `records` records whose payload is a few hundred bytes of
+    zstd expanding to `records` minimal records (7 bytes each)."""
+    one = encode_batch(BatchHeader(base_timestamp=1_700_000_000_000),
+                       [Record(0, 0, None, b"", [])])
+    record = one[61:]  # a 7-byte record: length, attributes, deltas, null key, empty value
+    payload = bytes(cramjam.zstd.compress(record * records, level=19))
+    data = bytearray(one[:61]) + payload
+    struct.pack_into(">h", data, 21, int(Compression.ZSTD))  # attributes
+    struct.pack_into(">i", data, 23, records - 1)  # last offset delta
+    struct.pack_into(">i", data, 57, records)  # records count
+    struct.pack_into(">i", data, 8, len(data) - 12)  # batch length
+    struct.pack_into(">I", data, 17, google_crc32c.value(bytes(data[21:])))
+    return bytes(data)
+
+
+def produce_frame(cid: int, topic: str, records: bytes) -> bytes:
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 10000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "bomber", {}), body
+    )
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the gateway closed the connection")
+            data += chunk
+        return data
+
+    size = int.from_bytes(exactly(4), "big")
+    return exactly(size)
+
+
+def bomb_loop(bootstrap: str, topic: str, rounds: int, results: list[Any]) -> None:
+    """One connection, bombs in a loop, each answered before the next."""
+    host, port = bootstrap.rsplit(":", 1)
+    bomb = record_count_bomb()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for cid in range(1, rounds + 1):
+            sock.sendall(produce_frame(cid, topic, bomb))
+            _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
+            partition = answer["Responses"][0]["PartitionResponses"][0]
+            results.append((partition["ErrorCode"], partition["ErrorMessage"]))
+
+
+def test_bombs_are_refused_on_their_connection_while_a_healthy_producer_delivers(
+        kafka: EmbeddedKafka, guarded: Gateway) -> None:
+    bombed = create_topic(kafka.bootstrap, name=f"pii.bombed-{uuid.uuid4().hex[:6]}")
+    healthy = create_topic(kafka.bootstrap, name=f"pii.healthy-{uuid.uuid4().hex[:6]}")
+    answers: list[Any] = []
+    bomber = threading.Thread(target=bomb_loop, args=(guarded.bootstrap, bombed, 40, answers))
+    bomber.start()
+    errors: list[KafkaError] = []
+    producer = Producer({"bootstrap.servers": guarded.bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True, "message.timeout.ms": 60000})
+    count = 20000
+    def done(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for i in range(count):
+        producer.produce(healthy, orjson.dumps({"card": "4111", "n": i}), on_delivery=done)
+        producer.poll(0)
+    assert producer.flush(120) == 0
+    bomber.join(120)
+    assert errors == []
+    assert len(answers) == 40  # every bomb answered on the same, still open connection
+    assert {code for code, _ in answers} == {MESSAGE_TOO_LARGE}
+    assert "1000000 records exceeds the gateway's 100000 per batch" in answers[0][1]
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"c-{uuid.uuid4()}"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(healthy, 0), timeout=10)
+        assert high - low == count
+        assert consumer.get_watermark_offsets(TopicPartition(bombed, 0), timeout=10) == (0, 0)
+    finally:
+        consumer.close()
+
+
+def deep_card() -> bytes:
+    return b'{"card": "4111111111111111", "x": ' + b"[" * DEEP + b"]" * DEEP + b"}"
+
+
+def test_a_value_too_deep_to_mask_is_refused_at_produce(kafka: EmbeddedKafka,
+                                                        guarded: Gateway) -> None:
+    topic = create_topic(kafka.bootstrap, name=f"pii.deep-{uuid.uuid4().hex[:6]}")
+    results: list[tuple[int, str]] = []
+    producer = Producer({"bootstrap.servers": guarded.bootstrap, "retries": 0})
+
+    def done(err: KafkaError | None, _msg: Any) -> None:
+        results.append((0, "") if err is None else (err.code(), str(err)))
+
+    producer.produce(topic, deep_card(), on_delivery=done)
+    producer.produce(topic, b'{"card": "4111111111111111"}', on_delivery=done)
+    assert producer.flush(30) == 0
+    assert [code for code, _ in results] == [KafkaError.INVALID_RECORD] * 2  # one batch
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"c-{uuid.uuid4()}"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 0)
+    finally:
+        consumer.close()
+
+
+def test_a_value_too_deep_to_mask_is_withheld_at_fetch(kafka: EmbeddedKafka,
+                                                       guarded: Gateway) -> None:
+    topic = create_topic(kafka.bootstrap, name=f"fpii.deep-{uuid.uuid4().hex[:6]}")
+    direct = Producer({"bootstrap.servers": kafka.bootstrap})
+    direct.produce(topic, deep_card())
+    assert direct.flush(30) == 0
+    direct.produce(topic, b'{"card": "4111111111111111"}')
+    assert direct.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": guarded.bootstrap, "group.id": f"c-{uuid.uuid4()}",
+                         "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    try:
+        for _ in range(30):
+            msg = consumer.poll(1)
+            if msg is not None and msg.error() is None:
+                got.append(bytes(msg.value() or b""))
+            if got:
+                break
+    finally:
+        consumer.close()
+    # The deep record never leaves the gateway; the next one comes, masked.
+    assert got == [b'{"card":"****"}']
+    assert not any(b"4111" in value for value in got)
+
+
+def closed_sockets(sockets: list[socket.socket], at_least: int,
+                   within_s: float) -> set[socket.socket]:
+    """The sockets the peer closed, waiting until `at_least` are or `within_s` passed."""
+    closed: set[socket.socket] = set()
+    deadline = time.monotonic() + within_s
+    while len(closed) < at_least and time.monotonic() < deadline:
+        readable, _, _ = select.select([s for s in sockets if s not in closed], [], [], 0.5)
+        for sock in readable:
+            try:
+                if sock.recv(1) == b"":
+                    closed.add(sock)
+            except OSError:  # reset
+                closed.add(sock)
+    return closed
+
+
+def process_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_connections_holding_big_frames_are_bounded_together(
+        kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """12 connections each send most of a 10 MiB Produce a record rule must read, and
+    never finish it: the ext_proc service holds at most its budget (32 MiB here), the
+    connections past it are closed, and a healthy producer still delivers."""
+    base = tmp_path_factory.mktemp("held")
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
+    budget = 32 * 1024 * 1024
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules, max_held_bytes=budget)
+    topic = create_topic(kafka.bootstrap, name=f"pii.held-{uuid.uuid4().hex[:6]}")
+    big = produce_frame(1, topic, encode_batch(
+        BatchHeader(base_timestamp=1_700_000_000_000),
+        [Record(0, 0, None, b"x" * (10 * 1024 * 1024), [])]))
+    with Gateway(settings) as gateway:
+        ext_proc_pid = gateway.ext_proc_pid
+        assert ext_proc_pid is not None
+        before = process_rss(ext_proc_pid)
+        host, port = gateway.bootstrap.rsplit(":", 1)
+        sockets: list[socket.socket] = []
+        # A connection past the budget may be closed while its frame is still being
+        # sent (the refusal does not wait for the rest): that reset counts as closed.
+        reset_while_sending: set[socket.socket] = set()
+        try:
+            for _ in range(12):
+                sock = socket.create_connection((host, int(port)), timeout=10)
+                sockets.append(sock)
+                try:
+                    sock.sendall(big[: len(big) - 1024])  # all but the last KiB: held
+                except (ConnectionResetError, BrokenPipeError):
+                    reset_while_sending.add(sock)
+            still_open = [s for s in sockets if s not in reset_while_sending]
+            closed = reset_while_sending | closed_sockets(
+                still_open, at_least=12 - 3 - len(reset_while_sending), within_s=60)
+            grown = process_rss(ext_proc_pid) - before
+            healthy = Producer({"bootstrap.servers": gateway.bootstrap})
+            healthy.produce(topic, b'{"card": "4111"}')
+            assert healthy.flush(30) == 0
+        finally:
+            for sock in sockets:
+                sock.close()
+    assert len(closed) >= 12 - budget // (10 * 1024 * 1024)  # at most 3 fit in 32 MiB
+    assert grown < budget + 64 * 1024 * 1024, f"ext_proc grew by {grown >> 20} MiB"

@@ -1,0 +1,501 @@
+"""Request-level rules through the real gateway, with SASL-authenticated real clients.
+
+A broker with a SASL_PLAINTEXT listener (PLAIN and SCRAM) sits behind the gateway;
+the control plane logs in to discover it. Rules are read from a directory the test
+rewrites while clients stay connected. Every test runs on both data paths (`env`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+import kafka_wire
+from control_plane.service import free_port
+from control_plane.topology import SaslPlain
+from kafka_wire import ApiKey
+from kafka_wire.records import iter_batches
+from keg.embedded.kafka import EmbeddedKafka, run_java_tool
+from keg.gateway import Gateway
+from tests.integration.conftest import (
+    SASL_USERS,
+    create_topic,
+    dumped_codecs,
+    gateway_settings,
+    java_sasl,
+    rule_dir,
+)
+from tests.integration.relay import RecordingRelay, gateway_listener
+
+pytestmark = pytest.mark.integration
+
+USERS = SASL_USERS
+TOPIC_AUTHORIZATION_FAILED = 29
+
+RULES = """
+rules:
+  - id: payments-only-alice
+    description: only alice may write or read payments topics
+    match:
+      apis: [Produce, Fetch]
+      topics: {prefix: [payments.]}
+      not: {principals: {exact: [alice]}}
+    action: {deny: {}}
+  - id: watch-topic-creation
+    match: {apis: [CreateTopics]}
+    action: {observe: {}}
+  - id: safe-producers
+    match: {apis: [Produce], topics: {prefix: [safe.]}}
+    action: {safeguard: {require_idempotence: true, compression: {forbid: [none]}}}
+  - id: slow-down-carol
+    match: {apis: [Produce], principals: {exact: [carol]}}
+    action: {rate: {per: principal, bytes_per_second: 50000, burst_seconds: 1}}
+  - id: no-topic-deletion
+    match: {principals: {exact: [bob]}}
+    action: {deny_apis: [DeleteTopics]}
+  - id: try-freezing-audit-topics
+    mode: dry-run
+    match: {apis: [Produce], topics: {prefix: [audit.]}}
+    action: {deny: {}}
+  - id: bulk-fetch-cap
+    order: -1
+    match: {apis: [Fetch], topics: {prefix: [bulk.]}}
+    action: {safeguard: {max_fetch_bytes: 1048576}}
+  - id: try-tiny-fetches
+    mode: dry-run
+    match: {apis: [Fetch], topics: {prefix: [bulk.]}}
+    action: {safeguard: {max_fetch_bytes: 100}}
+  - id: frozen-topics
+    match: {apis: [Produce], topics: {prefix: [frozen.]}}
+    action: {deny: {error: POLICY_VIOLATION, message: "frozen topics take no writes"}}
+  - id: typed-need-schema-id
+    match: {apis: [Produce], topics: {prefix: [typed.]}}
+    action: {safeguard: {require_headers: [schema-id]}}
+  - id: quiet-freeze
+    match: {apis: [Produce], topics: {prefix: [quiet.]}}
+    action: {deny: {}}
+    audit: {enabled: false}
+  # As filter_rules/examples/safeguards.yaml writes it.
+  - id: lz4-producer-hygiene
+    match: {apis: [Produce], topics: {prefix: [lz4.]}}
+    action: {safeguard: {compression: {require: [lz4, zstd]}, max_batch_bytes: 1048576}}
+"""
+
+
+class Env:
+    def __init__(self, kafka: EmbeddedKafka, gateway: Gateway, rules: Path, audit: Path,
+                 metrics_port: int) -> None:
+        self.kafka, self.gateway, self.rules = kafka, gateway, rules
+        self.audit, self.metrics_port = audit, metrics_port
+
+    def client(self, user: str, mechanism: str = "PLAIN",
+               conf: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"bootstrap.servers": self.gateway.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism, "sasl.username": user,
+                "sasl.password": USERS[user], **(conf or {})}
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        if not self.audit.exists():
+            return []
+        return [json.loads(line) for line in self.audit.read_text().splitlines() if line]
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def wait_for_audit(self, rule_id: str, count: int = 1) -> list[dict[str, Any]]:
+        """The rule's audit events, once there are `count` (the gateway writes them as it
+        processes requests, which may be after the client moved on)."""
+        deadline = time.monotonic() + 20
+        while True:
+            events = [e for e in self.audit_events() if e["rule_id"] == rule_id]
+            if len(events) >= count or time.monotonic() > deadline:
+                return events
+            time.sleep(0.1)
+
+    def broker_count(self, topic: str) -> int:
+        """Records the broker stored (read directly, as the admin user)."""
+        consumer = Consumer({"bootstrap.servers": self.kafka.sasl_bootstrap,
+                             "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                             "sasl.username": "keg", "sasl.password": USERS["keg"],
+                             "group.id": f"count-{uuid.uuid4().hex[:6]}"})
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        finally:
+            consumer.close()
+        return int(high - low)
+
+
+@pytest.fixture(scope="module", params=["ext-proc", "native"])
+def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Env]:
+    """Both data paths: the ext_proc service sees every byte, or keg's native filter
+    hands it only the frames these rules need (with the identity it read)."""
+    base = tmp_path_factory.mktemp("rules-env")
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
+    audit = base / "audit.jsonl"
+    metrics_port = free_port()
+    settings = gateway_settings(kafka, base / "envoy", bootstrap_servers=kafka.sasl_bootstrap,
+                                sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules,
+                                audit_log=audit, metrics_port=metrics_port,
+                                data_path=request.param)
+    with Gateway(settings) as gateway:
+        yield Env(kafka, gateway, rules, audit, metrics_port)
+
+
+def produce(conf: dict[str, Any], records: list[tuple[str, bytes]]) -> list[tuple[str, int]]:
+    """Produce; return (topic, error code or 0) per record."""
+    results: list[tuple[str, int]] = []
+
+    def done(err: KafkaError | None, msg: Any) -> None:
+        results.append((msg.topic(), 0 if err is None else err.code()))
+
+    producer = Producer({"linger.ms": 50, "retries": 0, "message.timeout.ms": 30000, **conf})
+    for topic, value in records:
+        producer.produce(topic, value, on_delivery=done)
+    assert producer.flush(60) == 0
+    return results
+
+
+def admin_topic(env: Env, name: str) -> str:
+    return create_topic(env.kafka.bootstrap, name=name)
+
+
+def test_alice_writes_payments_bob_is_denied_on_the_same_connection(env: Env) -> None:
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
+
+    alice = produce(env.client("alice"), [(payments, b"a")] * 5)
+    assert alice == [(payments, 0)] * 5
+
+    # bob (SCRAM): one producer, one connection, both topics in the same requests.
+    bob = produce(env.client("bob", "SCRAM-SHA-256"),
+                  [(payments, b"b"), (other, b"b")] * 5)
+    assert sorted(set(bob)) == sorted({(payments, TOPIC_AUTHORIZATION_FAILED), (other, 0)})
+    assert env.broker_count(payments) == 5  # only alice's: bob's never reached the broker
+    assert env.broker_count(other) == 5
+
+    events = [e for e in env.audit_events() if e["rule_id"] == "payments-only-alice"]
+    assert events and {e["principal"] for e in events} == {"User:bob"}
+    assert {(e["topic"], e["outcome"], e["error_code"]) for e in events} == {
+        (payments, "denied", TOPIC_AUTHORIZATION_FAILED)}
+    assert all(e["security_protocol"] == "SASL_PLAINTEXT" for e in events)
+    metrics = env.metrics()
+    assert 'rule="payments-only-alice"' in metrics
+    assert metric(metrics, "keg_requests_total", 'api="Produce"', 'principal="User:bob"') > 0
+    assert metric(metrics, "keg_forwarded_requests_total") > 0
+    assert metric(metrics, "keg_frame_latency_seconds_count") > 0
+    assert metric(metrics, "keg_request_bytes_total", 'direction="response"') > 0
+
+
+def metric(text: str, name: str, *labels: str) -> float:
+    """The sum of a Prometheus series' samples whose labels include all of `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(label in line for label in labels):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    produce(env.client("alice"), [(payments, b"secret")] * 3)
+
+    def read(user: str) -> tuple[int, int | None]:
+        consumer = Consumer({**env.client(user), "group.id": f"{user}-{uuid.uuid4().hex[:6]}",
+                             "auto.offset.reset": "earliest"})
+        consumer.assign([TopicPartition(payments, 0, 0)])
+        got, error = 0, None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and got < 3 and error is None:
+            for msg in consumer.consume(10, 0.5):
+                failure = msg.error()
+                if failure is not None:
+                    error = failure.code()
+                else:
+                    got += 1
+        consumer.close()
+        return got, error
+
+    assert read("alice") == (3, None)
+    got, error = read("bob")
+    assert got == 0 and error == TOPIC_AUTHORIZATION_FAILED
+
+
+def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
+    other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
+    producer = Producer({**env.client("bob"), "linger.ms": 0, "retries": 0})
+    results: list[int] = []
+
+    def send() -> int:
+        producer.produce(other, b"x", on_delivery=lambda err, _m: results.append(
+            0 if err is None else err.code()))
+        producer.flush(30)
+        return results[-1]
+
+    assert send() == 0
+    path = env.rules / "rules.yaml"
+    path.write_text(RULES + """
+  - id: freeze-other
+    match: {apis: [Produce], topics: {prefix: [other.]}}
+    action: {deny: {error: POLICY_VIOLATION}}
+""")
+    deadline = time.monotonic() + 20
+    while send() == 0:
+        assert time.monotonic() < deadline, "the new rule never applied"
+        time.sleep(0.5)
+    assert results[-1] == 44  # POLICY_VIOLATION, on the same live connection
+
+    path.write_text(RULES + "\n  - id: broken\n    match: {apis: [NoSuchApi]}\n"
+                    "    action: {deny: {}}\n")
+    deadline = time.monotonic() + 20
+    while 'keg_rule_reloads_total{result="rejected"}' not in env.metrics():
+        assert time.monotonic() < deadline, "the broken set was never read"
+        time.sleep(0.2)
+    assert send() == 44  # refused: the last good set (with freeze-other) stays
+    path.write_text(RULES)
+    deadline = time.monotonic() + 20
+    while send() != 0:
+        assert time.monotonic() < deadline, "the valid set never applied again"
+        time.sleep(0.5)
+    producer.flush(10)
+
+
+def test_kafka_python_sasl_client_gets_the_same_answers(env: Env) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
+    producer = KafkaProducer(
+        bootstrap_servers=env.gateway.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="bob",
+        sasl_plain_password=USERS["bob"], retries=0,
+    )
+    try:
+        assert producer.send(other, b"ok").get(timeout=30).topic == other
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send(payments, b"no").get(timeout=30)
+        assert producer.send(other, b"still ok").get(timeout=30).offset == 1  # same connection
+    finally:
+        producer.close(10)
+    assert env.broker_count(payments) == 0
+
+
+def test_safeguard_refuses_unsafe_producers_and_passes_safe_ones(env: Env) -> None:
+    topic = admin_topic(env, f"safe.{uuid.uuid4().hex[:6]}")
+    unsafe = produce(env.client("alice", conf={"enable.idempotence": False,
+                                            "compression.type": "none"}), [(topic, b"x")] * 3)
+    assert {code for _, code in unsafe} == {44}  # POLICY_VIOLATION: not idempotent
+    # Values big enough to compress: librdkafka sends a batch that lz4 cannot shrink as is.
+    safe = produce(env.client("alice", conf={"enable.idempotence": True, "retries": 5,
+                                          "compression.type": "lz4"}), [(topic, b"y" * 2000)] * 3)
+    assert safe == [(topic, 0)] * 3
+    assert env.broker_count(topic) == 3
+    reasons = {e["reason"] for e in env.audit_events() if e["rule_id"] == "safe-producers"}
+    assert "an idempotent producer is required" in reasons
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="safe-producers"',
+                  'outcome="denied"') >= 1
+
+
+def test_rate_limit_answers_with_throttle_time_not_a_disconnect(env: Env) -> None:
+    topic = admin_topic(env, f"rated.{uuid.uuid4().hex[:6]}")
+    throttles: list[float] = []
+    stats: list[dict[str, Any]] = []
+    conf = env.client("carol", conf={
+        "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        "stats_cb": lambda text: stats.append(json.loads(text)),
+        "statistics.interval.ms": 500, "batch.size": 20000,
+    })
+    value = b"v" * 1000
+    results = produce(conf, [(topic, value)] * 400)  # 400 KB against 50 KB/s
+    assert results == [(topic, 0)] * 400  # every record delivered
+    assert throttles and max(throttles) > 0  # the client was told to back off
+    assert env.broker_count(topic) == 400
+    disconnects = [b.get("disconnects", 0) for s in stats for b in s["brokers"].values()
+                   if "bootstrap" not in b["name"]]
+    assert max(disconnects, default=0) == 0
+    events = [e for e in env.audit_events() if e["rule_id"] == "slow-down-carol"]
+    assert events and {e["outcome"] for e in events} == {"throttled"}
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="slow-down-carol"',
+                  'outcome="throttled"') >= 1
+
+
+def test_observe_deny_apis_and_dry_run(env: Env) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # observe: alice creates a topic through the gateway; it is created and audited.
+    name = f"observed.{uuid.uuid4().hex[:6]}"
+    admin = AdminClient(env.client("alice"))
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+    assert env.broker_count(name) == 0  # exists (watermarks readable), empty
+    observed = [e for e in env.audit_events() if e["rule_id"] == "watch-topic-creation"]
+    assert [(e["outcome"], e["principal"], e["api_name"]) for e in observed] == [
+        ("observed", "User:alice", "CreateTopics")]
+
+    # deny_apis: bob may not delete topics; the broker never sees the request.
+    bobs_admin = AdminClient(env.client("bob"))
+    with pytest.raises(KafkaException) as refused:
+        bobs_admin.delete_topics([name], operation_timeout=10)[name].result(30)
+    assert refused.value.args[0].code() == TOPIC_AUTHORIZATION_FAILED
+    assert name in AdminClient({"bootstrap.servers": env.kafka.bootstrap}).list_topics(
+        timeout=10).topics
+    denied = [e for e in env.audit_events() if e["rule_id"] == "no-topic-deletion"]
+    assert [(e["outcome"], e["principal"]) for e in denied] == [("denied", "User:bob")]
+    assert metric(env.metrics(), "keg_decisions_total", 'rule="no-topic-deletion"',
+                  'outcome="denied"') == 1
+
+    # dry-run: the write goes through; the audit says what the rule would have done.
+    audit_topic = admin_topic(env, f"audit.{uuid.uuid4().hex[:6]}")
+    assert produce(env.client("bob"), [(audit_topic, b"kept")]) == [(audit_topic, 0)]
+    assert env.broker_count(audit_topic) == 1
+    would = [e for e in env.audit_events() if e["rule_id"] == "try-freezing-audit-topics"]
+    assert {(e["outcome"], e["mode"], e["topic"]) for e in would} == {
+        ("would-deny", "dry-run", audit_topic)}
+    metrics = env.metrics()
+    assert metric(metrics, "keg_decisions_total", 'outcome="would-deny"',
+                  'rule="try-freezing-audit-topics"') >= 1
+    assert metric(metrics, "keg_decisions_total", 'outcome="observed"') >= 1
+
+
+def answers_of(relay: RecordingRelay, api_key: int) -> list[dict[str, Any]]:
+    """The decoded answers of `api_key` the gateway sent the relay's clients."""
+    out = []
+    for conn in relay.snapshot():
+        for frame in conn.frames:
+            if frame.direction == "response" and frame.api_key == api_key:
+                _cid, _tags, offset = kafka_wire.read_response_header(
+                    frame.frame, api_key, frame.api_version)
+                out.append(kafka_wire.decode_body(api_key, frame.api_version, "response",
+                                                  frame.frame, offset)[0])
+    return out
+
+
+def test_a_dry_run_fetch_limit_never_reaches_the_broker(env: Env) -> None:
+    """bulk-fetch-cap (enforced) caps librdkafka's Fetch at 1 MiB, so the request is
+    re-encoded; try-tiny-fetches (dry-run, 100 bytes) must leave no trace in it. With
+    MaxBytes 100 the broker answers one batch per Fetch (KIP-74), with 1 MiB all five."""
+    topic = admin_topic(env, f"bulk.{uuid.uuid4().hex[:6]}")
+    direct = Producer({"bootstrap.servers": env.kafka.bootstrap, "linger.ms": 0})
+    for i in range(5):  # five batches of 1 KB
+        direct.produce(topic, bytes([65 + i]) * 1000)
+        assert direct.flush(30) == 0
+
+    relay = RecordingRelay(gateway_listener(env.gateway))
+    consumer = Consumer({**env.client("alice", conf={"bootstrap.servers": relay.bootstrap}),
+                         "group.id": f"bulk-{uuid.uuid4().hex[:6]}",
+                         "enable.partition.eof": True})
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value() or b"")
+    finally:
+        consumer.close()
+        relay.close()
+    assert got == [bytes([65 + i]) * 1000 for i in range(5)]
+    # The consumer fetches this one topic (by name, or by id from Fetch v13 on).
+    batches_per_fetch = [
+        sum(1 for p in t["Partitions"] for _ in iter_batches(p["Records"] or b""))
+        for answer in answers_of(relay, ApiKey.FETCH) for t in answer["Responses"]]
+    assert max(batches_per_fetch) == 5, batches_per_fetch
+    limited = env.wait_for_audit("bulk-fetch-cap")
+    assert limited and {(e["outcome"], e["reason"]) for e in limited} == {
+        ("limited", "fetch of up to 52428800 bytes capped at 1048576")}
+    would = env.wait_for_audit("try-tiny-fetches")
+    assert would and {(e["outcome"], e["mode"], e["reason"]) for e in would} == {
+        ("would-limit", "dry-run", "fetch of up to 1048576 bytes capped at 100")}
+
+
+def test_refusals_tell_each_client_the_rule_and_its_reason(env: Env) -> None:
+    frozen = admin_topic(env, f"frozen.{uuid.uuid4().hex[:6]}")
+    typed = admin_topic(env, f"typed.{uuid.uuid4().hex[:6]}")
+    frozen_text = "keg rule frozen-topics: frozen topics take no writes"
+    typed_text = "keg rule typed-need-schema-id: record 0: lacks header(s) schema-id"
+
+    # librdkafka: the answer it gets carries both (what an application can read of it
+    # depends on the binding: docs/rules.md, "What a refused client is told").
+    relay = RecordingRelay(gateway_listener(env.gateway))
+    try:
+        results = produce(env.client("bob", conf={"bootstrap.servers": relay.bootstrap}),
+                          [(frozen, b"x"), (typed, b"y")])
+    finally:
+        relay.close()
+    assert sorted(results) == sorted([(frozen, 44), (typed, 87)])  # POLICY_VIOLATION, INVALID
+    answers = {t["Name"]: t["PartitionResponses"][0] for answer in answers_of(relay, ApiKey.PRODUCE)
+               for t in answer["Responses"]}
+    assert answers[frozen]["ErrorMessage"] == frozen_text
+    assert answers[typed]["ErrorMessage"] == typed_text
+    assert answers[typed]["RecordErrors"] == [{"BatchIndex": 0,
+                                               "BatchIndexErrorMessage": typed_text}]
+
+    # kafka-python raises with the message.
+    from kafka import KafkaProducer
+    producer = KafkaProducer(
+        bootstrap_servers=env.gateway.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password=USERS["bob"],
+        retries=0)
+    try:
+        with pytest.raises(Exception) as refused:
+            producer.send(frozen, b"no").get(timeout=30)
+    finally:
+        producer.close(10)
+    assert frozen_text in str(refused.value)
+
+    # Kafka's Java producer prints it.
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", typed]
+    for prop in java_sasl("bob"):
+        args += ["--producer-property", prop]
+    done = run_java_tool("console-producer", *args, input="untyped\n")
+    assert typed_text in done.stderr, done.stderr[-3000:]
+    assert env.broker_count(frozen) == 0 and env.broker_count(typed) == 0
+    reasons = {(e["rule_id"], e["reason"]) for e in env.audit_events()
+               if e["rule_id"] in ("frozen-topics", "typed-need-schema-id")}
+    assert reasons == {("frozen-topics", "frozen topics take no writes"),
+                       ("typed-need-schema-id", "record 0: lacks header(s) schema-id")}
+
+
+def test_an_acks_zero_refusal_is_counted_and_audited(env: Env) -> None:
+    """Kafka never answers a Produce with acks=0: the producer cannot learn of a refusal,
+    so the gateway must say it (even for a rule whose audit is off)."""
+    quiet = admin_topic(env, f"quiet.{uuid.uuid4().hex[:6]}")
+    results = produce(env.client("alice", conf={"acks": 0}), [(quiet, b"x")] * 3)
+    assert results == [(quiet, 0)] * 3  # as far as the producer knows, delivered
+    events = env.wait_for_audit("quiet-freeze")
+    assert events, "the refusal was never audited"
+    assert {(e["outcome"], e["answered"], e["error_code"], e["topic"]) for e in events} == {
+        ("denied", False, TOPIC_AUTHORIZATION_FAILED, quiet)}
+    assert metric(env.metrics(), "keg_unanswered_refusals_total", 'api="Produce"',
+                  'rule="quiet-freeze"') >= len(events)
+    assert env.broker_count(quiet) == 0
+
+
+def test_compression_require_takes_librdkafkas_small_uncompressed_batches(env: Env) -> None:
+    """librdkafka leaves a batch uncompressed when lz4 would not shrink it."""
+    topic = admin_topic(env, f"lz4.{uuid.uuid4().hex[:6]}")
+    lz4 = env.client("alice", conf={"compression.type": "lz4"})
+    assert produce(lz4, [(topic, b"tiny")]) == [(topic, 0)]
+    big = [(topic, json.dumps({"order": i, "note": "compressible " * 16}).encode())
+           for i in range(50)]
+    assert produce(lz4, big) == [(topic, 0)] * 50
+    assert dumped_codecs(env.kafka, topic) == {"none", "lz4"}  # as librdkafka sent them
+
+    plain = produce(env.client("alice", conf={"compression.type": "none"}), big)
+    assert {code for _, code in plain} == {76}  # UNSUPPORTED_COMPRESSION_TYPE: too big
+    assert env.broker_count(topic) == 51
+    reasons = [e["reason"] for e in env.audit_events() if e["rule_id"] == "lz4-producer-hygiene"]
+    assert reasons and all(r.startswith("compression none is not allowed for a batch of ")
+                           and r.endswith("(uncompressed only below 1024)") for r in reasons)

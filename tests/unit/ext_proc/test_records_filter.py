@@ -1,0 +1,255 @@
+"""RecordsFilter without a network: Produce requests and Fetch responses, decoded."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import cramjam
+import google_crc32c
+import orjson
+import pytest
+
+import kafka_wire
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters.records import RecordsFilter
+from ext_proc.filters.rules import RuleDecision, RuleEngine
+from ext_proc.identity import IdentityTracker
+from ext_proc.sequences import SequenceLedger
+from filter_rules import CompiledRuleSet, load_rule_text
+from interceptors.engine import RecordLimits
+from kafka_wire import ApiKey
+from kafka_wire.compression import MAX_DECOMPRESSED, Compression
+from kafka_wire.records import (
+    BatchHeader,
+    BatchView,
+    Record,
+    decode_records,
+    encode_batch,
+    iter_batches,
+    verify_crc,
+)
+
+CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092")
+RULES = """
+rules:
+  - id: drop-heartbeats
+    match: {topics: {prefix: [d.]}}
+    action: {drop: {when: {fields: {$.kind: {exact: [heartbeat]}}}}}
+  - id: amounts
+    match: {topics: {prefix: [v.]}}
+    action:
+      validate: {json_schema: {type: object, properties: {amount: {minimum: 0}}}}
+  - id: mask-on-read
+    match: {direction: response, topics: {prefix: [d.]}}
+    action: {mask: {fields: [$.email]}}
+"""
+
+
+def records_filter() -> tuple[RecordsFilter, list[RuleDecision]]:
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(RULES, "r.yaml")), decisions.append)
+    return RecordsFilter(engine, IdentityTracker()), decisions
+
+
+def batch(docs: list[dict[str, Any]], **header: Any) -> bytes:
+    records = [Record(i, 0, None, orjson.dumps(d), []) for i, d in enumerate(docs)]
+    return encode_batch(BatchHeader(base_timestamp=1_700_000_000_000, **header), records)
+
+
+def produce(topic: str, records: bytes, partition: int = 0) -> dict[str, Any]:
+    return {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": partition, "Records": records}]},
+        {"Name": "untouched", "PartitionData": [{"Index": 0, "Records": b"raw"}]}]}
+
+
+HEADER = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "client", {})
+
+
+def values(records: bytes) -> list[dict[str, Any]]:
+    (view,) = iter_batches(records)
+    assert isinstance(view, BatchView)
+    return [orjson.loads(r.value or b"") for r in decode_records(view)]
+
+
+def test_only_produce_and_fetch_with_record_rules_are_asked_for() -> None:
+    f, _ = records_filter()
+    assert f.wants_request(ApiKey.PRODUCE, 9) and f.wants_request(ApiKey.FETCH, 12)
+    assert not f.wants_request(ApiKey.METADATA, 12)
+    empty = RecordsFilter(RuleEngine(CompiledRuleSet(load_rule_text("rules: []", "e.yaml"))),
+                          IdentityTracker())
+    assert not empty.wants_request(ApiKey.PRODUCE, 9) and not empty.wants_request(ApiKey.FETCH, 12)
+
+
+def test_drops_renumber_and_other_topics_pass_as_bytes() -> None:
+    f, decisions = records_filter()
+    body = produce("d.x", batch([{"kind": "a"}, {"kind": "heartbeat"}, {"kind": "b"}]))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.changed and verdict.answer is None
+    records = body["TopicData"][0]["PartitionData"][0]["Records"]
+    assert values(records) == [{"kind": "a"}, {"kind": "b"}]
+    (view,) = iter_batches(records)
+    assert isinstance(view, BatchView)
+    assert view.last_offset_delta == 1  # renumbered: the broker refuses gaps on produce
+    assert body["TopicData"][1]["PartitionData"][0]["Records"] == b"raw"
+    assert [(d.rule.id, d.outcome, d.records) for d in decisions] == [
+        ("drop-heartbeats", "dropped", 1)]
+
+
+def test_an_idempotent_producers_later_batches_are_shifted() -> None:
+    f, _ = records_filter()
+    first = produce("d.x", batch([{"kind": "heartbeat"}, {"kind": "a"}], producer_id=7,
+                                 producer_epoch=0, base_sequence=0))
+    f.judge(HEADER, first, CONN)
+    (view,) = iter_batches(first["TopicData"][0]["PartitionData"][0]["Records"])
+    assert isinstance(view, BatchView)
+    assert (view.base_sequence, view.records_count) == (0, 1)
+    second = produce("d.x", batch([{"kind": "b"}, {"kind": "c"}], producer_id=7,
+                                  producer_epoch=0, base_sequence=2))
+    verdict = f.judge(HEADER, second, CONN)
+    assert verdict is not None and verdict.changed
+    (view,) = iter_batches(second["TopicData"][0]["PartitionData"][0]["Records"])
+    assert isinstance(view, BatchView)
+    assert (view.base_sequence, view.records_count) == (1, 2)  # no gap for the broker
+    assert verify_crc(view)
+
+
+def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
+    f, _ = records_filter()
+    body = produce("v.x", batch([{"amount": 1}, {"amount": -1}]))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
+    response: dict[str, Any] = {"Responses": [{"Name": "untouched", "PartitionResponses": [
+        {"Index": 0, "ErrorCode": 0, "BaseOffset": 5}]}]}
+    assert verdict.patch(response)
+    refused = response["Responses"][1]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 87
+    assert refused["RecordErrors"][0]["BatchIndex"] == 1
+    assert "keg rule amounts" in refused["RecordErrors"][0]["BatchIndexErrorMessage"]
+    assert refused["ErrorMessage"].startswith("keg rule amounts rejected record 1: $.amount")
+    encoded = kafka_wire.encode_body(ApiKey.PRODUCE, 9, "response", response)
+    assert kafka_wire.decode_body(ApiKey.PRODUCE, 9, "response", encoded)[0]["Responses"][1]
+
+
+def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
+    f, decisions = records_filter()
+    f.judge(HEADER, produce("v.x", batch([{"amount": -1}])), CONN)
+    assert [(d.rule.id, d.outcome, d.error_code, d.answered) for d in decisions] == [
+        ("amounts", "rejected", 87, True)]
+    decisions.clear()
+    unanswered = produce("v.x", batch([{"amount": -1}]))
+    unanswered["Acks"] = 0
+    verdict = f.judge(HEADER, unanswered, CONN)
+    assert verdict is not None and not verdict.expects_response
+    assert [(d.outcome, d.error_code, d.answered) for d in decisions] == [
+        ("rejected", 87, False)]  # no answer tells the producer: it must not pass unseen
+
+
+def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
+    f, _ = records_filter()
+    body = produce("v.x", batch([{"amount": -1}]))
+    body["TopicData"].pop()  # only the refused topic
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.answer is not None
+    assert verdict.answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 87
+
+
+def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
+    f, _ = records_filter()
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
+    assert verdict is not None and verdict.patch is not None
+    stored = batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
+                   base_offset=40)
+    response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
+        {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 42, "Records": stored}]}]}
+    assert verdict.patch(response)
+    (view,) = iter_batches(response["Responses"][0]["Partitions"][0]["Records"])
+    assert isinstance(view, BatchView)
+    assert view.base_offset == 40 and view.last_offset_delta == 1
+    assert [orjson.loads(r.value or b"") for r in decode_records(view)] == [
+        {"email": "****", "kind": "a"}, {"email": "****", "kind": "heartbeat"}]
+
+
+def test_sequence_ledger_is_deterministic_for_retries() -> None:
+    ledger = SequenceLedger()
+    key = (1, 0, "t", 0)
+    ledger.dropped(key, 0, 2)
+    ledger.dropped(key, 10, 1)
+    ledger.dropped(key, 10, 1)  # a retry of the same batch counts once
+    assert [ledger.shift(key, s) for s in (0, 5, 10, 11, 20)] == [0, 2, 2, 3, 3]
+    ledger.dropped(key, 5, 4)  # an out-of-order arrival moves everything after it
+    assert [ledger.shift(key, s) for s in (5, 6, 11)] == [2, 6, 7]
+    assert ledger.shift((2, 0, "t", 0), 10) == 0
+
+
+def bomb_batch(records_count: int = 1, expands_to: int = MAX_DECOMPRESSED + 1) -> bytes:
+    """A zstd batch whose payload expands past the decompression limit."""
+    header = BatchHeader(base_timestamp=1_700_000_000_000, records_count=records_count,
+                         attributes=int(Compression.ZSTD))
+    payload = bytes(cramjam.zstd.compress(b"\0" * expands_to))
+    good = encode_batch(header, [Record(0, 0, None, b"x", [])])
+    # The bomb in place of the payload, with a length and CRC to match: valid on the wire.
+    data = bytearray(good[:61]) + payload
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">i", data, 57, records_count)  # what the header claims
+    struct.pack_into(">I", data, 17, google_crc32c.value(bytes(data[21:])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize(("bomb", "reason"), [
+    (bomb_batch(), "decompresses to 67108865 bytes exceeds the gateway's 33554432"),
+    (bomb_batch(records_count=1_000_000, expands_to=1000),
+     "a batch of 1000000 records exceeds the gateway's 100000 per batch"),
+], ids=["bytes", "records"])
+def test_a_bomb_is_refused_before_any_work(bomb: bytes, reason: str) -> None:
+    f, _ = records_filter()
+    body = produce("d.x", bomb)
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 10  # MESSAGE_TOO_LARGE: not retriable, says why
+    assert reason in refused["ErrorMessage"]
+
+
+def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
+    f, _ = records_filter()
+    corrupt = bytearray(batch([{"a": 1}]))
+    corrupt[-3:] = b"\xff\xff\xff"  # the last record runs past the batch
+    body = produce("d.x", bytes(corrupt))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
+    assert refused["ErrorCode"] == 2  # CORRUPT_MESSAGE
+    assert "does not decode" in refused["ErrorMessage"]
+
+
+def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
+    f, _ = records_filter()
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
+        {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "Records": bomb_batch()}]}]}
+    assert verdict.patch(response)
+    partition = response["Responses"][0]["Partitions"][0]
+    assert (partition["ErrorCode"], partition["Records"]) == (2, None)
+
+
+def test_record_rules_that_run_past_the_frames_time_are_refused() -> None:
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(RULES, "r.yaml")),
+                        limits=RecordLimits(max_frame_seconds=0.0))
+    f = RecordsFilter(engine, IdentityTracker())
+    body = produce("d.x", batch([{"kind": "order", "n": i} for i in range(300)]))
+    verdict = f.judge(HEADER, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    response: dict[str, Any] = {"Responses": []}
+    verdict.patch(response)
+    refused = response["Responses"][0]["PartitionResponses"][0]
+    # Out of time is retriable (a busy gateway may manage next time): REQUEST_TIMED_OUT.
+    assert refused["ErrorCode"] == 7 and "ran past the frame's 0 s budget" in \
+        refused["ErrorMessage"]

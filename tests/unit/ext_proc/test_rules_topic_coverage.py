@@ -1,0 +1,148 @@
+"""A topic rule sees every topic a request can name, in every API and version.
+
+Generated from Kafka's schemas, independently of kafka_wire's own walk: the JSON of
+each request schema is scanned for fields tagged `"entityType": "topicName"`, for
+topic-id fields (uuid `TopicId`), and for the config and ACL resources that name a
+topic by type. For every (API key, version) that can name a topic, a request with
+every field set is built, a `deny` rule on one of its topics is installed, and the
+rule must trigger: the request is refused (or the topic removed from it).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from ext_proc.connection import ConnectionInfo
+from ext_proc.filters.rules import RuleEngine, RulesFilter, request_entities
+from ext_proc.identity import IdentityTracker
+from filter_rules import CompiledRuleSet, load_rule_text
+from kafka_wire import ApiKey, RequestHeader
+from kafka_wire.error_responses import UnsupportedErrorResponse
+from kafka_wire.topic_ids import TopicIds
+from tests.unit.kafka_wire.schema_scan import has_field
+from tests.unit.kafka_wire.test_codec import ALL, Builder, spec_of
+
+CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092")
+# Resource types that name a topic: ConfigResource.Type TOPIC and AclResourceType TOPIC.
+TOPIC_RESOURCE_TYPE = 2
+RESOURCE_TYPE_FIELDS = ("ResourceType", "ResourceTypeFilter")
+RESOURCE_NAME_FIELDS = ("ResourceName", "ResourceNameFilter")
+
+
+def names_topic(f: dict[str, Any]) -> bool:
+    elem = f["type"].removeprefix("[]")
+    return (f.get("entityType") == "topicName" or (elem == "uuid" and f["name"] == "TopicId")
+            or f["name"] in RESOURCE_TYPE_FIELDS)
+
+
+# Inter-broker and controller APIs included: a client could send them to the gateway.
+REQUESTS = sorted({(k, v) for k, v, kind in ALL
+                   if kind == "request" and has_field(k, v, "request", names_topic)})
+
+
+def topic_body(api_key: int, version: int, ids: TopicIds) -> dict[str, Any]:
+    """A request with every field set; resources typed TOPIC; every topic id known."""
+    spec, flexible = spec_of(api_key, version, "request")
+    body = Builder(version, flexible, nulls=False).struct(spec, top=True)
+
+    def fix(value: Any) -> None:
+        if isinstance(value, list):
+            for item in value:
+                fix(item)
+        elif isinstance(value, dict):
+            for field in RESOURCE_TYPE_FIELDS:
+                if field in value:
+                    value[field] = TOPIC_RESOURCE_TYPE
+            topic_id = value.get("TopicId")
+            if isinstance(topic_id, uuid.UUID):
+                ids.add(topic_id, f"by-id-{topic_id.int}")
+            for item in value.values():
+                fix(item)
+
+    fix(body)
+    return body
+
+
+def rules_filter(topic: str) -> tuple[RulesFilter, RuleEngine]:
+    text = f"""
+rules:
+  - id: deny-one-topic
+    match: {{topics: {{exact: [{json.dumps(topic)}]}}}}
+    action: {{deny: {{}}}}
+"""
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(text, "t.yaml")))
+    return RulesFilter(engine, IdentityTracker()), engine
+
+
+def test_the_generated_list_covers_the_apis_users_hit() -> None:
+    keys = {k for k, _ in REQUESTS}
+    # Produce, Fetch, ListOffsets, Metadata, OffsetCommit/Fetch, CreateTopics, DeleteTopics,
+    # DeleteRecords, AddPartitionsToTxn, TxnOffsetCommit, DescribeAcls, CreateAcls,
+    # DeleteAcls, DescribeConfigs, AlterConfigs, CreatePartitions, ElectLeaders,
+    # IncrementalAlterConfigs, AlterPartitionReassignments, OffsetDelete,
+    # DescribeProducers, ConsumerGroupHeartbeat, DescribeTopicPartitions, ShareFetch,
+    # ShareAcknowledge, share group offsets.
+    assert {0, 1, 2, 3, 8, 9, 19, 20, 21, 24, 28, 29, 30, 31, 32, 33, 37, 43, 44, 45, 47,
+            61, 68, 75, 78, 79} <= keys
+    assert len(REQUESTS) > 200
+
+
+@pytest.mark.parametrize(("api_key", "version"), REQUESTS)
+def test_a_topic_rule_sees_every_topic_the_request_names(api_key: int, version: int) -> None:
+    ids = TopicIds()
+    body = topic_body(api_key, version, ids)
+    named = request_entities(api_key, version, body, ids)
+    assert named.topics, f"no topic found in api {api_key} v{version}"
+    assert not named.unknown_topic_ids
+    f, engine = rules_filter(named.topics[-1])
+    engine.topic_ids = ids
+    header = RequestHeader(api_key, version, 1, "coverage", {})
+    assert f.wants_request(api_key, version)
+    try:
+        verdict = f.judge(header, body, CONN)
+    except UnsupportedErrorResponse:
+        return  # no error answer for this API: the connection is closed (fails closed)
+    assert verdict is not None and (verdict.answer is not None or verdict.changed), (
+        f"deny rule on {named.topics[-1]!r} did not trigger for api {api_key} v{version}")
+
+
+def test_an_unknown_topic_id_is_refused_when_a_topic_rule_may_apply() -> None:
+    f, _ = rules_filter("orders")
+    body = {"Topics": [{"TopicId": uuid.uuid4(), "Name": None}]}  # DeleteTopics v6
+    verdict = f.judge(RequestHeader(ApiKey.DELETE_TOPICS, 6, 1, "c", {}), body, CONN)
+    assert verdict is not None and verdict.answer is not None
+    assert verdict.answer["Responses"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
+
+
+def test_describe_groups_names_groups_not_topics() -> None:
+    """Item 1 of the defects: DescribeGroups' Groups is a list of group ids."""
+    f, _ = rules_filter("orders")
+    body = {"Groups": ["g1", "g2"], "IncludeAuthorizedOperations": False}
+    assert f.judge(RequestHeader(ApiKey.DESCRIBE_GROUPS, 5, 1, "c", {}), body, CONN) is None
+    named = request_entities(ApiKey.DESCRIBE_GROUPS, 5, body, TopicIds())
+    assert named.groups == ["g1", "g2"] and named.topics == []
+
+
+def test_a_produce_by_topic_id_is_split_by_topic_like_by_name() -> None:
+    """Produce v13 names topics by id: a partial denial removes the denied id and
+    answers it, the other topic goes on."""
+    f, engine = rules_filter("secret.a")
+    secret, public = uuid.uuid4(), uuid.uuid4()
+    engine.topic_ids.add(secret, "secret.a")
+    engine.topic_ids.add(public, "orders")
+    body: dict[str, Any] = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"TopicId": tid, "PartitionData": [{"Index": 0, "Records": b""}]}
+        for tid in (secret, public)]}
+    verdict = f.judge(RequestHeader(ApiKey.PRODUCE, 13, 1, "c", {}), body, CONN)
+    assert verdict is not None and verdict.changed and verdict.patch is not None
+    assert [t["TopicId"] for t in body["TopicData"]] == [public]
+    response: dict[str, Any] = {"Responses": [{"TopicId": public, "PartitionResponses": [
+        {"Index": 0, "ErrorCode": 0, "BaseOffset": 5}]}]}
+    assert verdict.patch(response)
+    codes = {t["TopicId"]: t["PartitionResponses"][0]["ErrorCode"]
+             for t in response["Responses"]}
+    assert codes == {public: 0, secret: 29}
