@@ -31,10 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from interceptors.services import Services
+from interceptors.services import Services
 
 RecordDirection = Literal["produce", "consume"]
 
@@ -155,7 +154,7 @@ class BuildContext:
     environ: Mapping[str, str] | None = None
     # Clients of the services rules call (registries, KMSs) and their caches: one per
     # process, so a new rule-set version keeps what the last one learnt.
-    services: Services = field(default_factory=lambda: _new_services())
+    services: Services = field(default_factory=Services)
 
     def resolve(self, name: str) -> Path:
         path = Path(name).expanduser()
@@ -164,9 +163,3 @@ class BuildContext:
 
 # Builds a rule action's interceptor: (the action's spec, context) -> interceptor.
 Builder = Callable[[Any, BuildContext], Interceptor]
-
-
-def _new_services() -> Services:
-    from interceptors.services import Services  # (it imports this module)
-
-    return Services()

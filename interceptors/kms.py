@@ -424,3 +424,14 @@ def client_key(spec: KmsSpec, ctx: BuildContext) -> tuple[Any, ...]:
         digest = hashlib.sha256(read_secret(ref, ctx, "keyring").encode()).hexdigest()
         provider = ("keyring", source, digest)
     return (*provider, spec.timeout_ms, spec.cache_size, spec.cache_ttl_s)
+
+
+def kms_client(spec: KmsSpec, ctx: BuildContext) -> KmsClient:
+    """The client for these settings, shared through `ctx.services` by every rule
+    naming the same KMS with the same settings (its cache of data keys with them)."""
+
+    def make() -> KmsClient:
+        return KmsClient(make_backend(spec, ctx), spec.timeout_ms / 1000, spec.cache_size,
+                         spec.cache_ttl_s)
+
+    return ctx.services.client(("kms", *client_key(spec, ctx)), make)

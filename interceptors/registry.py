@@ -23,6 +23,7 @@ most `timeout_ms`, then ServiceUnavailable, and for a short back-off none at all
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import ssl
 import urllib.error
@@ -34,9 +35,11 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from filter_rules.record_actions import SchemaRegistryRef
 from interceptors.avro import AvroCodec, AvroDecodeError
-from interceptors.contract import InterceptorConfigError, ServiceUnavailable
+from interceptors.contract import BuildContext, InterceptorConfigError, ServiceUnavailable
 from interceptors.jsonpath import JSON_CODEC
+from interceptors.keys import read_secret
 from interceptors.protobuf_schema import PayloadError, ProtobufSchema, ProtobufSchemaError
 from interceptors.remote import ServiceCaller, ServiceFailure, TtlCache
 
@@ -106,7 +109,7 @@ class RegisteredSchema:
 
     def _compile_json(self, text: str, references: list[tuple[Reference, SchemaType, str]]
                       ) -> None:
-        from interceptors.builtin.validate import JsonSchemaCheck
+        from interceptors.json_schema import JsonSchemaCheck
 
         doc = _json_doc(text)
         registry = None
@@ -316,3 +319,36 @@ def basic_authorization(username: str, password: str) -> str:
 
 def bearer_authorization(token: str) -> str:
     return f"Bearer {token}"
+
+
+def registry_client(spec: SchemaRegistryRef, ctx: BuildContext) -> RegistryClient:
+    """The client for these settings, shared through `ctx.services` by every rule
+    naming the same registry with the same settings (its cache with them)."""
+    authorization = None
+    if spec.auth is not None and spec.auth.basic is not None:
+        password = read_secret(spec.auth.basic.password, ctx, "registry password")
+        authorization = basic_authorization(spec.auth.basic.username, password)
+    elif spec.auth is not None and spec.auth.bearer is not None:
+        authorization = bearer_authorization(
+            read_secret(spec.auth.bearer, ctx, "registry bearer token"))
+    ca_file = str(ctx.resolve(spec.ca_file)) if spec.ca_file else None
+    digest = hashlib.sha256((authorization or "").encode()).hexdigest()
+    key = ("registry", spec.url, digest, ca_file, spec.timeout_ms, spec.cache_ttl_s,
+           spec.cache_size)
+
+    def make() -> RegistryClient:
+        return RegistryClient(spec.url, authorization=authorization,
+                              ssl_context=_ssl_context(ca_file),
+                              timeout_s=spec.timeout_ms / 1000,
+                              ttl_s=spec.cache_ttl_s, cache_size=spec.cache_size)
+
+    return ctx.services.client(key, make)
+
+
+def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
+    if ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise InterceptorConfigError(f"cannot use CA file {ca_file}: {exc}") from None

@@ -54,7 +54,7 @@ from interceptors.builtin._values import (
 )
 from interceptors.contract import BuildContext, InterceptedRecord, InterceptorConfigError
 from interceptors.jsonpath import FieldPath
-from interceptors.kms import DataKeys, KmsClient, WrappedKey
+from interceptors.kms import DataKeys, KmsClient, WrappedKey, kms_client
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class EncryptInterceptor:
         self.data_keys: DataKeys | None = None
         if spec.kms is not None:
             self.key_id = ""
-            self.data_keys = DataKeys(ctx.services.kms(spec.kms, ctx), spec.kms)
+            self.data_keys = DataKeys(kms_client(spec.kms, ctx), spec.kms)
         else:
             assert spec.key is not None
             self.key_id = spec.key.id
@@ -147,7 +147,7 @@ class DecryptInterceptor:
         self._kms: KmsClient | None = None
         self._fail_open = False
         if spec.kms is not None:
-            self._kms = ctx.services.kms(spec.kms, ctx)
+            self._kms = kms_client(spec.kms, ctx)
             self._fail_open = spec.kms.on_unavailable == "pass"
         self.paths = compile_paths(spec.fields) if spec.fields is not None else None
         self.codec: ValueCodec | None = None

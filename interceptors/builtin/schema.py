@@ -28,14 +28,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from filter_rules.record_actions import SchemaSpec
-from interceptors.builtin.validate import short_reason
 from interceptors.contract import (
     BuildContext,
     InterceptedRecord,
     RecordRejected,
     ServiceUnavailable,
 )
-from interceptors.registry import CONFLUENT_MAGIC, PREFIX, RegisteredSchema, RegistryClient
+from interceptors.json_schema import short_reason
+from interceptors.registry import (
+    CONFLUENT_MAGIC,
+    PREFIX,
+    RegisteredSchema,
+    RegistryClient,
+    registry_client,
+)
 
 NOT_FRAMED: Final = "not in Confluent wire format (magic byte 0 + 4-byte schema id)"
 MEMO_S: Final = 1.0  # how long this rule trusts its own verdict on a (topic, id)
@@ -53,7 +59,7 @@ class SchemaInterceptor:
     def __init__(self, spec: SchemaSpec, ctx: BuildContext) -> None:
         self.target = spec.target
         self.allow_null = spec.allow_null
-        self._registry: RegistryClient = ctx.services.registry(spec.registry, ctx)
+        self._registry: RegistryClient = registry_client(spec.registry, ctx)
         self._strategy = spec.subject
         self._require_subject = spec.require_subject
         self._validate = spec.validate_payload

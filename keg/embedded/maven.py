@@ -3,7 +3,9 @@
 The directory is complete or absent: Maven writes into a temporary directory, a marker
 holding the pom's digest is written last, and the directory is renamed into place under
 a file lock (so concurrent callers neither see a partial set nor fetch twice). A changed
-pom fetches again.
+pom fetches again. Maven runs on a copy of the pom in a scratch directory of the cache:
+what it writes beside its pom (`target/`, the dependency plugin's unpack markers) never
+lands in keg's package.
 """
 
 from __future__ import annotations
@@ -59,10 +61,13 @@ def ensure_maven_dir(pom: Path, target: Path, goal: Sequence[str], what: str,
         if maven_dir_ready(target, pom):  # fetched by another process meanwhile
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-mvn-", dir=target.parent))
         try:
             say(f"fetching {what} from Maven Central into {target}")
             started = time.monotonic()
-            cmd = [mvn, "-q", "-B", "-f", str(pom), *goal, f"-DoutputDirectory={tmp}"]
+            shutil.copyfile(pom, work / "pom.xml")
+            cmd = [mvn, "-q", "-B", "-f", str(work / "pom.xml"), *goal,
+                   f"-DoutputDirectory={tmp}"]
             try:
                 done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
                                       text=True, timeout=timeout, check=False)
@@ -80,6 +85,7 @@ def ensure_maven_dir(pom: Path, target: Path, goal: Sequence[str], what: str,
             say(f"fetched {what} in {time.monotonic() - started:.1f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -95,13 +95,6 @@ class EmbeddedRegistry(ChildService):
         return self.url + CCOMPAT_PATH
 
     @property
-    def tls_certificate(self) -> Path:
-        """The certificate HTTPS is served with (PEM)."""
-        if not self._tls:
-            raise EmbeddedKafkaError("the registry was started without tls")
-        return self._tls[0]
-
-    @property
     def https_ccompat_url(self) -> str:
         if not self._tls:
             raise EmbeddedKafkaError("the registry was started without tls")

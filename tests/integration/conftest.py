@@ -19,7 +19,6 @@ from keg.embedded.local_kms import LocalKms
 from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
-from tests.integration.services import self_signed
 
 # One broker for the session: a PLAINTEXT listener (`bootstrap`) and a SASL_PLAINTEXT one
 # (`sasl_bootstrap`, PLAIN and SCRAM) with these users; "keg" is the gateway's own.
@@ -105,6 +104,12 @@ def native_gateway(kafka: EmbeddedKafka,
         yield gw
 
 
+def envoy_data_paths(gateway: Gateway) -> list[str]:
+    """The data path each of the gateway's Envoys reports running ("native" only when
+    keg's filter really is in Envoy, not its ext_proc fallback)."""
+    return [n["data_path"] for n in gateway.fleet_status() if n["role"] == "envoy"]
+
+
 def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -> str:
     """Create a topic (through whatever `bootstrap` is) and wait until it exists."""
     topic = name or f"t-{uuid.uuid4().hex[:10]}"
@@ -138,13 +143,14 @@ def relay(gateway: Gateway) -> Iterator[RecordingRelay]:
 
 
 @pytest.fixture(scope="session")
-def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRegistry]:
+def schema_registry(dev_ca: DevCa,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRegistry]:
     """A real schema registry (Apicurio Registry, in memory): Confluent's API at
-    `ccompat_url`, and over HTTPS at `https_ccompat_url` with `tls_certificate` (a
-    self-signed certificate for localhost) as the CA to trust."""
-    base = tmp_path_factory.mktemp("schema-registry")
-    certificate, key = self_signed(base)
-    with EmbeddedRegistry(tls=(certificate, key), log_dir=base) as registry:
+    `ccompat_url`, and over HTTPS at `https_ccompat_url` with a certificate of `dev_ca`
+    for localhost."""
+    server = dev_ca.server("schema-registry")
+    with EmbeddedRegistry(tls=(server.cert, server.key),
+                          log_dir=tmp_path_factory.mktemp("schema-registry")) as registry:
         yield registry
 
 

@@ -25,16 +25,21 @@ import pytest
 from filter_rules import load_rule_text
 from filter_rules.record_actions import HEADER_DATA_KEY, HEADER_ENCRYPTION_KEY_ID
 from interceptors.kms import PROVIDER_AWS, PROVIDER_KEYRING, WrappedKey
+from kafka_wire import ErrorCode
 from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.local_kms import LocalKms
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
-from tests.integration.records_io import AuditLog, Headers, consume, produce, values
+from keg.gateway import Gateway
+from tests.integration.conftest import (
+    create_topic,
+    envoy_data_paths,
+    gateway_settings,
+    rule_dir,
+)
+from tests.integration.rules.records_io import AuditLog, Headers, consume, produce, values
 
 pytestmark = pytest.mark.integration
 
 KEY_ID_ENV, SECRET_ENV = "KEG_TEST_AWS_ACCESS_KEY_ID", "KEG_TEST_AWS_SECRET_ACCESS_KEY"
-REQUEST_TIMED_OUT = 7
 Rec = tuple[bytes | None, Headers]
 
 
@@ -103,9 +108,11 @@ class Env:
         return create_topic(self.kafka.bootstrap, name=f"{prefix}{uuid.uuid4().hex[:8]}")
 
 
-@pytest.fixture(scope="module")
-def env(kafka: EmbeddedKafka, local_kms: LocalKms,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+@pytest.fixture(scope="module", params=["ext-proc", "native"])
+def env(kafka: EmbeddedKafka, local_kms: LocalKms, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Env]:
+    """Both data paths: on the native one (keg up's default) keg's filter hands the
+    Produce and Fetch frames of these topics to the Python workers."""
     base = tmp_path_factory.mktemp("kms")
     saved = {name: os.environ.get(name) for name in (KEY_ID_ENV, SECRET_ENV)}
     os.environ[KEY_ID_ENV], os.environ[SECRET_ENV] = "keg-test", "keg-test-secret"
@@ -116,19 +123,17 @@ def env(kafka: EmbeddedKafka, local_kms: LocalKms,
         alias = f"alias/keg-{uuid.uuid4().hex[:6]}"
         client.create_alias(AliasName=alias,
                             TargetKeyId=client.create_key()["KeyMetadata"]["KeyId"])
-        rule_dir = base / "rules"
-        rule_dir.mkdir()
-        keyring = rule_dir / "keyring.json"
-        keyring.write_text(keyring_doc({1: os.urandom(32)}, 1))
         (down_port,) = _free_ports(1)
         text = rules(local_kms, alias, f"http://127.0.0.1:{down_port}")
         load_rule_text(text, "check.yaml")
-        (rule_dir / "kms.yaml").write_text(text)
+        rules_dir = rule_dir(base / "rules", {
+            "kms.yaml": text, "keyring.json": keyring_doc({1: os.urandom(32)}, 1)})
+        keyring = rules_dir / "keyring.json"
         audit = base / "audit.jsonl"
-        settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                                   rules_dir=rule_dir, audit_log=audit,
-                                   work_dir=base / "envoy", ext_proc_log_level="WARNING")
+        settings = gateway_settings(kafka, base / "envoy", rules_dir=rules_dir,
+                                    audit_log=audit, data_path=request.param)
         with Gateway(settings) as gateway:
+            assert envoy_data_paths(gateway) == [request.param]
             yield Env(kafka, gateway, local_kms, alias, keyring, audit)
     finally:
         for name, value in saved.items():
@@ -216,7 +221,7 @@ def test_kms_down_at_produce_is_a_retriable_refusal(env: Env) -> None:
     assert produce(env.gateway.bootstrap, topic, [b"secret"], retries=0) == [
         "REQUEST_TIMED_OUT"]
     event = env.audit.wait_for(topic, "unavailable")
-    assert event["error_code"] == REQUEST_TIMED_OUT and "AWS KMS" in event["reason"]
+    assert event["error_code"] == ErrorCode.REQUEST_TIMED_OUT and "AWS KMS" in event["reason"]
     assert consume(env.kafka.bootstrap, topic) == []
 
 
@@ -229,4 +234,4 @@ def test_kms_down_at_fetch_withholds_the_records(env: Env) -> None:
             headers=[headers for _v, headers in encrypted])
     got, event = env.audit.withheld_at_fetch(env.gateway.bootstrap, topic)
     assert got == []  # withheld, not handed out encrypted
-    assert event["api_name"] == "Fetch" and event["error_code"] == REQUEST_TIMED_OUT
+    assert event["api_name"] == "Fetch" and event["error_code"] == ErrorCode.REQUEST_TIMED_OUT

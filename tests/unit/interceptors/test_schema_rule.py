@@ -38,6 +38,7 @@ from interceptors.protobuf_schema import (
 )
 from interceptors.registry import Reference, RegisteredSchema
 from interceptors.services import Services
+from kafka_wire import ApiKey
 from kafka_wire.records import BatchHeader, BatchView, Record, encode_batch
 
 ORDER_AVRO = {"type": "record", "name": "Order", "namespace": "shop",
@@ -363,7 +364,7 @@ def engine_for(registry: Registry, extra: str = "") -> RecordEngine:
 
 def test_batches_are_judged_at_once_and_reported_like_records(registry: Registry) -> None:
     engine = engine_for(registry)
-    stages = engine.plan("produce", "orders", MatchContext(api_key=0, api_version=9))
+    stages = engine.plan("produce", "orders", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
     assert [s.checks_batches for s in stages] == [True]
     good = framed(1, avro_body({"id": 1, "sku": "a"}))
     outcome = engine.process_batch(batch([good, b"junk", good, framed(99, b"")]), stages,
@@ -381,7 +382,7 @@ def test_batches_are_judged_at_once_and_reported_like_records(registry: Registry
 
 def test_at_fetch_time_invalid_records_are_withheld(registry: Registry) -> None:
     engine = engine_for(registry)
-    stages = engine.plan("consume", "orders", MatchContext(api_key=1, api_version=12))
+    stages = engine.plan("consume", "orders", MatchContext(api_key=ApiKey.FETCH, api_version=12))
     good = framed(1, avro_body({"id": 1, "sku": "a"}))
     outcome = engine.process_batch(batch([good, b"junk"]), stages, topic="orders", partition=0,
                                    direction="consume", principal=None)
@@ -392,7 +393,7 @@ def test_at_fetch_time_invalid_records_are_withheld(registry: Registry) -> None:
 def test_registry_down_fails_the_batch_as_unavailable(registry: Registry) -> None:
     engine = engine_for(registry)
     registry.close()
-    stages = engine.plan("produce", "orders", MatchContext(api_key=0, api_version=9))
+    stages = engine.plan("produce", "orders", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
     outcome = engine.process_batch(batch([framed(1, b""), framed(1, b"")]), stages,
                                    topic="orders", partition=0, direction="produce",
                                    principal=None)
@@ -406,7 +407,7 @@ def test_mixed_plans_take_the_record_path(registry: Registry, tmp_path: Path) ->
         match: {topics: {prefix: [orders]}}
         action: {headers: {set: {checked: "yes"}}}
     """)
-    stages = engine.plan("produce", "orders", MatchContext(api_key=0, api_version=9))
+    stages = engine.plan("produce", "orders", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
     good = framed(1, avro_body({"id": 1, "sku": "a"}))
     outcome = engine.process_batch(batch([good, b"junk"]), stages, topic="orders",
                                    partition=0, direction="produce", principal=None)

@@ -35,6 +35,7 @@ from interceptors.kms import (
     KeyUnusable,
     KmsClient,
     WrappedKey,
+    kms_client,
     parse_keyring,
 )
 from interceptors.secrets import check_secrets
@@ -245,5 +246,5 @@ def test_decryption_asks_the_kms_once_per_data_key(tmp_path: Path, keyring: Path
     dec = DecryptInterceptor(DecryptSpec(kms=spec), consumer_side)
     assert [dec.intercept(r).value for r in sealed] == [  # type: ignore[union-attr, arg-type]
         f"v{i}".encode() for i in range(20)]
-    client = consumer_side.services.kms(spec, consumer_side)
+    client = kms_client(spec, consumer_side)
     assert client.caller.calls == 4  # 20 records, 4 data keys: one unwrap each

@@ -12,6 +12,7 @@ topics.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import textwrap
 import uuid
@@ -29,16 +30,21 @@ from kafka.errors import KafkaError as KafkaPythonError
 
 from filter_rules import load_rule_text
 from interceptors.protobuf_schema import ProtobufSchema
+from kafka_wire import ErrorCode
+from keg.embedded.certs import DevCa
 from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.registry import EmbeddedRegistry
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
-from tests.integration.records_io import AuditLog, consume, produce, values
+from keg.gateway import Gateway
+from tests.integration.conftest import (
+    create_topic,
+    envoy_data_paths,
+    gateway_settings,
+    rule_dir,
+)
+from tests.integration.rules.records_io import AuditLog, consume, produce, values
 
 pytestmark = pytest.mark.integration
 
-INVALID_RECORD = 87
-REQUEST_TIMED_OUT = 7
 
 ORDER_AVRO = json.dumps({
     "type": "record", "name": "Order", "namespace": "shop",
@@ -103,22 +109,23 @@ class Env:
         return int(self.client.register_schema(subject, Schema(text, kind)))
 
 
-@pytest.fixture(scope="module")
-def env(kafka: EmbeddedKafka, schema_registry: EmbeddedRegistry,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+@pytest.fixture(scope="module", params=["ext-proc", "native"])
+def env(kafka: EmbeddedKafka, schema_registry: EmbeddedRegistry, dev_ca: DevCa,
+        tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+        ) -> Iterator[Env]:
+    """Both data paths: the ext_proc service sees every byte, or keg's native filter (the
+    default of `keg up`) hands it only the Produce and Fetch frames of these topics."""
     base = tmp_path_factory.mktemp("schema-registry")
-    rule_dir = base / "rules"
-    rule_dir.mkdir()
-    (rule_dir / "registry.pem").write_bytes(schema_registry.tls_certificate.read_bytes())
     (down_port,) = _free_ports(1)  # nothing listens there
     text = rules(schema_registry, f"http://127.0.0.1:{down_port}")
     load_rule_text(text, "check.yaml")
-    (rule_dir / "schema.yaml").write_text(text)
+    rules_dir = rule_dir(base / "rules", {"schema.yaml": text})
+    shutil.copy(dev_ca.cert_file, rules_dir / "registry.pem")
     audit = base / "audit.jsonl"
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rule_dir, audit_log=audit,
-                               work_dir=base / "envoy", ext_proc_log_level="WARNING")
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules_dir, audit_log=audit,
+                                data_path=request.param)
     with Gateway(settings) as gateway:
+        assert envoy_data_paths(gateway) == [request.param]
         yield Env(kafka, gateway, schema_registry, audit)
 
 
@@ -213,7 +220,7 @@ def test_unregistered_id_wrong_subject_invalid_payload_are_refused(env: Env) -> 
             producer.close()
         assert "keg rule valid-payload" in str(err.value) and reason in str(err.value), what
     events = [e for e in env.audit.events(topic) if e["outcome"] == "rejected"]
-    assert {e["error_code"] for e in events} == {INVALID_RECORD}
+    assert {e["error_code"] for e in events} == {ErrorCode.INVALID_RECORD}
     assert all(any(reason in e["reason"] for e in events) for _v, reason in cases.values())
     assert stored(env, topic) == [good]
 
@@ -233,7 +240,7 @@ def test_registry_down_fails_closed_with_a_retriable_error(env: Env) -> None:
     topic = env.topic("sr.down.")
     assert produce(env.gateway.bootstrap, topic, [framed(1, b"x")]) == ["REQUEST_TIMED_OUT"]
     event = env.audit.wait_for(topic, "unavailable")
-    assert event["error_code"] == REQUEST_TIMED_OUT
+    assert event["error_code"] == ErrorCode.REQUEST_TIMED_OUT
     assert "schema registry" in event["reason"] and "unavailable" in event["reason"]
     assert stored(env, topic) == []
 
@@ -253,7 +260,7 @@ def test_registry_down_at_fetch_time_withholds_records(env: Env) -> None:
     produce(env.kafka.bootstrap, topic, [framed(1, b"x")])
     got, event = env.audit.withheld_at_fetch(env.gateway.bootstrap, topic)
     assert got == []
-    assert event["api_name"] == "Fetch" and event["error_code"] == REQUEST_TIMED_OUT
+    assert event["api_name"] == "Fetch" and event["error_code"] == ErrorCode.REQUEST_TIMED_OUT
 
 
 def test_a_stalled_registry_stalls_neither_other_topics_nor_known_ids(env: Env) -> None:
