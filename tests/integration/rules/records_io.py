@@ -1,4 +1,4 @@
-"""Producing, reading and auditing the way the record-rule tests of services do.
+"""Producing, reading and auditing as the record-rule tests do.
 
 librdkafka (confluent_kafka) producers and consumers with the settings these tests
 need, and the gateway's audit log (JSON Lines) read per topic.
@@ -33,12 +33,17 @@ def produce(bootstrap: str, topic: str, values: list[bytes | None], retries: int
     return errors
 
 
-def consume(bootstrap: str, topic: str, timeout: float = 30) -> list[tuple[bytes | None, Headers]]:
-    """Every record of partition 0 from the start to its end: value and headers."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+Rec = tuple[bytes | None, bytes | None, Headers]  # key, value, headers
+
+
+def consume_records(conf: dict[str, Any], topic: str, timeout: float = 30) -> list[Rec]:
+    """Every record of partition 0 from the start to its end, read by a librdkafka
+    consumer with `conf` (its settings win over ours): key, value and headers."""
+    consumer = Consumer({"group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                         **conf})
     consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[tuple[bytes | None, Headers]] = []
+    out: list[Rec] = []
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -50,10 +55,16 @@ def consume(bootstrap: str, topic: str, timeout: float = 30) -> list[tuple[bytes
                 if error.code() == KafkaError._PARTITION_EOF:
                     return out
                 raise KafkaException(error)
-            out.append((msg.value(), list(msg.headers() or [])))  # type: ignore[arg-type]
+            out.append((msg.key(), msg.value(), list(msg.headers() or [])))  # type: ignore[arg-type]
     finally:
         consumer.close()
     raise AssertionError(f"no end of {topic} within {timeout} s; got {len(out)}")
+
+
+def consume(bootstrap: str, topic: str, timeout: float = 30) -> list[tuple[bytes | None, Headers]]:
+    """Every record of partition 0 from the start to its end: value and headers."""
+    return [(value, headers) for _key, value, headers
+            in consume_records({"bootstrap.servers": bootstrap}, topic, timeout)]
 
 
 def values(records: list[tuple[bytes | None, Headers]]) -> list[bytes | None]:

@@ -2,7 +2,7 @@
 
 The registry here is a loopback HTTP server answering the Confluent API's few calls from
 a table, so each verdict and each failure can be set up exactly;
-tests/integration/test_schema_registry.py runs the rule against a real registry.
+tests/integration/rules/test_schema_registry.py runs the rule against a real registry.
 """
 
 from __future__ import annotations
