@@ -30,8 +30,14 @@ from typing import Self
 
 from keg.children import JAVA, child_environment
 from keg.embedded._child import Child, ChildFailed, ChildService
-from keg.embedded.kafka import EmbeddedKafkaError, _free_ports, cache_dir, java_executable
-from keg.embedded.maven import ensure_maven_dir, maven_dir_ready
+from keg.embedded.kafka import (
+    EmbeddedKafkaError,
+    _free_ports,
+    cache_dir,
+    ensure_maven_dir,
+    java_executable,
+    maven_dir_ready,
+)
 
 log = logging.getLogger(__name__)
 

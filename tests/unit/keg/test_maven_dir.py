@@ -1,4 +1,4 @@
-"""keg.embedded.maven: Maven's own files stay out of keg's package.
+"""keg.embedded.kafka.ensure_maven_dir: Maven's own files stay out of keg's package.
 
 Maven's dependency plugin writes `target/dependency-maven-plugin-markers/` beside the pom
 it runs (the unpack goals' markers): run on the pom inside the package, that put a build
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from keg.embedded.maven import ensure_maven_dir, maven_dir_ready
+from keg.embedded.kafka import ensure_maven_dir, maven_dir_ready
 
 FAKE_MVN = """#!/bin/sh
 # Maven's file behaviour, no network: markers in target/ beside the -f pom, the
