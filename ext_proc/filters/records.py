@@ -137,12 +137,16 @@ def _merge_partitions(response: Body, answered: dict[TopicKey, list[Body]]) -> b
 
 
 def _withhold(partitions: Any, code: int) -> bool:
-    """Answer fetched partitions with an error instead of their records."""
+    """Answer fetched partitions with an error instead of their records.
+
+    The records become empty, as the broker answers an error, never null: librdkafka
+    refuses a null record set as a malformed response and fetches again without ever
+    seeing the error (UNKNOWN_TOPIC_ID would have made it refresh its metadata)."""
     changed = False
     for partition in partitions:
         if partition.get("Records") or not partition.get("ErrorCode"):
             partition["ErrorCode"] = code
-            partition["Records"] = None
+            partition["Records"] = b""
             changed = True
     return changed
 
