@@ -147,10 +147,17 @@ class RegisteredSchema:
                 return str(exc)
             return None
         if self._json is not None:
+            payload = data[PREFIX:]
             try:
-                doc = JSON_CODEC.decode(bytes(data[PREFIX:]))
-            except ValueError as exc:
-                return f"not valid JSON: {exc}"
+                # orjson straight from the view: nothing is written back, so the exact
+                # reading of very long numbers (JSON_CODEC's) is only needed where orjson
+                # refuses them (beyond 64 bits), and for the error message.
+                doc = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                try:
+                    doc = JSON_CODEC.decode(bytes(payload))
+                except ValueError as exc:
+                    return f"not valid JSON: {exc}"
             return self._json.reason(doc)
         assert self._proto is not None
         return self._proto.check(data, PREFIX)
