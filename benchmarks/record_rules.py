@@ -1,7 +1,8 @@
 """Record rules on every record: gateway vs direct, side by side, in one run.
 
     python -m benchmarks.record_rules [--records 50000] [--repeat 1] [--actions a,b]
-                                      [--output record_rules]
+                                      [--data-path native|ext-proc]
+                                      [--ext-proc-workers N] [--output record_rules]
 
 One broker, one gateway whose rule set holds, per action (mask, validate, encrypt,
 schema), a produce-time rule on topics `p.<action>.*` and a consume-time rule on topics
@@ -166,7 +167,7 @@ def framed(schema_id: int, values: list[bytes]) -> list[bytes]:
 
 
 def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
-        data_path: str = "ext-proc") -> dict[str, Any]:
+        data_path: str = "native", ext_proc_workers: int = 2) -> dict[str, Any]:
     from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
     from keg.embedded.registry import EmbeddedRegistry
     from keg.gateway import Gateway, GatewaySettings
@@ -186,7 +187,9 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
             RULES + (schema_rules(registry.ccompat_url) if registry is not None else ""))
         settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
                                    rules_dir=rules, work_dir=Path(tmp) / "envoy",
-                                   ext_proc_log_level="WARNING", data_path=data_path)
+                                   ext_proc_log_level="WARNING", data_path=data_path,
+                                   envoy_concurrency=os.cpu_count() or 1,  # as keg up
+                                   ext_proc_workers=ext_proc_workers)
         with Gateway(settings) as gateway:
             for _round in range(repeat):
                 for action in actions:
@@ -217,13 +220,15 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
                        "produce_ratio": round(med["produce_gateway"] / med["produce_direct"], 3),
                        "consume_ratio": round(med["consume_gateway"] / med["consume_direct"], 3)}
     return {"records": records, "record_bytes": 1024, "repeat": repeat, "data_path": data_path,
+            "ext_proc_workers": ext_proc_workers,
             "commit": git_commit(),
             "machine": machine_info(), "cells": table}
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Record rules on every record: {result['records']:,} x 1 KiB JSON, librdkafka, "
-             f"acks=all, {result.get('data_path', 'ext-proc')} data path, median of "
+             f"acks=all, {result.get('data_path', 'ext-proc')} data path, "
+             f"{result.get('ext_proc_workers', 1)} ext_proc worker(s), median of "
              f"{result['repeat']} (commit {result['commit']})", "",
              "| action / codec | produce direct rec/s | produce gateway rec/s | ratio | "
              "consume direct rec/s | consume gateway rec/s | ratio |",
@@ -241,7 +246,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--actions", default=",".join(ACTIONS),
                         help=f"comma-separated subset of {','.join(ACTIONS)}")
-    parser.add_argument("--data-path", default="ext-proc", choices=("ext-proc", "native"))
+    parser.add_argument("--data-path", default="native", choices=("ext-proc", "native"),
+                        help="native (keg up's default) or ext-proc")
+    parser.add_argument("--ext-proc-workers", type=int, default=os.cpu_count() or 1,
+                        help="ext_proc worker processes (default: one per core, as keg up; "
+                             "one connection's frames all go to one of them)")
     parser.add_argument("--output", default="record_rules",
                         help="results file name (benchmarks/results/<output>.json and .md)")
     args = parser.parse_args()
@@ -250,7 +259,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown actions: {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    result = run(args.records, args.repeat, actions, args.data_path)
+    result = run(args.records, args.repeat, actions, args.data_path, args.ext_proc_workers)
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"{args.output}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
