@@ -32,6 +32,7 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_fa
 import kafka_wire
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import MAX_VERSION, interest_table
+from ext_proc.tls_principal import SUBJECT
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
 from kafka_wire import ApiKey
@@ -89,13 +90,18 @@ def _classes() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NativeFilter:
-    """What every native listener of a group shares: its route table, limits, and the
-    interest table of the live rule set (`interest`, None: nothing is handed off)."""
+    """What every native listener of a group shares: its route table, limits, the
+    interest table of the live rule set (`interest`, None: nothing is handed off), and
+    on mutual-TLS listeners how a client certificate names the principal (Kafka's
+    ssl.principal.mapping.rules and `subject` / `uri_san`, ext_proc.tls_principal; the
+    module applies them itself, see envoy/kafka_filter/src/core/tls_principal.rs)."""
 
     route_table: str
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 1 << 30
     interest: Mapping[str, Any] | None = field(default=None, compare=False)
+    principal_mapping_rules: str | None = None
+    principal_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,9 @@ def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
               "max_held_bytes": native.max_held_bytes, "routes": entries}
     if native.interest is not None:
         config["interest"] = dict(native.interest)
+    if native.principal_mapping_rules is not None:
+        config["principal_mapping_rules"] = native.principal_mapping_rules
+        config["principal_from"] = native.principal_from or SUBJECT
     return config
 
 

@@ -183,6 +183,8 @@ class ControlPlaneSettings:
     # "ext-proc": the ext_proc chain everywhere.
     data_path: str = "ext-proc"
     max_frame_size: int = 100 * 1024 * 1024
+    # What keg's native filter may hold in frames being assembled, per Envoy process.
+    max_held_bytes: int = 256 * 1024 * 1024
     # Where keg's native filter hands frames to (host:port of the ext_proc service's
     # workers, frames mode); empty: the ext_proc service above.
     handoff_endpoints: tuple[str, ...] = ()
@@ -415,15 +417,25 @@ class ControlPlane:
         key = (group.name, kafka_broker, native)
         base = self._compiled.get(key)
         if base is None:
-            filter_ = NativeFilter(route_table=f"keg/{group.name or 'default'}",
-                                   max_frame_size=self.settings.max_frame_size,
-                                   interest=self.native_interest()) if native else None
+            filter_ = self._native_filter(group) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,
                                                           native=filter_, tls=self.tls)
         if self.tls is not None:  # the current certificates (they rotate, listeners stay)
             base = base.with_resources(SECRET, self.tls.secrets)
         return base.retaining(status.of(LISTENER).accepted)
+
+    def _native_filter(self, group: EnvoyGroup) -> NativeFilter:
+        """keg's module for `group`'s listeners; with mutual TLS it maps client
+        certificates to principals itself, with the listeners' mapping rules."""
+        listener = self.tls.listener if self.tls is not None else None
+        mutual = listener if listener is not None and listener.mutual else None
+        return NativeFilter(
+            route_table=f"keg/{group.name or 'default'}",
+            max_frame_size=self.settings.max_frame_size,
+            max_held_bytes=self.settings.max_held_bytes, interest=self.native_interest(),
+            principal_mapping_rules=mutual.principal_mapping_rules if mutual else None,
+            principal_from=mutual.principal_from if mutual else None)
 
     def native_interest(self) -> dict[str, Any]:
         """The interest table native nodes get: the live rule set's (an empty rule set's

@@ -56,6 +56,14 @@ AUDIT_LOG_OFF: Final = ("none", "off")
 AuditLogPath = Annotated[Path | None, typer.Option(
     help="Audit log file (JSON Lines, rotated); none or off: no audit log (a file of that "
          "name: ./none).")]
+DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
+DEFAULT_MAX_HELD_BYTES: Final = 256 * 1024 * 1024
+MaxFrameSize = Annotated[int, typer.Option(
+    help="Largest Kafka frame accepted, in bytes; larger ones close the connection.")]
+MaxHeldBytes = Annotated[int, typer.Option(
+    help="Most bytes all connections together hold in frames being assembled (those a rule "
+         "must read), per process (ext_proc worker, Envoy); a frame past it closes its "
+         "connection.")]
 MetricsPort = Annotated[int | None, typer.Option(
     help="Serve Prometheus metrics on this port (0: a free one, printed).")]
 
@@ -157,6 +165,8 @@ def up(
              "ext-proc: every byte through the ext_proc service (also what an Envoy of "
              "another version gets, and the fallback when the module is not built)."
     )] = "native",
+    max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
+    max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -276,6 +286,8 @@ def up(
                 metrics_port=metrics_port,
                 rules_delivery=rules_delivery,
                 data_path=_usable_data_path(data_path),
+                max_frame_size=max_frame_size,
+                max_held_bytes=max_held_bytes,
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens),
@@ -306,7 +318,7 @@ def up(
             if gateway.app is not None and gateway.app.api_server is not None:
                 api = f"http://127.0.0.1:{gateway.app.api_server.port}"
                 console.print(f"REST API: {api}/docs   console: {api}/console "
-                              "(writes need a token: --api-tokens or KEG_API_TOKENS)")
+                              "(reads and writes need a token: --api-tokens or KEG_API_TOKENS)")
             _wait_for_ctrl_c()
             console.print("stopping…")
     except StateInUse as err:
@@ -349,18 +361,8 @@ def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
 def ext_proc_cmd(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 50051,
-    max_frame_size: Annotated[
-        int,
-        typer.Option(
-            help="Largest Kafka frame accepted, in bytes; larger ones close the connection."
-        ),
-    ] = 100 * 1024 * 1024,
-    max_held_bytes: Annotated[
-        int,
-        typer.Option(
-            help="Most bytes all connections together hold in frames being assembled (those "
-                 "a rule must read); a frame past it closes its connection."),
-    ] = 256 * 1024 * 1024,
+    max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
+    max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
     rules: RulesDir = None,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = None,
@@ -507,6 +509,8 @@ def control_plane_cmd(
         help="ext-proc, or native: Envoys of the module's version get keg's Kafka filter "
              "(a dynamic module on their ENVOY_DYNAMIC_MODULES_SEARCH_PATH), others the "
              "ext_proc chain.")] = "ext-proc",
+    max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
+    max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API (and keep the rules in the store) on this port; "
              "without it the rules come from --rules alone.")] = None,
@@ -602,6 +606,8 @@ def control_plane_cmd(
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
             data_path=data_path,
+            max_frame_size=max_frame_size,
+            max_held_bytes=max_held_bytes,
             sasl=sasl,
             tls=listener_tls,
             upstream_tls=broker_tls,

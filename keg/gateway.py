@@ -374,6 +374,7 @@ class Gateway(Service):
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 data_path=s.data_path,
                 max_frame_size=s.max_frame_size,
+                max_held_bytes=s.max_held_bytes,
             )
             # The control plane first: the ext_proc service is given the key variables
             # of the rules it will be served, and finds its xDS server up at once.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,6 +14,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from control_plane.service import EXT_PROC_PATH
 from filter_rules import DEFAULT_RULES_DIR
 from keg.embedded.certs import DevCa
 from keg.embedded.kafka import BrokerTls, EmbeddedKafka, ensure_kafka, run_java_tool
@@ -70,12 +73,43 @@ def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:
 
 
 EXAMPLES = DEFAULT_RULES_DIR.parent / "examples"
+# The data path a test's gateway runs unless the test names one: the suite runs once per
+# path (`make test`: ext-proc, then native); tests of one path's own behaviour name it.
+DATA_PATH_ENV = "KEG_TEST_DATA_PATH"
+DATA_PATH = os.environ.get(DATA_PATH_ENV, EXT_PROC_PATH)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With KEG_TEST_DATA_PATH set (the second path's pass), only the tests whose gateway
+    follows it run: those using the session's `gateway` fixture or `gateway_settings`.
+    The others (a path of their own, `keg up`, no gateway) ran in the first pass."""
+    if DATA_PATH_ENV not in os.environ:
+        return
+    here = Path(__file__).parent
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        path = Path(str(item.path))
+        follows = (here in path.parents and path.parent.name != "native"
+                   and item.get_closest_marker("one_data_path") is None) and (
+            "gateway" in getattr(item, "fixturenames", ())
+            or _builds_gateway_settings(path))
+        (kept if follows else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@functools.cache
+def _builds_gateway_settings(path: Path) -> bool:
+    return "gateway_settings(" in path.read_text()
 
 
 def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:
     """A gateway in front of the session's broker: ports picked free, quiet logs."""
     base: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap, "listen_port_base": 0,
-                            "work_dir": work_dir, "ext_proc_log_level": "WARNING"}
+                            "work_dir": work_dir, "ext_proc_log_level": "WARNING",
+                            "data_path": DATA_PATH}
     return GatewaySettings(**(base | overrides))
 
 

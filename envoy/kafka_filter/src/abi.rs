@@ -92,6 +92,15 @@ type SchedulerNew = unsafe extern "C" fn(FilterEnvoyPtr) -> SchedulerPtr;
 type SchedulerCommit = unsafe extern "C" fn(SchedulerPtr, u64);
 type SchedulerDelete = unsafe extern "C" fn(SchedulerPtr);
 type ReadDisable = unsafe extern "C" fn(FilterEnvoyPtr, bool) -> u32;
+/// TLS of the client connection (1.40's ABI; the argument and return registers checked
+/// against the 1.40.0 binary): `is_ssl`; the peer certificate's subject (RFC 2253; true
+/// with an empty subject on a TLS connection without a client certificate, false
+/// without TLS); its URI SANs, the count first, then the caller's array of that many
+/// buffers filled (false without TLS).
+type IsSsl = unsafe extern "C" fn(FilterEnvoyPtr) -> bool;
+type GetSslSubject = unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer) -> bool;
+type GetSslSansSize = unsafe extern "C" fn(FilterEnvoyPtr) -> usize;
+type GetSslSans = unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer) -> bool;
 
 /// `envoy_dynamic_module_type_network_filter_scheduler_module_ptr`: made on the worker
 /// thread by `scheduler_new`, committed from any thread, deleted on the worker thread.
@@ -119,10 +128,14 @@ pub struct Callbacks {
     pub scheduler_commit: SchedulerCommit,
     pub scheduler_delete: SchedulerDelete,
     pub read_disable: ReadDisable,
+    pub is_ssl: IsSsl,
+    pub ssl_subject: GetSslSubject,
+    pub ssl_uri_sans_size: GetSslSansSize,
+    pub ssl_uri_sans: GetSslSans,
 }
 
 /// Every callback by its symbol name, in the order [`Callbacks::from_symbols`] takes them.
-pub const CALLBACK_SYMBOLS: [&CStr; 19] = [
+pub const CALLBACK_SYMBOLS: [&CStr; 23] = [
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks_size",
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks",
     c"envoy_dynamic_module_callback_network_filter_drain_read_buffer",
@@ -142,6 +155,10 @@ pub const CALLBACK_SYMBOLS: [&CStr; 19] = [
     c"envoy_dynamic_module_callback_network_filter_scheduler_commit",
     c"envoy_dynamic_module_callback_network_filter_scheduler_delete",
     c"envoy_dynamic_module_callback_network_filter_read_disable",
+    c"envoy_dynamic_module_callback_network_filter_is_ssl",
+    c"envoy_dynamic_module_callback_network_filter_get_ssl_subject",
+    c"envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans_size",
+    c"envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans",
 ];
 
 static CALLBACKS: OnceLock<Callbacks> = OnceLock::new();
@@ -186,6 +203,10 @@ impl Callbacks {
             scheduler_commit: f::<*mut c_void, SchedulerCommit>(s[16]),
             scheduler_delete: f::<*mut c_void, SchedulerDelete>(s[17]),
             read_disable: f::<*mut c_void, ReadDisable>(s[18]),
+            is_ssl: f::<*mut c_void, IsSsl>(s[19]),
+            ssl_subject: f::<*mut c_void, GetSslSubject>(s[20]),
+            ssl_uri_sans_size: f::<*mut c_void, GetSslSansSize>(s[21]),
+            ssl_uri_sans: f::<*mut c_void, GetSslSans>(s[22]),
         }
     }
 

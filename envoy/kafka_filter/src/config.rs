@@ -8,6 +8,11 @@
 //!               "failure_mode_allow": false, "handoff_timeout_ms": 2000}}
 //! ```
 //!
+//! Listeners with mutual TLS add `"principal_mapping_rules"` (Kafka's
+//! ssl.principal.mapping.rules) and `"principal_from"` (`subject` or `uri_san`): the
+//! client certificate's principal ([`crate::core::tls_principal`]). They belong to the
+//! configuration, not the table: a TLS change is a listener change anyway.
+//!
 //! Routes and the interest table (which requests go to the Python service, see
 //! [`crate::core::interest`]) live in a process-wide table named by `route_table`:
 //! loading a configuration (a listener or an ECDS update) replaces both, and every
@@ -21,6 +26,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use serde::Deserialize;
 
 use crate::core::interest::Interest;
+use crate::core::tls_principal::{PrincipalMapper, SUBJECT, URI_SAN};
 use crate::core::rewrite::{Endpoint, Routes};
 use crate::core::SessionLimits;
 
@@ -46,6 +52,10 @@ struct RawConfig {
     max_held_bytes: usize,
     #[serde(default)]
     interest: Option<serde_json::Value>,
+    #[serde(default)]
+    principal_mapping_rules: Option<String>,
+    #[serde(default)]
+    principal_from: Option<String>,
 }
 
 fn default_table() -> String {
@@ -77,6 +87,33 @@ pub struct FilterConfig {
     pub limits: SessionLimits,
     /// Bytes all connections of the process may hold before new holds close theirs.
     pub max_held_bytes: usize,
+    /// Mutual TLS: how a client certificate names the connection's principal.
+    pub certificates: Option<Arc<CertificateMapping>>,
+}
+
+/// A mutual-TLS listener's mapping from client certificates to principals.
+#[derive(Debug)]
+pub struct CertificateMapping {
+    pub mapper: PrincipalMapper,
+    /// The rules as configured (the Python side gets them too, with the stream).
+    pub rules: String,
+    /// `subject` or `uri_san`: the name the rules apply to.
+    pub from: String,
+}
+
+impl CertificateMapping {
+    fn load(rules: Option<String>, from: Option<String>) -> Result<Option<CertificateMapping>, String> {
+        if rules.is_none() && from.is_none() {
+            return Ok(None);
+        }
+        let from = from.unwrap_or_else(|| SUBJECT.to_string());
+        if from != SUBJECT && from != URI_SAN {
+            return Err(format!("filter_config: principal_from must be {SUBJECT} or {URI_SAN}, not {from:?}"));
+        }
+        let rules = rules.unwrap_or_else(|| "DEFAULT".to_string());
+        let mapper = PrincipalMapper::parse(Some(&rules)).map_err(|e| format!("filter_config: {e}"))?;
+        Ok(Some(CertificateMapping { mapper, rules, from }))
+    }
 }
 
 fn tables() -> &'static Mutex<HashMap<String, TableSlot>> {
@@ -103,6 +140,7 @@ impl FilterConfig {
         if raw.max_frame_size < 8 {
             return Err("filter_config: max_frame_size must be at least 8".into());
         }
+        let certificates = CertificateMapping::load(raw.principal_mapping_rules, raw.principal_from)?.map(Arc::new);
         let interest = match raw.interest {
             Some(value) => Interest::parse(value).map_err(|e| format!("filter_config: {e}"))?,
             None => Interest::default(),
@@ -121,6 +159,7 @@ impl FilterConfig {
             table: slot,
             limits: SessionLimits { max_frame_size: raw.max_frame_size },
             max_held_bytes: raw.max_held_bytes,
+            certificates,
         })
     }
 
@@ -160,6 +199,20 @@ mod tests {
         let err = FilterConfig::load(br#"{"route_table": "t2", "interest": {"requests": [[0, 0, 1]]}}"#).unwrap_err();
         assert!(err.contains("no endpoints"), "{err}");
         assert!(first.current_interest().wants(0, 9), "a refused config changes nothing");
+    }
+
+    #[test]
+    fn mutual_tls_listeners_name_their_principal_mapping() {
+        let plain = FilterConfig::load(br#"{"route_table": "t3"}"#).unwrap();
+        assert!(plain.certificates.is_none());
+        let mtls = FilterConfig::load(br#"{"route_table": "t3", "principal_mapping_rules": "RULE:^CN=(.*?),.*$/$1/L",
+            "principal_from": "subject"}"#).unwrap();
+        let mapping = mtls.certificates.as_ref().unwrap();
+        assert_eq!(mapping.mapper.principal("CN=Alice,O=keg").unwrap(), "User:alice");
+        let err = FilterConfig::load(br#"{"principal_mapping_rules": "RULE:(/x/"}"#).unwrap_err();
+        assert!(err.contains("ssl.principal.mapping.rules"), "{err}");
+        let err = FilterConfig::load(br#"{"principal_from": "dns_san"}"#).unwrap_err();
+        assert!(err.contains("principal_from"), "{err}");
     }
 
     #[test]

@@ -21,10 +21,10 @@ import pytest
 from confluent_kafka import Producer
 
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import ApiOptions, Gateway, GatewaySettings
+from keg.gateway import ApiOptions, Gateway
 from keg.paths import REPO_ROOT
 from tests.browser import Browser, needs_chromium
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, gateway_settings
 
 pytestmark = [pytest.mark.integration, needs_chromium]
 
@@ -85,10 +85,8 @@ def console(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     rules.mkdir()
     (rules / "rules.yaml").write_text(RULES)
     (base / "tokens").write_text(f"console-user:{TOKEN}\n")
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
-        audit_log=base / "audit.jsonl", metrics_port=0, work_dir=base / "work",
-        ext_proc_log_level="WARNING",
+    settings = gateway_settings(
+        kafka, base / "work", rules_dir=rules, audit_log=base / "audit.jsonl", metrics_port=0,
         api=ApiOptions(data_dir=base / "store", port=0, tokens_file=base / "tokens"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with Gateway(settings) as gateway, Browser() as browser:

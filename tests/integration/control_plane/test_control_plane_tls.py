@@ -22,9 +22,9 @@ from control_plane.snapshot import LISTENER
 from control_plane.tls import ClientTls, ServerTls
 from keg.embedded.certs import DevCa
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import ApiOptions, ControlPlaneApp, Gateway, GatewaySettings
+from keg.gateway import ApiOptions, ControlPlaneApp, Gateway
 from keg.security import PlaintextTokens
-from tests.integration.conftest import create_topic, produce_one
+from tests.integration.conftest import create_topic, gateway_settings, produce_one
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +40,8 @@ def secured(kafka: EmbeddedKafka, dev_ca: DevCa,
     tokens = base / "tokens"
     tokens.write_text(f"ci:{TOKEN}\n")
     api_port = free_port()
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, work_dir=base / "work",
-        ext_proc_log_level="WARNING",
+    settings = gateway_settings(
+        kafka, base / "work",
         control_plane_tls=ServerTls(server.cert, server.key, dev_ca.cert_file),
         control_plane_client_tls=ClientTls(dev_ca.cert_file, node.cert, node.key),
         api=ApiOptions(data_dir=base, port=api_port, tokens_file=tokens,

@@ -22,8 +22,8 @@ from control_plane.service import ControlPlaneSettings, free_port
 from control_plane.snapshot import RULES
 from filter_rules import Rule, RuleSet, load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway, GatewaySettings
-from tests.integration.conftest import create_topic, produce_one
+from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway
+from tests.integration.conftest import create_topic, gateway_settings, produce_one
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +58,7 @@ def test_100k_rules_reach_the_ext_proc_service_and_a_deny_among_them_holds(
         "rules:\n  - id: observe\n    action: {observe: {audit: false}}\n"), version="1")
     denied = create_topic(kafka.bootstrap, name=f"tenant-73000.{time.monotonic_ns()}")
     allowed = create_topic(kafka.bootstrap, name=f"other-73000.{time.monotonic_ns()}")
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_provider=provider, work_dir=tmp_path / "work",
-                               ext_proc_log_level="WARNING")
+    settings = gateway_settings(kafka, tmp_path / "work", rules_provider=provider)
     with Gateway(settings) as gateway:
         assert produce_one(gateway.bootstrap, denied) is None  # before: no deny rule
 

@@ -20,13 +20,13 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.service import free_port
+from control_plane.service import EXT_PROC_PATH, free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
+from keg.gateway import Gateway
 from tests.dashboard import exposed, unknown_references
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, gateway_settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]
 
 # No rule names Produce: those requests pass unheld. The refusal test adds FREEZE.
 RULES = """\
@@ -72,9 +72,10 @@ def metered(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     rules = base / "rules"
     rules.mkdir()
     (rules / "rules.yaml").write_text(RULES)
-    settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                               rules_dir=rules, metrics_port=free_port(), work_dir=base / "envoy",
-                               ext_proc_log_level="WARNING")
+    # The labelled series are the ext_proc path's (docs/metrics.md: the native path
+    # counts per API in Envoy's stats, tests/integration/native/).
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules,
+                                metrics_port=free_port(), data_path=EXT_PROC_PATH)
     with Gateway(settings) as gateway:
         yield Metered(gateway, rules)
 

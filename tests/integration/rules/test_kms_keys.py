@@ -30,6 +30,7 @@ from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.local_kms import LocalKms
 from keg.gateway import Gateway
 from tests.integration.conftest import (
+    DATA_PATH,
     create_topic,
     envoy_data_paths,
     gateway_settings,
@@ -108,11 +109,11 @@ class Env:
         return create_topic(self.kafka.bootstrap, name=f"{prefix}{uuid.uuid4().hex[:8]}")
 
 
-@pytest.fixture(scope="module", params=["ext-proc", "native"])
-def env(kafka: EmbeddedKafka, local_kms: LocalKms, tmp_path_factory: pytest.TempPathFactory,
-        request: pytest.FixtureRequest) -> Iterator[Env]:
-    """Both data paths: on the native one (keg up's default) keg's filter hands the
-    Produce and Fetch frames of these topics to the Python workers."""
+@pytest.fixture(scope="module")
+def env(kafka: EmbeddedKafka, local_kms: LocalKms,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """The suite's data path (DATA_PATH: `make test` runs ext-proc, then native, keg
+    up's default, where keg's filter hands the Produce and Fetch frames to the workers)."""
     base = tmp_path_factory.mktemp("kms")
     saved = {name: os.environ.get(name) for name in (KEY_ID_ENV, SECRET_ENV)}
     os.environ[KEY_ID_ENV], os.environ[SECRET_ENV] = "keg-test", "keg-test-secret"
@@ -131,9 +132,9 @@ def env(kafka: EmbeddedKafka, local_kms: LocalKms, tmp_path_factory: pytest.Temp
         keyring = rules_dir / "keyring.json"
         audit = base / "audit.jsonl"
         settings = gateway_settings(kafka, base / "envoy", rules_dir=rules_dir,
-                                    audit_log=audit, data_path=request.param)
+                                    audit_log=audit)
         with Gateway(settings) as gateway:
-            assert envoy_data_paths(gateway) == [request.param]
+            assert envoy_data_paths(gateway) == [DATA_PATH]
             yield Env(kafka, gateway, local_kms, alias, keyring, audit)
     finally:
         for name, value in saved.items():

@@ -36,6 +36,7 @@ from keg.embedded.kafka import EmbeddedKafka, _free_ports
 from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway
 from tests.integration.conftest import (
+    DATA_PATH,
     create_topic,
     envoy_data_paths,
     gateway_settings,
@@ -109,12 +110,11 @@ class Env:
         return int(self.client.register_schema(subject, Schema(text, kind)))
 
 
-@pytest.fixture(scope="module", params=["ext-proc", "native"])
+@pytest.fixture(scope="module")
 def env(kafka: EmbeddedKafka, schema_registry: EmbeddedRegistry, dev_ca: DevCa,
-        tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-        ) -> Iterator[Env]:
-    """Both data paths: the ext_proc service sees every byte, or keg's native filter (the
-    default of `keg up`) hands it only the Produce and Fetch frames of these topics."""
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """The suite's data path (DATA_PATH: `make test` runs ext-proc, then native, keg
+    up's default, where keg's filter hands the Produce and Fetch frames to the workers)."""
     base = tmp_path_factory.mktemp("schema-registry")
     (down_port,) = _free_ports(1)  # nothing listens there
     text = rules(schema_registry, f"http://127.0.0.1:{down_port}")
@@ -122,10 +122,9 @@ def env(kafka: EmbeddedKafka, schema_registry: EmbeddedRegistry, dev_ca: DevCa,
     rules_dir = rule_dir(base / "rules", {"schema.yaml": text})
     shutil.copy(dev_ca.cert_file, rules_dir / "registry.pem")
     audit = base / "audit.jsonl"
-    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules_dir, audit_log=audit,
-                                data_path=request.param)
+    settings = gateway_settings(kafka, base / "envoy", rules_dir=rules_dir, audit_log=audit)
     with Gateway(settings) as gateway:
-        assert envoy_data_paths(gateway) == [request.param]
+        assert envoy_data_paths(gateway) == [DATA_PATH]
         yield Env(kafka, gateway, schema_registry, audit)
 
 

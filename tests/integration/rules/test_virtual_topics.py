@@ -29,12 +29,13 @@ from kafka import TopicPartition as KpTopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 import kafka_wire as kw
-from control_plane.service import free_port
+from control_plane.service import EXT_PROC_PATH, free_port
 from control_plane.topology import SaslPlain
 from kafka_wire import ApiKey
 from kafka_wire.group_protocol import encode_subscription
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
+from keg.gateway import Gateway
+from tests.integration.conftest import gateway_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -85,11 +86,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (rules / "rules.yaml").write_text(RULES)
     metrics_port = free_port()
     with EmbeddedKafka(sasl_users=USERS) as kafka:
-        settings = GatewaySettings(
-            bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
-            sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, metrics_port=metrics_port,
-            work_dir=base / "envoy", ext_proc_log_level="WARNING",
-        )
+        settings = gateway_settings(
+            kafka, base / "envoy", bootstrap_servers=kafka.sasl_bootstrap,
+            sasl=SaslPlain("keg", USERS["keg"]), rules_dir=rules, metrics_port=metrics_port)
         with Gateway(settings) as gateway:
             yield Env(kafka, gateway, metrics_port, base)
 
@@ -363,10 +362,15 @@ def test_inconsistent_sync_group_is_answered_by_the_gateway(env: Env) -> None:
         before = env.forwarded()
         answer = raw.call(ApiKey.SYNC_GROUP, 5, sync)
         assert answer["ErrorCode"] == INCONSISTENT_GROUP_PROTOCOL
-        assert env.forwarded() == before  # the broker never saw it
+        after_bad = env.forwarded()
         good = raw.call(ApiKey.SYNC_GROUP, 5, dict(sync, ProtocolName="range"))
         assert good["ErrorCode"] == 0 and good["ProtocolName"] == "range"
-        assert env.forwarded() > before
+        # The guard is the ext_proc chain's: there the broker never saw the bad one.
+        # keg's native filter passes SyncGroup of a principal without virtual topics to
+        # the broker, whose coordinator answers the same (KIP-559).
+        if env.gateway.settings.data_path == EXT_PROC_PATH:
+            assert after_bad == before  # the broker never saw it
+            assert env.forwarded() > before
     finally:
         raw.close()
 

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Producer
 
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import EXT_PROC_COMPONENT, Gateway, GatewaySettings
+from keg.gateway import EXT_PROC_COMPONENT, Gateway
 from keg.paths import SIDE_EFFECTS_PASSWORD_ENV
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, gateway_settings
 from tests.integration.runtime.faults import stored_values, wait_serving
 
 pytestmark = pytest.mark.integration
@@ -89,10 +89,9 @@ def test_children_get_only_the_environment_they_need(
         rules = tmp_path / "rules"
         rules.mkdir()
         (rules / "encrypt.yaml").write_text(RULES)
-        settings = GatewaySettings(
-            bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
-            rules_delivery="control-plane", work_dir=tmp_path / "work",
-            ext_proc_log_level="WARNING", ext_proc_env=(PASSED_ENV,))
+        settings = gateway_settings(
+            kafka, tmp_path / "work", rules_dir=rules, rules_delivery="control-plane",
+            ext_proc_env=(PASSED_ENV,))
         with Gateway(settings) as gateway:
             assert gateway.envoy is not None
             broker, envoy, ext_proc = (environ(kafka.pid), environ(gateway.envoy.pid),

@@ -51,12 +51,11 @@ from keg.gateway import (
     KAFKA_COMPONENT,
     ApiOptions,
     Gateway,
-    GatewaySettings,
     wait_for_port,
 )
 from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
-from tests.integration.conftest import create_topic, produce_one
+from tests.integration.conftest import create_topic, gateway_settings, produce_one
 from tests.integration.runtime.faults import run_through_fault, stored_values, wait_serving
 from tests.integration.runtime.test_keg_up import KegUp, run_keg_up
 
@@ -80,9 +79,8 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory
     rules = base / "rules"
     rules.mkdir()
     (rules / "observe.yaml").write_text(OBSERVE)
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_dir=rules,
-        metrics_port=0, work_dir=base / "work", ext_proc_log_level="WARNING",
+    settings = gateway_settings(
+        kafka, base / "work", rules_dir=rules, metrics_port=0,
         api=ApiOptions(data_dir=base / "api", port=free_port()))
     with Gateway(settings) as gw:
         yield gw

@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from kafka import KafkaConsumer, KafkaProducer
 
+from control_plane.service import EXT_PROC_PATH, NATIVE
 from control_plane.tls import ListenerTls, UpstreamTls, certificate_fingerprint
 from control_plane.topology import DiscoveryError, fetch_topology
 from ext_proc.connection import split_host_port
@@ -65,10 +67,10 @@ class MtlsEnv:
         return [e for e in events if e["rule_id"] == rule_id]
 
 
-@pytest.fixture(scope="module")
-def mtls(kafka: EmbeddedKafka, dev_ca: DevCa,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsEnv]:
-    base = tmp_path_factory.mktemp("mtls")
+@contextmanager
+def mtls_gateway(kafka: EmbeddedKafka, dev_ca: DevCa, base: Path, data_path: str,
+                 principal_mapping_rules: str = "RULE:^CN=(.*?),OU=people,.*$/$1/L",
+                 principal_from: str = "subject") -> Iterator[MtlsEnv]:
     rules = base / "rules"
     rules.mkdir()
     (rules / "secrets.yaml").write_text(RULES)
@@ -77,12 +79,42 @@ def mtls(kafka: EmbeddedKafka, dev_ca: DevCa,
         bootstrap_servers=kafka.ssl_bootstrap, listen_port_base=0, work_dir=base / "work",
         ext_proc_log_level="WARNING", rules_dir=rules, audit_log=base / "audit.jsonl",
         tls=ListenerTls(server.cert, server.key, dev_ca.cert_file,
-                        principal_mapping_rules="RULE:^CN=(.*?),OU=people,.*$/$1/L"),
-        upstream_tls=UpstreamTls(dev_ca.cert_file))
-    alice = dev_ca.client("alice", "Alice", "people")
-    bob = dev_ca.client("bob", "Bob", "people")
+                        principal_mapping_rules=principal_mapping_rules,
+                        principal_from=principal_from),
+        upstream_tls=UpstreamTls(dev_ca.cert_file), data_path=data_path)
+    # Subjects for the subject rules, SPIFFE ids (URI SANs) for the uri_san ones.
+    alice = dev_ca.client("alice", "Alice", "people", uri="spiffe://keg/sa/alice")
+    bob = dev_ca.client("bob", "Bob", "people", uri="spiffe://keg/sa/bob")
     with Gateway(settings) as gateway:
         yield MtlsEnv(gateway, dev_ca, alice, bob, base / "audit.jsonl", base)
+
+
+@pytest.fixture(scope="module")
+def mtls(kafka: EmbeddedKafka, dev_ca: DevCa,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsEnv]:
+    """A mutual-TLS gateway on the ext_proc data path."""
+    with mtls_gateway(kafka, dev_ca, tmp_path_factory.mktemp("mtls"), EXT_PROC_PATH) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def mtls_native(kafka: EmbeddedKafka, dev_ca: DevCa,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsEnv]:
+    """The same gateway on the native data path: keg's filter inside Envoy maps the
+    client certificate to the principal itself."""
+    base = tmp_path_factory.mktemp("mtls-native")
+    with mtls_gateway(kafka, dev_ca, base, NATIVE) as env:
+        statuses = [n for n in env.gateway.fleet_status() if n["role"] == "envoy"]
+        assert [n["data_path"] for n in statuses] == [NATIVE]
+        yield env
+
+
+@pytest.fixture(params=[EXT_PROC_PATH, NATIVE])
+def mtls_on(request: pytest.FixtureRequest) -> MtlsEnv:
+    """The mutual-TLS gateway on each data path."""
+    env = request.getfixturevalue("mtls" if request.param == EXT_PROC_PATH else "mtls_native")
+    assert isinstance(env, MtlsEnv)
+    return env
 
 
 def _consume(conf: dict[str, str], topic: str, count: int) -> tuple[list[bytes], str | None]:
@@ -147,7 +179,8 @@ def test_java_console_tools_produce_and_consume_over_tls(mtls: MtlsEnv,
 
 
 def test_the_certificate_names_the_principal_a_rule_allows_alice_denies_bob(
-        mtls: MtlsEnv, kafka: EmbeddedKafka) -> None:
+        mtls_on: MtlsEnv, kafka: EmbeddedKafka) -> None:
+    mtls = mtls_on
     topic = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:8]}")
     alice = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.alice)
     bob = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.bob)
@@ -157,9 +190,36 @@ def test_the_certificate_names_the_principal_a_rule_allows_alice_denies_bob(
     assert error is None and len(values) == 3
     _, error = _consume(bob, topic, 1)
     assert error == "TOPIC_AUTHORIZATION_FAILED"
-    events = mtls.audit_events("secrets-only-alice")
+    events = [e for e in mtls.audit_events("secrets-only-alice") if e["topic"] == topic]
     assert {e["principal"] for e in events} == {"User:bob"}
     assert {e["security_protocol"] for e in events} == {"SSL"}
+
+
+def test_the_first_uri_san_names_the_principal_on_the_native_path(
+        kafka: EmbeddedKafka, dev_ca: DevCa, tmp_path: Path) -> None:
+    """`principal_from: uri_san`: keg's filter reads the certificate's URI SANs through
+    Envoy's ABI and maps the SPIFFE id, as the ext_proc path does."""
+    with mtls_gateway(kafka, dev_ca, tmp_path, NATIVE,
+                      principal_mapping_rules=r"RULE:^spiffe:\/\/keg\/sa\/(.*)$/$1/",
+                      principal_from="uri_san") as mtls:
+        topic = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:8]}")
+        alice = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.alice)
+        bob = librdkafka_conf(mtls.gateway.bootstrap, mtls.ca, mtls.bob)
+        assert produce_records(alice, topic, 2) == [None] * 2
+        assert produce_records(bob, topic, 1) == ["TOPIC_AUTHORIZATION_FAILED"]
+        events = mtls.audit_events("secrets-only-alice")
+        assert {(e["principal"], e["security_protocol"]) for e in events} == {("User:bob", "SSL")}
+
+
+def test_a_certificate_no_mapping_rule_applies_to_is_refused(
+        mtls_on: MtlsEnv, kafka: EmbeddedKafka) -> None:
+    """A broker refuses a client whose certificate name no ssl.principal.mapping.rules
+    rule maps (Kafka's NoMatchingRule); so does the gateway, on either data path: its
+    connection closes before any request reaches the broker."""
+    topic = create_topic(kafka.bootstrap)
+    robot = mtls_on.ca.client("robot", "Robot", "robots")
+    conf = librdkafka_conf(mtls_on.gateway.bootstrap, mtls_on.ca, robot)
+    assert produce_records(conf, topic, 1, timeout_ms=6000) == ["_MSG_TIMED_OUT"]
 
 
 def test_a_plaintext_client_is_refused_on_a_tls_listener(mtls: MtlsEnv) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from envoy.config.listener.v3 import listener_pb2
@@ -29,10 +30,12 @@ from control_plane.native_filter import (
 from control_plane.providers import StaticRuleProvider
 from control_plane.service import ControlPlane, ControlPlaneSettings
 from control_plane.snapshot import EXTENSION_CONFIG, LISTENER
+from control_plane.tls import ListenerTls
 from control_plane.topology import Broker, Topology
 from ext_proc.frames import MAX_VERSION
 from filter_rules import RuleSet, load_rule_text
 from kafka_wire import ApiKey
+from keg.embedded.certs import DevCa
 from keg.embedded.envoy import envoy_binary
 from keg.embedded.native import CRATE_DIR
 
@@ -117,6 +120,21 @@ def test_a_route_change_changes_the_filter_config_not_the_listeners() -> None:
         assert listeners[0]["kafka_broker_1"] == listeners[1]["kafka_broker_1"]
         assert "kafka_broker_2" in listeners[1]
         assert before.version(EXTENSION_CONFIG) != after.version(EXTENSION_CONFIG)
+
+    asyncio.run(scenario())
+
+
+def test_the_gateways_frame_limits_reach_the_module() -> None:
+    """The bytes the module may hold for frames being assembled are the gateway's
+    setting (keg up --max-held-bytes), not the module's own default."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native", max_frame_size=2 << 20, max_held_bytes=32 << 20))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        config = _module_config(plane, "envoy")
+        assert (config["max_frame_size"], config["max_held_bytes"]) == (2 << 20, 32 << 20)
 
     asyncio.run(scenario())
 
@@ -222,6 +240,31 @@ rules:
         MAX_VERSION,
     ) in requests
     assert ApiKey.METADATA in {key for key, _, _ in requests}, "what the chain always learns from"
+
+
+def test_mutual_tls_listeners_give_the_module_their_principal_mapping(tmp_path: Path) -> None:
+    """The module maps client certificates to principals itself (the same rules as the
+    ext_proc path): a mutual-TLS gateway puts its mapping into the module's config; a
+    TLS listener without client certificates has nothing to map."""
+    ca = DevCa(tmp_path / "ca")
+    server = ca.server("gateway")
+
+    def module_config_with(tls: ListenerTls) -> dict[str, object]:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=7001,
+            data_path="native", tls=tls), rules=StaticRuleProvider(RuleSet(), version="1"))
+        plane.refresh_rules()
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        plane.fleet.connected(NodeInfo("envoy", "keg", build_version=(1, 40, 0)))
+        return _module_config(plane, "envoy")
+
+    mutual = module_config_with(ListenerTls(server.cert, server.key, ca.cert_file,
+                                            r"RULE:^spiffe:\/\/keg\/(.*)$/$1/L",
+                                            principal_from="uri_san"))
+    assert mutual["principal_mapping_rules"] == r"RULE:^spiffe:\/\/keg\/(.*)$/$1/L"
+    assert mutual["principal_from"] == "uri_san"
+    server_only = module_config_with(ListenerTls(server.cert, server.key))
+    assert "principal_mapping_rules" not in server_only and "principal_from" not in server_only
 
 
 def test_the_interest_goes_into_the_module_config() -> None:

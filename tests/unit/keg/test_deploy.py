@@ -23,12 +23,14 @@ from typer.main import get_command
 
 import kafka_wire
 from control_plane.api import ApiSettings, create_app, ruleset_validator
+from control_plane.native_filter import ENVOY_VERSION, MODULE_NAME
 from control_plane.store import open_store
 from ext_proc.connection import BROKER_ID
 from ext_proc.server import DataPath, NetworkProcessor, ProcessorSettings
 from kafka_wire import ApiKey
 from keg.cli import app
 from keg.embedded.envoy import envoy_binary
+from keg.embedded.native import SEARCH_PATH_ENV
 from keg.paths import REPO_ROOT
 from tests.dashboard import (
     NATIVE_PREFIX,
@@ -77,8 +79,11 @@ def test_compose_has_the_whole_deployment(compose: dict[str, Any]) -> None:
                              "grafana"}
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    # The contrib image: the kafka_broker filter is live there.
-    assert services["envoy"]["image"].startswith("envoyproxy/envoy-contrib:")
+    # Envoy from the Dockerfile's `envoy` target: the contrib image (the kafka_broker
+    # filter is live there) with keg's module on its search path; the control plane
+    # gives it the native data path.
+    assert services["envoy"]["build"] == {"context": ".", "target": "envoy"}
+    assert options(services["control-plane"]["command"][1:])["--data-path"] == "native"
     # ext_proc scales: no fixed container name, no host ports.
     assert "container_name" not in services["ext-proc"] and "ports" not in services["ext-proc"]
     for name, service in services.items():
@@ -145,6 +150,39 @@ def test_services_point_at_each_other(compose: dict[str, Any]) -> None:
     assert f"s/$${{XDS_PORT}}/{plane['--xds-port']}/" in envoy
     assert f"{plane['--listen-port-base']}:{plane['--listen-port-base']}" in \
         services["envoy"]["ports"]
+
+
+def dockerfile_stages() -> dict[str, list[str]]:
+    """The Dockerfile's build stages by name (the unnamed last one: ""), their lines."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            words = line.split()
+            current = stages.setdefault(words[3] if len(words) > 3 else "", [])
+        current.append(line)
+    return stages
+
+
+def test_the_envoy_image_carries_keg_s_module_for_its_envoy_release() -> None:
+    """The module is built from the crate the tests build, into the Envoy image whose
+    release is the one the module is written for (the control plane offers the module
+    only to Envoys of that release), on the path Envoy loads dynamic modules from."""
+    stages = dockerfile_stages()
+    library = f"lib{MODULE_NAME}.so"
+    build = "\n".join(stages["module-build"])
+    assert "cargo build --release --locked" in build
+    envoy = stages["envoy"]
+    assert envoy[0].startswith("FROM envoyproxy/envoy-contrib:v{}.{}".format(*ENVOY_VERSION))
+    copy = next(line for line in envoy if line.startswith("COPY --from=module-build"))
+    assert copy.split()[2].endswith(f"/release/{library}")
+    search_path = copy.split()[3].rstrip("/")
+    assert f"ENV {SEARCH_PATH_ENV}={search_path}" in envoy
+    # The Helm chart's init container copies it from the module image's native.path.
+    helm = load_yaml(DEPLOY / "helm" / "keg" / "values.yaml")
+    module = stages["module"]
+    assert any(line.startswith("COPY --from=module-build") and
+               line.split()[3].rstrip("/") == helm["native"]["path"] for line in module)
 
 
 def test_dockerfile_copies_every_package() -> None:
@@ -288,11 +326,12 @@ def test_the_envoy_container_command_renders_a_valid_bootstrap(
     rendered = tmp_path / "bootstrap.yaml"
     script = (script.replace("/etc/keg/bootstrap.yaml", str(REPO_ROOT / "envoy" / "bootstrap.yaml"))
               .replace("/tmp/bootstrap.yaml", str(rendered))
-              .replace("exec envoy -c", "test -s"))
-    subprocess.run(["/bin/sh", "-c", script], check=True, timeout=30)
+              .replace("exec envoy", f"exec {envoy_binary()} --mode validate"))
+    result = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
     config = load_yaml(rendered)
     hostname = Path("/etc/hostname").read_text().strip()
     assert config["node"]["id"] == hostname and config["node"]["cluster"] == "keg"
-    result = subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(rendered)],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    # The module's runtime flag is in what Envoy validated (the --config-yaml overlay).
+    assert "connection_close_through_filter_manager" in script

@@ -16,10 +16,14 @@
 //! - GSSAPI and other mechanisms: `User:unknown` once the broker accepts.
 //!
 //! A name read from the client's bytes is only a candidate until the broker answers
-//! with error code 0; a failure leaves `User:ANONYMOUS`. The security protocol is
-//! `SASL_PLAINTEXT` once a SaslHandshake passed, `PLAINTEXT` otherwise (TLS is not
-//! terminated by the gateway). Malformed SASL bytes never fail the connection: the
-//! principal stays ANONYMOUS.
+//! with error code 0; a failure leaves `User:ANONYMOUS`. Malformed SASL bytes never
+//! fail the connection: the principal stays ANONYMOUS.
+//!
+//! TLS (terminated by Envoy on the gateway's listener, [`Identity::on_tls`]): the
+//! security protocol is `SSL`, or `SASL_SSL` once a SaslHandshake passed; without it
+//! `PLAINTEXT` / `SASL_PLAINTEXT`. With mutual TLS the client certificate names a
+//! principal (`core::tls_principal`), which holds until a SASL exchange authenticates
+//! another one, as on a broker's SASL_SSL listener.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -52,35 +56,59 @@ pub struct Identity {
     steps: u32,
     candidate: Option<String>,
     candidate_opaque: bool,
+    tls: bool,
+    /// The client certificate's principal (`User:alice`), mutual TLS only.
+    certificate_principal: Option<String>,
 }
 
 impl Identity {
-    /// Kafka's form (`User:alice`), `User:ANONYMOUS` until authenticated.
+    /// The connection is TLS (Envoy terminated it); with mutual TLS, the principal its
+    /// client certificate names.
+    pub fn on_tls(&mut self, certificate_principal: Option<String>) {
+        self.tls = true;
+        self.certificate_principal = certificate_principal;
+    }
+
+    /// Kafka's form (`User:alice`); until SASL authenticates a name, the certificate's
+    /// principal, else `User:ANONYMOUS`.
     pub fn principal(&self) -> String {
         match (&self.name, self.authenticated) {
             (Some(name), true) => format!("User:{name}"),
-            _ => ANONYMOUS.to_string(),
+            _ => self.certificate_principal.clone().unwrap_or_else(|| ANONYMOUS.to_string()),
         }
     }
 
-    /// Authenticated, and the gateway could read who (not ANONYMOUS, not unknown).
+    /// Authenticated (by SASL or a client certificate), and the gateway could read who
+    /// (not ANONYMOUS, not unknown).
     pub fn principal_known(&self) -> bool {
-        self.authenticated && self.name.as_deref().is_some_and(|n| n != UNKNOWN_NAME)
+        if self.authenticated {
+            return self.name.as_deref().is_some_and(|n| n != UNKNOWN_NAME);
+        }
+        self.certificate_principal.is_some()
     }
 
     pub fn authenticated(&self) -> bool {
         self.authenticated
     }
 
-    /// The principal to tell the Python chain: only when the broker authenticated a
-    /// name the gateway could read (or `User:unknown` for opaque mechanisms); None
-    /// leaves it `User:ANONYMOUS` there, as its own tracker would say.
+    /// The principal to tell the Python chain: when the broker authenticated a name
+    /// the gateway could read (or `User:unknown` for opaque mechanisms), else, without
+    /// SASL authentication, the client certificate's; None leaves it to the Python
+    /// side's own tracker (`User:ANONYMOUS`, or the certificate's after a token login).
     pub fn known_principal(&self) -> Option<String> {
-        (self.authenticated && self.name.is_some()).then(|| self.principal())
+        if self.authenticated {
+            return self.name.is_some().then(|| self.principal());
+        }
+        self.certificate_principal.clone()
     }
 
     pub fn security_protocol(&self) -> &'static str {
-        if self.handshake_seen { "SASL_PLAINTEXT" } else { "PLAINTEXT" }
+        match (self.handshake_seen, self.tls) {
+            (true, true) => "SASL_SSL",
+            (true, false) => "SASL_PLAINTEXT",
+            (false, true) => "SSL",
+            (false, false) => "PLAINTEXT",
+        }
     }
 
     /// A whole request frame (size prefix included) of SaslHandshake or SaslAuthenticate.
@@ -450,6 +478,24 @@ mod tests {
         id.observe_request(SASL_HANDSHAKE, 1, &[0, 0, 0, 1, 0]);
         id.observe_request(SASL_AUTHENTICATE, 2, b"\0\0\0\x02xx");
         assert_eq!(id.principal(), ANONYMOUS);
+    }
+
+    #[test]
+    fn tls_is_ssl_and_the_certificate_principal_holds_until_sasl_names_another() {
+        let mut id = Identity::default();
+        id.on_tls(Some("User:alice".into()));
+        assert_eq!((id.principal().as_str(), id.principal_known(), id.security_protocol()), ("User:alice", true, "SSL"));
+        assert_eq!(id.known_principal().as_deref(), Some("User:alice"));
+        let mut sasl = exchange("PLAIN", &[(b"\0bob\0pw", b"", 0)]);
+        sasl.on_tls(Some("User:alice".into()));
+        assert_eq!((sasl.principal().as_str(), sasl.security_protocol()), ("User:bob", "SASL_SSL"));
+        let mut refused = exchange("PLAIN", &[(b"\0bob\0wrong", b"", 58)]);
+        refused.on_tls(Some("User:alice".into()));
+        assert_eq!(refused.principal(), "User:alice", "a failed login leaves the certificate's");
+        let mut server_only = Identity::default();
+        server_only.on_tls(None);
+        assert_eq!((server_only.principal().as_str(), server_only.security_protocol()), (ANONYMOUS, "SSL"));
+        assert_eq!(server_only.known_principal(), None);
     }
 
     #[test]

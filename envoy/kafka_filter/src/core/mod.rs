@@ -7,6 +7,7 @@
 pub mod handoff;
 pub mod head;
 pub mod identity;
+pub mod tls_principal;
 pub mod interest;
 pub mod outbox;
 pub mod rewrite;
@@ -31,6 +32,9 @@ pub enum ProtocolError {
     NoRoute(i32),
     /// The Python service's answer cannot be applied (or it asked to close).
     HandOff(String),
+    /// The client is refused, as a broker would refuse it (a client certificate no
+    /// principal mapping rule applies to).
+    Refused(String),
 }
 
 impl fmt::Display for ProtocolError {
@@ -49,6 +53,7 @@ impl fmt::Display for ProtocolError {
             }
             ProtocolError::NoRoute(node) => write!(f, "no gateway route for broker {node}"),
             ProtocolError::HandOff(why) => write!(f, "hand-off: {why}"),
+            ProtocolError::Refused(why) => write!(f, "client refused: {why}"),
         }
     }
 }

@@ -12,6 +12,12 @@
 //! a frame held to be examined or handed off, what waits behind a hand-off) are copied
 //! into it: Envoy owns its buffers once the hook returns.
 //!
+//! TLS: at the client's first bytes (the handshake is done by then) the filter asks
+//! Envoy whether the connection is TLS and, on a mutual-TLS listener (the config has
+//! principal mapping rules), reads the client certificate's subject and URI SANs and
+//! maps them to the connection's principal (`core::tls_principal`); a certificate no
+//! rule maps closes the connection, as a broker refuses it.
+//!
 //! Hand-offs: frames the interest table selects go to the hand-off thread
 //! ([`crate::handoff`]); on the first one the filter makes an Envoy scheduler and a
 //! [`Link`]. Answers come back through `on_network_filter_scheduled`, on the worker
@@ -28,6 +34,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use base64::engine::general_purpose::URL_SAFE;
+use base64::Engine;
 use kafka_protocol::messages::ApiKey;
 
 use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer, SchedulerPtr};
@@ -36,6 +44,7 @@ use crate::core::handoff::Failure;
 use crate::core::head::RequestHead;
 use crate::core::interest::Interest;
 use crate::core::rewrite::{Endpoint, RouteView};
+use crate::core::tls_principal::certificate_name;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
 use crate::core::{Disposition, Output, ProtocolError, RequestPolicy, Resolution, Session};
 use crate::handoff::{self, proto, Connection, Link, Outgoing, Wake};
@@ -51,9 +60,11 @@ enum Fault {
     ProtocolErrors = 0,
     Panics = 1,
     HeldLimit = 2,
+    /// A client certificate no principal mapping rule applies to (a broker refuses it).
+    CertificateRefused = 3,
 }
 
-const FAULT_NAMES: [&str; 3] = ["protocol_errors", "panics", "held_bytes_limit"];
+const FAULT_NAMES: [&str; 4] = ["protocol_errors", "panics", "held_bytes_limit", "certificate_refused"];
 
 /// Filter-level counters the core does not keep.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +82,7 @@ const EVENT_NAMES: [&str; 2] = ["handoff_late_answers", "handoff_read_paused"];
 struct CounterIds {
     api: Vec<[Option<usize>; 3]>,
     counters: Vec<Option<usize>>,
-    faults: [Option<usize>; 3],
+    faults: [Option<usize>; 4],
     events: [Option<usize>; 2],
 }
 
@@ -131,6 +142,12 @@ struct ConnectionFacts {
     client: Option<String>,
     local_port: Option<i32>,
     connection_id: u64,
+    /// Read at the client's first bytes (the TLS handshake is done by then).
+    tls_known: bool,
+    tls: bool,
+    /// Mutual TLS: the client certificate's subject (RFC 2253) and URI SANs.
+    peer_subject: Option<String>,
+    peer_uri_sans: Vec<String>,
 }
 
 /// The hand-off state of a connection, made on its first hand-off.
@@ -355,7 +372,10 @@ fn guard(envoy: FilterEnvoyPtr, module: FilterModulePtr, hook: impl FnOnce(&mut 
         },
         Ok(Err(err)) => {
             abi::log(abi::LOG_WARN, &format!("keg_kafka_filter: closing the connection: {err}"));
-            Fault::ProtocolErrors
+            match err {
+                ProtocolError::Refused(_) => Fault::CertificateRefused,
+                _ => Fault::ProtocolErrors,
+            }
         }
         Err(panic) => {
             let what = panic.downcast_ref::<&str>().map(|s| s.to_string())
@@ -459,6 +479,29 @@ impl Filter {
         self.handoffs.as_ref()
     }
 
+    /// What TLS tells about the client, read once, at its first bytes (after the
+    /// handshake: the certificate is known). With mutual TLS the certificate names the
+    /// principal; one no mapping rule applies to refuses the client, as a broker would.
+    fn learn_tls(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<(), ProtocolError> {
+        self.facts.tls_known = true;
+        // SAFETY: a live filter inside one of its hooks.
+        if !unsafe { (cb.is_ssl)(envoy) } {
+            return Ok(());
+        }
+        self.facts.tls = true;
+        let mut principal = None;
+        if let Some(mapping) = self.config.settings.certificates.clone() {
+            self.facts.peer_subject = ssl_subject(envoy, cb);
+            self.facts.peer_uri_sans = ssl_uri_sans(envoy, cb);
+            let name = certificate_name(self.facts.peer_subject.as_deref(), &self.facts.peer_uri_sans, &mapping.from);
+            if let Some(name) = name {
+                principal = Some(mapping.mapper.principal(&name).map_err(ProtocolError::Refused)?);
+            }
+        }
+        self.session.identity.on_tls(principal);
+        Ok(())
+    }
+
     /// The stream's initial metadata: what Envoy's ext_proc filter sends on that path.
     fn stream_metadata(&self) -> Vec<(String, String)> {
         let routes = self.view();
@@ -480,6 +523,17 @@ impl Filter {
         nodes.sort_by_key(|(node, _)| **node);
         let formatted: Vec<String> = nodes.iter().map(|(node, e)| format!("{node}={}:{}", e.host, e.port)).collect();
         metadata.push((BROKER_ROUTES.to_string(), formatted.join(",")));
+        if self.facts.tls {
+            metadata.push((TLS.to_string(), "1".to_string()));
+        }
+        if let (true, Some(mapping)) = (self.facts.tls, &self.config.settings.certificates) {
+            metadata.extend([
+                (PEER_SUBJECT.to_string(), self.facts.peer_subject.clone().unwrap_or_default()),
+                (PEER_URI_SAN.to_string(), self.facts.peer_uri_sans.join(",")),
+                (PRINCIPAL_RULES.to_string(), URL_SAFE.encode(mapping.rules.as_bytes())),
+                (PRINCIPAL_FROM.to_string(), mapping.from.clone()),
+            ]);
+        }
         metadata
     }
 
@@ -569,6 +623,12 @@ const CONNECTION_ID: &str = "x-keg-connection-id";
 const BROKER_ID: &str = "x-keg-broker-id";
 const BROKER_ROUTES: &str = "x-keg-broker-routes";
 const MODE: &str = "x-keg-mode";
+const TLS: &str = "x-keg-tls";
+const PEER_SUBJECT: &str = "x-keg-peer-subject";
+const PEER_URI_SAN: &str = "x-keg-peer-uri-san";
+/// Kafka's rule text, base64url (padded, as Python's `urlsafe_b64encode`).
+const PRINCIPAL_RULES: &str = "x-keg-principal-rules";
+const PRINCIPAL_FROM: &str = "x-keg-principal-from";
 
 /// Injects `out` (bytes the core owns) and an end of stream, if there is either.
 fn inject(envoy: FilterEnvoyPtr, how: unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool), out: &Output, end: bool) {
@@ -589,6 +649,29 @@ fn address(envoy: FilterEnvoyPtr, get: unsafe extern "C" fn(FilterEnvoyPtr, *mut
     // this hook, copied here.
     unsafe { get(envoy, &mut buffer, &mut port) }
         .then(|| (String::from_utf8_lossy(unsafe { buffer.as_slice() }).into_owned(), port))
+}
+
+/// The client certificate's subject, copied; None without TLS or without a certificate.
+fn ssl_subject(envoy: FilterEnvoyPtr, cb: &Callbacks) -> Option<String> {
+    let mut buffer = EnvoyBuffer { ptr: std::ptr::null(), length: 0 };
+    // SAFETY: a live filter; Envoy's string is valid during this hook, copied here.
+    let found = unsafe { (cb.ssl_subject)(envoy, &mut buffer) };
+    let subject = String::from_utf8_lossy(unsafe { buffer.as_slice() }).into_owned();
+    (found && !subject.is_empty()).then_some(subject)
+}
+
+/// The client certificate's URI SANs, copied.
+fn ssl_uri_sans(envoy: FilterEnvoyPtr, cb: &Callbacks) -> Vec<String> {
+    // SAFETY: a live filter; the array is sized as Envoy says, its strings copied here.
+    let count = unsafe { (cb.ssl_uri_sans_size)(envoy) };
+    if count == 0 {
+        return Vec::new();
+    }
+    let mut buffers = vec![EnvoyBuffer { ptr: std::ptr::null(), length: 0 }; count];
+    if !unsafe { (cb.ssl_uri_sans)(envoy, buffers.as_mut_ptr()) } {
+        return Vec::new();
+    }
+    buffers.iter().map(|b| String::from_utf8_lossy(unsafe { b.as_slice() }).into_owned()).collect()
 }
 
 /// Reads Envoy's buffer as slices, feeds each to `feed`; returns whether every slice's
@@ -658,6 +741,9 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
     end_stream: bool,
 ) -> u32 {
     guard(envoy, module, |filter, cb| {
+        if !filter.facts.tls_known {
+            filter.learn_tls(envoy, cb)?;
+        }
         // SAFETY: a live filter inside its read hook.
         let count = unsafe { (cb.read_chunks_size)(envoy) };
         let (whole, total) = feed_chunks(filter, count, |dst| unsafe { (cb.read_chunks)(envoy, dst) },

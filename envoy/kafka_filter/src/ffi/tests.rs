@@ -22,6 +22,8 @@ struct FakeConnection {
     counters: HashMap<usize, u64>,
     read_disabled: Vec<bool>,
     scheduler: Option<&'static FakeScheduler>,
+    /// TLS: None is a plaintext connection; Some((subject, URI SANs)) a TLS one.
+    tls: Option<(String, Vec<String>)>,
 }
 
 /// Envoy's scheduler, faked: counts commits (each would post an event to the worker).
@@ -106,14 +108,36 @@ unsafe extern "C" fn read_disable(e: FilterEnvoyPtr, disable: bool) -> u32 {
     0
 }
 
+unsafe extern "C" fn is_ssl(e: FilterEnvoyPtr) -> bool { conn(e).tls.is_some() }
+unsafe extern "C" fn ssl_subject(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool {
+    let Some((subject, _)) = &conn(e).tls else { return false };
+    *out = EnvoyBuffer { ptr: subject.as_ptr().cast(), length: subject.len() };
+    true
+}
+unsafe extern "C" fn ssl_uri_sans_size(e: FilterEnvoyPtr) -> usize { conn(e).tls.as_ref().map_or(0, |(_, sans)| sans.len()) }
+unsafe extern "C" fn ssl_uri_sans(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool {
+    let Some((_, sans)) = &conn(e).tls else { return false };
+    for (i, san) in sans.iter().enumerate() {
+        *out.add(i) = EnvoyBuffer { ptr: san.as_ptr().cast(), length: san.len() };
+    }
+    true
+}
+
 fn install_fake_envoy() {
     Callbacks::install(Callbacks {
         read_chunks_size, read_chunks, drain_read, inject_read,
         write_chunks_size, write_chunks, drain_write, inject_write,
         close, define_counter, increment_counter, log, local_address,
         remote_address, connection_id, scheduler_new, scheduler_commit, scheduler_delete, read_disable,
+        is_ssl, ssl_subject, ssl_uri_sans_size, ssl_uri_sans,
     });
-    crate::handoff::install_connector(Arc::new(crate::handoff::tests::FakeService::default()));
+    crate::handoff::install_connector(fake_service().clone());
+}
+
+/// The fake Python service every hand-off of these tests goes to.
+fn fake_service() -> &'static Arc<crate::handoff::tests::FakeService> {
+    static SERVICE: std::sync::OnceLock<Arc<crate::handoff::tests::FakeService>> = std::sync::OnceLock::new();
+    SERVICE.get_or_init(Default::default)
 }
 
 fn counter(c: &FakeConnection, name: &str) -> u64 {
@@ -424,4 +448,85 @@ fn beyond_the_process_bound_a_handoff_fails_at_once() {
         envoy_dynamic_module_on_network_filter_destroy(module);
         envoy_dynamic_module_on_network_filter_config_destroy(config);
     }
+}
+
+// -- TLS ------------------------------------------------------------------------------
+
+fn mtls_config(table: &str, endpoint: &str, from: &str) -> ConfigModulePtr {
+    let json = format!(r#"{{"route_table": "{table}", "routes": [{{"node_id": 1, "gateway": "gw:19092"}}],
+        "interest": {{"version": "1", "requests": [[0, 0, 32767]], "endpoints": ["{endpoint}"]}},
+        "principal_mapping_rules": "RULE:^CN=(.*?),OU=people,.*$/$1/L, RULE:^spiffe:\\/\\/keg\\/sa\\/(.*)$/$1/",
+        "principal_from": "{from}"}}"#);
+    config_of(json.as_bytes())
+}
+
+fn tls_connection(subject: &str, sans: &[&str]) -> FakeConnection {
+    FakeConnection { tls: Some((subject.to_string(), sans.iter().map(|s| s.to_string()).collect())), ..Default::default() }
+}
+
+fn identity_of(module: FilterModulePtr) -> &'static crate::core::identity::Identity {
+    // SAFETY: a live filter made by the test.
+    &unsafe { filter(module) }.unwrap().session.identity
+}
+
+#[test]
+fn a_client_certificate_names_the_principal_the_handoff_carries() {
+    let config = mtls_config("ffi-mtls", "echo:mtls", "subject");
+    let mut c = tls_connection("CN=Alice,OU=people,O=keg", &["spiffe://keg/sa/x"]);
+    let module = connect(config, &mut c);
+    assert_eq!(read(&mut c, module, &produce(1)), abi::STATUS_STOP_ITERATION);
+    assert_eq!(identity_of(module).principal(), "User:alice");
+    assert_eq!(identity_of(module).security_protocol(), "SSL");
+    run_scheduled(&mut c, module, 1);
+    let opened = fake_service().opened.lock().unwrap().iter().find(|(e, _)| e == "echo:mtls").cloned().unwrap();
+    let metadata: HashMap<_, _> = opened.1.into_iter().collect();
+    assert_eq!(metadata["x-keg-tls"], "1");
+    assert_eq!(metadata["x-keg-peer-subject"], "CN=Alice,OU=people,O=keg");
+    assert_eq!(metadata["x-keg-peer-uri-san"], "spiffe://keg/sa/x");
+    assert_eq!(metadata["x-keg-principal-from"], "subject");
+    let rules = base64::engine::general_purpose::URL_SAFE.decode(&metadata["x-keg-principal-rules"]).unwrap();
+    assert!(rules.starts_with(b"RULE:^CN=(.*?),OU=people"));
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn the_first_uri_san_can_name_the_principal() {
+    let config = mtls_config("ffi-mtls-san", "echo:mtls-san", "uri_san");
+    let mut c = tls_connection("CN=Alice,OU=people,O=keg", &["spiffe://keg/sa/bob", "spiffe://keg/sa/carol"]);
+    let module = connect(config, &mut c);
+    read(&mut c, module, &request(3, 12, 1));
+    assert_eq!(identity_of(module).principal(), "User:bob");
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn a_certificate_no_rule_maps_is_refused_like_a_broker_refuses_it() {
+    let config = mtls_config("ffi-mtls-refused", "echo:mtls-refused", "subject");
+    let mut c = tls_connection("CN=Mallory,OU=robots,O=keg", &[]);
+    let module = connect(config, &mut c);
+    let metadata = request(3, 12, 1);
+    assert_eq!(read(&mut c, module, &metadata), abi::STATUS_STOP_ITERATION);
+    assert_eq!(c.closed, Some(abi::CLOSE_NO_FLUSH));
+    assert!(c.to_broker.is_empty(), "not one byte of the refused client reaches the broker");
+    assert_eq!(counter(&c, "keg_kafka.certificate_refused"), 1);
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
+fn tls_without_a_mapping_is_ssl_and_plaintext_is_plaintext() {
+    let config = new_config();
+    let mut tls = tls_connection("", &[]);
+    let module = connect(config, &mut tls);
+    read(&mut tls, module, &request(3, 12, 1));
+    assert_eq!((identity_of(module).security_protocol(), identity_of(module).principal().as_str()), ("SSL", "User:ANONYMOUS"));
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    let mut plain = FakeConnection::default();
+    let module = connect(config, &mut plain);
+    read(&mut plain, module, &request(3, 12, 1));
+    assert_eq!(identity_of(module).security_protocol(), "PLAINTEXT");
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
 }
