@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -76,6 +76,21 @@ class Params:
     warmup: int = 10_000
     linger_ms: int = 5
     step_timeout_s: float = 600.0
+
+
+# The Params the command line sets: field -> (option, help).
+PARAM_OPTIONS: Final = {
+    "records": ("--records",
+                "records per step and path of the plain scenario (2000 makes a quick smoke run)"),
+    "scenario_records": ("--scenario-records",
+                         "records per step and path of the other scenarios (at most --records)"),
+    "record_size": ("--record-size", "bytes per record value"),
+    "partitions": ("--partitions", "partitions of each fresh topic"),
+    "repeat": ("--repeat", "rounds (direct/gateway pairs) per scenario; the tables show medians"),
+    "warmup": ("--warmup",
+               "records of an unrecorded librdkafka warm-up per path and scenario (0: none)"),
+    "step_timeout_s": ("--step-timeout", "seconds one step may take"),
+}
 
 
 # --------------------------------------------------------------------------- metrics
@@ -145,21 +160,12 @@ def _tail(text: str, lines: int = 20) -> str:
 
 def run_kafka_tool(name: str, *args: str, timeout: float) -> str:
     """Run one of Kafka's Java tools and return its stdout; raise on failure."""
-    from keg.embedded.kafka import java_tool_command
+    from keg.embedded.kafka import run_java_tool
 
-    java, *rest = java_tool_command(name, *args)
-    # An English locale keeps the tools' decimal points parseable.
-    cmd = [java, "-Duser.language=en", "-Duser.country=US", *rest]
-    log.debug("running %s", " ".join(cmd))
     try:
-        done = subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        # An English locale keeps the tools' decimal points parseable.
+        done = run_java_tool(name, *args, timeout=timeout,
+                             jvm_options=("-Duser.language=en", "-Duser.country=US"))
     except subprocess.TimeoutExpired as exc:
         raise BenchmarkError(f"kafka tool {name} did not finish within {timeout:.0f}s") from exc
     if done.returncode != 0:
@@ -850,42 +856,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="rule-set scenario, repeatable, run in the order given "
         f"(default: all of {', '.join(SCENARIOS)})",
     )
-    parser.add_argument(
-        "--records",
-        type=int,
-        default=defaults.records,
-        help="records per step and path of the plain scenario (2000 makes a quick smoke run)",
-    )
-    parser.add_argument(
-        "--scenario-records",
-        type=int,
-        default=defaults.scenario_records,
-        help="records per step and path of the other scenarios (at most --records)",
-    )
-    parser.add_argument(
-        "--record-size", type=int, default=defaults.record_size, help="bytes per record value"
-    )
-    parser.add_argument(
-        "--partitions", type=int, default=defaults.partitions, help="partitions of each fresh topic"
-    )
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=defaults.repeat,
-        help="rounds (direct/gateway pairs) per scenario; the tables show medians",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=defaults.warmup,
-        help="records of an unrecorded librdkafka warm-up per path and scenario (0: none)",
-    )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=defaults.step_timeout_s,
-        help="seconds one step may take",
-    )
+    for name, (option, help_text) in PARAM_OPTIONS.items():
+        default = getattr(defaults, name)
+        parser.add_argument(option, dest=name, type=type(default), default=default,
+                            help=help_text)
     parser.add_argument(
         "--direct-only",
         action="store_true",
@@ -1041,15 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     err_console = Console(stderr=True)
     _setup_logging(args.log_level, err_console)
-    params = Params(
-        records=args.records,
-        scenario_records=args.scenario_records,
-        record_size=args.record_size,
-        partitions=args.partitions,
-        repeat=args.repeat,
-        warmup=args.warmup,
-        step_timeout_s=args.step_timeout,
-    )
+    params = Params(**{name: getattr(args, name) for name in PARAM_OPTIONS})
 
     # A status spinner stays up only while the step runs; its log line stays after it.
     def status(text: str) -> contextlib.AbstractContextManager[Any]:

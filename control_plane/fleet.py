@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +30,7 @@ ROLE_KEY = "keg.role"
 GRPC_DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass
 class NodeInfo:
     """What a node says about itself in its first request."""
 
@@ -112,16 +112,10 @@ class TypeStatus:
 
 
 @dataclass
-class NodeStatus:
-    node_id: str
-    cluster: str = ""
-    locality: str = ""
-    role: str = ENVOY
-    extensions: frozenset[str] = frozenset()
-    metadata: dict[str, Any] = field(default_factory=dict)
-    user_agent: str = ""
-    build_version: tuple[int, int, int] | None = None
-    max_message_bytes: int | None = None
+class NodeStatus(NodeInfo):
+    """A node as the control plane sees it: what it said about itself when its latest
+    stream opened (the NodeInfo fields), how it is served, what it runs."""
+
     data_path: str = ""  # what the control plane compiled for it: native | ext-proc
     transport: str = ""  # sotw | delta
     streams: int = 0  # a restarted node may open its new stream before the old one ends
@@ -133,6 +127,11 @@ class NodeStatus:
     @property
     def connected(self) -> bool:
         return self.streams > 0
+
+    def update_info(self, info: NodeInfo) -> None:
+        """What the node says about itself now (a restarted node may say something else)."""
+        for node_field in fields(NodeInfo):
+            setattr(self, node_field.name, getattr(info, node_field.name))
 
     def of(self, type_url: str) -> TypeStatus:
         return self.types.setdefault(type_url, TypeStatus())
@@ -174,11 +173,8 @@ class Fleet:
         status = self.nodes.get(info.node_id)
         if status is None:
             status = self.nodes[info.node_id] = NodeStatus(info.node_id)
-        status.cluster, status.locality, status.role = info.cluster, info.locality, info.role
-        status.extensions, status.metadata = info.extensions, info.metadata
-        status.user_agent, status.transport = info.user_agent, transport
-        status.build_version = info.build_version
-        status.max_message_bytes = info.max_message_bytes
+        status.update_info(info)
+        status.transport = transport
         status.streams += 1
         status.connected_at = status.last_seen = time.time()
         for callback in self.on_connect:

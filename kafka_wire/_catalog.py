@@ -7,6 +7,8 @@ once (~20 ms); a message's reader or writer is compiled the first time that
 
 from __future__ import annotations
 
+from functools import cache
+
 from kafka_wire._codegen import StructReader, StructWriter, compile_reader, compile_writer
 from kafka_wire._schema import MAX_VERSION, SchemaFile, in_versions, registry
 from kafka_wire.enums import ApiKey
@@ -14,10 +16,6 @@ from kafka_wire.errors import UnknownApiError
 
 KINDS = ("request", "response")
 
-_readers: dict[tuple[int, int, str], StructReader] = {}
-_writers: dict[tuple[int, int, str], StructWriter] = {}
-_named_readers: dict[tuple[str, int], StructReader] = {}
-_named_writers: dict[tuple[str, int], StructWriter] = {}
 _header_versions: dict[tuple[int, int, str], int] = {}
 
 
@@ -94,35 +92,25 @@ def response_header_version(api_key: int, api_version: int) -> int:
     return hv
 
 
+# The compiled codecs, by message (api key, version, kind) or by named struct (the
+# schemas' common structs, e.g. the consumer protocol's): compiled once, then cached.
+
+
+@cache
 def reader_for(api_key: int, api_version: int, kind: str) -> StructReader:
-    reader = _readers.get((api_key, api_version, kind))
-    if reader is None:
-        spec = message_file(api_key, api_version, kind).spec()
-        reader = _readers[(api_key, api_version, kind)] = compile_reader(spec, api_version)
-    return reader
+    return compile_reader(message_file(api_key, api_version, kind).spec(), api_version)
 
 
+@cache
 def writer_for(api_key: int, api_version: int, kind: str) -> StructWriter:
-    writer = _writers.get((api_key, api_version, kind))
-    if writer is None:
-        spec = message_file(api_key, api_version, kind).spec()
-        writer = _writers[(api_key, api_version, kind)] = compile_writer(spec, api_version)
-    return writer
+    return compile_writer(message_file(api_key, api_version, kind).spec(), api_version)
 
 
+@cache
 def named_reader(name: str, version: int) -> StructReader:
-    key = (name, version)
-    reader = _named_readers.get(key)
-    if reader is None:
-        spec = registry().file_for(name, version).spec()
-        reader = _named_readers[key] = compile_reader(spec, version)
-    return reader
+    return compile_reader(registry().file_for(name, version).spec(), version)
 
 
+@cache
 def named_writer(name: str, version: int) -> StructWriter:
-    key = (name, version)
-    writer = _named_writers.get(key)
-    if writer is None:
-        spec = registry().file_for(name, version).spec()
-        writer = _named_writers[key] = compile_writer(spec, version)
-    return writer
+    return compile_writer(registry().file_for(name, version).spec(), version)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, Literal
@@ -284,6 +284,14 @@ def topic_id_pairs(api_key: int, version: int, kind: MessageKind,
     return pairs
 
 
+def _items(value: dict[str, Any], field_name: str, is_array: bool) -> Sequence[Any]:
+    """A field's values: an array's items, a single value, none when null or absent."""
+    current = value.get(field_name)
+    if current is None:
+        return ()
+    return current if is_array else (current,)
+
+
 def _pair(plan: _Plan, value: dict[str, Any], pairs: list[tuple[str, uuid.UUID]]) -> None:
     name = next((value.get(f) for f, entity, is_array in plan.names
                  if entity == TOPIC and not is_array), None)
@@ -291,32 +299,20 @@ def _pair(plan: _Plan, value: dict[str, Any], pairs: list[tuple[str, uuid.UUID]]
     if isinstance(name, str) and isinstance(topic_id, uuid.UUID) and topic_id.int:
         pairs.append((name, topic_id))
     for field_name, sub, is_array, _ in plan.structs:
-        current = value.get(field_name)
-        if current is None:
-            continue
-        for item in (current if is_array else (current,)):
+        for item in _items(value, field_name, is_array):
             _pair(sub, item, pairs)
 
 
 def _collect(plan: _Plan, value: dict[str, Any], found: Named) -> None:
     for name, entity, is_array in plan.names:
-        current = value.get(name)
-        if current is None:
-            continue
-        for item in (current if is_array else (current,)):
+        for item in _items(value, name, is_array):
             found.add(entity, item)
     for name, is_array in plan.ids:
-        current = value.get(name)
-        if current is None:
-            continue
-        for item in (current if is_array else (current,)):
+        for item in _items(value, name, is_array):
             if isinstance(item, uuid.UUID) and item.int:
                 found.topic_ids.append(item)
     for name, sub, is_array, _ in plan.structs:
-        current = value.get(name)
-        if current is None:
-            continue
-        for item in (current if is_array else (current,)):
+        for item in _items(value, name, is_array):
             _collect(sub, item, found)
 
 
@@ -460,9 +456,9 @@ def _acl_filter_request(version: int, entry: dict[str, Any], renames: Renames,
     return changed
 
 
-def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
-    if kind == "request":
-        return _acl_filter_request(version, body, renames, deleting=False)
+def _response_acls(renames: Renames, container: dict[str, Any], field: str) -> bool:
+    """The ACL resources a response lists in container[field]: renamed for the tenant,
+    other tenants' dropped; whether anything changed."""
     changed = False
 
     def one(resource: dict[str, Any]) -> bool:
@@ -472,10 +468,16 @@ def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renam
         changed |= c
         return keep
 
-    kept, dropped = _filter_entries(body.get("Resources"), one)
+    kept, dropped = _filter_entries(container.get(field), one)
     if dropped:
-        body["Resources"] = kept
+        container[field] = kept
     return changed or dropped
+
+
+def _describe_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
+    if kind == "request":
+        return _acl_filter_request(version, body, renames, deleting=False)
+    return _response_acls(renames, body, "Resources")
 
 
 def _delete_acls(version: int, kind: str, body: dict[str, Any], renames: Renames) -> bool:
@@ -485,17 +487,7 @@ def _delete_acls(version: int, kind: str, body: dict[str, Any], renames: Renames
             changed |= _acl_filter_request(version, f, renames, deleting=True)
         return changed
     for result in body.get("FilterResults") or []:
-        def one(acl: dict[str, Any]) -> bool:
-            nonlocal changed
-            c, keep = _acl_resource(renames, acl, "ResourceType", "ResourceName",
-                                    "PatternType", "response")
-            changed |= c
-            return keep
-
-        kept, dropped = _filter_entries(result.get("MatchingAcls"), one)
-        if dropped:
-            result["MatchingAcls"] = kept
-            changed = True
+        changed |= _response_acls(renames, result, "MatchingAcls")
     return changed
 
 

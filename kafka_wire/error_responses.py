@@ -31,6 +31,7 @@ Deliberate choices, where Kafka has more than one behaviour:
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -392,66 +393,61 @@ class _Topics:
     outer: _Outer | None = None
 
 
+# Where each API's request and response keep their topics (newest layout).
+_TOPICS: Final[Mapping[int, _Topics]] = {
+    ApiKey.PRODUCE: _Topics("TopicData", "Responses", _produce_topic, _named_or_id("Name")),
+    ApiKey.FETCH: _Topics("Topics", "Responses", _fetch_topic, _named_or_id("Topic")),
+    ApiKey.LIST_OFFSETS: _Topics("Topics", "Topics", _list_offsets_topic, _named("Name")),
+    ApiKey.METADATA: _Topics("Topics", "Topics", _metadata_topic, _named_or_id("Name")),
+    ApiKey.OFFSET_COMMIT: _Topics(
+        "Topics", "Topics", _offset_commit_topic, _named_or_id("Name")),
+    ApiKey.OFFSET_FETCH: _Topics(
+        "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
+        _Outer("Groups", "Groups", _offset_fetch_group)),
+    ApiKey.CREATE_TOPICS: _Topics("Topics", "Topics", _create_topics_topic, _named("Name")),
+    ApiKey.DELETE_TOPICS: _Topics(
+        "Topics", "Responses", _delete_topics_topic, _named_or_id("Name")),
+    ApiKey.DELETE_RECORDS: _Topics("Topics", "Topics", _delete_records_topic, _named("Name")),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: _Topics(
+        "Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic")),
+    ApiKey.ADD_PARTITIONS_TO_TXN: _Topics(
+        "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
+        _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn)),
+    ApiKey.TXN_OFFSET_COMMIT: _Topics(
+        "Topics", "Topics", _txn_offset_commit_topic, _named("Name")),
+    ApiKey.DESCRIBE_CONFIGS: _Topics(
+        "Resources", "Results", _describe_configs_resource, _topic_resource),
+    ApiKey.ALTER_CONFIGS: _Topics("Resources", "Responses", _config_resource, _topic_resource),
+    ApiKey.CREATE_PARTITIONS: _Topics(
+        "Topics", "Results", _create_partitions_topic, _named("Name")),
+    ApiKey.ELECT_LEADERS: _Topics(
+        "TopicPartitions", "ReplicaElectionResults", _elect_leaders_topic, _named("Topic")),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _Topics(
+        "Resources", "Responses", _config_resource, _topic_resource),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: _Topics(
+        "Topics", "Responses", _reassignment_topic, _named("Name")),
+    ApiKey.OFFSET_DELETE: _Topics("Topics", "Topics", _offset_delete_topic, _named("Name")),
+    ApiKey.DESCRIBE_PRODUCERS: _Topics(
+        "Topics", "Topics", _describe_producers_topic, _named("Name")),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: _Topics(
+        "Topics", "Topics", _describe_topic_partitions_topic, _named("Name")),
+}
+# The older layouts: (the first version with the newest layout, where they were before).
+_OLDER_TOPICS: Final[Mapping[int, tuple[int, _Topics]]] = {
+    ApiKey.OFFSET_FETCH: (8, _Topics("Topics", "Topics", _offset_fetch_topic, _named("Name"))),
+    ApiKey.DELETE_TOPICS: (
+        6, _Topics("TopicNames", "Responses", _delete_topics_topic, _plain_name)),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (4, _Topics(
+        "V3AndBelowTopics", "ResultsByTopicV3AndBelow", _add_partitions_topic, _named("Name"))),
+}
+
+
 def _topics_of(api_key: int, version: int) -> _Topics | None:
     """Where `api_key`'s request and response keep their topics at `version`."""
-    if api_key == 0:
-        return _Topics("TopicData", "Responses", _produce_topic, _named_or_id("Name"))
-    if api_key == 1:
-        return _Topics("Topics", "Responses", _fetch_topic, _named_or_id("Topic"))
-    if api_key == 2:
-        return _Topics("Topics", "Topics", _list_offsets_topic, _named("Name"))
-    if api_key == 3:
-        return _Topics("Topics", "Topics", _metadata_topic, _named_or_id("Name"))
-    if api_key == 8:
-        return _Topics("Topics", "Topics", _offset_commit_topic, _named_or_id("Name"))
-    if api_key == 9:
-        if version < 8:
-            return _Topics("Topics", "Topics", _offset_fetch_topic, _named("Name"))
-        return _Topics(
-            "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
-            _Outer("Groups", "Groups", _offset_fetch_group),
-        )
-    if api_key == 19:
-        return _Topics("Topics", "Topics", _create_topics_topic, _named("Name"))
-    if api_key == 20:
-        if version < 6:
-            return _Topics("TopicNames", "Responses", _delete_topics_topic, _plain_name)
-        return _Topics("Topics", "Responses", _delete_topics_topic, _named_or_id("Name"))
-    if api_key == 21:
-        return _Topics("Topics", "Topics", _delete_records_topic, _named("Name"))
-    if api_key == 23:
-        return _Topics("Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic"))
-    if api_key == 24:
-        if version < 4:
-            return _Topics(
-                "V3AndBelowTopics", "ResultsByTopicV3AndBelow", _add_partitions_topic,
-                _named("Name"),
-            )
-        return _Topics(
-            "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
-            _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn),
-        )
-    if api_key == 28:
-        return _Topics("Topics", "Topics", _txn_offset_commit_topic, _named("Name"))
-    if api_key == 32:
-        return _Topics("Resources", "Results", _describe_configs_resource, _topic_resource)
-    if api_key in (33, 44):
-        return _Topics("Resources", "Responses", _config_resource, _topic_resource)
-    if api_key == 37:
-        return _Topics("Topics", "Results", _create_partitions_topic, _named("Name"))
-    if api_key == 43:
-        return _Topics(
-            "TopicPartitions", "ReplicaElectionResults", _elect_leaders_topic, _named("Topic")
-        )
-    if api_key == 45:
-        return _Topics("Topics", "Responses", _reassignment_topic, _named("Name"))
-    if api_key == 47:
-        return _Topics("Topics", "Topics", _offset_delete_topic, _named("Name"))
-    if api_key == 61:
-        return _Topics("Topics", "Topics", _describe_producers_topic, _named("Name"))
-    if api_key == 75:
-        return _Topics("Topics", "Topics", _describe_topic_partitions_topic, _named("Name"))
-    return None
+    older = _OLDER_TOPICS.get(api_key)
+    if older is not None and version < older[0]:
+        return older[1]
+    return _TOPICS.get(api_key)
 
 
 def _all_entries(c: _Ctx, spec: _Topics, request: Body) -> list[Body]:
@@ -462,8 +458,26 @@ def _all_entries(c: _Ctx, spec: _Topics, request: Body) -> list[Body]:
 # --- whole-request error bodies --------------------------------------------------------
 
 
-def _produce(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(0, c), r)}
+def _every_topic(api_key: int, field: str) -> Callable[[_Ctx, Body], Body]:
+    """The builder of a response that is the throttle time and, under `field`, an
+    entry per topic of the request (each carrying the error)."""
+
+    def build(c: _Ctx, r: Body) -> Body:
+        return {"ThrottleTimeMs": c.throttle, field: _all_entries(c, _topics(api_key, c), r)}
+
+    return build
+
+
+def _error_and(**fields: Any) -> Callable[[_Ctx, Body], Body]:
+    """The builder of a response that is the throttle time, the error and `fields`: the
+    placeholders Kafka sends where there is no result."""
+    return lambda c, r: {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error,
+                         **copy.deepcopy(fields)}
+
+
+def _top_and(**fields: Any) -> Callable[[_Ctx, Body], Body]:
+    """The builder of a `_top` response (with the error message) and `fields`."""
+    return lambda c, r: _top(c, **copy.deepcopy(fields))
 
 
 def _fetch(c: _Ctx, r: Body) -> Body:
@@ -483,10 +497,6 @@ def _fetch(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _list_offsets(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(2, c), r)}
-
-
 def _metadata(c: _Ctx, r: Body) -> Body:
     # Null topics (all topics) or v0's empty list: no topics. No brokers either.
     return {
@@ -495,10 +505,6 @@ def _metadata(c: _Ctx, r: Body) -> Body:
         "Topics": _all_entries(c, _topics(3, c), r),
         "ErrorCode": c.error,
     }
-
-
-def _offset_commit(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(8, c), r)}
 
 
 def _offset_fetch(c: _Ctx, r: Body) -> Body:
@@ -541,19 +547,6 @@ def _join_group(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _error_only(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error}
-
-
-def _leave_group(c: _Ctx, r: Body) -> Body:
-    # Kafka answers the whole request with the top-level error and no member results.
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Members": []}
-
-
-def _sync_group(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Assignment": b""}
-
-
 def _describe_groups(c: _Ctx, r: Body) -> Body:
     # DescribeGroupsResponse.groupError; v0 carries no throttle (the field starts at v1).
     return {
@@ -574,10 +567,6 @@ def _describe_groups(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _list_groups(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Groups": []}
-
-
 def _sasl_handshake(c: _Ctx, r: Body) -> Body:
     return {"ErrorCode": c.error, "Mechanisms": []}
 
@@ -590,45 +579,11 @@ def _api_versions(c: _Ctx, r: Body) -> Body:
     return body
 
 
-def _create_topics(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(19, c), r)}
-
-
-def _delete_topics(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(20, c), r)}
-
-
-def _delete_records(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(21, c), r)}
-
-
-def _init_producer_id(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ProducerId": -1,
-            "ProducerEpoch": -1}
-
-
-def _offset_for_leader_epoch(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(23, c), r)}
-
-
 def _add_partitions_to_txn(c: _Ctx, r: Body) -> Body:
     if c.version < 4:
         return {"ThrottleTimeMs": c.throttle,
                 "ResultsByTopicV3AndBelow": _all_entries(c, _topics(24, c), r)}
     return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ResultsByTransaction": []}
-
-
-def _end_txn(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ProducerId": -1,
-            "ProducerEpoch": -1}
-
-
-def _txn_offset_commit(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(28, c), r)}
-
-
-def _describe_acls(c: _Ctx, r: Body) -> Body:
-    return {**_top(c), "Resources": []}
 
 
 def _create_acls(c: _Ctx, r: Body) -> Body:
@@ -650,14 +605,6 @@ def _delete_acls(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _describe_configs(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Results": _all_entries(c, _topics(32, c), r)}
-
-
-def _alter_configs(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(33, c), r)}
-
-
 def _alter_replica_log_dirs(c: _Ctx, r: Body) -> Body:
     return {
         "ThrottleTimeMs": c.throttle,
@@ -674,17 +621,8 @@ def _alter_replica_log_dirs(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _describe_log_dirs(c: _Ctx, r: Body) -> Body:
-    # Kafka: the top-level error (v3+) and no results, whatever the version.
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "Results": []}
-
-
 def _sasl_authenticate(c: _Ctx, r: Body) -> Body:
     return {"ErrorCode": c.error, "ErrorMessage": c.message, "AuthBytes": b""}
-
-
-def _create_partitions(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Results": _all_entries(c, _topics(37, c), r)}
 
 
 def _create_delegation_token(c: _Ctx, r: Body) -> Body:
@@ -723,28 +661,12 @@ def _elect_leaders(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _incremental_alter_configs(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Responses": _all_entries(c, _topics(44, c), r)}
-
-
 def _alter_partition_reassignments(c: _Ctx, r: Body) -> Body:
     return {
         **_top(c),
         "AllowReplicationFactorChange": r.get("AllowReplicationFactorChange", True),
         "Responses": _all_entries(c, _topics(45, c), r),
     }
-
-
-def _list_partition_reassignments(c: _Ctx, r: Body) -> Body:
-    return {**_top(c), "Topics": []}
-
-
-def _offset_delete(c: _Ctx, r: Body) -> Body:
-    return {"ErrorCode": c.error, "ThrottleTimeMs": c.throttle, "Topics": []}
-
-
-def _describe_client_quotas(c: _Ctx, r: Body) -> Body:
-    return {**_top(c), "Entries": None}
 
 
 def _alter_client_quotas(c: _Ctx, r: Body) -> Body:
@@ -790,10 +712,6 @@ def _describe_quorum(c: _Ctx, r: Body) -> Body:
     return {"ErrorCode": c.error, "ErrorMessage": c.message, "Topics": [], "Nodes": []}
 
 
-def _update_features(c: _Ctx, r: Body) -> Body:
-    return {**_top(c), "Results": []}
-
-
 def _describe_cluster(c: _Ctx, r: Body) -> Body:
     return {
         **_top(c),
@@ -805,10 +723,6 @@ def _describe_cluster(c: _Ctx, r: Body) -> Body:
     }
 
 
-def _describe_producers(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(61, c), r)}
-
-
 def _describe_transactions(c: _Ctx, r: Body) -> Body:
     return {
         "ThrottleTimeMs": c.throttle,
@@ -817,11 +731,6 @@ def _describe_transactions(c: _Ctx, r: Body) -> Body:
             for t in _list(r, "TransactionalIds")
         ],
     }
-
-
-def _list_transactions(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "UnknownStateFilters": [],
-            "TransactionStates": []}
 
 
 def _group_heartbeat(c: _Ctx, r: Body) -> Body:
@@ -847,18 +756,9 @@ def _get_telemetry_subscriptions(c: _Ctx, r: Body) -> Body:
             "ClientInstanceId": _topic_id(r, "ClientInstanceId")}
 
 
-def _list_config_resources(c: _Ctx, r: Body) -> Body:
-    return {"ThrottleTimeMs": c.throttle, "ErrorCode": c.error, "ConfigResources": []}
-
-
 def _describe_topic_partitions(c: _Ctx, r: Body) -> Body:
     return {"ThrottleTimeMs": c.throttle, "Topics": _all_entries(c, _topics(75, c), r),
             "NextCursor": None}
-
-
-def _share_fetch(c: _Ctx, r: Body) -> Body:
-    # ShareFetch/ShareAcknowledge: the top-level error alone, as Kafka answers.
-    return {**_top(c), "Responses": [], "NodeEndpoints": []}
 
 
 def _topics(api_key: int, c: _Ctx) -> _Topics:
@@ -868,72 +768,74 @@ def _topics(api_key: int, c: _Ctx) -> _Topics:
 
 
 _BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
-    0: _produce,
-    1: _fetch,
-    2: _list_offsets,
-    3: _metadata,
-    8: _offset_commit,
-    9: _offset_fetch,
-    10: _find_coordinator,
-    11: _join_group,
-    12: _error_only,  # Heartbeat
-    13: _leave_group,
-    14: _sync_group,
-    15: _describe_groups,
-    16: _list_groups,
-    17: _sasl_handshake,
-    18: _api_versions,
-    19: _create_topics,
-    20: _delete_topics,
-    21: _delete_records,
-    22: _init_producer_id,
-    23: _offset_for_leader_epoch,
-    24: _add_partitions_to_txn,
-    25: _error_only,  # AddOffsetsToTxn
-    26: _end_txn,
-    28: _txn_offset_commit,
-    29: _describe_acls,
-    30: _create_acls,
-    31: _delete_acls,
-    32: _describe_configs,
-    33: _alter_configs,
-    34: _alter_replica_log_dirs,
-    35: _describe_log_dirs,
-    36: _sasl_authenticate,
-    37: _create_partitions,
-    38: _create_delegation_token,
-    39: _error_only,  # RenewDelegationToken
-    40: _error_only,  # ExpireDelegationToken
-    41: _describe_delegation_token,
-    42: _delete_groups,
-    43: _elect_leaders,
-    44: _incremental_alter_configs,
-    45: _alter_partition_reassignments,
-    46: _list_partition_reassignments,
-    47: _offset_delete,
-    48: _describe_client_quotas,
-    49: _alter_client_quotas,
-    50: _describe_user_scram_credentials,
-    51: _alter_user_scram_credentials,
-    55: _describe_quorum,
-    57: _update_features,
-    60: _describe_cluster,
-    61: _describe_producers,
-    64: lambda c, r: _top(c),  # UnregisterBroker
-    65: _describe_transactions,
-    66: _list_transactions,
-    68: _group_heartbeat,  # ConsumerGroupHeartbeat
-    69: _group_describe,  # ConsumerGroupDescribe
-    71: _get_telemetry_subscriptions,
-    72: _error_only,  # PushTelemetry
-    74: _list_config_resources,
-    75: _describe_topic_partitions,
-    76: _group_heartbeat,  # ShareGroupHeartbeat
-    77: _group_describe,  # ShareGroupDescribe
-    78: _share_fetch,
-    79: _share_fetch,  # ShareAcknowledge
-    80: lambda c, r: _top(c),  # AddRaftVoter
-    81: lambda c, r: _top(c),  # RemoveRaftVoter
+    ApiKey.PRODUCE: _every_topic(ApiKey.PRODUCE, "Responses"),
+    ApiKey.FETCH: _fetch,
+    ApiKey.LIST_OFFSETS: _every_topic(ApiKey.LIST_OFFSETS, "Topics"),
+    ApiKey.METADATA: _metadata,
+    ApiKey.OFFSET_COMMIT: _every_topic(ApiKey.OFFSET_COMMIT, "Topics"),
+    ApiKey.OFFSET_FETCH: _offset_fetch,
+    ApiKey.FIND_COORDINATOR: _find_coordinator,
+    ApiKey.JOIN_GROUP: _join_group,
+    ApiKey.HEARTBEAT: _error_and(),
+    ApiKey.LEAVE_GROUP: _error_and(Members=[]),  # the top-level error, no member results
+    ApiKey.SYNC_GROUP: _error_and(Assignment=b""),
+    ApiKey.DESCRIBE_GROUPS: _describe_groups,
+    ApiKey.LIST_GROUPS: _error_and(Groups=[]),
+    ApiKey.SASL_HANDSHAKE: _sasl_handshake,
+    ApiKey.API_VERSIONS: _api_versions,
+    ApiKey.CREATE_TOPICS: _every_topic(ApiKey.CREATE_TOPICS, "Topics"),
+    ApiKey.DELETE_TOPICS: _every_topic(ApiKey.DELETE_TOPICS, "Responses"),
+    ApiKey.DELETE_RECORDS: _every_topic(ApiKey.DELETE_RECORDS, "Topics"),
+    ApiKey.INIT_PRODUCER_ID: _error_and(ProducerId=-1, ProducerEpoch=-1),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: _every_topic(ApiKey.OFFSET_FOR_LEADER_EPOCH, "Topics"),
+    ApiKey.ADD_PARTITIONS_TO_TXN: _add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: _error_and(),
+    ApiKey.END_TXN: _error_and(ProducerId=-1, ProducerEpoch=-1),
+    ApiKey.TXN_OFFSET_COMMIT: _every_topic(ApiKey.TXN_OFFSET_COMMIT, "Topics"),
+    ApiKey.DESCRIBE_ACLS: _top_and(Resources=[]),
+    ApiKey.CREATE_ACLS: _create_acls,
+    ApiKey.DELETE_ACLS: _delete_acls,
+    ApiKey.DESCRIBE_CONFIGS: _every_topic(ApiKey.DESCRIBE_CONFIGS, "Results"),
+    ApiKey.ALTER_CONFIGS: _every_topic(ApiKey.ALTER_CONFIGS, "Responses"),
+    ApiKey.ALTER_REPLICA_LOG_DIRS: _alter_replica_log_dirs,
+    # the top-level error (v3+), no results at any version
+    ApiKey.DESCRIBE_LOG_DIRS: _error_and(Results=[]),
+    ApiKey.SASL_AUTHENTICATE: _sasl_authenticate,
+    ApiKey.CREATE_PARTITIONS: _every_topic(ApiKey.CREATE_PARTITIONS, "Results"),
+    ApiKey.CREATE_DELEGATION_TOKEN: _create_delegation_token,
+    ApiKey.RENEW_DELEGATION_TOKEN: _error_and(),
+    ApiKey.EXPIRE_DELEGATION_TOKEN: _error_and(),
+    ApiKey.DESCRIBE_DELEGATION_TOKEN: _describe_delegation_token,
+    ApiKey.DELETE_GROUPS: _delete_groups,
+    ApiKey.ELECT_LEADERS: _elect_leaders,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _every_topic(ApiKey.INCREMENTAL_ALTER_CONFIGS, "Responses"),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: _alter_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: _top_and(Topics=[]),
+    ApiKey.OFFSET_DELETE: _error_and(Topics=[]),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: _top_and(Entries=None),
+    ApiKey.ALTER_CLIENT_QUOTAS: _alter_client_quotas,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: _describe_user_scram_credentials,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: _alter_user_scram_credentials,
+    ApiKey.DESCRIBE_QUORUM: _describe_quorum,
+    ApiKey.UPDATE_FEATURES: _top_and(Results=[]),
+    ApiKey.DESCRIBE_CLUSTER: _describe_cluster,
+    ApiKey.DESCRIBE_PRODUCERS: _every_topic(ApiKey.DESCRIBE_PRODUCERS, "Topics"),
+    ApiKey.UNREGISTER_BROKER: _top_and(),
+    ApiKey.DESCRIBE_TRANSACTIONS: _describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: _error_and(UnknownStateFilters=[], TransactionStates=[]),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: _group_heartbeat,
+    ApiKey.CONSUMER_GROUP_DESCRIBE: _group_describe,
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: _get_telemetry_subscriptions,
+    ApiKey.PUSH_TELEMETRY: _error_and(),
+    ApiKey.LIST_CONFIG_RESOURCES: _error_and(ConfigResources=[]),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: _describe_topic_partitions,
+    ApiKey.SHARE_GROUP_HEARTBEAT: _group_heartbeat,
+    ApiKey.SHARE_GROUP_DESCRIBE: _group_describe,
+    # ShareFetch and ShareAcknowledge: the top-level error alone, as Kafka answers
+    ApiKey.SHARE_FETCH: _top_and(Responses=[], NodeEndpoints=[]),
+    ApiKey.SHARE_ACKNOWLEDGE: _top_and(Responses=[], NodeEndpoints=[]),
+    ApiKey.ADD_RAFT_VOTER: _top_and(),
+    ApiKey.REMOVE_RAFT_VOTER: _top_and(),
 }
 
 #: API keys `error_response` can answer.

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
-from typing import Final
+from typing import Any, Final
 
 # Any program: where programs are, whose home, which locale, time zone and temp dir.
 # A name ending in "*" is a prefix.
@@ -71,3 +72,15 @@ def die_with_parent(cmd: list[str]) -> list[str]:
     threads crashes now and then (SIGSEGV)."""
     setpriv = _setpriv()
     return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd
+
+
+def stop_process(process: subprocess.Popen[Any] | None, grace_s: float = 10) -> None:
+    """SIGTERM a child still running, and SIGKILL it if it is not gone after `grace_s`."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from keg.children import stop_process
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", "--no-default-browser-check",
@@ -162,13 +164,7 @@ class Browser:
 
     def close(self) -> None:
         self._stack.close()
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop_process(self._process)
         if self._tmp is not None:
             self._tmp.cleanup()
 

@@ -18,25 +18,8 @@ import os
 from pathlib import Path
 from typing import Final
 
-from control_plane.store import errors
-from control_plane.store.entries import (
-    EVERY_OWNER,
-    REST_OWNED,
-    Change,
-    Operation,
-    OwnerScope,
-    RuleDiff,
-    StoredRule,
-    Verdict,
-    Version,
-    VersionInfo,
-    VersionStatus,
-    diff_rules,
-    etag_of,
-    plan_apply,
-    rules_yaml,
-    to_ruleset,
-)
+from control_plane.store import entries, errors
+from control_plane.store.entries import *  # noqa: F403  (the store's values)
 from control_plane.store.errors import *  # noqa: F403  (the store's exceptions)
 from control_plane.store.errors import StoreError
 from control_plane.store.rule_store import (
@@ -51,32 +34,16 @@ from control_plane.store.sql import PostgresDialect, SqlBackend, SqliteDialect
 SQLITE_FILE: Final = "control-plane.sqlite3"
 
 __all__ = [
-    "EVERY_OWNER",
-    "REST_OWNED",
     "SQLITE_FILE",
     "ApplyResult",
-    "Change",
-    "Operation",
-    "OwnerScope",
-    "RuleDiff",
     "RuleStore",
     "RuleWrite",
-    "StoredRule",
     "Subscriber",
     "Validator",
-    "Verdict",
-    "Version",
-    "VersionInfo",
-    "VersionStatus",
     "describe_url",
-    "diff_rules",
-    "etag_of",
     "open_store",
-    "plan_apply",
-    "rules_yaml",
-    "to_ruleset",
 ]
-__all__ += errors.__all__
+__all__ += entries.__all__ + errors.__all__
 
 
 def open_store(url: str | None, data_dir: str | os.PathLike[str] | None = None,

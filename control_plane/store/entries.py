@@ -21,6 +21,26 @@ import yaml
 
 from filter_rules import Rule, RuleSet, RuleSource
 
+# What the store package exports of these (the rest serves the store itself).
+__all__ = [
+    "EVERY_OWNER",
+    "REST_OWNED",
+    "Change",
+    "Operation",
+    "OwnerScope",
+    "RuleDiff",
+    "StoredRule",
+    "Verdict",
+    "Version",
+    "VersionInfo",
+    "VersionStatus",
+    "diff_rules",
+    "etag_of",
+    "plan_apply",
+    "rules_yaml",
+    "to_ruleset",
+]
+
 Operation = Literal["create", "update", "delete", "apply", "rollback"]
 
 

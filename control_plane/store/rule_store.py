@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from control_plane.store import errors
 from control_plane.store.entries import (
     APPLIED,
     EVERY_OWNER,
@@ -43,16 +44,6 @@ from control_plane.store.entries import (
     owners_touched,
     plan_apply,
     to_ruleset,
-)
-from control_plane.store.errors import (
-    InvalidChange,
-    OutOfScope,
-    PreconditionFailed,
-    PreconditionRequired,
-    RuleNotFound,
-    RuleOwned,
-    VersionNotFound,
-    owners_of,
 )
 from control_plane.store.sql import Backend, Pending
 from ext_proc.heap import building
@@ -123,7 +114,7 @@ class RuleStore:
         head = self._backend.head()
         found = head.get(rule_id) if head is not None else None
         if found is None:
-            raise RuleNotFound(rule_id)
+            raise errors.RuleNotFound(rule_id)
         return found
 
     def versions(self, limit: int = 50, before: int | None = None) -> list[VersionInfo]:
@@ -132,7 +123,7 @@ class RuleStore:
     def version(self, number: int) -> Version:
         found = self._backend.version(number) if number > 0 else None
         if found is None:
-            raise VersionNotFound(number)
+            raise errors.VersionNotFound(number)
         return found
 
     def diff(self, from_number: int, to_number: int) -> RuleDiff:
@@ -156,7 +147,7 @@ class RuleStore:
             rules = head.rules if head else ()
             existing = next((r for r in rules if r.id == rule.id), None)
             if existing is not None and existing.owner:
-                raise RuleOwned({rule.id: existing.owner}, writer=None)
+                raise errors.RuleOwned({rule.id: existing.owner}, writer=None)
             _check_preconditions(existing, rule.id, if_match, if_none_match, creating=True)
             if existing is not None and existing.etag == entry.etag:
                 outcome.append(RuleWrite(existing, None, created=False))
@@ -180,9 +171,9 @@ class RuleStore:
             rules = head.rules if head else ()
             existing = next((r for r in rules if r.id == rule_id), None)
             if existing is None:
-                raise RuleNotFound(rule_id)
+                raise errors.RuleNotFound(rule_id)
             if existing.owner:
-                raise RuleOwned({rule_id: existing.owner}, writer=None)
+                raise errors.RuleOwned({rule_id: existing.owner}, writer=None)
             _check_preconditions(existing, rule_id, if_match, False, creating=False)
             return self._pending(tuple(r for r in rules if r.id != rule_id), change, "delete")
 
@@ -204,7 +195,7 @@ class RuleStore:
         a dry run changes nothing and needs no scope.
         """
         if not owner.strip():
-            raise InvalidChange("an owner is required (e.g. 'dir:rules')", "owner")
+            raise errors.InvalidChange("an owner is required (e.g. 'dir:rules')", "owner")
         incoming = tuple(
             StoredRule.of(rule, owner=owner, source=ruleset.sources.get(rule.id))
             for rule in ruleset.rules
@@ -216,14 +207,14 @@ class RuleStore:
                 _check_scope(scope, {owner})
             rules = head.rules if head else ()
             current = {r.id: r.owner for r in rules}
-            foreign = {i: o for i, o in owners_of([r.id for r in incoming], current).items()
+            foreign = {i: o for i, o in errors.owners_of([r.id for r in incoming], current).items()
                        if o != owner}
             if foreign:
-                raise RuleOwned(foreign, writer=owner)
+                raise errors.RuleOwned(foreign, writer=owner)
             unowned = [r.id for r in incoming if r.id in current and current[r.id] is None]
             if unowned and not adopt:
-                raise RuleOwned(dict.fromkeys(unowned, "nobody: written through the REST API"),
-                                writer=owner)
+                nobody = "nobody: written through the REST API"
+                raise errors.RuleOwned(dict.fromkeys(unowned, nobody), writer=owner)
             if unowned and not dry_run:
                 _check_scope(scope, {None})  # adopting changes REST-written rules
             new_rules = plan_apply(rules, owner, incoming)
@@ -356,25 +347,25 @@ class RuleStore:
 def _check_scope(scope: OwnerScope, owners: Collection[str | None]) -> None:
     outside = {owner for owner in owners if not scope.allows(owner)}
     if outside:
-        raise OutOfScope(outside, scope.describe())
+        raise errors.OutOfScope(outside, scope.describe())
 
 
 def _check_preconditions(existing: StoredRule | None, rule_id: str,
                          if_match: Collection[str] | None, if_none_match: bool,
                          *, creating: bool) -> None:
     if if_none_match and existing is not None:
-        raise PreconditionFailed(
+        raise errors.PreconditionFailed(
             f"rule '{rule_id}' already exists (If-None-Match: *)", existing.etag)
     if if_match is not None:
         if existing is None:
-            raise PreconditionFailed(f"rule '{rule_id}' does not exist (If-Match)")
+            raise errors.PreconditionFailed(f"rule '{rule_id}' does not exist (If-Match)")
         if ANY not in if_match and existing.etag not in if_match:
-            raise PreconditionFailed(
+            raise errors.PreconditionFailed(
                 f"rule '{rule_id}' changed since you read it: its ETag is now "
                 f'"{existing.etag}"; read it again and retry', existing.etag)
         return
     if existing is not None and not if_none_match:
         action = "update" if creating else "delete"
-        raise PreconditionRequired(
+        raise errors.PreconditionRequired(
             f"to {action} rule '{rule_id}' send If-Match with the ETag you read "
             f'(now "{existing.etag}")')

@@ -195,3 +195,21 @@ class BaseFilter:
     def stream_response(self, api_key: int, api_version: int
                         ) -> Callable[[], Inspector] | None:
         return None
+
+
+class RequestJudge(BaseFilter):
+    """A filter that decides requests: it wants those `wants_request` names, and `judge`
+    gives each its verdict (None: it goes on unchanged)."""
+
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        raise NotImplementedError
+
+    def judge(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+              conn: ConnectionInfo) -> RequestVerdict | None:
+        raise NotImplementedError
+
+    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
+        return direction == REQUEST and self.wants_request(api_key, api_version)
+
+    def on_request(self, ctx: RequestContext) -> None:
+        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))

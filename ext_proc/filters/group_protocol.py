@@ -35,6 +35,7 @@ from ext_proc.filters import (
     BaseFilter,
     Direction,
     RequestContext,
+    RequestJudge,
     RequestVerdict,
     ResponseContext,
 )
@@ -113,7 +114,7 @@ class GroupProtocolObserver(BaseFilter):
 SYNC_GROUP_PROTOCOL_VERSION = 5
 
 
-class GroupProtocolGuard(BaseFilter):
+class GroupProtocolGuard(RequestJudge):
     """Answers a SyncGroup v5+ that names another protocol than its group's.
 
     Runs after the observer (observers see a request before request filters), so the
@@ -124,13 +125,9 @@ class GroupProtocolGuard(BaseFilter):
     def __init__(self, observer: GroupProtocolObserver) -> None:
         self._observer = observer
 
-    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return (direction == REQUEST and api_key == ApiKey.SYNC_GROUP
-                and api_version >= SYNC_GROUP_PROTOCOL_VERSION
+    def wants_request(self, api_key: int, api_version: int) -> bool:
+        return (api_key == ApiKey.SYNC_GROUP and api_version >= SYNC_GROUP_PROTOCOL_VERSION
                 and self._observer.wants(api_key, api_version))
-
-    def on_request(self, ctx: RequestContext) -> None:
-        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
 
     def judge(self, header: RequestHeader, body: dict[str, Any],
               conn: ConnectionInfo) -> RequestVerdict | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
+from ext_proc.filters import RequestJudge, RequestVerdict
 from ext_proc.filters.safeguards import (
     RateLimiter,
     clamp_fetch,
@@ -172,7 +172,7 @@ class RuleEngine:
             previous.close()
 
 
-class RulesFilter(BaseFilter):
+class RulesFilter(RequestJudge):
     dynamic = True  # follows the live rule set
 
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
@@ -186,14 +186,6 @@ class RulesFilter(BaseFilter):
         if api_key == ApiKey.ENVELOPE:  # any rule may apply to the request inside
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
-
-    # -- the filter contract: a request decided by `judge` -------------------------
-
-    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return direction == REQUEST and self.wants_request(api_key, api_version)
-
-    def on_request(self, ctx: RequestContext) -> None:
-        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo

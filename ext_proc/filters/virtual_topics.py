@@ -34,7 +34,7 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
+from ext_proc.filters import RequestJudge, RequestVerdict
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.identity import IdentityTracker
 from filter_rules import CompiledRuleSet, MatchContext
@@ -110,7 +110,7 @@ class Namespace:
         return None
 
 
-class VirtualTopicsFilter(BaseFilter):
+class VirtualTopicsFilter(RequestJudge):
     dynamic = True  # follows the live rule set
 
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
@@ -131,14 +131,6 @@ class VirtualTopicsFilter(BaseFilter):
             self._active = any(r.kind == "virtual_topics" and not r.dry_run
                                for r in compiled.rules)
         return self._active and _names_anything(api_key, api_version)
-
-    # -- the filter contract: a request decided by `judge` -------------------------
-
-    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return direction == REQUEST and self.wants_request(api_key, api_version)
-
-    def on_request(self, ctx: RequestContext) -> None:
-        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo

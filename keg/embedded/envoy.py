@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from control_plane.tls import ClientTls
-from keg.children import ENVOY, child_environment, die_with_parent
+from keg.children import ENVOY, child_environment, die_with_parent, stop_process
 from keg.lifecycle import Service
 from keg.paths import REPO_ROOT
 
@@ -220,13 +220,7 @@ class EmbeddedEnvoy(Service):
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _terminate(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop_process(self._process)
         self._process = None
 
     def restart(self, timeout: float = 30.0) -> None:

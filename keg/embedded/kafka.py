@@ -277,13 +277,17 @@ def _check_tool_name(name: str) -> str:
     raise ValueError(f"unknown Kafka tool {name!r}; known: {known}")
 
 
-def java_tool_command(name: str, *args: str, heap: str = "512m") -> list[str]:
+def java_tool_command(
+    name: str, *args: str, heap: str = "512m", jvm_options: Sequence[str] = ()
+) -> list[str]:
     """The full ``java`` command line running Kafka tool ``name`` (a JAVA_TOOLS key or a
-    fully-qualified main class) with ``args``, logging only WARN and above to stderr."""
+    fully-qualified main class) with ``args``, logging only WARN and above to stderr;
+    ``jvm_options`` go to the JVM before the main class."""
     main_class = _check_tool_name(name)
     libs = ensure_kafka()
     return [
         java_executable(),
+        *jvm_options,
         f"-Xmx{heap}",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J2}",
@@ -300,12 +304,13 @@ def run_java_tool(
     input: str | None = None,
     timeout: float | None = 120.0,
     check: bool = False,
+    jvm_options: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run a Kafka tool (see :func:`java_tool_command`) and capture its text output.
 
     ``check=True`` raises :class:`EmbeddedKafkaError` (with stderr) on a non-zero exit.
     """
-    cmd = java_tool_command(name, *args)
+    cmd = java_tool_command(name, *args, jvm_options=jvm_options)
     log.debug("running kafka tool %s %s", name, " ".join(args))
     done = subprocess.run(
         cmd,

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import kafka_wire as kw
-from kafka_wire import ApiKey, _catalog
+from kafka_wire import ApiKey, _catalog, framing, group_protocol
 from kafka_wire._schema import FieldSpec, StructSpec, in_versions, registry
 from kafka_wire.envelope import (
     Principal,
@@ -63,27 +63,6 @@ from kafka_wire.envelope import (
     read_envelope_response,
 )
 from kafka_wire.errors import KafkaWireError
-from kafka_wire.framing import (
-    REQUEST_HEAD_SIZE,
-    CorrelationTracker,
-    Decision,
-    Frame,
-    FrameSplitter,
-    Head,
-    InFlight,
-    RequestHead,
-)
-from kafka_wire.group_protocol import (
-    CONNECT,
-    CONSUMER,
-    GroupPayload,
-    GroupProtocolTracker,
-    decode_assignment,
-    decode_subscription,
-    encode_assignment,
-    encode_payload,
-    encode_subscription,
-)
 from tests.unit.kafka_wire.test_codec import INT_RANGES
 
 MODE_STREAMS, MODE_GROUP, MODE_ENVELOPE = 0, 1, 2
@@ -140,19 +119,19 @@ def _chunks(data: bytes, seed: int) -> Iterator[bytes]:
 
 def _check_passthrough(stream: bytes, requests: bool, seed: int) -> None:
     """A splitter that passes every frame gives back exactly the bytes it was fed."""
-    splitter = FrameSplitter(
-        requests=requests, decide=lambda head: Decision.PASS, max_frame_size=MAX_FRAME
+    splitter = framing.FrameSplitter(
+        requests=requests, decide=lambda head: framing.Decision.PASS, max_frame_size=MAX_FRAME
     )
     got = bytearray()
     try:
         for chunk in _chunks(stream, seed):
             for piece in splitter.feed(chunk):
-                assert not isinstance(piece, Frame)
+                assert not isinstance(piece, framing.Frame)
                 got += piece
     except KafkaWireError:
         assert stream.startswith(got)
         return
-    assert stream.startswith(got) and len(stream) - len(got) < REQUEST_HEAD_SIZE
+    assert stream.startswith(got) and len(stream) - len(got) < framing.REQUEST_HEAD_SIZE
 
 
 def _streams(payload: bytes, out: Outcome) -> None:
@@ -164,43 +143,54 @@ def _streams(payload: bytes, out: Outcome) -> None:
     _check_passthrough(requests, True, seed)
     _check_passthrough(responses, False, seed)
 
-    tracker = CorrelationTracker(max_in_flight=1000)
-    groups = GroupProtocolTracker()
+    tracker = framing.CorrelationTracker(max_in_flight=1000)
+    groups = group_protocol.GroupProtocolTracker()
     envelopes: dict[int, kw.RequestHeader] = {}
 
-    def on_request(head: Head) -> Decision:
-        assert isinstance(head, RequestHead)
+    def on_request(head: framing.Head) -> framing.Decision:
+        assert isinstance(head, framing.RequestHead)
         tracker.reserve(head).forward(hold_response=True)
-        return Decision.HOLD
+        return framing.Decision.HOLD
 
-    splitter = FrameSplitter(requests=True, decide=on_request, max_frame_size=MAX_FRAME)
-    try:
-        for chunk in _chunks(requests, seed):
-            for piece in splitter.feed(chunk):
-                assert isinstance(piece, Frame)
-                _request_frame(piece.raw[4:], groups, envelopes, out)
-    except KafkaWireError:
-        out.streams_cut += 1
+    _each_held_frame(
+        requests, True, on_request, seed, out,
+        lambda frame: _request_frame(frame, groups, envelopes, out),
+    )
 
-    answered: deque[InFlight] = deque()
+    answered: deque[framing.InFlight] = deque()
 
-    def on_response(head: Head) -> Decision:
+    def on_response(head: framing.Head) -> framing.Decision:
         answered.append(tracker.answered(head.correlation_id)[0])
-        return Decision.HOLD
+        return framing.Decision.HOLD
 
-    splitter = FrameSplitter(requests=False, decide=on_response, max_frame_size=MAX_FRAME)
+    _each_held_frame(
+        responses, False, on_response, seed, out,
+        lambda frame: _response_frame(frame, answered.popleft(), groups, envelopes, out),
+    )
+
+
+def _each_held_frame(
+    stream: bytes,
+    requests: bool,
+    decide: Callable[[framing.Head], framing.Decision],
+    seed: int,
+    out: Outcome,
+    on_frame: Callable[[bytes], None],
+) -> None:
+    """Split `stream` holding every frame; each frame's bytes after the size go to on_frame."""
+    splitter = framing.FrameSplitter(requests=requests, decide=decide, max_frame_size=MAX_FRAME)
     try:
-        for chunk in _chunks(responses, seed):
+        for chunk in _chunks(stream, seed):
             for piece in splitter.feed(chunk):
-                assert isinstance(piece, Frame)
-                _response_frame(piece.raw[4:], answered.popleft(), groups, envelopes, out)
+                assert isinstance(piece, framing.Frame)
+                on_frame(piece.raw[4:])
     except KafkaWireError:
         out.streams_cut += 1
 
 
 def _request_frame(
     frame: bytes,
-    groups: GroupProtocolTracker,
+    groups: group_protocol.GroupProtocolTracker,
     envelopes: dict[int, kw.RequestHeader],
     out: Outcome,
 ) -> None:
@@ -226,8 +216,8 @@ def _request_frame(
 
 def _response_frame(
     frame: bytes,
-    entry: InFlight,
-    groups: GroupProtocolTracker,
+    entry: framing.InFlight,
+    groups: group_protocol.GroupProtocolTracker,
     envelopes: dict[int, kw.RequestHeader],
     out: Outcome,
 ) -> None:
@@ -254,11 +244,11 @@ def _response_frame(
             out.envelopes += 1
 
 
-_GROUP_DECODERS: tuple[tuple[str, Callable[[str, bytes], GroupPayload]], ...] = (
-    (CONSUMER, decode_subscription),
-    (CONSUMER, decode_assignment),
-    (CONNECT, decode_subscription),
-    (CONNECT, decode_assignment),
+_GROUP_DECODERS: tuple[tuple[str, Callable[[str, bytes], group_protocol.GroupPayload]], ...] = (
+    (group_protocol.CONSUMER, group_protocol.decode_subscription),
+    (group_protocol.CONSUMER, group_protocol.decode_assignment),
+    (group_protocol.CONNECT, group_protocol.decode_subscription),
+    (group_protocol.CONNECT, group_protocol.decode_assignment),
 )
 
 
@@ -273,7 +263,8 @@ def _group_payload(payload: bytes, out: Outcome) -> None:
         out.payloads_rejected += 1
         return
     out.payloads_ok += 1
-    assert encode_payload(decoded) == data, "a decoded payload must re-encode to its bytes"
+    assert group_protocol.encode_payload(decoded) == data, (
+        "a decoded payload must re-encode to its bytes")
 
 
 def _envelope_parts(payload: bytes, out: Outcome) -> None:
@@ -377,27 +368,27 @@ def streams_input(requests: list[bytes], responses: list[bytes], seed: int = 0) 
 
 def _group_seeds(rng: random.Random) -> list[bytes]:
     """JoinGroup/SyncGroup exchanges (old and new versions) and raw payloads."""
-    sub = encode_subscription(CONSUMER, 3, {
+    sub = group_protocol.encode_subscription(group_protocol.CONSUMER, 3, {
         "Topics": ["orders"], "UserData": None,
         "OwnedPartitions": [{"Topic": "orders", "Partitions": [0, 1]}],
         "GenerationId": 2, "RackId": "az1",
     })
-    assignment = encode_assignment(CONSUMER, 1, {
+    assignment = group_protocol.encode_assignment(group_protocol.CONSUMER, 1, {
         "AssignedPartitions": [{"Topic": "orders", "Partitions": [0]}], "UserData": b"u",
     })
-    connect_assignment = encode_assignment(CONNECT, 1, {
+    connect_assignment = group_protocol.encode_assignment(group_protocol.CONNECT, 1, {
         "Error": 0, "Leader": "w1", "LeaderUrl": "http://w1:8083", "ConfigOffset": 5,
         "Assignment": [{"Connector": "c", "Tasks": [-1, 0]}], "Revoked": None,
         "ScheduledDelay": 0,
     })
-    connect_sub = encode_subscription(CONNECT, 2, {
+    connect_sub = group_protocol.encode_subscription(group_protocol.CONNECT, 2, {
         "Url": "http://w1:8083", "ConfigOffset": 5,
-        "Allocation": decode_assignment(CONNECT, connect_assignment),
+        "Allocation": group_protocol.decode_assignment(group_protocol.CONNECT, connect_assignment),
     })
     seeds: list[bytes] = []
     for protocol_type, name, md, asg in (
-        (CONSUMER, "range", sub, assignment),
-        (CONNECT, "sessioned", connect_sub, connect_assignment),
+        (group_protocol.CONSUMER, "range", sub, assignment),
+        (group_protocol.CONNECT, "sessioned", connect_sub, connect_assignment),
     ):
         for join_v, sync_v in ((5, 3), (7, 5), (9, 5), (2, 0)):
             join = {
@@ -422,7 +413,7 @@ def _group_seeds(rng: random.Random) -> list[bytes]:
                 seed=rng.randrange(256),
             ))
         for selector, data in enumerate((md, asg)):
-            offset = 0 if protocol_type == CONSUMER else 2
+            offset = 0 if protocol_type == group_protocol.CONSUMER else 2
             seeds.append(bytes((MODE_GROUP, selector + offset)) + data)
     return seeds
 

@@ -167,6 +167,16 @@ def produce_one(bootstrap: str, topic: str) -> str | None:
     return errors[0]
 
 
+def deliver(producer: Producer, topic: str, value: bytes = b"x") -> int:
+    """Produce one record on `producer`'s connections and wait for it: its error code
+    (0: stored)."""
+    codes: list[int] = []
+    producer.produce(topic, value, on_delivery=lambda err, _m: codes.append(
+        0 if err is None else err.code()))
+    producer.flush(30)
+    return codes[-1]
+
+
 @pytest.fixture
 def relay(gateway: Gateway) -> Iterator[RecordingRelay]:
     r = RecordingRelay(gateway_listener(gateway))

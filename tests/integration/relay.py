@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +18,7 @@ from typing import Any
 import kafka_wire as kw
 from kafka_wire import ApiKey
 from keg.gateway import Gateway
-
-_SIZE = struct.Struct(">i")
-
+from tests.integration.raw_kafka import SIZE, read_frame
 
 # -- the recording relay ----------------------------------------------------------------
 
@@ -43,29 +40,9 @@ class Connection:
     client_id: str | None = None
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = sock.recv(n - len(buf))
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(sock: socket.socket) -> bytes | None:
-    head = _read_exact(sock, 4)
-    if head is None:
-        return None
-    return _read_exact(sock, _SIZE.unpack(head)[0])
-
-
 def _send(sock: socket.socket, frame: bytes) -> bool:
     try:
-        sock.sendall(_SIZE.pack(len(frame)) + frame)
+        sock.sendall(SIZE.pack(len(frame)) + frame)
     except OSError:
         return False
     return True
@@ -129,7 +106,7 @@ class RecordingRelay:
 
     def _requests(self, conn: Connection, client: socket.socket, upstream: socket.socket,
                   in_flight: dict[int, tuple[int, int]]) -> None:
-        while (frame := _read_frame(client)) is not None:
+        while (frame := read_frame(client)) is not None:
             header, _ = kw.read_request_header(frame)
             conn.client_id = header.client_id
             # Recorded (and remembered) before it is sent: its answer cannot come first.
@@ -143,8 +120,8 @@ class RecordingRelay:
 
     def _responses(self, conn: Connection, client: socket.socket, upstream: socket.socket,
                    in_flight: dict[int, tuple[int, int]]) -> None:
-        while (frame := _read_frame(upstream)) is not None:
-            (correlation_id,) = _SIZE.unpack_from(frame)
+        while (frame := read_frame(upstream)) is not None:
+            (correlation_id,) = SIZE.unpack_from(frame)
             api_key, version = in_flight.pop(correlation_id)
             self._record(conn, "response", api_key, version, correlation_id, frame)
             if api_key in self.REWRITE:

@@ -105,6 +105,13 @@ def rule_dir(directory: Path, text: str) -> Path:
     return directory
 
 
+def live_inputs(base: Path, count: int) -> tuple[Path, Path]:
+    """Under `base`: a capture of `count` sample records, and a rule directory of
+    LIVE_RULES."""
+    return (write_capture(base / "capture", sample_records(count)),
+            rule_dir(base / "rules", LIVE_RULES))
+
+
 def plain_outcomes(records: list[InterceptedRecord], rules: Path
                    ) -> dict[tuple[Any, ...], RecordOutcome]:
     """The backtests' reference: RecordEngine.evaluate in a loop, the engine as the

@@ -21,6 +21,7 @@ from tests.pipeline.conftest import (
     LIVE_RULES,
     actual_row,
     expected_row,
+    live_inputs,
     plain_outcomes,
     rule_dir,
     sample_records,
@@ -82,9 +83,7 @@ def test_backtest_equals_plain_python_record_for_record(spark: Any, tmp_path: Pa
 
 def test_backtest_without_live_rules_counts_changes_as_differences(spark: Any,
                                                                    tmp_path: Path) -> None:
-    records = sample_records(60)
-    capture = write_capture(tmp_path / "capture", records)
-    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    capture, rules = live_inputs(tmp_path, 60)
     result = run_backtest(spark, read_records(spark, parse_input(str(capture))),
                           load_rules(rules), None, tmp_path / "out")
     reference = plain_outcomes(sample_records(60), rules)
@@ -156,8 +155,7 @@ runner = CliRunner()
 
 
 def test_cli_backtest_exit_codes_and_report(spark: Any, tmp_path: Path) -> None:
-    capture = write_capture(tmp_path / "capture", sample_records(80))
-    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    capture, rules = live_inputs(tmp_path, 80)
     out = tmp_path / "out"
     ok = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
                              "--out", str(out), "--fail-on", "dropped>0.5", "-q"])
@@ -189,8 +187,7 @@ def test_cli_bad_threshold_exit_2(tmp_path: Path) -> None:
 
 
 def test_cli_bad_spark_conf_exit_2(tmp_path: Path) -> None:
-    capture = write_capture(tmp_path / "capture", sample_records(5))
-    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    capture, rules = live_inputs(tmp_path, 5)
     result = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
                                  "--conf", "spark.executor.memory"])
     assert result.exit_code == 2

@@ -23,13 +23,11 @@ import pytest
 from control_plane.service import free_port
 from pipeline.spark import ENGINE_ZIP
 from tests.pipeline.conftest import (
-    LIVE_RULES,
     actual_row,
     expected_row,
+    live_inputs,
     plain_outcomes,
-    rule_dir,
     sample_records,
-    write_capture,
 )
 
 CLUSTER_JOB = Path(__file__).with_name("cluster_job.py")
@@ -118,8 +116,7 @@ def _assert_equals_plain_python(out: Path, rules: Path, count: int) -> None:
 
 
 def test_spark_submit_runs_the_backtest_on_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    capture = write_capture(tmp_path / "capture", sample_records(120))
-    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    capture, rules = live_inputs(tmp_path, 120)
     out = tmp_path / "out"
     spark_submit = str(_spark_home() / "bin" / "spark-submit")
     _run([spark_submit, "--master", cluster.master, "--executor-memory", "1g",
@@ -136,8 +133,7 @@ def test_spark_submit_runs_the_backtest_on_the_cluster(cluster: Cluster, tmp_pat
 
 
 def test_keg_backtest_master_takes_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    capture = write_capture(tmp_path / "capture", sample_records(90))
-    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    capture, rules = live_inputs(tmp_path, 90)
     out = tmp_path / "out"
     _run([sys.executable, "-m", "keg", "backtest", "--rules", str(rules), "--input",
           str(capture), "--out", str(out), "--master", cluster.master, "-q",

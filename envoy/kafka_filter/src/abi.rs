@@ -80,8 +80,8 @@ pub const METRICS_SUCCESS: u32 = 0;
 
 type GetChunksSize = unsafe extern "C" fn(FilterEnvoyPtr) -> usize;
 type GetChunks = unsafe extern "C" fn(FilterEnvoyPtr, *mut EnvoyBuffer) -> bool;
-type Drain = unsafe extern "C" fn(FilterEnvoyPtr, usize) -> bool;
-type Inject = unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool);
+pub type Drain = unsafe extern "C" fn(FilterEnvoyPtr, usize) -> bool;
+pub type Inject = unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool);
 type Close = unsafe extern "C" fn(FilterEnvoyPtr, u32);
 type DefineCounter = unsafe extern "C" fn(ConfigEnvoyPtr, ModuleBuffer, *mut usize) -> u32;
 type IncrementCounter = unsafe extern "C" fn(FilterEnvoyPtr, usize, u64) -> u32;

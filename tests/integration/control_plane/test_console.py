@@ -24,7 +24,7 @@ from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import ApiOptions, Gateway
 from keg.paths import REPO_ROOT
 from tests.browser import Browser, needs_chromium
-from tests.integration.conftest import create_topic, gateway_settings
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = [pytest.mark.integration, needs_chromium]
 
@@ -81,9 +81,7 @@ class Console:
 @pytest.fixture(scope="module")
 def console(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     base = tmp_path_factory.mktemp("console")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     (base / "tokens").write_text(f"console-user:{TOKEN}\n")
     settings = gateway_settings(
         kafka, base / "work", rules_dir=rules, audit_log=base / "audit.jsonl", metrics_port=0,

@@ -31,7 +31,7 @@ from filter_rules import load_rule_dir
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import BackgroundLoop, wait_for_port
-from tests.integration.conftest import create_topic
+from tests.integration.conftest import create_topic, rule_dir
 
 pytestmark = pytest.mark.integration
 
@@ -70,9 +70,7 @@ class FleetHarness:
     def __init__(self, kafka: EmbeddedKafka, base: Path) -> None:
         self.kafka = kafka
         self.base = base
-        self.rules_dir = base / "rules"
-        self.rules_dir.mkdir()
-        (self.rules_dir / "rules.yaml").write_text(OBSERVE)
+        self.rules_dir = rule_dir(base / "rules", {"rules.yaml": OBSERVE})
         self.extra: list[Broker] = []
         self.loop = BackgroundLoop()
         self.xds_port = free_port()

@@ -32,15 +32,16 @@ def test_rule_write_to_last_ack_with_100_subscribers_and_10_envoys() -> None:
     assert len(results.rules_s) == 3 and len(results.topology_s) == 3
 
 
+def _observe_only(rule_id: str) -> str:
+    return f"rules:\n  - id: {rule_id}\n    action: {{observe: {{audit: false}}}}\n"
+
+
 def test_rest_and_directory_changes_reach_every_ext_proc_process(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """The control plane process as deployed: store + REST API + xDS; two `keg ext-proc
     --control-plane` processes. A REST write and a rule-directory change (GitOps) each
     become a store version that both instances ACK."""
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir()
-    (rules_dir / "base.yaml").write_text(
-        "rules:\n  - id: from-git\n    action: {observe: {audit: false}}\n")
+    rules_dir = rule_dir(tmp_path / "rules", {"base.yaml": _observe_only("from-git")})
     tokens = tmp_path / "tokens"
     tokens.write_text("ci:s3cret-token-of-the-ci\n")
     loop = BackgroundLoop()
@@ -102,10 +103,7 @@ def test_rest_and_directory_changes_reach_every_ext_proc_process(
               f"(1 s directory poll included)")
 
         # GitOps from CI: `keg apply` of another directory, as its own owner.
-        team = tmp_path / "team-rules"
-        team.mkdir()
-        (team / "team.yaml").write_text(
-            "rules:\n  - id: from-apply\n    action: {observe: {audit: false}}\n")
+        team = rule_dir(tmp_path / "team-rules", {"team.yaml": _observe_only("from-apply")})
         token_file = tmp_path / "ci-token"
         token_file.write_text("s3cret-token-of-the-ci\n")
         started = time.monotonic()

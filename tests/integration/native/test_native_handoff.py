@@ -23,7 +23,7 @@ from control_plane.topology import SaslPlain
 from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import SASL_USERS, create_topic
+from tests.integration.conftest import SASL_USERS, create_topic, deliver
 from tests.integration.rules.test_rules_enforcement import produce
 
 pytestmark = pytest.mark.integration
@@ -151,30 +151,24 @@ def test_a_rule_change_reaches_a_live_connection_without_draining(env: Env) -> N
     service (xDS) while a producer stays on its connection; no listener changes."""
     later = env.topic("later.")
     assert env.gateway.envoy is not None
-    results: list[int] = []
     producer = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
-
-    def send() -> int:
-        producer.produce(later, b"x", on_delivery=lambda err, _m: results.append(
-            0 if err is None else err.code()))
-        producer.flush(30)
-        return results[-1]
-
-    assert send() == 0
+    assert deliver(producer, later) == 0
     connections = env.envoy_stats("downstream_cx_total")
     listeners = {k: v for k, v in env.gateway.envoy.dynamic_versions().items()
                  if k.startswith("listener/")}
     changed_at = time.monotonic()
     env.rules.set(load_rule_text(RULES + LATER, "rules.yaml"), version="2")
-    while send() == 0:
+    attempts = 1
+    while (code := deliver(producer, later)) == 0:
+        attempts += 1
         assert time.monotonic() - changed_at < 30, "the new rule never reached the connection"
     enforced_after = time.monotonic() - changed_at
-    assert results[-1] == TOPIC_AUTHORIZATION_FAILED
+    assert code == TOPIC_AUTHORIZATION_FAILED
     assert env.envoy_stats("downstream_cx_total") == connections, "the same connection"
     assert {k: v for k, v in env.gateway.envoy.dynamic_versions().items()
             if k.startswith("listener/")} == listeners, "no listener changed (none drained)"
     print(f"rule change enforced on the live connection after {enforced_after * 1000:.0f} ms "
-          f"({len(results) - 1} produce requests)")
+          f"({attempts} produce requests)")
     env.rules.set(load_rule_text(RULES, "rules.yaml"), version="3")
 
 

@@ -6,7 +6,6 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -18,6 +17,7 @@ from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic
+from tests.integration.raw_kafka import RawConnection
 
 pytestmark = pytest.mark.integration
 
@@ -26,36 +26,6 @@ def gateway_addresses(gateway: Gateway) -> set[tuple[str, int]]:
     assert gateway.control_plane is not None and gateway.control_plane.plan is not None
     plan = gateway.control_plane.plan
     return {(plan.advertised_host, r.listen_port) for r in plan.routes}
-
-
-class RawConnection:
-    """A bare Kafka connection speaking through kafka_wire, for exact protocol checks."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, _, port = bootstrap.split(",")[0].rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.correlation = 0
-
-    def request(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
-        self.correlation += 1
-        header = kafka_wire.RequestHeader(api_key, version, self.correlation, "raw-test", {})
-        self.sock.sendall(kafka_wire.encode_request(header, body))
-        (size,) = struct.unpack(">i", self._read(4))
-        correlation, response = kafka_wire.decode_response(self._read(size), api_key, version)
-        assert correlation == self.correlation
-        return response
-
-    def _read(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return bytes(buf)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def broker_versions(bootstrap: str) -> dict[int, tuple[int, int]]:

@@ -24,7 +24,7 @@ from control_plane.service import EXT_PROC_PATH, free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.dashboard import exposed, unknown_references
-from tests.integration.conftest import create_topic, gateway_settings
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]
 
@@ -69,9 +69,7 @@ class Metered:
 @pytest.fixture(scope="module")
 def metered(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metered]:
     base = tmp_path_factory.mktemp("metrics")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "rules.yaml").write_text(RULES)
+    rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     # The labelled series are the ext_proc path's (docs/metrics.md: the native path
     # counts per API in Envoy's stats, tests/integration/native/).
     settings = gateway_settings(kafka, base / "envoy", rules_dir=rules,

@@ -42,6 +42,7 @@ from kafka_wire.records import (
     verify_crc,
 )
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
+from tests.integration.raw_kafka import RawConnection, read_frame
 
 pytestmark = pytest.mark.integration
 
@@ -56,44 +57,15 @@ Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 # --------------------------------------------------------------------------- raw protocol
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(sock: socket.socket) -> bytes | None:
-    size = _read_exact(sock, 4)
-    if size is None:
-        return None
-    return _read_exact(sock, struct.unpack(">i", size)[0])
-
-
 # UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
 _RETRIABLE = frozenset({3, 5, 6})
 
 
-class RawBroker:
+class RawBroker(RawConnection):
     """One connection speaking kafka_wire: Fetch v12, Produce v9, InitProducerId v4."""
 
     def __init__(self, bootstrap: str) -> None:
-        host, _, port = bootstrap.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.correlation = 0
-
-    def request(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
-        self.correlation += 1
-        header = kafka_wire.RequestHeader(api_key, version, self.correlation, "records-test", {})
-        self.sock.sendall(kafka_wire.encode_request(header, body))
-        frame = _read_frame(self.sock)
-        assert frame is not None
-        correlation, response = kafka_wire.decode_response(frame, api_key, version)
-        assert correlation == self.correlation
-        return response
+        super().__init__(bootstrap, "records-test", timeout=30)
 
     def fetch(self, topic: str, offset: int = 0, max_bytes: int = 8 << 20,
               isolation: int = 0) -> bytes:
@@ -473,12 +445,12 @@ class RewritingProxy:
     def _serve(self, client: socket.socket) -> None:
         try:
             with client, socket.create_connection(self.upstream) as upstream:
-                while (frame := _read_frame(client)) is not None:
+                while (frame := read_frame(client)) is not None:
                     header, offset = kafka_wire.read_request_header(frame)
                     if header.api_key == ApiKey.FETCH:
                         self._note_offsets(header.api_version, frame, offset)
                     upstream.sendall(struct.pack(">i", len(frame)) + frame)
-                    response = _read_frame(upstream)
+                    response = read_frame(upstream)
                     if response is None:
                         return
                     client.sendall(self._rewrite(header.api_key, header.api_version, response))

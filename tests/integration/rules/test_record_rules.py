@@ -69,6 +69,10 @@ class Boom:
         raise ValueError("the interceptor exploded")
 '''
 
+# A record is valid when it has a non-negative amount (both directions validate it).
+AMOUNT_SCHEMA = ("{type: object, required: [amount],"
+                 " properties: {amount: {type: number, minimum: 0}}}")
+
 RULES = f"""
 rules:
   # --- produce time -----------------------------------------------------------------
@@ -81,12 +85,7 @@ rules:
       encrypt: {{fields: [$.card.number], key: {{id: cards-2026, secret: {{env: {KEY_ENV}}}}}}}
   - id: p-validate
     match: {{topics: {{prefix: [p.validate.]}}}}
-    action:
-      validate:
-        json_schema:
-          type: object
-          required: [amount]
-          properties: {{amount: {{type: number, minimum: 0}}}}
+    action: {{validate: {{json_schema: {AMOUNT_SCHEMA}}}}}
   - id: p-headers
     match: {{topics: {{prefix: [p.headers.]}}}}
     action: {{headers: {{set: {{x-gateway: keg}}, remove: [secret]}}}}
@@ -109,12 +108,7 @@ rules:
       decrypt: {{fields: [$.card.number], keys: [{{id: cards-2026, secret: {{env: {KEY_ENV}}}}}]}}
   - id: c-validate
     match: {{direction: response, topics: {{prefix: [c.validate.]}}}}
-    action:
-      validate:
-        json_schema:
-          type: object
-          required: [amount]
-          properties: {{amount: {{type: number, minimum: 0}}}}
+    action: {{validate: {{json_schema: {AMOUNT_SCHEMA}}}}}
   - id: c-headers
     match: {{direction: response, topics: {{prefix: [c.headers.]}}}}
     action: {{headers: {{set: {{x-gateway: keg}}, remove: [secret]}}}}

@@ -28,6 +28,7 @@ from keg.gateway import Gateway
 from tests.integration.conftest import (
     SASL_USERS,
     create_topic,
+    deliver,
     dumped_codecs,
     gateway_settings,
     java_sasl,
@@ -234,15 +235,7 @@ def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
 def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
     other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
     producer = Producer({**env.client("bob"), "linger.ms": 0, "retries": 0})
-    results: list[int] = []
-
-    def send() -> int:
-        producer.produce(other, b"x", on_delivery=lambda err, _m: results.append(
-            0 if err is None else err.code()))
-        producer.flush(30)
-        return results[-1]
-
-    assert send() == 0
+    assert deliver(producer, other) == 0
     path = env.rules / "rules.yaml"
     path.write_text(RULES + """
   - id: freeze-other
@@ -250,10 +243,10 @@ def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
     action: {deny: {error: POLICY_VIOLATION}}
 """)
     deadline = time.monotonic() + 20
-    while send() == 0:
+    while (code := deliver(producer, other)) == 0:
         assert time.monotonic() < deadline, "the new rule never applied"
         time.sleep(0.5)
-    assert results[-1] == 44  # POLICY_VIOLATION, on the same live connection
+    assert code == 44  # POLICY_VIOLATION, on the same live connection
 
     path.write_text(RULES + "\n  - id: broken\n    match: {apis: [NoSuchApi]}\n"
                     "    action: {deny: {}}\n")
@@ -261,10 +254,10 @@ def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:
     while 'keg_rule_reloads_total{result="rejected"}' not in env.metrics():
         assert time.monotonic() < deadline, "the broken set was never read"
         time.sleep(0.2)
-    assert send() == 44  # refused: the last good set (with freeze-other) stays
+    assert deliver(producer, other) == 44  # refused: the last good set (with freeze-other) stays
     path.write_text(RULES)
     deadline = time.monotonic() + 20
-    while send() != 0:
+    while deliver(producer, other) != 0:
         assert time.monotonic() < deadline, "the valid set never applied again"
         time.sleep(0.5)
     producer.flush(10)

@@ -43,6 +43,7 @@ import yaml
 from confluent_kafka import KafkaError, Message, Producer
 
 from control_plane.service import free_port
+from keg.children import stop_process
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.embedded.kafka import EmbeddedKafka, kafka_home
 from keg.gateway import (
@@ -55,7 +56,7 @@ from keg.gateway import (
 )
 from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
-from tests.integration.conftest import create_topic, gateway_settings, produce_one
+from tests.integration.conftest import create_topic, gateway_settings, produce_one, rule_dir
 from tests.integration.runtime.faults import run_through_fault, stored_values, wait_serving
 from tests.integration.runtime.test_keg_up import KegUp, run_keg_up
 
@@ -76,9 +77,7 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory
     """A gateway of this module's own (its parts get killed), with the REST API and a
     rule that decodes every Produce request."""
     base = tmp_path_factory.mktemp("faults")
-    rules = base / "rules"
-    rules.mkdir()
-    (rules / "observe.yaml").write_text(OBSERVE)
+    rules = rule_dir(base / "rules", {"observe.yaml": OBSERVE})
     settings = gateway_settings(
         kafka, base / "work", rules_dir=rules, metrics_port=0,
         api=ApiOptions(data_dir=base / "api", port=free_port()))
@@ -327,9 +326,7 @@ class SplitGateway:
     def __init__(self, kafka: EmbeddedKafka, base: Path) -> None:
         self.kafka = kafka
         self.base = base
-        self.rules = base / "rules"
-        self.rules.mkdir()
-        (self.rules / "observe.yaml").write_text(OBSERVE)
+        self.rules = rule_dir(base / "rules", {"observe.yaml": OBSERVE})
         self.xds_port, self.api_port, self.ext_proc_port = free_port(), free_port(), free_port()
         self.listen_port = free_port()  # one broker: its listener
         self.supervisor = Supervisor()
@@ -411,13 +408,7 @@ class SplitGateway:
         self.supervisor.stop()
         self.envoy.stop()
         for process in (self.ext_proc, self.control_plane):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, grace_s=15)
 
 
 def test_verifiable_clients_through_a_kill_of_the_control_plane(

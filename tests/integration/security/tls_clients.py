@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -13,34 +14,52 @@ from confluent_kafka import Producer
 from keg.embedded.certs import DevCa, Issued
 
 
+@dataclass(frozen=True)
+class _ConfNames:
+    """What one client calls each TLS and SASL setting."""
+
+    bootstrap: str
+    ca: str
+    protocol: str
+    cert: str
+    key: str
+    mechanism: str
+    user: str
+    password: str
+
+
+_LIBRDKAFKA = _ConfNames(
+    "bootstrap.servers", "ssl.ca.location", "security.protocol", "ssl.certificate.location",
+    "ssl.key.location", "sasl.mechanism", "sasl.username", "sasl.password")
+_KAFKA_PYTHON = _ConfNames(
+    "bootstrap_servers", "ssl_cafile", "security_protocol", "ssl_certfile", "ssl_keyfile",
+    "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+
+
+def _client_conf(names: _ConfNames, bootstrap: str, ca: DevCa, client: Issued | None,
+                 sasl: tuple[str, str, str] | None) -> dict[str, str]:
+    conf = {names.bootstrap: bootstrap, names.ca: str(ca.cert_file),
+            names.protocol: "SASL_SSL" if sasl else "SSL"}
+    if client is not None:
+        conf[names.cert] = str(client.cert)
+        conf[names.key] = str(client.key)
+    if sasl is not None:
+        mechanism, user, password = sasl
+        conf.update({names.mechanism: mechanism, names.user: user, names.password: password})
+    return conf
+
+
 def librdkafka_conf(bootstrap: str, ca: DevCa, client: Issued | None = None,
                     sasl: tuple[str, str, str] | None = None) -> dict[str, str]:
     """TLS (with `client`'s certificate for mutual TLS), and SASL (mechanism, user,
     password) on top when given."""
-    conf = {"bootstrap.servers": bootstrap, "ssl.ca.location": str(ca.cert_file),
-            "security.protocol": "SASL_SSL" if sasl else "SSL"}
-    if client is not None:
-        conf["ssl.certificate.location"] = str(client.cert)
-        conf["ssl.key.location"] = str(client.key)
-    if sasl is not None:
-        mechanism, user, password = sasl
-        conf.update({"sasl.mechanism": mechanism, "sasl.username": user,
-                     "sasl.password": password})
-    return conf
+    return _client_conf(_LIBRDKAFKA, bootstrap, ca, client, sasl)
 
 
 def kafka_python_conf(bootstrap: str, ca: DevCa, client: Issued | None = None,
                       sasl: tuple[str, str, str] | None = None) -> dict[str, object]:
-    conf: dict[str, object] = {"bootstrap_servers": bootstrap, "ssl_cafile": str(ca.cert_file),
-                               "security_protocol": "SASL_SSL" if sasl else "SSL"}
-    if client is not None:
-        conf["ssl_certfile"] = str(client.cert)
-        conf["ssl_keyfile"] = str(client.key)
-    if sasl is not None:
-        mechanism, user, password = sasl
-        conf.update(sasl_mechanism=mechanism, sasl_plain_username=user,
-                    sasl_plain_password=password)
-    return conf
+    """The same settings as `librdkafka_conf`, by kafka-python's names."""
+    return dict(_client_conf(_KAFKA_PYTHON, bootstrap, ca, client, sasl))
 
 
 def java_client_properties(path: Path, ca: DevCa, client: Issued | None = None,

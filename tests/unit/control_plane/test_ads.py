@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.rpc import status_pb2
 
-from control_plane.ads import AggregatedDiscovery
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import ANY_NODE, CLUSTER, LISTENER, RULES, SnapshotCache
-from tests.unit.control_plane.xds_client import ScriptedStream, start_ads
+from tests.unit.control_plane.xds_client import ScriptedStream, ads_stub
 
 
 def plan(port: int) -> GatewayPlan:
@@ -33,18 +30,13 @@ class ScriptedEnvoy(ScriptedStream[discovery_pb2.DiscoveryRequest,
         request = discovery_pb2.DiscoveryRequest(type_url=type_url, version_info=version,
                                                  response_nonce=nonce, node=self.node,
                                                  resource_names=list(names))
-        if error is not None:
-            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
-        await self._out.put(request)
+        await self.put(request, error)
 
 
 async def scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server, port = await start_ads(cache, fleet)
     cache.set(ANY_NODE, compile_snapshot(plan(19092)))
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
-    try:
+    async with ads_stub(cache, fleet) as stub, ScriptedEnvoy(stub) as envoy:
         await envoy.send(CLUSTER)
         clusters = await envoy.receive()
         assert clusters.type_url == CLUSTER and len(clusters.resources) == 2
@@ -75,10 +67,6 @@ async def scenario() -> None:
         cache.set(ANY_NODE, compile_snapshot(plan(19100)))
         again = await envoy.receive()
         assert again.type_url == LISTENER and again.nonce != pushed.nonce
-    finally:
-        envoy.close()
-        await channel.close()
-        await server.stop(0)
     await asyncio.sleep(0.1)
     assert not fleet.nodes["envoy-a"].connected
 
@@ -89,12 +77,9 @@ def test_ads_ack_nack_push() -> None:
 
 async def resume_scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server, port = await start_ads(cache, fleet)
     snapshot = compile_snapshot(plan(19092))
     cache.set("envoy-a", snapshot)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
-    try:
+    async with ads_stub(cache, fleet) as stub, ScriptedEnvoy(stub) as envoy:
         # A node back after a control-plane restart names the version it runs: no resend.
         await envoy.send(CLUSTER, snapshot.version(CLUSTER))
         assert await envoy.nothing_within(0.5)
@@ -106,10 +91,6 @@ async def resume_scenario() -> None:
         await envoy.send(LISTENER, "an-old-version")
         listeners = await envoy.receive()
         assert listeners.version_info == snapshot.version(LISTENER)
-    finally:
-        envoy.close()
-        await channel.close()
-        await server.stop(0)
 
 
 def test_ads_resume_and_unknown_types() -> None:
@@ -125,16 +106,9 @@ def test_a_named_subscription_that_grows_is_answered_again() -> None:
 
     async def run() -> None:
         cache, fleet = SnapshotCache(), Fleet()
-        server = grpc.aio.server()
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
-            AggregatedDiscovery(cache, fleet), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
         secrets = {name: base_pb2.DataSource(inline_string=name) for name in ("ca", "cert")}
         cache.set(ANY_NODE, Snapshot({SECRET: secrets}))
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        envoy = ScriptedEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
-        try:
+        async with ads_stub(cache, fleet) as stub, ScriptedEnvoy(stub) as envoy:
             await envoy.send(SECRET, names=("ca",))
             first = await envoy.receive()
             await envoy.send(SECRET, first.version_info, first.nonce, names=("ca", "cert"))
@@ -142,9 +116,5 @@ def test_a_named_subscription_that_grows_is_answered_again() -> None:
             assert again.version_info == first.version_info and again.nonce != first.nonce
             await envoy.send(SECRET, again.version_info, again.nonce, names=("ca", "cert"))
             assert await envoy.nothing_within(0.3)  # an unchanged subscription: no resend
-        finally:
-            envoy.close()
-            await channel.close()
-            await server.stop(0)
 
     asyncio.run(run())

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.rpc import status_pb2
 
 from control_plane.delta import TypeState, delta_response
 from control_plane.envoy_resources import BrokerRoute, GatewayPlan, compile_snapshot
 from control_plane.fleet import Fleet
 from control_plane.snapshot import CLUSTER, LISTENER, Snapshot, SnapshotCache
-from tests.unit.control_plane.xds_client import ScriptedStream, start_ads
+from tests.unit.control_plane.xds_client import ScriptedStream, ads_stub
 
 
 def snapshot(*brokers: int, port_shift: int = 0) -> Snapshot:
@@ -81,59 +79,48 @@ class DeltaEnvoy(ScriptedStream[discovery_pb2.DeltaDiscoveryRequest,
         request = discovery_pb2.DeltaDiscoveryRequest(
             type_url=type_url, response_nonce=nonce, node=self.node,
             initial_resource_versions=initial or {})
-        if error is not None:
-            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
-        await self._out.put(request)
+        await self.put(request, error)
 
 
 async def delta_scenario() -> None:
     cache, fleet = SnapshotCache(), Fleet()
-    server, port = await start_ads(cache, fleet)
     first = snapshot(1)
     cache.set("envoy-d", first)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    envoy = DeltaEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel), "envoy-d")
-    try:
-        await envoy.send(CLUSTER)
-        clusters = await envoy.receive()
-        assert {r.name for r in clusters.resources} == {"keg_ext_proc", "kafka_broker_1"}
-        await envoy.send(CLUSTER, clusters.nonce)
-        await envoy.send(LISTENER)
-        listeners = await envoy.receive()
-        await envoy.send(LISTENER, listeners.nonce)
-        await asyncio.sleep(0.1)
-        status = fleet.nodes["envoy-d"]
-        assert status.transport == "delta"
-        assert status.of(LISTENER).acked_version == first.version(LISTENER)
+    async with ads_stub(cache, fleet) as stub:
+        async with DeltaEnvoy(stub, "envoy-d") as envoy:
+            await envoy.send(CLUSTER)
+            clusters = await envoy.receive()
+            assert {r.name for r in clusters.resources} == {"keg_ext_proc", "kafka_broker_1"}
+            await envoy.send(CLUSTER, clusters.nonce)
+            await envoy.send(LISTENER)
+            listeners = await envoy.receive()
+            await envoy.send(LISTENER, listeners.nonce)
+            await asyncio.sleep(0.1)
+            status = fleet.nodes["envoy-d"]
+            assert status.transport == "delta"
+            assert status.of(LISTENER).acked_version == first.version(LISTENER)
 
-        # Broker 2 appears: only its cluster and listener travel.
-        cache.set("envoy-d", snapshot(1, 2))
-        clusters = await envoy.receive()
-        assert [r.name for r in clusters.resources] == ["kafka_broker_2"]
-        await envoy.send(CLUSTER, clusters.nonce)
-        listeners = await envoy.receive()
-        # Listener 1 changes too: its ext_proc metadata lists every broker's address.
-        assert [r.name for r in listeners.resources] == ["kafka_broker_1", "kafka_broker_2"]
-        # NACK: recorded with the error, not sent again.
-        await envoy.send(LISTENER, listeners.nonce, error="cannot bind")
-        assert await envoy.nothing_within(0.5)
-        assert status.of(LISTENER).last_nack == "cannot bind"
-        assert status.of(LISTENER).acked_version == first.version(LISTENER)
-    finally:
-        envoy.close()
+            # Broker 2 appears: only its cluster and listener travel.
+            cache.set("envoy-d", snapshot(1, 2))
+            clusters = await envoy.receive()
+            assert [r.name for r in clusters.resources] == ["kafka_broker_2"]
+            await envoy.send(CLUSTER, clusters.nonce)
+            listeners = await envoy.receive()
+            # Listener 1 changes too: its ext_proc metadata lists every broker's address.
+            assert [r.name for r in listeners.resources] == ["kafka_broker_1", "kafka_broker_2"]
+            # NACK: recorded with the error, not sent again.
+            await envoy.send(LISTENER, listeners.nonce, error="cannot bind")
+            assert await envoy.nothing_within(0.5)
+            assert status.of(LISTENER).last_nack == "cannot bind"
+            assert status.of(LISTENER).acked_version == first.version(LISTENER)
 
-    # Reconnecting with what it has: nothing to send, recorded as running it.
-    current = cache.get("envoy-d")
-    assert current is not None
-    again = DeltaEnvoy(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel), "envoy-d")
-    try:
-        await again.send(CLUSTER, initial=dict(current.resource_versions[CLUSTER]))
-        assert await again.nothing_within(0.5)
-        assert fleet.nodes["envoy-d"].of(CLUSTER).acked_version == current.version(CLUSTER)
-    finally:
-        again.close()
-        await channel.close()
-        await server.stop(0)
+        # Reconnecting with what it has: nothing to send, recorded as running it.
+        current = cache.get("envoy-d")
+        assert current is not None
+        async with DeltaEnvoy(stub, "envoy-d") as again:
+            await again.send(CLUSTER, initial=dict(current.resource_versions[CLUSTER]))
+            assert await again.nothing_within(0.5)
+            assert fleet.nodes["envoy-d"].of(CLUSTER).acked_version == current.version(CLUSTER)
 
 
 def test_delta_ads_over_grpc() -> None:

@@ -4,11 +4,13 @@ whose requests the test sends one by one and whose responses it reads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from google.rpc import status_pb2
 
 from control_plane.ads import AggregatedDiscovery
 from control_plane.fleet import Fleet
@@ -26,6 +28,21 @@ async def start_ads(cache: SnapshotCache, fleet: Fleet) -> tuple[grpc.aio.Server
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, port
+
+
+@contextlib.asynccontextmanager
+async def ads_stub(
+    cache: SnapshotCache, fleet: Fleet
+) -> AsyncIterator[ads_pb2_grpc.AggregatedDiscoveryServiceStub]:
+    """keg's ADS servicer on a free loopback port and a client stub to it, both closed
+    on the way out."""
+    server, port = await start_ads(cache, fleet)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(0)
 
 
 class ScriptedStream(Generic[Request, Response]):
@@ -46,6 +63,13 @@ class ScriptedStream(Generic[Request, Response]):
         while True:
             yield await self._out.get()
 
+    async def put(self, request: Request, error: str | None = None) -> None:
+        """Send `request`; with `error`, as a NACK saying so (INVALID_ARGUMENT)."""
+        if error is not None:
+            request.error_detail.CopyFrom(  # type: ignore[attr-defined]
+                status_pb2.Status(code=3, message=error))
+        await self._out.put(request)
+
     async def receive(self, timeout: float = 5.0) -> Response:
         return await asyncio.wait_for(self._in.get(), timeout)
 
@@ -59,3 +83,9 @@ class ScriptedStream(Generic[Request, Response]):
     def close(self) -> None:
         self._reader.cancel()
         self._call.cancel()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import orjson
 import pytest
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grpc as pb_grpc
@@ -26,14 +25,7 @@ from ext_proc.frames import FRAMES_MODE, MODE_HEADER, FramesSession, interest_ta
 from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
 from kafka_wire import ApiKey
 from kafka_wire.errors import FrameError
-from kafka_wire.records import (
-    BatchHeader,
-    BatchView,
-    Record,
-    decode_records,
-    encode_batch,
-    iter_batches,
-)
+from tests.unit.ext_proc.conftest import json_batch, json_values
 
 CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092",
                       broker_id=1)
@@ -55,14 +47,9 @@ def engine(rules: str = RULES) -> RuleEngine:
     return RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
 
 
-def batch(*docs: dict[str, Any]) -> bytes:
-    records = [Record(i, 0, None, orjson.dumps(d), []) for i, d in enumerate(docs)]
-    return encode_batch(BatchHeader(base_timestamp=1_700_000_000_000), records)
-
-
 def produce(cid: int, topic: str) -> bytes:
     body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
-        {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch({"a": 1})}]}]}
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": json_batch([{"a": 1}])}]}]}
     return kafka_wire.encode_request(
         kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "app", {}), body
     )
@@ -87,9 +74,7 @@ def fetch_answer(cid: int, topic_id: uuid.UUID, records: bytes, version: int = 1
 
 
 def fetched_values(fetch_body: dict[str, Any]) -> list[Any]:
-    (fetched,) = iter_batches(fetch_body["Responses"][0]["Partitions"][0]["Records"])
-    assert isinstance(fetched, BatchView)
-    return [orjson.loads(r.value or b"") for r in decode_records(fetched)]
+    return json_values(fetch_body["Responses"][0]["Partitions"][0]["Records"])
 
 
 def metadata(cid: int, version: int = 12) -> bytes:
@@ -128,7 +113,8 @@ def test_fetch_by_topic_id_is_judged_with_the_given_principal_and_masked() -> No
     allowed = session.request(fetch(3, pii), principal="User:alice",
                               security_protocol="SASL_PLAINTEXT")
     assert allowed.to_broker and allowed.want_response
-    out = session.response(fetch_answer(3, pii, batch({"email": "a@x", "n": 1})), ApiKey.FETCH, 16)
+    stored = json_batch([{"email": "a@x", "n": 1}])
+    out = session.response(fetch_answer(3, pii, stored), ApiKey.FETCH, 16)
     _, body = kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)
     assert fetched_values(body) == [{"email": "****", "n": 1}]
 
@@ -181,7 +167,7 @@ def test_the_service_speaks_frames_mode_over_grpc(tmp_path: Any) -> None:
                     yield message(produce(2, "secret.x"))
                     yield message(fetch(3, pii), principal="User:alice",
                                   security_protocol="SASL_PLAINTEXT")
-                    yield message(fetch_answer(3, pii, batch({"email": "a@x"})),
+                    yield message(fetch_answer(3, pii, json_batch([{"email": "a@x"}])),
                                   response=True, api_key=ApiKey.FETCH, api_version=16)
 
                 call = stub.Process(messages(), metadata=(

@@ -59,6 +59,29 @@ def plain_login(t: IdentityTracker, user: str, error: int = 0, authzid: str = ""
     auth_response(t, error)
 
 
+def refused_after_malformed(mechanism: str, data: bytes) -> IdentityTracker:
+    """Malformed first bytes of `mechanism`: a reason at once, still anonymous once refused."""
+    t = IdentityTracker()
+    handshake(t, mechanism)
+    auth_request(t, data)
+    assert t.reason is not None
+    auth_response(t, SASL_AUTHENTICATION_FAILED)
+    assert t.principal == ANONYMOUS
+    return t
+
+
+def scram_exchange(mechanism: str, client_first: bytes, nonce: str = "abcdef",
+                   error: int = 0) -> IdentityTracker:
+    """A whole SCRAM exchange: two client messages, the server's final one (or a refusal)."""
+    t = IdentityTracker()
+    handshake(t, mechanism)
+    auth_request(t, client_first)
+    auth_response(t, data=f"r={nonce},s=c2FsdA==,i=4096".encode())
+    auth_request(t, f"c=biws,r={nonce},p=cHJvb2Y=".encode())
+    auth_response(t, error, b"" if error else b"v=dmVyaWZpZXI=")
+    return t
+
+
 def jwt(claims: dict[str, Any], header: dict[str, Any] | None = None) -> str:
     def part(value: dict[str, Any]) -> str:
         return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
@@ -148,12 +171,7 @@ def test_plain_authzid() -> None:
     b"\0\xff\xfe\0" + PASSWORD.encode(), b"\xff\0alice\0" + PASSWORD.encode(),
 ])
 def test_plain_malformed_is_anonymous_and_never_quotes_the_bytes(data: bytes) -> None:
-    t = IdentityTracker()
-    handshake(t, "PLAIN")
-    auth_request(t, data)
-    assert t.reason is not None
-    auth_response(t, SASL_AUTHENTICATION_FAILED)
-    assert t.principal == ANONYMOUS
+    t = refused_after_malformed("PLAIN", data)
     assert_no_secret(t, PASSWORD)
 
 
@@ -181,12 +199,7 @@ def test_scram_authenticated_only_by_the_server_final_message(mechanism: str) ->
 
 
 def test_scram_failure_on_the_final_step() -> None:
-    t = IdentityTracker()
-    handshake(t, "SCRAM-SHA-256")
-    auth_request(t, b"n,,n=alice,r=abc")
-    auth_response(t, data=b"r=abcdef,s=c2FsdA==,i=4096")
-    auth_request(t, b"c=biws,r=abcdef,p=cHJvb2Y=")
-    auth_response(t, SASL_AUTHENTICATION_FAILED)
+    t = scram_exchange("SCRAM-SHA-256", b"n,,n=alice,r=abc", error=SASL_AUTHENTICATION_FAILED)
     assert t.principal == ANONYMOUS and not t.authenticated
 
 
@@ -198,12 +211,7 @@ def test_scram_failure_on_the_final_step() -> None:
     ("CN=3Dsvc=2COU=3Dkafka", "CN=svc,OU=kafka"),
 ])
 def test_scram_username_escapes(escaped: str, name: str) -> None:
-    t = IdentityTracker()
-    handshake(t, "SCRAM-SHA-512")
-    auth_request(t, f"n,,n={escaped},r=nonce".encode())
-    auth_response(t, data=b"r=nonce123,s=c2FsdA==,i=4096")
-    auth_request(t, b"c=biws,r=nonce123,p=cHJvb2Y=")
-    auth_response(t, data=b"v=dmVyaWZpZXI=")
+    t = scram_exchange("SCRAM-SHA-512", f"n,,n={escaped},r=nonce".encode(), nonce="nonce123")
     assert t.principal == f"User:{name}"
 
 
@@ -223,21 +231,11 @@ def test_scram_authzid_and_reserved_and_extensions() -> None:
 def test_scram_malformed(data: bytes) -> None:
     with pytest.raises(SaslParseError):
         parse_scram_client_first(data)
-    t = IdentityTracker()
-    handshake(t, "SCRAM-SHA-256")
-    auth_request(t, data)
-    assert t.reason is not None
-    auth_response(t, SASL_AUTHENTICATION_FAILED)
-    assert t.principal == ANONYMOUS
+    refused_after_malformed("SCRAM-SHA-256", data)
 
 
 def test_scram_delegation_token_owner_is_unknown() -> None:
-    t = IdentityTracker()
-    handshake(t, "SCRAM-SHA-256")
-    auth_request(t, b"n,,n=tokenid42,r=abc,tokenauth=true")
-    auth_response(t, data=b"r=abcdef,s=c2FsdA==,i=4096")
-    auth_request(t, b"c=biws,r=abcdef,p=cHJvb2Y=")
-    auth_response(t, data=b"v=dmVyaWZpZXI=")
+    t = scram_exchange("SCRAM-SHA-256", b"n,,n=tokenid42,r=abc,tokenauth=true")
     assert t.authenticated and t.opaque_token and t.principal == ANONYMOUS
     assert not t.principal_known and t.reason is not None
 
@@ -312,12 +310,7 @@ def test_oauthbearer_rejected_token() -> None:
     b"n,,\x01auth=Bearer \xff\x01\x01",
 ])
 def test_oauthbearer_malformed(data: bytes) -> None:
-    t = IdentityTracker()
-    handshake(t, "OAUTHBEARER")
-    auth_request(t, data)
-    assert t.reason is not None
-    auth_response(t, SASL_AUTHENTICATION_FAILED)
-    assert t.principal == ANONYMOUS
+    refused_after_malformed("OAUTHBEARER", data)
 
 
 def test_jwt_claims() -> None:

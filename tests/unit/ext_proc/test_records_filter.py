@@ -7,7 +7,6 @@ from typing import Any
 
 import cramjam
 import google_crc32c
-import orjson
 import pytest
 
 import kafka_wire
@@ -22,13 +21,11 @@ from kafka_wire import ApiKey
 from kafka_wire.compression import MAX_DECOMPRESSED, Compression
 from kafka_wire.records import (
     BatchHeader,
-    BatchView,
     Record,
-    decode_records,
     encode_batch,
-    iter_batches,
     verify_crc,
 )
+from tests.unit.ext_proc.conftest import json_batch, json_values, only_batch
 
 CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092")
 RULES = """
@@ -52,11 +49,6 @@ def records_filter() -> tuple[RecordsFilter, list[RuleDecision]]:
     return RecordsFilter(engine, IdentityTracker()), decisions
 
 
-def batch(docs: list[dict[str, Any]], **header: Any) -> bytes:
-    records = [Record(i, 0, None, orjson.dumps(d), []) for i, d in enumerate(docs)]
-    return encode_batch(BatchHeader(base_timestamp=1_700_000_000_000, **header), records)
-
-
 def produce(topic: str, records: bytes, partition: int = 0) -> dict[str, Any]:
     return {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
         {"Name": topic, "PartitionData": [{"Index": partition, "Records": records}]},
@@ -64,12 +56,6 @@ def produce(topic: str, records: bytes, partition: int = 0) -> dict[str, Any]:
 
 
 HEADER = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 1, "client", {})
-
-
-def values(records: bytes) -> list[dict[str, Any]]:
-    (view,) = iter_batches(records)
-    assert isinstance(view, BatchView)
-    return [orjson.loads(r.value or b"") for r in decode_records(view)]
 
 
 def test_only_produce_and_fetch_with_record_rules_are_asked_for() -> None:
@@ -83,13 +69,12 @@ def test_only_produce_and_fetch_with_record_rules_are_asked_for() -> None:
 
 def test_drops_renumber_and_other_topics_pass_as_bytes() -> None:
     f, decisions = records_filter()
-    body = produce("d.x", batch([{"kind": "a"}, {"kind": "heartbeat"}, {"kind": "b"}]))
+    body = produce("d.x", json_batch([{"kind": "a"}, {"kind": "heartbeat"}, {"kind": "b"}]))
     verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.changed and verdict.answer is None
     records = body["TopicData"][0]["PartitionData"][0]["Records"]
-    assert values(records) == [{"kind": "a"}, {"kind": "b"}]
-    (view,) = iter_batches(records)
-    assert isinstance(view, BatchView)
+    assert json_values(records) == [{"kind": "a"}, {"kind": "b"}]
+    view = only_batch(records)
     assert view.last_offset_delta == 1  # renumbered: the broker refuses gaps on produce
     assert body["TopicData"][1]["PartitionData"][0]["Records"] == b"raw"
     assert [(d.rule.id, d.outcome, d.records) for d in decisions] == [
@@ -98,25 +83,23 @@ def test_drops_renumber_and_other_topics_pass_as_bytes() -> None:
 
 def test_an_idempotent_producers_later_batches_are_shifted() -> None:
     f, _ = records_filter()
-    first = produce("d.x", batch([{"kind": "heartbeat"}, {"kind": "a"}], producer_id=7,
+    first = produce("d.x", json_batch([{"kind": "heartbeat"}, {"kind": "a"}], producer_id=7,
                                  producer_epoch=0, base_sequence=0))
     f.judge(HEADER, first, CONN)
-    (view,) = iter_batches(first["TopicData"][0]["PartitionData"][0]["Records"])
-    assert isinstance(view, BatchView)
+    view = only_batch(first["TopicData"][0]["PartitionData"][0]["Records"])
     assert (view.base_sequence, view.records_count) == (0, 1)
-    second = produce("d.x", batch([{"kind": "b"}, {"kind": "c"}], producer_id=7,
+    second = produce("d.x", json_batch([{"kind": "b"}, {"kind": "c"}], producer_id=7,
                                   producer_epoch=0, base_sequence=2))
     verdict = f.judge(HEADER, second, CONN)
     assert verdict is not None and verdict.changed
-    (view,) = iter_batches(second["TopicData"][0]["PartitionData"][0]["Records"])
-    assert isinstance(view, BatchView)
+    view = only_batch(second["TopicData"][0]["PartitionData"][0]["Records"])
     assert (view.base_sequence, view.records_count) == (1, 2)  # no gap for the broker
     assert verify_crc(view)
 
 
 def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
     f, _ = records_filter()
-    body = produce("v.x", batch([{"amount": 1}, {"amount": -1}]))
+    body = produce("v.x", json_batch([{"amount": 1}, {"amount": -1}]))
     verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.patch is not None
     assert [t["Name"] for t in body["TopicData"]] == ["untouched"]
@@ -134,11 +117,11 @@ def test_an_invalid_record_refuses_its_partition_with_record_errors() -> None:
 
 def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
     f, decisions = records_filter()
-    f.judge(HEADER, produce("v.x", batch([{"amount": -1}])), CONN)
+    f.judge(HEADER, produce("v.x", json_batch([{"amount": -1}])), CONN)
     assert [(d.rule.id, d.outcome, d.error_code, d.answered) for d in decisions] == [
         ("amounts", "rejected", 87, True)]
     decisions.clear()
-    unanswered = produce("v.x", batch([{"amount": -1}]))
+    unanswered = produce("v.x", json_batch([{"amount": -1}]))
     unanswered["Acks"] = 0
     verdict = f.judge(HEADER, unanswered, CONN)
     assert verdict is not None and not verdict.expects_response
@@ -148,7 +131,7 @@ def test_refusals_are_reported_with_the_code_the_client_gets() -> None:
 
 def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
     f, _ = records_filter()
-    body = produce("v.x", batch([{"amount": -1}]))
+    body = produce("v.x", json_batch([{"amount": -1}]))
     body["TopicData"].pop()  # only the refused topic
     verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.answer is not None
@@ -159,15 +142,15 @@ def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
     f, _ = records_filter()
     verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
     assert verdict is not None and verdict.patch is not None
-    stored = batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
+    stored = json_batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
                    base_offset=40)
     response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
         {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 42, "Records": stored}]}]}
     assert verdict.patch(response)
-    (view,) = iter_batches(response["Responses"][0]["Partitions"][0]["Records"])
-    assert isinstance(view, BatchView)
+    records = response["Responses"][0]["Partitions"][0]["Records"]
+    view = only_batch(records)
     assert view.base_offset == 40 and view.last_offset_delta == 1
-    assert [orjson.loads(r.value or b"") for r in decode_records(view)] == [
+    assert json_values(records) == [
         {"email": "****", "kind": "a"}, {"email": "****", "kind": "heartbeat"}]
 
 
@@ -217,7 +200,7 @@ def test_a_bomb_is_refused_before_any_work(bomb: bytes, reason: str) -> None:
 
 def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
     f, _ = records_filter()
-    corrupt = bytearray(batch([{"a": 1}]))
+    corrupt = bytearray(json_batch([{"a": 1}]))
     corrupt[-3:] = b"\xff\xff\xff"  # the last record runs past the batch
     body = produce("d.x", bytes(corrupt))
     verdict = f.judge(HEADER, body, CONN)
@@ -245,7 +228,7 @@ def test_record_rules_that_run_past_the_frames_time_are_refused() -> None:
     engine = RuleEngine(CompiledRuleSet(load_rule_text(RULES, "r.yaml")),
                         limits=RecordLimits(max_frame_seconds=0.0))
     f = RecordsFilter(engine, IdentityTracker())
-    body = produce("d.x", batch([{"kind": "order", "n": i} for i in range(300)]))
+    body = produce("d.x", json_batch([{"kind": "order", "n": i} for i in range(300)]))
     verdict = f.judge(HEADER, body, CONN)
     assert verdict is not None and verdict.patch is not None
     response: dict[str, Any] = {"Responses": []}

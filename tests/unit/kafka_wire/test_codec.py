@@ -408,22 +408,18 @@ def test_bit_flips_raise_only_decode_error(msg: tuple[int, int, str], data: st.D
 
 
 def test_header_versions_follow_kafka() -> None:
-    assert (
-        kw.request_header_version(ApiKey.METADATA, 8) == 1
-        and kw.request_header_version(ApiKey.METADATA, 9) == 2
-    )
-    assert (
-        kw.request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 0) == 0
-        and kw.request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 1) == 1
-    )
-    assert (
-        kw.response_header_version(ApiKey.METADATA, 8) == 0
-        and kw.response_header_version(ApiKey.METADATA, 9) == 1
-    )
-    assert (
-        kw.response_header_version(ApiKey.API_VERSIONS, 3) == 0
-        and kw.request_header_version(ApiKey.API_VERSIONS, 3) == 2
-    )
+    request, response = kw.request_header_version, kw.response_header_version
+    for header_version, api_key, version, expected in [
+        (request, ApiKey.METADATA, 8, 1),
+        (request, ApiKey.METADATA, 9, 2),
+        (request, ApiKey.CONTROLLED_SHUTDOWN, 0, 0),
+        (request, ApiKey.CONTROLLED_SHUTDOWN, 1, 1),
+        (response, ApiKey.METADATA, 8, 0),
+        (response, ApiKey.METADATA, 9, 1),
+        (response, ApiKey.API_VERSIONS, 3, 0),
+        (request, ApiKey.API_VERSIONS, 3, 2),
+    ]:
+        assert header_version(api_key, version) == expected, (header_version, api_key, version)
     # A version newer than the schemas still has a header version (flexible is "N+").
     assert kw.request_header_version(ApiKey.PRODUCE, 99) == 2
     with pytest.raises(UnknownApiError):

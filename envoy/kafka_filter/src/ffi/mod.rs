@@ -714,6 +714,35 @@ fn gather(filter: &mut Filter) -> Vec<u8> {
     bytes
 }
 
+/// Replaces the `total` bytes Envoy holds in one direction with the chunks' output and
+/// the frames `ready` adds behind them (it says whether frames still wait behind a
+/// hand-off). The end of stream goes along unless frames wait: then it is held, and
+/// the result says so.
+fn replace_chunks(
+    envoy: FilterEnvoyPtr,
+    filter: &mut Filter,
+    total: usize,
+    end_stream: bool,
+    drain: abi::Drain,
+    inject: abi::Inject,
+    ready: impl FnOnce(&mut Session<Policy>, &mut Output) -> bool,
+) -> bool {
+    let mut bytes = gather(filter);
+    let mut frames = Output::default();
+    let waiting = ready(&mut filter.session, &mut frames);
+    frames.write_to(&[], &mut bytes);
+    let end = end_stream && !waiting;
+    // SAFETY: a live filter; the injected bytes are copied by Envoy.
+    unsafe {
+        drain(envoy, total);
+        if !bytes.is_empty() || end {
+            inject(envoy, ModuleBuffer::from_slice(&bytes), end);
+        }
+    }
+    filter.scratch = bytes;
+    end_stream && !end
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(envoy: FilterEnvoyPtr, module: FilterModulePtr) -> u32 {
     guard(envoy, module, |filter, cb| {
@@ -754,20 +783,11 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         let status = if whole && !resolved && !hold_end {
             abi::STATUS_CONTINUE
         } else {
-            let mut bytes = gather(filter);
-            let mut ready = Output::default();
-            filter.session.ready_requests(&mut ready);
-            ready.write_to(&[], &mut bytes);
-            let end = end_stream && !filter.session.requests_waiting();
-            filter.read_end |= end_stream && !end;
-            // SAFETY: a live filter; the injected bytes are copied by Envoy.
-            unsafe {
-                (cb.drain_read)(envoy, total);
-                if !bytes.is_empty() || end {
-                    (cb.inject_read)(envoy, ModuleBuffer::from_slice(&bytes), end);
-                }
-            }
-            filter.scratch = bytes;
+            let held = replace_chunks(envoy, filter, total, end_stream, cb.drain_read, cb.inject_read, |session, out| {
+                session.ready_requests(out);
+                session.requests_waiting()
+            });
+            filter.read_end |= held;
             abi::STATUS_STOP_ITERATION
         };
         // The gateway's own answers that are due now (and answers to hand-offs resolved
@@ -799,20 +819,11 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
         if whole && !resolved && !hold_end {
             return Ok(abi::STATUS_CONTINUE);
         }
-        let mut bytes = gather(filter);
-        let mut ready = Output::default();
-        filter.session.ready_responses(&mut ready);
-        ready.write_to(&[], &mut bytes);
-        let end = end_stream && !filter.session.responses_waiting();
-        filter.write_end |= end_stream && !end;
-        // SAFETY: a live filter; the injected bytes are copied by Envoy.
-        unsafe {
-            (cb.drain_write)(envoy, total);
-            if !bytes.is_empty() || end {
-                (cb.inject_write)(envoy, ModuleBuffer::from_slice(&bytes), end);
-            }
-        }
-        filter.scratch = bytes;
+        let held = replace_chunks(envoy, filter, total, end_stream, cb.drain_write, cb.inject_write, |session, out| {
+            session.ready_responses(out);
+            session.responses_waiting()
+        });
+        filter.write_end |= held;
         Ok(abi::STATUS_STOP_ITERATION)
     })
 }
