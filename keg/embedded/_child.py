@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from keg.children import die_with_parent
+from keg.children import die_with_parent, stop_process
 from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
@@ -83,14 +83,7 @@ class Child:
             atexit.unregister(self.stop)
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)  # a paused child cannot act on SIGTERM
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    log.warning("%s (pid %d) ignored SIGTERM for 20 s: killing it", self.name,
-                                proc.pid)
-                    proc.kill()
-                    proc.wait()
+                stop_process(proc, grace_s=20)
         if self._log is not None:
             self._log.close()
             self._log = None
