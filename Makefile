@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
-.PHONY: setup up test lint unit integration bench clean system-deps native native-test helm
+.PHONY: setup up test lint unit integration bench clean system-deps native native-test helm \
+	test-services
 
 # keg's Kafka filter for Envoy (a Rust dynamic module); cargo comes with Rust (rustup).
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
@@ -21,12 +22,18 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) native helm
 	$(VENV)/bin/keg setup
 
+# The services the tests run against: a schema registry (Apicurio, from Maven Central,
+# ~20 s) and local-kms (the AWS KMS API, built with `go install`, ~15 s), fetched once
+# into keg's cache, never at each run. Not part of `make up`: the gateway needs neither.
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+test-services: $(STAMP)
+	PATH="$$PATH:$(dir $(GO))" $(VENV)/bin/keg setup --test-services
+
 # Helm for the chart's checks (tests/unit/keg/test_helm.py), built from source once with the
 # Go toolchain into keg's cache (~3 min cold, then cached): never at every run.
 HELM_VERSION := v3.22.0
 KEG_BIN ?= $(or $(KEG_CACHE_DIR),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/keg,$(HOME)/.cache/keg))/bin
 HELM := $(KEG_BIN)/helm
-GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
 helm:
 	@if [ -x $(HELM) ]; then :; \
@@ -74,14 +81,14 @@ system-deps:
 # integration tests whose gateway follows KEG_TEST_DATA_PATH run again on the native one.
 PYTEST_ALL = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	[ $$rc -eq 0 ] || exit $$rc
-test: setup system-deps lint native-test
+test: setup test-services system-deps lint native-test
 	$(PY) -m pytest -q --durations=25; $(PYTEST_ALL)
 	KEG_TEST_DATA_PATH=native $(PY) -m pytest -q tests/integration --durations=10; $(PYTEST_ALL)
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
-integration: setup
+integration: setup test-services
 	$(PY) -m pytest -q tests/integration
 
 bench: setup

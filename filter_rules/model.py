@@ -46,6 +46,7 @@ from filter_rules.record_actions import (
     HeadersAction,
     InterceptorAction,
     MaskAction,
+    SchemaAction,
     ValidateAction,
     VirtualTopicsAction,
 )
@@ -333,8 +334,8 @@ class RateAction(KindAction[RateSpec], kind="rate"):
 
 ActionModel = (
     ObserveAction | DenyAction | SafeguardAction | AllowApisAction | DenyApisAction | RateAction
-    | MaskAction | EncryptAction | DecryptAction | ValidateAction | HeadersAction | DropAction
-    | CopyAction | InterceptorAction | CaptureAction | VirtualTopicsAction
+    | MaskAction | EncryptAction | DecryptAction | ValidateAction | SchemaAction | HeadersAction
+    | DropAction | CopyAction | InterceptorAction | CaptureAction | VirtualTopicsAction
 )
 REQUEST_KINDS: Final = ("observe", "deny", "safeguard", "allow_apis", "deny_apis", "rate")
 ACTION_KINDS: Final = (*REQUEST_KINDS, *sorted(RECORD_KINDS), "virtual_topics")
@@ -379,6 +380,7 @@ Action = Annotated[
     | Annotated[EncryptAction, Tag("encrypt")]
     | Annotated[DecryptAction, Tag("decrypt")]
     | Annotated[ValidateAction, Tag("validate")]
+    | Annotated[SchemaAction, Tag("schema")]
     | Annotated[HeadersAction, Tag("headers")]
     | Annotated[DropAction, Tag("drop")]
     | Annotated[CopyAction, Tag("copy")]

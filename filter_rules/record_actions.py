@@ -26,6 +26,7 @@ JSON_PATH_PATTERN: Final = rf"^\$(?:{_SEGMENT})+$"
 _JSON_PATH = re.compile(JSON_PATH_PATTERN)
 TOPIC_NAME_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,249}$"
 HEADER_ENCRYPTION_KEY_ID: Final = "keg.key-id"  # the record header naming the key used
+HEADER_DATA_KEY: Final = "keg.dek"  # KMS mode: the wrapped data key (interceptors/kms.py)
 
 
 def _check_json_path(value: str) -> str:
@@ -66,6 +67,88 @@ class EncryptionKey(_Model):
         description="Written to the record header keg.key-id; decryption picks the key by it."
     )
     secret: SecretRef
+
+
+# What a rule does when a service it needs (a schema registry, a KMS) does not answer
+# in time: fail (the record cannot be judged: a retriable REQUEST_TIMED_OUT at produce,
+# withheld at fetch) or pass it unchecked (counted and audited as `unchecked`).
+OnUnavailable = Annotated[Literal["fail", "pass"], Field(description=(
+    "The service did not answer in time (or is unreachable): fail (default; "
+    "REQUEST_TIMED_OUT at produce, a retriable error, the partition withheld at fetch) or "
+    "pass the record unchecked (audited)."))]
+ServiceTimeoutMs = Annotated[int, Field(ge=10, le=10_000, description=(
+    "The most a record waits for one answer of the service; keep it well under Envoy's "
+    "message_timeout (2 s)."))]
+
+
+class KmsAws(_Model):
+    """The AWS KMS API (GenerateDataKey, Decrypt): AWS itself or a compatible server."""
+
+    key_id: Annotated[str, Field(min_length=1, max_length=2048)] | None = Field(
+        default=None, description=(
+            "The key-encryption key (id, ARN or alias/...): needed to encrypt; decryption "
+            "reads it from the wrapped data key."))
+    region: Annotated[str, Field(pattern=r"^[a-z0-9-]{1,32}$")] = "us-east-1"
+    endpoint: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None, description="Another endpoint than AWS's (a local KMS, a VPC endpoint).")
+    access_key_id: SecretRef | None = Field(
+        default=None, description="With secret_access_key; left out: boto3's own chain "
+                                  "(environment, profile, instance role).")
+    secret_access_key: SecretRef | None = None
+    ca_file: str | None = Field(default=None, description="PEM bundle to trust (TLS).")
+
+    @model_validator(mode="after")
+    def _pair(self) -> KmsAws:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("give both access_key_id and secret_access_key, or neither")
+        return self
+
+
+class KmsKeyring(_Model):
+    """A local keyring: a JSON file (or variable) of named, versioned AES-256 keys."""
+
+    secret: SecretRef = Field(description="Where the keyring's JSON is (env or file).")
+    key: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = Field(
+        default=None, description="The key-encryption key's name: needed to encrypt (its "
+                                  "primary version wraps new data keys).")
+
+
+class DataKeyPolicy(_Model):
+    """When `encrypt` asks the KMS for a new data key."""
+
+    scope: Literal["topic", "rule"] = Field(
+        default="topic", description="One data key per topic, or one for the whole rule.")
+    rotate_after_s: Annotated[int, Field(ge=1, le=31_536_000)] = Field(
+        default=3600, description="A new data key after this long.")
+    max_records: Annotated[int, Field(ge=1, le=1 << 32)] = Field(
+        default=1 << 24, description="A new data key after this many encryptions (AES-GCM "
+                                     "with random nonces: stay far below 2^32).")
+
+
+class KmsSpec(_Model):
+    """Envelope encryption: data keys generated and wrapped by a key-encryption key held
+    in a KMS; the wrapped data key travels with each record (header keg.dek)."""
+
+    aws: KmsAws | None = None
+    keyring: KmsKeyring | None = None
+    data_key: DataKeyPolicy = Field(default_factory=DataKeyPolicy)
+    timeout_ms: ServiceTimeoutMs = 1000
+    cache_size: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=10_000, description="Unwrapped data keys kept in memory (decryption).")
+    cache_ttl_s: Annotated[int, Field(ge=1, le=604_800)] = Field(
+        default=3600, description="How long an unwrapped data key is kept.")
+    on_unavailable: OnUnavailable = "fail"
+
+    @model_validator(mode="after")
+    def _one(self) -> KmsSpec:
+        if (self.aws is None) == (self.keyring is None):
+            raise ValueError("give exactly one of aws, keyring")
+        return self
+
+    @property
+    def kek(self) -> str | None:
+        """The key-encryption key that wraps new data keys (None: decryption only)."""
+        return self.aws.key_id if self.aws is not None else self.keyring.key  # type: ignore[union-attr]
 
 
 class AvroSchemaRef(_Model):
@@ -144,13 +227,19 @@ class EncryptSpec(_Model):
     fields: Annotated[list[JsonPath], Field(min_length=1)] | None = Field(
         default=None, description="JSON fields to encrypt; left out: the whole value."
     )
-    key: EncryptionKey
+    key: EncryptionKey | None = Field(default=None, description="A static key (or kms).")
+    kms: KmsSpec | None = Field(default=None, description="Data keys from a KMS (or key).")
     format: RecordFormat = "json"
     avro_schema: AvroSchemaRef | None = None
     unreadable: Unreadable = "refuse"
 
     @model_validator(mode="after")
     def _consistent(self) -> EncryptSpec:
+        if (self.key is None) == (self.kms is None):
+            raise ValueError("give exactly one of key, kms")
+        if self.kms is not None and self.kms.kek is None:
+            raise ValueError("encrypting needs the key-encryption key: kms.aws.key_id or "
+                             "kms.keyring.key")
         if self.fields is not None:
             _need_avro_schema(self.format, self.avro_schema)
         return self
@@ -160,9 +249,18 @@ class DecryptSpec(_Model):
     fields: Annotated[list[JsonPath], Field(min_length=1)] | None = Field(
         default=None, description="JSON fields to decrypt; left out: the whole value."
     )
-    keys: Annotated[list[EncryptionKey], Field(min_length=1)]
+    keys: Annotated[list[EncryptionKey], Field(min_length=1)] | None = Field(
+        default=None, description="Static keys, picked by the record's keg.key-id header.")
+    kms: KmsSpec | None = Field(
+        default=None, description="Unwrap the data key a record carries (header keg.dek).")
     format: RecordFormat = "json"
     avro_schema: AvroSchemaRef | None = None
+
+    @model_validator(mode="after")
+    def _some_keys(self) -> DecryptSpec:
+        if self.keys is None and self.kms is None:
+            raise ValueError("give keys, kms or both")
+        return self
 
 
 class ValidateSpec(_Model):
@@ -179,6 +277,58 @@ class ValidateSpec(_Model):
         if len(given) != 1:
             raise ValueError("give exactly one of json_schema, json_schema_file, avro_schema")
         return self
+
+
+class RegistryBasicAuth(_Model):
+    username: Annotated[str, Field(min_length=1, max_length=1024)]
+    password: SecretRef
+
+
+class RegistryAuth(_Model):
+    """HTTP authentication: basic (user and password) or a bearer token."""
+
+    basic: RegistryBasicAuth | None = None
+    bearer: SecretRef | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> RegistryAuth:
+        if (self.basic is None) == (self.bearer is None):
+            raise ValueError("give exactly one of basic, bearer")
+        return self
+
+
+class SchemaRegistryRef(_Model):
+    """A Confluent-compatible schema registry (Confluent, Apicurio's ccompat API, ...)."""
+
+    url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")] = Field(
+        description="The API's base URL, e.g. http://registry:8081 or "
+                    "http://apicurio:8080/apis/ccompat/v7.")
+    auth: RegistryAuth | None = None
+    ca_file: str | None = Field(default=None, description="PEM bundle to trust (https).")
+    timeout_ms: ServiceTimeoutMs = 1000
+    cache_ttl_s: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=300, description="How long which subjects an id is registered under is "
+                                 "believed (schemas by id never change: kept while used).")
+    cache_size: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
+        default=10_000, description="Schema ids remembered (least recently used go first).")
+
+
+class SchemaSpec(_Model):
+    registry: SchemaRegistryRef
+    target: Literal["value", "key"] = "value"
+    subject: Literal["topic_name", "record_name", "topic_record_name"] = Field(
+        default="topic_name", description=(
+            "The subject the id must be registered under (Confluent's subject name "
+            "strategies): topic_name: <topic>-value / <topic>-key; record_name: the "
+            "schema's fully-qualified record name; topic_record_name: <topic>-<record name>."))
+    require_subject: bool = Field(
+        default=True, description="false: any registered id passes (the id's schema is still "
+                                  "looked up).")
+    validate_payload: bool = Field(
+        default=False, description="Also check the bytes against the id's schema (Avro, JSON "
+                                   "Schema, Protobuf).")
+    allow_null: bool = Field(default=False, description="A null key/value passes.")
+    on_unavailable: OnUnavailable = "fail"
 
 
 class HeadersSpec(_Model):
@@ -269,6 +419,10 @@ class ValidateAction(KindAction[ValidateSpec], kind="validate"):
     """Reject batches with records that fail a JSON Schema or Avro schema."""
 
 
+class SchemaAction(KindAction[SchemaSpec], kind="schema"):
+    """Require a Confluent-framed schema id registered for the topic (and a valid payload)."""
+
+
 class HeadersAction(KindAction[HeadersSpec], kind="headers"):
     """Add, overwrite, remove or rename record headers."""
 
@@ -294,8 +448,8 @@ class VirtualTopicsAction(KindAction[VirtualTopicsSpec], kind="virtual_topics"):
 
 
 RECORD_ACTIONS: Final[tuple[type[KindAction[Any]], ...]] = (
-    MaskAction, EncryptAction, DecryptAction, ValidateAction, HeadersAction, DropAction,
-    CopyAction, InterceptorAction, CaptureAction,
+    MaskAction, EncryptAction, DecryptAction, ValidateAction, SchemaAction, HeadersAction,
+    DropAction, CopyAction, InterceptorAction, CaptureAction,
 )
 RECORD_KINDS: Final = frozenset(a.kind for a in RECORD_ACTIONS)
 

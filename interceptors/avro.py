@@ -2,8 +2,8 @@
 
 A value is the Avro binary body, or with `framing: confluent` the Confluent wire
 format: magic byte 0, a 4-byte schema id, then the body. The 5-byte prefix is kept as
-it was when a value is written back. The schema id is not looked up (keg has no
-registry client): the rule's schema is the writer's schema.
+it was when a value is written back. Here the schema id is not looked up: the rule's
+schema is the writer's schema (the `schema` action asks a registry, builtin/schema.py).
 
 Reading must consume the exact bytes: trailing bytes make the value invalid.
 """
@@ -38,15 +38,26 @@ class AvroCodec:
     __slots__ = ("_named", "framing", "name", "schema")
 
     def __init__(self, ref: AvroSchemaRef, ctx: BuildContext) -> None:
-        raw = _load_schema(ref, ctx)
+        self._setup(_load_schema(ref, ctx), ref.framing, None)
+
+    @classmethod
+    def of_schema(cls, raw: Any, framing: str = "none",
+                  named_schemas: dict[str, Any] | None = None) -> AvroCodec:
+        """A codec of a schema already loaded (e.g. from a registry); `named_schemas`
+        holds the named types it may refer to (parsed before it, fastavro's way)."""
+        codec = cls.__new__(cls)
+        codec._setup(raw, framing, named_schemas)
+        return codec
+
+    def _setup(self, raw: Any, framing: str, named_schemas: dict[str, Any] | None) -> None:
         try:
-            self.schema: Any = fastavro.parse_schema(raw)
+            self.schema: Any = fastavro.parse_schema(raw, named_schemas=named_schemas)
         except Exception as exc:  # fastavro raises several unrelated types here
             raise InterceptorConfigError(f"invalid Avro schema: {exc}") from None
         self._named: dict[str, Any] = (
             self.schema.get("__named_schemas", {}) if isinstance(self.schema, dict) else {}
         )
-        self.framing = ref.framing
+        self.framing = framing
         self.name = _schema_name(self.schema)
 
     def decode(self, data: bytes) -> Any:

@@ -7,12 +7,15 @@ for one v2 record batch and says what became of it. The gateway (Produce request
 Fetch responses) and backtests (`evaluate`, one record) run exactly this code.
 
 Per stage and record: the interceptor returns the record (changed or not), None
-(drop), or raises RecordRejected (the record is invalid) or anything else (the
-interceptor failed). A custom interceptor runs in a worker thread under its time
-budget per batch; after `retries` timed-out attempts the stage fails with a timeout.
-Dry-run rules run on a copy and only report what they would have done: their
-copies go nowhere and a dry-run capture writes nothing (a custom interceptor's own
-I/O is its author's business).
+(drop), or raises RecordRejected (the record is invalid), ServiceUnavailable (a
+service it needs did not answer: `unavailable`, a retriable refusal, or `unchecked`, the
+record passing as the rule allows) or anything else (the interceptor failed). A plan
+whose every stage is a read-only `BatchCheck` (the `schema` rule) judges each batch's
+keys or values at once, without a record object per record. A custom interceptor runs
+in a worker thread under its time budget per batch; after `retries` timed-out attempts
+the stage fails with a timeout. Dry-run rules run on a copy and only report what they
+would have done: their copies go nowhere and a dry-run capture writes nothing (a custom
+interceptor's own I/O is its author's business).
 
 "Unchanged" is decided without comparing bytes: an interceptor that leaves a record
 alone returns the same key and value objects and equal headers.
@@ -33,17 +36,19 @@ from typing import Any, Final, Literal
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleError, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS, record_spec
 from interceptors.contract import (
+    BatchCheck,
     BuildContext,
     InterceptedRecord,
     Interceptor,
     InterceptorConfigError,
     RecordDirection,
     RecordRejected,
+    ServiceUnavailable,
 )
 from interceptors.custom import build_custom
 from kafka_wire import ApiKey
-from kafka_wire.compression import declared_size
-from kafka_wire.records import BatchView, Record, decode_records
+from kafka_wire.compression import MAX_DECOMPRESSED, declared_size
+from kafka_wire.records import BatchView, Record, decode_field, decode_records
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,11 @@ log = logging.getLogger(__name__)
 # newest a client speaks. Records do not change with versions; rules may restrict them.
 PLAN_VERSIONS: Final = {"produce": 13, "consume": 18}
 
-Effect = Literal["unchanged", "modified", "dropped", "rejected", "failed", "timeout"]
+Effect = Literal["unchanged", "modified", "dropped", "rejected", "failed", "timeout",
+                 "unavailable", "unchecked"]
+# What refuses a record: it is invalid, or it could not be judged (failed, out of time,
+# a service unavailable).
+REFUSING: Final = frozenset({"rejected", "failed", "timeout", "unavailable"})
 Status = Literal["unchanged", "modified", "dropped", "rejected", "failed"]
 
 # Custom interceptors run here so a slow one costs its budget, not the event loop.
@@ -143,6 +152,7 @@ class Stage:
     interceptor: Interceptor
     timeout_s: float | None = None  # None: runs inline (built-ins)
     retries: int = 0
+    checks_batches: bool = False  # a read-only BatchCheck: may judge whole batches
 
     @property
     def rule_id(self) -> str:
@@ -200,6 +210,8 @@ class BatchOutcome:
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     # (rule id, effect) -> those records' bytes as they came (key, value, headers).
     sizes: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (rule id, effect) -> the first reason, for effects that refuse nothing (unchecked).
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def refused(self) -> bool:
@@ -265,7 +277,9 @@ class RecordEngine:
         builder = builders.get(rule.kind)
         if builder is None:
             raise InterceptorConfigError(f"no implementation of action '{rule.kind}'")
-        return Stage(rule, builder(spec, context))
+        interceptor = builder(spec, context)
+        return Stage(rule, interceptor,
+                     checks_batches=not rule.dry_run and isinstance(interceptor, BatchCheck))
 
     def close(self) -> None:
         """Release what built interceptors hold (capture files, sinks)."""
@@ -375,6 +389,11 @@ class RecordEngine:
                       budget: FrameBudget | None = None) -> BatchOutcome:
         """Run `stages` over one batch's records (see BatchOutcome); OverBudget when the
         batch exceeds what is left of its frame's `budget`."""
+        if stages and all(stage.checks_batches for stage in stages):
+            checked = self._check_batch(batch, stages, topic, direction, budget)
+            if checked is not None:
+                return checked
+            budget = None  # (already charged for this batch)
         if budget is None:
             records = decode_records(batch)
         else:
@@ -401,6 +420,8 @@ class RecordEngine:
                 key = (step.rule_id, f"would-{step.effect}" if step.dry_run else step.effect)
                 counts[key] = counts.get(key, 0) + 1
                 sizes[key] = sizes.get(key, 0) + size
+                if step.reason and step.effect not in REFUSING:
+                    result.notes.setdefault(key, step.reason)
             if outcome.status == "rejected":
                 step = outcome.steps[-1]
                 result.rejections.append(Rejection(index, step.rule_id, step.reason or ""))
@@ -424,6 +445,68 @@ class RecordEngine:
                                if final.timestamp >= 0 else original.timestamp_delta,
                                final.key, final.value, list(final.headers)))
         result.records = kept
+        return result
+
+    def _check_batch(self, batch: BatchView, stages: Sequence[Stage], topic: str,
+                     direction: RecordDirection, budget: FrameBudget | None
+                     ) -> BatchOutcome | None:
+        """Read-only checks over a batch's keys or values, with what process_batch would
+        report; None when the records themselves are needed (a record refused at fetch
+        time is withheld: the batch must be rewritten)."""
+        limit = budget.admit(batch) if budget is not None else MAX_DECOMPRESSED
+        fields: dict[str, list[memoryview | None]] = {}
+        for target in {stage.interceptor.target for stage in stages}:  # type: ignore[attr-defined]
+            fields[target] = decode_field(batch, target, max_decompressed=limit)
+            if budget is not None:
+                budget.spent(sum(len(item) for item in fields[target] if item is not None))
+        result = BatchOutcome()
+        counts, sizes = result.counts, result.sizes
+        live = list(range(batch.records_count))
+        for stage in stages:
+            if not live:
+                break
+            if budget is not None:
+                budget.check_time()
+            check: Any = stage.interceptor
+            rule_id = stage.rule_id
+            every = fields[check.target]
+            data = every if len(live) == len(every) else [every[i] for i in live]
+            try:
+                verdicts = check.check_batch(topic, data)
+            except ServiceUnavailable as err:
+                effect, reason = "unavailable", err.reason
+            except Exception as err:  # a failing check fails its batch, never the gateway
+                log.warning("interceptor %s failed: %s: %s", rule_id, type(err).__name__, err)
+                effect, reason = "failed", f"interceptor failed: {type(err).__name__}: {err}"
+            else:
+                refused = set()
+                for position, effect, reason in verdicts:
+                    counts[(rule_id, effect)] = counts.get((rule_id, effect), 0) + 1
+                    # Only the checked field is read here: its bytes are the weight.
+                    checked = data[position]
+                    sizes[(rule_id, effect)] = (sizes.get((rule_id, effect), 0)
+                                                + (len(checked) if checked is not None else 0))
+                    if effect == "rejected":
+                        refused.add(position)
+                        result.rejections.append(Rejection(live[position], rule_id, reason))
+                    else:
+                        result.notes.setdefault((rule_id, effect), reason)
+                unchanged = len(live) - len(verdicts)
+                if unchanged:
+                    key = (rule_id, "unchanged")
+                    counts[key] = counts.get(key, 0) + unchanged
+                if refused:
+                    live = [index for position, index in enumerate(live)
+                            if position not in refused]
+                continue
+            counts[(rule_id, effect)] = counts.get((rule_id, effect), 0) + len(live)
+            sizes[(rule_id, effect)] = (sizes.get((rule_id, effect), 0)
+                                        + sum(len(item) for item in data if item is not None))
+            result.failure = StepResult(rule_id, stage.kind, effect, reason[:500])  # type: ignore[arg-type]
+            return result
+        if result.rejections and direction == "consume":
+            return None
+        result.rejections.sort(key=lambda rejection: rejection.index)
         return result
 
 
@@ -484,6 +567,9 @@ def _apply(stage: Stage, live: list[RecordOutcome], budget: FrameBudget | None =
             result = intercept(record)
         except RecordRejected as err:
             step = StepResult(rule_id, kind, "rejected", err.reason)
+        except ServiceUnavailable as err:
+            step = StepResult(rule_id, kind, "unchecked" if err.fail_open else "unavailable",
+                              err.reason)
         except Exception as err:  # a failing interceptor fails its batch, never the gateway
             log.warning("interceptor %s failed: %s: %s", rule_id, type(err).__name__, err)
             step = StepResult(rule_id, kind, "failed",
@@ -508,7 +594,7 @@ def _settle(outcome: RecordOutcome, step: StepResult) -> None:
         return
     if step.effect == "dropped":
         outcome.record, outcome.status = None, "dropped"
-    elif step.effect in ("rejected", "failed", "timeout"):
+    elif step.effect in REFUSING:
         outcome.status = "rejected" if step.effect == "rejected" else "failed"
         outcome.reason = step.reason
     elif step.effect == "modified" and outcome.status == "unchanged":

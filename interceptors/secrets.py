@@ -19,9 +19,10 @@ from pydantic import BaseModel
 
 from filter_rules import Rule, RuleError, RuleSet, locate_in_rule
 from filter_rules.loader import format_path
-from filter_rules.record_actions import EncryptionKey, SecretRef
-from interceptors.builtin._values import read_aes_key, read_hash_key, read_secret
+from filter_rules.record_actions import EncryptionKey, KmsKeyring, SecretRef
 from interceptors.contract import BuildContext, InterceptorConfigError
+from interceptors.keys import read_aes_key, read_hash_key, read_secret
+from interceptors.kms import read_keyring
 
 FieldPath = tuple[str | int, ...]
 # Reads one secret as the interceptor will; raises InterceptorConfigError.
@@ -49,6 +50,10 @@ def _walk(rule_id: str, value: Any, path: FieldPath) -> Iterator[SecretUse]:
         key = value
         yield SecretUse(rule_id, (*path, "secret", _source(key.secret)),
                         lambda ctx: read_aes_key(key.secret, ctx, key.id), key.secret)
+    elif isinstance(value, KmsKeyring):
+        ring = value
+        yield SecretUse(rule_id, (*path, "secret", _source(ring.secret)),
+                        lambda ctx: read_keyring(ring, ctx), ring.secret)
     elif isinstance(value, SecretRef):
         ref = value
         if path[-1] == "hash_key":

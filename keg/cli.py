@@ -742,6 +742,27 @@ def kafka(
         raise _fail(str(err)) from None
 
 
+@app.command("schema-registry")
+def schema_registry(
+    port: Annotated[int, typer.Option(help="HTTP port (0: a free one).")] = 8081,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run a schema registry (Apicurio Registry, in memory, with the Confluent-compatible
+    API the `schema` rule asks), until Ctrl-C. Fetched by `keg setup --test-services`."""
+    setup_logging(log_level)
+    from keg.embedded.kafka import EmbeddedKafkaError
+    from keg.embedded.registry import EmbeddedRegistry, ensure_registry
+
+    try:
+        ensure_registry(progress=_dim)
+        with EmbeddedRegistry(port=port) as registry:
+            console.print(styled("Schema registry (Confluent API) on ",
+                                 (registry.ccompat_url, "bold"), " (Ctrl-C stops)"))
+            _wait_for_ctrl_c()
+    except EmbeddedKafkaError as err:
+        raise _fail(str(err)) from None
+
+
 credentials_app = typer.Typer(help="The users listeners that terminate SASL authenticate "
                                     "(salted SCRAM keys, never passwords).",
                                no_args_is_help=True)
@@ -804,7 +825,13 @@ def dev_certs(
 
 
 @app.command()
-def setup() -> None:
+def setup(
+    test_services: Annotated[bool, typer.Option(
+        "--test-services",
+        help="Also fetch the services the tests run against: Apicurio Registry (a schema "
+             "registry, from Maven Central) and local-kms (the AWS KMS API, built with "
+             "go install).")] = False,
+) -> None:
     """Fetch what keg runs on (the Kafka jars from Maven Central) into the user cache."""
     setup_logging("WARNING")
     from keg.embedded.envoy import envoy_binary
@@ -812,6 +839,12 @@ def setup() -> None:
 
     try:
         libs = ensure_kafka(progress=_dim)
+        if test_services:
+            from keg.embedded.local_kms import ensure_local_kms
+            from keg.embedded.registry import ensure_registry
+
+            console.print(f"Schema registry: {ensure_registry(progress=_dim)}")
+            console.print(f"local-kms: {ensure_local_kms(progress=_dim)}")
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
     console.print(f"Kafka jars: {libs}")

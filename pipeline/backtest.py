@@ -269,7 +269,7 @@ def _rules_frame(results: DataFrame) -> DataFrame:
         return F.sum(F.when(hit, 1).otherwise(0))
 
     effects = ("unchanged", "modified", "dropped", "rejected")
-    failed = F.col("s.effect").isin("failed", "timeout")
+    failed = F.col("s.effect").isin("failed", "timeout", "unavailable")
     reasons = F.slice(F.array_sort(F.collect_set("s.reason")), 1, SAMPLE_REASONS)
     return (steps.groupBy(F.col("s.rule_id").alias("rule_id"), F.col("s.kind").alias("kind"))
             .agg(F.count(F.lit(1)).alias("matched"),

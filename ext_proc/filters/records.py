@@ -8,7 +8,8 @@ forwarded as its bytes.
 Produce: each batch is run through its stages. A batch with a rejected record is
 refused with INVALID_RECORD and `record_errors` naming each rejected record and its
 rule (Produce v8+; older clients get the error alone); a failed interceptor refuses
-it with UNKNOWN_SERVER_ERROR, one out of time with REQUEST_TIMED_OUT. Refused
+it with UNKNOWN_SERVER_ERROR, one out of time (or whose service, a schema registry or a
+KMS, is unavailable) with REQUEST_TIMED_OUT, which clients retry. Refused
 partitions are taken out of the request and answered by the gateway, merged into
 the broker's answer to the rest. Dropped records are removed and the batch
 renumbered; for idempotent and transactional producers, later batches' sequence
@@ -34,7 +35,14 @@ from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
-from interceptors.engine import BatchOutcome, FrameBudget, OverBudget, RecordEngine, Stage
+from interceptors.engine import (
+    REFUSING,
+    BatchOutcome,
+    FrameBudget,
+    OverBudget,
+    RecordEngine,
+    Stage,
+)
 from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.error_responses import expects_response
 from kafka_wire.errors import KafkaWireError
@@ -46,7 +54,9 @@ log = logging.getLogger(__name__)
 
 
 Body = dict[str, Any]
-_REFUSING_EFFECTS: Final = frozenset({"rejected", "failed", "timeout"})
+# Out of time, or a service the rule needs (a schema registry, a KMS) unavailable: the
+# record could not be judged now, and the client may try again.
+_RETRIABLE_EFFECTS: Final = frozenset({"timeout", "unavailable"})
 
 
 def _success(index: int) -> Body:
@@ -59,7 +69,7 @@ def _refusal_code(outcome: BatchOutcome) -> int:
     failure = outcome.failure
     if failure is None:
         return ErrorCode.INVALID_RECORD
-    if failure.effect == "timeout":
+    if failure.effect in _RETRIABLE_EFFECTS:
         return ErrorCode.REQUEST_TIMED_OUT
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
@@ -127,12 +137,16 @@ def _merge_partitions(response: Body, answered: dict[TopicKey, list[Body]]) -> b
 
 
 def _withhold(partitions: Any, code: int) -> bool:
-    """Answer fetched partitions with an error instead of their records."""
+    """Answer fetched partitions with an error instead of their records.
+
+    The records become empty, as the broker answers an error, never null: librdkafka
+    refuses a null record set as a malformed response and fetches again without ever
+    seeing the error (UNKNOWN_TOPIC_ID would have made it refresh its metadata)."""
     changed = False
     for partition in partitions:
         if partition.get("Records") or not partition.get("ErrorCode"):
             partition["ErrorCode"] = code
-            partition["Records"] = None
+            partition["Records"] = b""
             changed = True
     return changed
 
@@ -359,11 +373,12 @@ class RecordsFilter(BaseFilter):
             rule = self._engine.records.rules.get(rule_id)
             if rule is None:
                 continue
-            reason = rejected.get(rule_id)
+            reason = (rejected.get(rule_id) if effect in REFUSING
+                      else outcome.notes.get((rule_id, effect)))
             if outcome.failure is not None and outcome.failure.rule_id == rule_id:
                 reason = outcome.failure.reason
             # A fetched record that fails validation is withheld, not refused: no error.
-            refusing = effect in _REFUSING_EFFECTS and (produce or outcome.failure is not None)
+            refusing = effect in REFUSING and (produce or outcome.failure is not None)
             code = _refusal_code(outcome) if refusing else None
             self._engine.sink(RuleDecision(
                 rule, effect, header, conn, self._identity.principal,

@@ -19,6 +19,7 @@ from interceptors.builtin.crypto import (
 from interceptors.builtin.headers import HeadersInterceptor, build_headers
 from interceptors.builtin.mask import MaskInterceptor, build_mask
 from interceptors.builtin.routing import CopyInterceptor, DropInterceptor, build_copy, build_drop
+from interceptors.builtin.schema import SchemaInterceptor, build_schema
 from interceptors.builtin.validate import ValidateInterceptor, build_validate
 from interceptors.contract import Builder
 
@@ -27,6 +28,7 @@ BUILDERS: Final[dict[str, Builder]] = {
     "encrypt": build_encrypt,
     "decrypt": build_decrypt,
     "validate": build_validate,
+    "schema": build_schema,
     "headers": build_headers,
     "drop": build_drop,
     "copy": build_copy,
@@ -40,5 +42,6 @@ __all__ = [
     "EncryptInterceptor",
     "HeadersInterceptor",
     "MaskInterceptor",
+    "SchemaInterceptor",
     "ValidateInterceptor",
 ]

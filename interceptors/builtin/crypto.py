@@ -6,6 +6,11 @@ Field: the field's JSON text encrypted, written as the string
 with its type. Both set the header `keg.key-id` to the key's id; decryption picks its
 key by that header.
 
+Keys are static (`key`: 32 bytes from an environment variable or a file) or, with
+`kms`, data keys a KMS generates and wraps (envelope encryption, interceptors/kms.py):
+the wrapped data key travels in the header `keg.dek`, `keg.key-id` names it, and
+decryption unwraps it through the KMS (cached: never a KMS call per record).
+
 Nonces are random (96 bits, the GCM standard size), so encrypting the same record
 twice gives different bytes: encryption is the one built-in that is not byte-for-byte
 deterministic. The associated data is a fixed label per form (whole value, field), so
@@ -32,7 +37,12 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from filter_rules.record_actions import HEADER_ENCRYPTION_KEY_ID, DecryptSpec, EncryptSpec
+from filter_rules.record_actions import (
+    HEADER_DATA_KEY,
+    HEADER_ENCRYPTION_KEY_ID,
+    DecryptSpec,
+    EncryptSpec,
+)
 from interceptors.avro import AvroCodec
 from interceptors.builtin._values import (
     ValueCodec,
@@ -44,6 +54,7 @@ from interceptors.builtin._values import (
 )
 from interceptors.contract import BuildContext, InterceptedRecord, InterceptorConfigError
 from interceptors.jsonpath import FieldPath
+from interceptors.kms import DataKeys, KmsClient, WrappedKey, kms_client
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +68,20 @@ _MIN_VALUE_BYTES: Final = len(VALUE_MAGIC) + NONCE_BYTES + TAG_BYTES
 
 
 class EncryptInterceptor:
-    __slots__ = ("_aead", "codec", "format", "key_id", "paths", "unreadable")
+    __slots__ = ("_aead", "codec", "data_keys", "format", "key_id", "paths", "unreadable")
 
     def __init__(self, spec: EncryptSpec, ctx: BuildContext) -> None:
-        self.key_id = spec.key.id
         self.unreadable = spec.unreadable
         self.format = spec.format
-        self._aead = AESGCM(read_aes_key(spec.key.secret, ctx, spec.key.id))
+        self._aead: AESGCM | None = None
+        self.data_keys: DataKeys | None = None
+        if spec.kms is not None:
+            self.key_id = ""
+            self.data_keys = DataKeys(kms_client(spec.kms, ctx), spec.kms)
+        else:
+            assert spec.key is not None
+            self.key_id = spec.key.id
+            self._aead = AESGCM(read_aes_key(spec.key.secret, ctx, spec.key.id))
         self.paths = compile_paths(spec.fields) if spec.fields is not None else None
         self.codec: ValueCodec | None = None
         if self.paths is not None:
@@ -77,24 +95,30 @@ class EncryptInterceptor:
         value = record.value
         if value is None:
             return record
+        if self.data_keys is not None:  # raises ServiceUnavailable when it has no key
+            aead, wrapped, key_id = self.data_keys.for_topic(record.topic)
+        else:
+            assert self._aead is not None
+            aead, wrapped, key_id = self._aead, None, self.key_id
         if self.paths is None:
             nonce = os.urandom(NONCE_BYTES)
-            record.value = VALUE_MAGIC + nonce + self._aead.encrypt(nonce, value, _VALUE_AAD)
-        elif not self._encrypt_fields(record, value):
+            record.value = VALUE_MAGIC + nonce + aead.encrypt(nonce, value, _VALUE_AAD)
+        elif not self._encrypt_fields(record, value, aead):
             return record
-        record.headers = _with_key_id(record.headers, self.key_id)
+        record.headers = _with_key_id(record.headers, key_id, wrapped)
         return record
 
-    def _encrypt_fields(self, record: InterceptedRecord, value: bytes) -> bool:
+    def _encrypt_fields(self, record: InterceptedRecord, value: bytes, aead: AESGCM) -> bool:
         assert self.codec is not None and self.paths is not None
         try:
             doc = self.codec.decode(value)
-            return self._seal_fields(record, value, doc)
+            return self._seal_fields(record, value, doc, aead)
         except (ValueError, RecursionError) as err:
             unreadable_value(record, self.unreadable, self.format, err)  # raises unless pass
             return False
 
-    def _seal_fields(self, record: InterceptedRecord, value: bytes, doc: Any) -> bool:
+    def _seal_fields(self, record: InterceptedRecord, value: bytes, doc: Any,
+                     aead: AESGCM) -> bool:
         assert self.codec is not None and self.paths is not None
         changed = False
         for path in self.paths:
@@ -103,7 +127,7 @@ class EncryptInterceptor:
                 if plain is None:
                     continue
                 nonce = os.urandom(NONCE_BYTES)
-                sealed = nonce + self._aead.encrypt(nonce, dump_json(plain), _FIELD_AAD)
+                sealed = nonce + aead.encrypt(nonce, dump_json(plain), _FIELD_AAD)
                 container[key] = FIELD_PREFIX + base64.urlsafe_b64encode(sealed).decode()
                 changed = True
         if changed:
@@ -112,14 +136,19 @@ class EncryptInterceptor:
 
 
 class DecryptInterceptor:
-    __slots__ = ("_keys", "_warned", "codec", "failures", "paths")
+    __slots__ = ("_fail_open", "_keys", "_kms", "_warned", "codec", "failures", "paths")
 
     def __init__(self, spec: DecryptSpec, ctx: BuildContext) -> None:
         self._keys: dict[str, AESGCM] = {}
-        for key in spec.keys:
+        for key in spec.keys or ():
             if key.id in self._keys:
                 raise InterceptorConfigError(f"decrypt lists key id {key.id} twice")
             self._keys[key.id] = AESGCM(read_aes_key(key.secret, ctx, key.id))
+        self._kms: KmsClient | None = None
+        self._fail_open = False
+        if spec.kms is not None:
+            self._kms = kms_client(spec.kms, ctx)
+            self._fail_open = spec.kms.on_unavailable == "pass"
         self.paths = compile_paths(spec.fields) if spec.fields is not None else None
         self.codec: ValueCodec | None = None
         if self.paths is not None:
@@ -133,10 +162,9 @@ class DecryptInterceptor:
 
     def intercept(self, record: InterceptedRecord) -> InterceptedRecord | None:
         value = record.value
-        key_id = record.header(HEADER_ENCRYPTION_KEY_ID)
-        if value is None or key_id is None:
+        if value is None:
             return record
-        aead = self._keys.get(key_id.decode("utf-8", "replace"))
+        aead = self._key_of(record)
         if aead is None:
             return record
         if self.paths is None:
@@ -144,6 +172,25 @@ class DecryptInterceptor:
         else:
             self._decrypt_fields(record, value, aead)
         return record
+
+    def _key_of(self, record: InterceptedRecord) -> AESGCM | None:
+        """The record's key: its wrapped data key unwrapped by the KMS (raises
+        ServiceUnavailable when the KMS does not answer), or the static key its key id
+        names; None when this rule holds neither."""
+        if self._kms is not None:
+            header = record.header(HEADER_DATA_KEY)
+            if header is not None:
+                wrapped = WrappedKey.decode(header)
+                if wrapped is None or wrapped.provider != self._kms.backend.provider:
+                    return None
+                aead = self._kms.unwrap(wrapped, self._fail_open)
+                if aead is None:  # the KMS refuses it: as a failed authentication
+                    self._failed(record)
+                return aead
+        key_id = record.header(HEADER_ENCRYPTION_KEY_ID)
+        if key_id is None:
+            return None
+        return self._keys.get(key_id.decode("utf-8", "replace"))
 
     def _decrypt_value(self, record: InterceptedRecord, value: bytes, aead: AESGCM) -> None:
         if len(value) < _MIN_VALUE_BYTES or not value.startswith(VALUE_MAGIC):
@@ -155,7 +202,8 @@ class DecryptInterceptor:
             self._failed(record)
             return
         record.value = plain
-        record.headers = [h for h in record.headers if h[0] != HEADER_ENCRYPTION_KEY_ID]
+        record.headers = [h for h in record.headers
+                          if h[0] != HEADER_ENCRYPTION_KEY_ID and h[0] != HEADER_DATA_KEY]
 
     def _decrypt_fields(self, record: InterceptedRecord, value: bytes, aead: AESGCM) -> None:
         assert self.codec is not None and self.paths is not None
@@ -216,9 +264,12 @@ def build_decrypt(spec: DecryptSpec, ctx: BuildContext) -> DecryptInterceptor:
 Headers = list[tuple[str, bytes | None]]
 
 
-def _with_key_id(headers: Headers, key_id: str) -> Headers:
-    kept = [h for h in headers if h[0] != HEADER_ENCRYPTION_KEY_ID]
+def _with_key_id(headers: Headers, key_id: str, wrapped: bytes | None) -> Headers:
+    """The headers naming the key (and, KMS mode, carrying the wrapped data key)."""
+    kept = [h for h in headers if h[0] != HEADER_ENCRYPTION_KEY_ID and h[0] != HEADER_DATA_KEY]
     kept.append((HEADER_ENCRYPTION_KEY_ID, key_id.encode()))
+    if wrapped is not None:
+        kept.append((HEADER_DATA_KEY, wrapped))
     return kept
 
 

@@ -16,12 +16,9 @@ exactly one datum of the schema (with `framing: confluent`, after the 5-byte pre
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
-import fastjsonschema
 import orjson
-from jsonschema import exceptions as schema_errors
-from jsonschema import validators
 
 from filter_rules.record_actions import ValidateSpec
 from interceptors.avro import AvroCodec
@@ -31,31 +28,20 @@ from interceptors.contract import (
     InterceptorConfigError,
     RecordRejected,
 )
+from interceptors.json_schema import JsonSchemaCheck, short_reason
 from interceptors.jsonpath import JSON_CODEC
-
-MAX_REASON: Final = 200  # reasons travel in ProduceResponse record_errors
-
-
-# Keywords of drafts 2019-09 and 2020-12 that fastjsonschema (drafts 4 to 7) would
-# silently ignore: a schema using one is checked by jsonschema alone.
-_NEWER_KEYWORDS: Final = ("prefixItems", "unevaluatedProperties", "unevaluatedItems",
-                          "dependentRequired", "dependentSchemas", "$dynamicRef",
-                          "$recursiveRef", "minContains", "maxContains", "2019-09", "2020-12")
 
 
 class ValidateInterceptor:
-    __slots__ = ("_avro", "_fast", "_json", "allow_null", "target")
+    __slots__ = ("_avro", "_json", "allow_null", "target")
 
     def __init__(self, spec: ValidateSpec, ctx: BuildContext) -> None:
         self.target = spec.target
         self.allow_null = spec.allow_null
         self._avro = AvroCodec(spec.avro_schema, ctx) if spec.avro_schema is not None else None
-        self._json: Any = None
-        self._fast: Any = None
+        self._json: JsonSchemaCheck | None = None
         if self._avro is None:
-            schema = _json_schema(spec, ctx)
-            self._json = _json_validator(schema)
-            self._fast = _fast_validator(schema)
+            self._json = JsonSchemaCheck(_json_schema(spec, ctx))
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Built when the rule set is compiled; nothing to configure."""
@@ -70,21 +56,16 @@ class ValidateInterceptor:
             try:
                 self._avro.decode(data)
             except ValueError as exc:
-                raise RecordRejected(_short(str(exc))) from None
+                raise RecordRejected(short_reason(str(exc))) from None
             return record
+        assert self._json is not None
         try:
             doc = JSON_CODEC.decode(data)
         except ValueError as exc:
-            raise RecordRejected(_short(f"not valid JSON: {exc}")) from None
-        if self._fast is not None:
-            try:
-                self._fast(doc)
-                return record  # valid: the common case, at compiled-code speed
-            except fastjsonschema.JsonSchemaException:
-                pass  # jsonschema has the final word and the precise message
-        error = schema_errors.best_match(self._json.iter_errors(doc))
-        if error is not None:
-            raise RecordRejected(_short(f"{error.json_path}: {error.message}"))
+            raise RecordRejected(short_reason(f"not valid JSON: {exc}")) from None
+        reason = self._json.reason(doc)
+        if reason is not None:
+            raise RecordRejected(reason)
         return record
 
 
@@ -103,43 +84,3 @@ def _json_schema(spec: ValidateSpec, ctx: BuildContext) -> Any:
         raise InterceptorConfigError(f"cannot read JSON Schema {path}: {exc.strerror}") from None
     except orjson.JSONDecodeError as exc:
         raise InterceptorConfigError(f"JSON Schema {path} is not JSON: {exc}") from None
-
-
-def _json_validator(schema: Any) -> Any:
-    if not isinstance(schema, (dict, bool)):
-        raise InterceptorConfigError("a JSON Schema is an object (or true/false)")
-    cls = validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except schema_errors.SchemaError as exc:
-        raise InterceptorConfigError(
-            f"invalid JSON Schema at {exc.json_path}: {_short(exc.message)}"
-        ) from None
-    return cls(schema)
-
-
-def _fast_validator(schema: Any) -> Any:
-    """fastjsonschema's compiled check (about 12x faster than jsonschema on a 1 KiB
-    order, docs/dependencies.md), or None where it might judge differently."""
-    text = orjson.dumps(schema).decode()
-    if any(keyword in text for keyword in _NEWER_KEYWORDS) or _remote_refs(schema):
-        return None  # (fastjsonschema would fetch remote references)
-    try:
-        return fastjsonschema.compile(schema, use_default=False)
-    except (fastjsonschema.JsonSchemaDefinitionException, ValueError, TypeError):
-        return None
-
-
-def _remote_refs(node: Any) -> bool:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            return True
-        return any(_remote_refs(value) for value in node.values())
-    if isinstance(node, list):
-        return any(_remote_refs(value) for value in node)
-    return False
-
-
-def _short(reason: str) -> str:
-    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."

@@ -75,6 +75,7 @@ from kafka_wire.records._batch import (
     verify_crc,
 )
 from kafka_wire.records._codec import (
+    decode_field,
     decode_records,
     encode_batch,
     rewrite_records,
@@ -94,6 +95,7 @@ __all__ = [
     "TimestampType",
     "control_record",
     "control_type",
+    "decode_field",
     "decode_records",
     "encode_batch",
     "iter_batches",

@@ -63,6 +63,80 @@ def decode_records(batch: BatchView, *, verify: bool = False,
     return records
 
 
+def decode_field(batch: BatchView, field: str = "value", *,
+                 max_decompressed: int = MAX_DECOMPRESSED) -> list[memoryview | None]:
+    """Every record's value (or key, `field="key"`) of a v2 batch, decompressed, in order,
+    as views into the decompressed bytes: what read-only checks need, read without
+    building records or copying values (each record's length says where the next
+    begins). DecodeError for a batch whose records or lengths do not fit together; a
+    record's headers are not looked at."""
+    count = batch.header.records_count
+    if count < 0:
+        raise DecodeError(f"negative record count {count}")
+    if count == 0:
+        return []
+    data = decompress(batch.compression, batch.payload, max_decompressed)
+    end = len(data)
+    if count > end // _MIN_RECORD:
+        raise DecodeError(f"{count} records cannot fit in {end} bytes")
+    want_value = field == "value"
+    view = memoryview(data)
+    out: list[memoryview | None] = []
+    append = out.append
+    pos = 0
+    try:
+        for _ in range(count):
+            b = data[pos]  # length (hot loop: one- and two-byte varints inline)
+            if b < 0x80:
+                z = b
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                z = (b & 0x7F) | (data[pos + 1] << 7)
+                pos += 2
+            else:
+                z, pos = _uvarint(data, pos)
+            stop = pos + ((z >> 1) ^ -(z & 1))
+            if stop > end or stop <= pos:
+                raise DecodeError(f"record length does not fit the batch (at byte {pos})")
+            pos += 1  # attributes; then timestampDelta and offsetDelta, skipped
+            while data[pos] >= 0x80:
+                pos += 1
+            pos += 1
+            while data[pos] >= 0x80:
+                pos += 1
+            pos += 1
+            for wanted in (False, True):  # keyLength + key, then valueLength + value
+                b = data[pos]
+                if b < 0x80:
+                    z = b
+                    pos += 1
+                elif data[pos + 1] < 0x80:
+                    z = (b & 0x7F) | (data[pos + 1] << 7)
+                    pos += 2
+                else:
+                    z, pos = _uvarint(data, pos)
+                if z & 1:
+                    if z != 1:
+                        raise DecodeError(f"record field length {(z >> 1) ^ -1}")
+                    if wanted is want_value:
+                        append(None)
+                        break
+                else:
+                    if wanted is want_value:
+                        append(view[pos : pos + (z >> 1)])
+                        pos += z >> 1
+                        break
+                    pos += z >> 1
+            if pos > stop:
+                raise DecodeError(f"record length does not match its fields (at byte {pos})")
+            pos = stop
+    except IndexError:
+        raise DecodeError("a record runs past the end of the batch") from None
+    if pos != end:
+        raise DecodeError(f"{end - pos} bytes after the last record of the batch")
+    return out
+
+
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """The unsigned LEB128 at ``pos`` (still zigzag-encoded); returns (value, next position)."""
     result = 0

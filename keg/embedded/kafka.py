@@ -55,7 +55,7 @@ POM_PATH = _HERE / "pom.xml"
 BROKER_LOG4J2 = _HERE / "log4j2-broker.properties"
 TOOLS_LOG4J2 = _HERE / "log4j2-tools.properties"
 
-_MARKER = ".keg-complete"  # written last into the libs dir; holds the pom's sha256
+_MARKER = ".keg-complete"  # written last into a fetched directory; holds the pom's sha256
 _PORTS_FILE = "keg-ports.json"  # remembers the ports of a data dir across restarts
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -145,17 +145,6 @@ def kafka_home() -> Path:
     return cache_dir() / f"kafka-{kafka_version()}"
 
 
-def _pom_digest() -> str:
-    return hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
-
-
-def _libs_ready(libs: Path, digest: str) -> bool:
-    try:
-        return (libs / _MARKER).read_text().strip() == digest
-    except OSError:
-        return False
-
-
 def java_executable() -> str:
     """``$JAVA_HOME/bin/java`` if there is one, else ``java`` from PATH; ToolMissing if none."""
     if java_home := os.environ.get("JAVA_HOME"):
@@ -184,15 +173,37 @@ def ensure_kafka(
 
     With ``offline_ok`` (the default) a complete cache is returned at once, with no network,
     Maven or Java involved. ``offline_ok=False`` resolves the jars again with Maven and
-    replaces the cache. The download goes to a temporary directory renamed into place only
-    once complete, under a file lock, so concurrent callers neither see a partial set nor
-    download twice. ``progress`` receives one-line, human-readable status messages.
+    replaces the cache. ``progress`` receives one-line, human-readable status messages.
     """
-    home = kafka_home()
-    libs = home / "libs"
-    digest = _pom_digest()
-    if offline_ok and _libs_ready(libs, digest):
-        return libs
+    return ensure_maven_dir(POM_PATH, kafka_home() / "libs",
+                            ["dependency:copy-dependencies", "-DincludeScope=runtime"],
+                            f"Apache Kafka {kafka_version()} jars", progress, timeout,
+                            refresh=not offline_ok)
+
+
+def maven_dir_ready(target: Path, pom: Path) -> bool:
+    """Whether `target` holds what `pom` fetches (its marker names the pom's digest)."""
+    try:
+        return (target / _MARKER).read_text().strip() == _digest(pom)
+    except OSError:
+        return False
+
+
+def ensure_maven_dir(pom: Path, target: Path, goal: Sequence[str], what: str,
+                     progress: Callable[[str], None] | None = None,
+                     timeout: float = 1800.0, refresh: bool = False) -> Path:
+    """`target`, filled by `mvn -f pom <goal> -DoutputDirectory=<tmp>` unless it already
+    is (for this pom) and no `refresh` is asked. EmbeddedKafkaError (with Maven's output)
+    when Maven fails.
+
+    The directory is complete or absent: Maven writes into a temporary directory, the
+    marker holding the pom's digest is written last, and the directory is renamed into
+    place under a file lock (so concurrent callers neither see a partial set nor fetch
+    twice). Maven runs on a copy of the pom in a scratch directory of the cache: what it
+    writes beside its pom (`target/`, the dependency plugin's unpack markers) never lands
+    in keg's package."""
+    if not refresh and maven_dir_ready(target, pom):
+        return target
 
     def say(message: str) -> None:
         log.info("%s", message)
@@ -201,54 +212,43 @@ def ensure_kafka(
 
     java_executable()  # mvn needs it too: report the root cause first
     mvn = _mvn_executable()
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if offline_ok and _libs_ready(libs, digest):  # another process fetched them meanwhile
-            return libs
-        tmp = Path(tempfile.mkdtemp(prefix=".libs-", dir=home))
+        if not refresh and maven_dir_ready(target, pom):  # fetched by another process
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-mvn-", dir=target.parent))
         try:
-            say(f"fetching Apache Kafka {kafka_version()} jars from Maven Central into {libs}")
+            say(f"fetching {what} from Maven Central into {target}")
             started = time.monotonic()
-            cmd = [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(POM_PATH),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={tmp}",
-                "-DincludeScope=runtime",
-            ]
+            shutil.copyfile(pom, work / "pom.xml")
+            cmd = [mvn, "-q", "-B", "-f", str(work / "pom.xml"), *goal,
+                   f"-DoutputDirectory={tmp}"]
             try:
-                done = subprocess.run(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
+                done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                                      text=True, timeout=timeout, check=False)
             except subprocess.TimeoutExpired as exc:
-                raise EmbeddedKafkaError(
-                    f"mvn did not finish fetching the Kafka jars within {timeout:.0f}s"
-                ) from exc
-            jars = sorted(tmp.glob("*.jar"))
-            if done.returncode != 0 or not jars:
+                raise EmbeddedKafkaError(f"mvn did not fetch {what} within {timeout:.0f} s"
+                                         ) from exc
+            if done.returncode != 0 or not any(tmp.iterdir()):
                 tail = _tail_text((done.stdout or "") + (done.stderr or ""), 30)
-                raise EmbeddedKafkaError(
-                    f"mvn dependency:copy-dependencies failed (exit {done.returncode}); "
-                    f"is Maven Central reachable?\n{tail}"
-                )
-            size_mb = sum(jar.stat().st_size for jar in jars) / 1e6
-            (tmp / _MARKER).write_text(digest + "\n")
+                raise EmbeddedKafkaError(f"mvn {' '.join(goal)} failed for {what} (exit "
+                                         f"{done.returncode}); is Maven Central reachable?"
+                                         f"\n{tail}")
+            size_mb = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) / 1e6
+            (tmp / _MARKER).write_text(_digest(pom) + "\n")
             tmp.chmod(0o755)
-            _replace_dir(tmp, libs)
-            elapsed = time.monotonic() - started
-            say(f"fetched {len(jars)} jars ({size_mb:.0f} MB) in {elapsed:.1f}s")
+            _replace_dir(tmp, target)
+            say(f"fetched {what} ({size_mb:.0f} MB) in {time.monotonic() - started:.1f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return libs
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
 def _replace_dir(new: Path, target: Path) -> None:

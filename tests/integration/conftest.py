@@ -18,6 +18,8 @@ from control_plane.service import EXT_PROC_PATH
 from filter_rules import DEFAULT_RULES_DIR
 from keg.embedded.certs import DevCa
 from keg.embedded.kafka import BrokerTls, EmbeddedKafka, ensure_kafka, run_java_tool
+from keg.embedded.local_kms import LocalKms
+from keg.embedded.registry import EmbeddedRegistry
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.relay import RecordingRelay, gateway_listener
 
@@ -136,6 +138,12 @@ def native_gateway(kafka: EmbeddedKafka,
         yield gw
 
 
+def envoy_data_paths(gateway: Gateway) -> list[str]:
+    """The data path each of the gateway's Envoys reports running ("native" only when
+    keg's filter really is in Envoy, not its ext_proc fallback)."""
+    return [n["data_path"] for n in gateway.fleet_status() if n["role"] == "envoy"]
+
+
 def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -> str:
     """Create a topic (through whatever `bootstrap` is) and wait until it exists."""
     topic = name or f"t-{uuid.uuid4().hex[:10]}"
@@ -176,3 +184,22 @@ def relay(gateway: Gateway) -> Iterator[RecordingRelay]:
         yield r
     finally:
         r.close()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(dev_ca: DevCa,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRegistry]:
+    """A real schema registry (Apicurio Registry, in memory): Confluent's API at
+    `ccompat_url`, and over HTTPS at `https_ccompat_url` with a certificate of `dev_ca`
+    for localhost."""
+    server = dev_ca.server("schema-registry")
+    with EmbeddedRegistry(tls=(server.cert, server.key),
+                          log_dir=tmp_path_factory.mktemp("schema-registry")) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def local_kms() -> Iterator[LocalKms]:
+    """A real server of the AWS KMS API (local-kms; any credentials are accepted)."""
+    with LocalKms() as kms:
+        yield kms

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
@@ -42,6 +42,7 @@ from tests.integration.conftest import (
     rule_dir,
     sasl_conf,
 )
+from tests.integration.rules.records_io import Rec, consume_records
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,6 @@ rules:
     action: {{interceptor: {{class: "plugin:Boom"}}}}
 """
 
-Rec = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
 def order(i: int, kind: str = "order", amount: int = 10) -> dict[str, Any]:
@@ -168,7 +168,7 @@ class Env:
 
     def stored(self, topic: str) -> list[Rec]:
         """What the broker holds, read directly (not through the gateway)."""
-        return consume_librdkafka({"bootstrap.servers": self.kafka.bootstrap}, topic)
+        return consume_records({"bootstrap.servers": self.kafka.bootstrap}, topic)
 
     def put(self, topic: str, records: list[Rec]) -> None:
         """Write records directly to the broker (not through the gateway)."""
@@ -217,29 +217,6 @@ def produce_librdkafka(conf: dict[str, Any], topic: str, records: list[Rec]) -> 
     producer.flush(30)
     assert len(codes) == len(records)
     return codes
-
-
-def consume_librdkafka(conf: dict[str, Any], topic: str, **extra: Any) -> list[Rec]:
-    consumer = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                         **extra})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[Rec] = []
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise KafkaException(error)
-            out.append((msg.key(), msg.value(), list(msg.headers() or [])))  # type: ignore[arg-type]
-    finally:
-        consumer.close()
-    raise AssertionError(f"no end of {topic} within 30 s; got {len(out)}")
 
 
 def kafka_python_conf(env: Env, user: str) -> dict[str, Any]:
@@ -361,7 +338,7 @@ PRODUCERS: dict[str, Producer_] = {
     "java": lambda env, topic, recs: produce_java(env, "alice", topic, recs),
 }
 CONSUMERS: dict[str, Callable[[Env, str, int], list[Rec]]] = {
-    "librdkafka": lambda env, topic, n: consume_librdkafka(env.conf(), topic),
+    "librdkafka": lambda env, topic, n: consume_records(env.conf(), topic),
     "kafka-python": lambda env, topic, n: consume_kafka_python(env, "alice", topic),
     "java": lambda env, topic, n: consume_java(env, "alice", topic, n),
 }
@@ -423,14 +400,14 @@ def test_pii_scenario_end_to_end(env: Env) -> None:
     assert [orjson.loads(v or b"")["customer"]["email"] for _, v, _ in stored] == [
         orjson.loads(v or b"")["customer"]["email"] for _, v, _ in records]  # emails in clear
 
-    analytics = consume_librdkafka(env.conf("analytics"), topic)
+    analytics = consume_records(env.conf("analytics"), topic)
     for (_, got, _), (_, sent, _) in zip(analytics, records, strict=True):
         doc, original = orjson.loads(got or b""), orjson.loads(sent or b"")
         assert doc["customer"] == {**original["customer"], "email": "****"}
         assert doc["card"] == {}  # no card numbers, not even encrypted ones
         assert doc["amount"] == original["amount"]
 
-    billing = consume_librdkafka(env.conf("billing"), topic)
+    billing = consume_records(env.conf("billing"), topic)
     assert [(k, v) for k, v, _ in billing] == [(k, v) for k, v, _ in records]
 
 
@@ -493,7 +470,7 @@ def test_idempotent_and_transactional_producers_through_a_dropping_rule(env: Env
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
-    read = consume_librdkafka(env.conf(), txn_topic, **{"isolation.level": "read_committed"})
+    read = consume_records({**env.conf(), "isolation.level": "read_committed"}, txn_topic)
     assert [(k, v) for k, v, _ in read] == committed
 
 

@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, Producer
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import create_topic
+from tests.integration.rules.records_io import consume_records
 from tests.integration.runtime.faults import stored_values, wait_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -31,6 +32,9 @@ RULES = """
 rules:
   - id: mask-pool
     match: {topics: {prefix: [pool.]}}
+    action: {mask: {fields: [$.card]}}
+  - id: mask-fetched
+    match: {direction: response, topics: {prefix: [fetched.]}}
     action: {mask: {fields: [$.card]}}
 """
 WORKERS = 2
@@ -97,3 +101,22 @@ def test_connections_spread_over_the_workers_and_a_killed_worker_costs_only_its_
     stored = stored_values(kafka.bootstrap, topic)
     expected = Counter(v.decode().replace('"4111"', '"****"') for v in values)
     assert stored == expected  # 0 lost, 0 duplicated, every card masked
+
+
+def test_a_consumer_reads_through_the_pool_whichever_worker_learnt_the_topic_ids(
+        pool: Gateway, kafka: EmbeddedKafka) -> None:
+    """A Fetch (v13+) names topics by id, learnt from Metadata answers, which librdkafka
+    asks on another connection, so often another worker: the worker that does not know
+    the id answers UNKNOWN_TOPIC_ID, the client refreshes its metadata, then reads. With
+    a rule at fetch time every Fetch response is judged, topics without a rule too."""
+    docs = [{"n": n, "card": "4111-1111"} for n in range(200)]
+    for prefix in ("plain.", "fetched."):
+        topic = create_topic(kafka.bootstrap, name=f"{prefix}{uuid.uuid4().hex[:8]}")
+        producer = Producer({"bootstrap.servers": kafka.bootstrap})  # directly
+        for doc in docs:
+            producer.produce(topic, orjson.dumps(doc))
+        assert producer.flush(30) == 0
+        read = [orjson.loads(value or b"") for _key, value, _headers
+                in consume_records({"bootstrap.servers": pool.bootstrap}, topic, timeout=60)]
+        masked = prefix == "fetched."
+        assert read == [{**doc, "card": "****"} if masked else doc for doc in docs], prefix

@@ -32,7 +32,7 @@ def verdict(v: ValidateInterceptor, doc: Any) -> str | None:
 
 def test_order_schema_uses_the_fast_path_and_keeps_jsonschemas_messages() -> None:
     v = validator(ORDER)
-    assert v._fast is not None
+    assert v._json is not None and v._json._fast is not None
     assert verdict(v, {"id": 1, "amount": 2}) is None
     assert verdict(v, {"id": 1, "amount": -3}) == "$.amount: -3 is less than the minimum of 0"
     assert verdict(v, {"amount": 1}) == "$: 'id' is a required property"
@@ -42,7 +42,8 @@ def test_order_schema_uses_the_fast_path_and_keeps_jsonschemas_messages() -> Non
 
 @pytest.mark.parametrize("schema", [NEWER, REMOTE])
 def test_schemas_the_fast_path_could_misjudge_skip_it(schema: dict[str, Any]) -> None:
-    assert validator(schema)._fast is None
+    check = validator(schema)._json
+    assert check is not None and check._fast is None
 
 
 def test_newer_keywords_are_enforced() -> None:

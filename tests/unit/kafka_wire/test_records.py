@@ -35,6 +35,7 @@ from kafka_wire.records import (
     TimestampType,
     control_record,
     control_type,
+    decode_field,
     decode_records,
     encode_batch,
     iter_batches,
@@ -658,3 +659,26 @@ def test_encode_errors() -> None:
     for case in cases:
         with pytest.raises(EncodeError):
             case()
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), codec=st.sampled_from([Compression.NONE, Compression.LZ4]))
+def test_decode_field_reads_what_decode_records_reads(
+        batch: tuple[BatchHeader, list[Record]], codec: Compression) -> None:
+    header, records = batch
+    view = BatchView.from_bytes(encode_batch(header, records, compression=codec))
+    values = decode_field(view)
+    keys = decode_field(view, "key")
+    assert [None if v is None else bytes(v) for v in values] == [r.value for r in records]
+    assert [None if k is None else bytes(k) for k in keys] == [r.key for r in records]
+
+
+@given(st.binary(max_size=200), st.integers(1, 6))
+def test_decode_field_refuses_what_does_not_fit(payload: bytes, count: int) -> None:
+    header = BatchHeader(records_count=count)
+    data = assemble(header, payload, Compression.NONE, count)
+    try:
+        values = decode_field(BatchView.from_bytes(data))
+    except DecodeError:
+        return
+    assert len(values) == count  # whatever parses is one value per record, nothing else
