@@ -230,3 +230,13 @@ def test_consume_side_sees_offsets() -> None:
                     principal=None)
     assert seen == [100, 101]
     assert decode_records(batch([b"1"]))[0].value == b"1"
+
+
+def test_each_effect_weighs_its_records_for_the_audit() -> None:
+    # Key, value and header bytes of the records with each effect (the audit's bytes).
+    e = engine(CUSTOM)
+    stages = e.plan("produce", "t.a", MatchContext(api_key=ApiKey.PRODUCE, api_version=9))
+    outcome = e.process_batch(batch([b"abc", b"drop", b"DEF"]), stages, topic="t.a",
+                              partition=0, direction="produce", principal=None)
+    assert outcome.sizes[("upper", "modified")] == len(b"k") + len(b"abc")
+    assert outcome.sizes[("upper", "dropped")] == len(b"k") + len(b"drop")
