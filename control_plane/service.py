@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,10 +213,43 @@ def _loopback(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
 
 
+# The kernel hands the ports of its ephemeral range to outgoing connections: a port
+# picked there for a listener can be taken by some client's connection before the
+# listener binds it (Envoy then NACKs the listener: "Address already in use"). Ports
+# are picked below that range, where only listeners live.
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10000
+_picked_ports: set[int] = set()  # handed out by this process: never twice
+_picking = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now and not handed out before by this process, below the
+    kernel's ephemeral range when there is room there (else any free port)."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = LOWEST_PICKED_PORT
+    with _picking:
+        for _ in range(64 if ephemeral_low - LOWEST_PICKED_PORT >= 1000 else 0):
+            port = random.randrange(LOWEST_PICKED_PORT, ephemeral_low)
+            if port not in _picked_ports and _bindable(host, port):
+                _picked_ports.add(port)
+                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            _picked_ports.add(port)
+            return port
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 TopologySource = Callable[[], Awaitable[Topology]]

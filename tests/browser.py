@@ -20,7 +20,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -62,11 +64,15 @@ class Browser:
     def __init__(self, profile: Path | None = None) -> None:
         if CHROMIUM is None:
             raise BrowserError("no chromium on PATH")
-        self._tmp = None if profile else tempfile.TemporaryDirectory(prefix="keg-chromium-")
+        self._tmp = None if profile else tempfile.TemporaryDirectory(
+            prefix="keg-chromium-", ignore_cleanup_errors=True)
         self.profile = profile or Path(self._tmp.name)  # type: ignore[union-attr]
+        # Its own process group: Chromium's helpers (renderer, GPU, crash handler) go
+        # with it, so none is still writing into the profile when it is removed.
         self._process = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
         self._ids = itertools.count(1)
         self._stack = contextlib.ExitStack()  # the DevTools WebSocket
         self._events: list[dict[str, Any]] = []
@@ -165,6 +171,8 @@ class Browser:
     def close(self) -> None:
         self._stack.close()
         stop_process(self._process)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)  # helpers left behind
         if self._tmp is not None:
             self._tmp.cleanup()
 
