@@ -14,22 +14,10 @@ import typer
 
 from keg import cli_pipeline, cli_rules
 from keg.cli_security import (
-    SaslMechanism,
-    SaslPasswordFile,
+    NO_SECURITY_OPTIONS,
     SaslTermination,
-    SaslUsername,
     SecurityOptions,
-    TlsCert,
-    TlsClientCa,
-    TlsKey,
-    TlsPrincipalFrom,
-    TlsPrincipalRules,
-    UpstreamServerName,
-    UpstreamTlsCa,
-    UpstreamTlsCert,
-    UpstreamTlsFlag,
-    UpstreamTlsKey,
-    UpstreamVerifyHostname,
+    security_options,
 )
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
@@ -165,6 +153,7 @@ def _ports_in_use(ports: list[tuple[str, str, int | None]]) -> list[str]:
 
 
 @app.command()
+@security_options()
 def up(
     bootstrap_servers: Annotated[
         str | None,
@@ -236,21 +225,7 @@ def up(
         help="Pass this environment variable to the ext_proc service too (repeatable; "
              "e.g. what a custom interceptor reads). It gets the key variables its "
              "rules name without this; Envoy and the broker get neither.")] = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
-    tls_principal_from: TlsPrincipalFrom = "subject",
-    upstream_tls: UpstreamTlsFlag = False,
-    upstream_tls_ca: UpstreamTlsCa = None,
-    upstream_tls_cert: UpstreamTlsCert = None,
-    upstream_tls_key: UpstreamTlsKey = None,
-    upstream_server_name: UpstreamServerName = None,
-    upstream_verify_hostname: UpstreamVerifyHostname = True,
-    sasl_mechanism: SaslMechanism = None,
-    sasl_username: SaslUsername = None,
-    sasl_password_file: SaslPasswordFile = None,
-    sasl_termination: SaslTermination = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -270,11 +245,7 @@ def up(
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
     try:  # before anything starts: a missing secret or a bad certificate stops here
-        sasl, listener_tls, broker_tls = SecurityOptions(
-            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
-            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
-            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
-            sasl_password_file, sasl_termination).build()
+        sasl, listener_tls, broker_tls = security.build()
     except ValueError as err:
         raise _fail(str(err)) from None
     if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
@@ -354,7 +325,7 @@ def up(
                 sasl=sasl,
                 tls=listener_tls,
                 upstream_tls=broker_tls,
-                sasl_termination=sasl_termination,
+                sasl_termination=security.sasl_termination,
             )
         )
         with gateway:
@@ -365,10 +336,11 @@ def up(
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
-            if listener_tls is not None or sasl_termination is not None:
+            terminated = security.sasl_termination is not None
+            if listener_tls is not None or terminated:
                 console.print(_security_line(listener_tls is not None,
                                              listener_tls is not None and listener_tls.mutual,
-                                             sasl_termination is not None))
+                                             terminated))
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
                        " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
@@ -568,6 +540,7 @@ def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:
 
 
 @app.command("control-plane")
+@security_options(sasl_termination=False)
 def control_plane_cmd(
     bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers to front.")],
     ext_proc: Annotated[str, typer.Option(help="host:port of the ext_proc service.")],
@@ -630,20 +603,7 @@ def control_plane_cmd(
     api_insecure_tokens: Annotated[bool, typer.Option(
         help="Take write tokens over plaintext HTTP on a non-loopback address anyway (a "
              "TLS-terminating proxy in front); refused otherwise.")] = False,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
-    tls_principal_from: TlsPrincipalFrom = "subject",
-    upstream_tls: UpstreamTlsFlag = False,
-    upstream_tls_ca: UpstreamTlsCa = None,
-    upstream_tls_cert: UpstreamTlsCert = None,
-    upstream_tls_key: UpstreamTlsKey = None,
-    upstream_server_name: UpstreamServerName = None,
-    upstream_verify_hostname: UpstreamVerifyHostname = True,
-    sasl_mechanism: SaslMechanism = None,
-    sasl_username: SaslUsername = None,
-    sasl_password_file: SaslPasswordFile = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
     terminate_sasl: Annotated[bool, typer.Option(
         help="The listeners authenticate clients themselves (the ext_proc instances run "
              "with --sasl-termination).")] = False,
@@ -669,11 +629,7 @@ def control_plane_cmd(
         return ServerTls(cert, key, ca)
 
     try:
-        sasl, listener_tls, broker_tls = SecurityOptions(
-            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
-            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
-            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
-            sasl_password_file).build()
+        sasl, listener_tls, broker_tls = security.build()
         xds_tls = server_tls(xds_tls_cert, xds_tls_key, xds_tls_client_ca, "xds")
         api_tls = server_tls(api_tls_cert, api_tls_key, api_tls_client_ca, "api")
         host, port = split_host_port(ext_proc)

@@ -4,9 +4,12 @@ password or token from a file (`--sasl-password-file`) or `$KEG_SASL_PASSWORD`."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -96,3 +99,59 @@ class SecurityOptions:
         sasl = sasl_credentials(self.sasl_mechanism, self.sasl_username,
                                 self.sasl_password_file)
         return sasl, listener, upstream
+
+
+# Each SecurityOptions field's typer option (its default is the field's).
+_OPTION_TYPES: Final[dict[str, Any]] = {
+    "tls_cert": TlsCert,
+    "tls_key": TlsKey,
+    "tls_client_ca": TlsClientCa,
+    "tls_principal_mapping_rules": TlsPrincipalRules,
+    "tls_principal_from": TlsPrincipalFrom,
+    "upstream_tls": UpstreamTlsFlag,
+    "upstream_tls_ca": UpstreamTlsCa,
+    "upstream_tls_cert": UpstreamTlsCert,
+    "upstream_tls_key": UpstreamTlsKey,
+    "upstream_server_name": UpstreamServerName,
+    "upstream_verify_hostname": UpstreamVerifyHostname,
+    "sasl_mechanism": SaslMechanism,
+    "sasl_username": SaslUsername,
+    "sasl_password_file": SaslPasswordFile,
+    "sasl_termination": SaslTermination,
+}
+NO_SECURITY_OPTIONS: Final = SecurityOptions()
+
+
+def security_options(*, sasl_termination: bool = True) -> Callable[
+        [Callable[..., None]], Callable[..., None]]:
+    """Declare the security options on a typer command once, here: the command takes a
+    `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter, which the command line
+    shows as the options `--tls-cert` ... `--sasl-password-file` (and
+    `--sasl-termination` unless `sasl_termination=False`) in its place, and which the
+    command is called with, built from them."""
+    names = [f.name for f in fields(SecurityOptions)
+             if sasl_termination or f.name != "sasl_termination"]
+    defaults = {f.name: f.default for f in fields(SecurityOptions)}
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            if parameter.name != "security":
+                parameters.append(parameter)
+                continue
+            parameters.extend(
+                inspect.Parameter(name, parameter.kind, default=defaults[name],
+                                  annotation=_OPTION_TYPES[name])
+                for name in names)
+
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            given = {name: kwargs.pop(name) for name in names}
+            command(*args, security=SecurityOptions(**given), **kwargs)
+
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters)
+        return run
+
+    return decorate
