@@ -7,12 +7,14 @@ import contextlib
 import os
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
 from keg import cli_pipeline, cli_rules
+from keg.cli_options import option_group
 from keg.cli_security import (
     NO_SECURITY_OPTIONS,
     SaslTermination,
@@ -97,6 +99,31 @@ def _audit_format(value: str) -> AuditFormat:
     raise _fail(f"--audit-format is json or avro, not {value!r}")
 
 
+@dataclass(frozen=True)
+class AuditKafkaOptions:
+    """How `keg up` and `keg ext-proc` write the audit stream (its topic, producer
+    properties, format); each command says itself where it goes."""
+
+    audit_kafka_topic: str = "_keg_audit"
+    audit_kafka_config: list[str] | None = None
+    audit_format: str = "json"
+
+    def stream_fields(self) -> dict[str, Any]:
+        """The fields of the audit stream's settings these give: the properties checked
+        (the SASL password taken from its variable, which is then unset) and the format."""
+        return {"topic": self.audit_kafka_topic,
+                "config": tuple(_properties(self.audit_kafka_config, "--audit-kafka-config",
+                                            AUDIT_KAFKA_PASSWORD_ENV)),
+                "format": _audit_format(self.audit_format)}
+
+
+NO_AUDIT_KAFKA_OPTIONS: Final = AuditKafkaOptions()
+audit_kafka_options: Final = option_group(
+    AuditKafkaOptions, {"audit_kafka_topic": AuditKafkaTopic,
+                        "audit_kafka_config": AuditKafkaConfig,
+                        "audit_format": AuditFormatOption}, "audit_stream")
+
+
 def _default_data_dir() -> Path:
     from keg.embedded.kafka import cache_dir
 
@@ -154,6 +181,7 @@ def _ports_in_use(ports: list[tuple[str, str, int | None]]) -> list[str]:
 
 @app.command()
 @security_options()
+@audit_kafka_options
 def up(
     bootstrap_servers: Annotated[
         str | None,
@@ -210,9 +238,7 @@ def up(
     audit_kafka_bootstrap: Annotated[str | None, typer.Option(
         help="The cluster of the audit stream (default: the one keg fronts, as the "
              "gateway's own user).")] = None,
-    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
-    audit_kafka_config: AuditKafkaConfig = None,
-    audit_format: AuditFormatOption = "json",
+    audit_stream: AuditKafkaOptions = NO_AUDIT_KAFKA_OPTIONS,
     metrics_port: MetricsPort = 9464,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API on this port, the rules kept in a SQLite store of this "
@@ -281,10 +307,8 @@ def up(
                     f"others, 0 for free ones (--api-port 0: no API)")
     state = up_state_dir(cache_dir(), rules_dir)
     stream = AuditStream(
-        bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
-        config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
-                                 AUDIT_KAFKA_PASSWORD_ENV)),
-        format=_audit_format(audit_format), spool_dir=state / "audit-spool",
+        bootstrap_servers=audit_kafka_bootstrap, spool_dir=state / "audit-spool",
+        **audit_stream.stream_fields(),
     ) if audit_kafka else None
     lock = DirectoryLock(state, f"keg up's state for the rules in {rules_dir}")
     kafka = None
@@ -395,6 +419,7 @@ def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
 
 
 @app.command("ext-proc")
+@audit_kafka_options
 def ext_proc_cmd(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 50051,
@@ -443,9 +468,7 @@ def ext_proc_cmd(
     audit_kafka_bootstrap: Annotated[str | None, typer.Option(
         help="Stream audit events to this Kafka cluster (bootstrap servers), at least "
              "once through a local spool (docs/audit.md).")] = None,
-    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
-    audit_kafka_config: AuditKafkaConfig = None,
-    audit_format: AuditFormatOption = "json",
+    audit_stream: AuditKafkaOptions = NO_AUDIT_KAFKA_OPTIONS,
     audit_spool: Annotated[Path | None, typer.Option(
         help="The audit stream's spool directory: events wait there until Kafka has "
              "them, across restarts (default: the user cache, per port).")] = None,
@@ -474,18 +497,15 @@ def ext_proc_cmd(
         raise _fail("give --rules or --control-plane, not both")
     producer_config = _properties(side_effects_config, "--side-effects-config",
                                   SIDE_EFFECTS_PASSWORD_ENV)
-    audit_stream = None
+    audit_settings = None
     if audit_kafka_bootstrap is not None:
         from ext_proc.audit_kafka import KafkaAuditSettings
         from keg.embedded.kafka import cache_dir
 
-        audit_stream = KafkaAuditSettings(
-            bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
-            config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
-                                     AUDIT_KAFKA_PASSWORD_ENV)),
-            format=_audit_format(audit_format),
+        audit_settings = KafkaAuditSettings(
+            bootstrap_servers=audit_kafka_bootstrap,
             spool_dir=audit_spool or cache_dir() / "audit-spool" / f"ext-proc-{port}",
-            spool_max_bytes=audit_spool_max_bytes)
+            spool_max_bytes=audit_spool_max_bytes, **audit_stream.stream_fields())
     from ext_proc.sasl.login import SaslCredentials
     from ext_proc.sasl.termination import TerminationConfigError
 
@@ -516,7 +536,7 @@ def ext_proc_cmd(
         control_plane_ca=control_plane_ca,
         control_plane_cert=control_plane_cert,
         control_plane_key=control_plane_key,
-        audit_kafka=audit_stream,
+        audit_kafka=audit_settings,
         ))
     except (TerminationConfigError, ValueError) as err:
         raise _fail(str(err)) from None

@@ -4,15 +4,14 @@ password or token from a file (`--sasl-password-file`) or `$KEG_SASL_PASSWORD`."
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
+from keg.cli_options import option_group
 from keg.security import SASL_PASSWORD_ENV
 
 if TYPE_CHECKING:
@@ -124,34 +123,9 @@ NO_SECURITY_OPTIONS: Final = SecurityOptions()
 
 def security_options(*, sasl_termination: bool = True) -> Callable[
         [Callable[..., None]], Callable[..., None]]:
-    """Declare the security options on a typer command once, here: the command takes a
-    `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter, which the command line
-    shows as the options `--tls-cert` ... `--sasl-password-file` (and
-    `--sasl-termination` unless `sasl_termination=False`) in its place, and which the
-    command is called with, built from them."""
-    names = [f.name for f in fields(SecurityOptions)
-             if sasl_termination or f.name != "sasl_termination"]
-    defaults = {f.name: f.default for f in fields(SecurityOptions)}
-
-    def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        signature = inspect.signature(command, eval_str=True)
-        parameters: list[inspect.Parameter] = []
-        for parameter in signature.parameters.values():
-            if parameter.name != "security":
-                parameters.append(parameter)
-                continue
-            parameters.extend(
-                inspect.Parameter(name, parameter.kind, default=defaults[name],
-                                  annotation=_OPTION_TYPES[name])
-                for name in names)
-
-        @functools.wraps(command)
-        def run(*args: Any, **kwargs: Any) -> None:
-            given = {name: kwargs.pop(name) for name in names}
-            command(*args, security=SecurityOptions(**given), **kwargs)
-
-        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=parameters)
-        return run
-
-    return decorate
+    """The security options on a typer command, declared once, here: the command takes
+    `security: SecurityOptions = NO_SECURITY_OPTIONS`, shown as the options `--tls-cert`
+    ... `--sasl-password-file` (and `--sasl-termination` unless `sasl_termination=False`)
+    in its place."""
+    return option_group(SecurityOptions, _OPTION_TYPES, "security",
+                        leave_out=() if sasl_termination else ("sasl_termination",))
