@@ -70,6 +70,13 @@ AuditFormatOption = Annotated[str, typer.Option(
                            "(docs/audit.md).")]
 
 
+
+def _metrics_label_bound(envvar: str, which: str) -> Any:
+    """The option bounding one label of the ext_proc metrics (its distinct values)."""
+    return typer.Option(envvar=envvar, min=1,
+                        help=f"{which}; later ones count as 'other'. Default 1000.")
+
+
 def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
     """The audit log file an --audit-log value means: None is off ("none", "off")."""
     if value is None:
@@ -430,22 +437,17 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
-    metrics_max_topics: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_TOPICS", min=1,
-        help="Topics with a series of their own in the metrics (the first ones seen); "
-             "later ones count as 'other'. Default 1000.")] = None,
-    metrics_max_clients: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_CLIENTS", min=1,
-        help="Client ids with a series of their own; later ones count as 'other'. "
-             "Default 1000.")] = None,
+    metrics_max_topics: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_TOPICS",
+        "Topics with a series of their own in the metrics (the first ones seen)")] = None,
+    metrics_max_clients: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_CLIENTS", "Client ids with a series of their own")] = None,
     metrics_topics: Annotated[bool, typer.Option(
         envvar="KEG_METRICS_TOPICS",
         help="Label Produce traffic by topic: read the topics of every Produce request "
              "as it passes (a few µs per request; off: no keg_topic_* series).")] = True,
-    metrics_max_principals: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_PRINCIPALS", min=1,
-        help="Principals with a series of their own; later ones count as 'other'. "
-             "Default 1000.")] = None,
+    metrics_max_principals: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_PRINCIPALS", "Principals with a series of their own")] = None,
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
