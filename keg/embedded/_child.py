@@ -90,11 +90,17 @@ class Child(HoldsProcess):
 
 
 class ChildService(Service):
-    """A Service run as one Child (`_child`, set by start): its pid, pause and resume, and
-    stop, which also removes the scratch directory the service made for its files."""
+    """An HTTP service on loopback run as one Child (`_child`, set by start): its port and
+    URL, pid, pause and resume, and stop, which also removes the scratch directory the
+    service made for its files."""
 
     _child: Child | None = None
     _owned_dir: tempfile.TemporaryDirectory[str] | None = None
+    port: int = 0  # set by start
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def _scratch_dir(self, prefix: str) -> Path:
         """A temporary directory for the child's files, removed by stop."""

@@ -76,12 +76,11 @@ class LocalKms(ChildService):
 
     def __init__(self, start_timeout: float = 60.0) -> None:
         self._start_timeout = start_timeout
-        self.port = 0
-        self._child: Child | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The URL an AWS client is given (`endpoint_url`)."""
+        return self.url
 
     @property
     def region(self) -> str:

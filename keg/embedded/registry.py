@@ -85,13 +85,7 @@ class EmbeddedRegistry(ChildService):
         self._heap = heap
         self._start_timeout = start_timeout
         self._log_dir = log_dir
-        self.port = 0
         self.https_port = 0
-        self._child: Child | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def ccompat_url(self) -> str:
