@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -68,7 +68,7 @@ class BenchmarkError(RuntimeError):
 
 def _option(default: Any, option: str, help_text: str) -> Any:
     """A Params field the command line sets: its option and the option's help."""
-    return field(default=default, metadata={"option": option, "help": help_text})
+    return dataclasses.field(default=default, metadata={"option": option, "help": help_text})
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Params:
 
 # The Params the command line sets: field -> (option, help).
 PARAM_OPTIONS: Final = {f.name: (f.metadata["option"], f.metadata["help"])
-                        for f in fields(Params) if "option" in f.metadata}
+                        for f in dataclasses.fields(Params) if "option" in f.metadata}
 
 
 # --------------------------------------------------------------------------- metrics
