@@ -29,15 +29,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from keg.gateway import Gateway
 
 from benchmarks.scenarios import (
     PLAIN,
@@ -351,6 +354,23 @@ def create_topics(bootstrap: str, names: Sequence[str], partitions: int) -> None
     )
     for future in futures.values():
         future.result(30)
+
+
+@contextlib.contextmanager
+def gateway_with_rules(bootstrap: str, work: Path, rule_file: str, rules: str,
+                       **settings: Any) -> Iterator[Gateway]:
+    """A gateway in front of the broker at `bootstrap` serving one rule file (`rule_file`
+    in `work`/rules), its files in `work`/envoy, the ext_proc service's log quiet;
+    `settings` are more GatewaySettings."""
+    from keg.gateway import Gateway, GatewaySettings
+
+    rules_dir = work / "rules"
+    rules_dir.mkdir()
+    (rules_dir / rule_file).write_text(rules)
+    with Gateway(GatewaySettings(bootstrap_servers=bootstrap, listen_port_base=0,
+                                 rules_dir=rules_dir, work_dir=work / "envoy",
+                                 ext_proc_log_level="WARNING", **settings)) as gateway:
+        yield gateway
 
 
 # --------------------------------------------------------------------------- the run
