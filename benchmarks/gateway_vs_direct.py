@@ -29,15 +29,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from keg.gateway import Gateway
 
 from benchmarks.scenarios import (
     PLAIN,
@@ -66,31 +69,33 @@ class BenchmarkError(RuntimeError):
 # --------------------------------------------------------------------------- parameters
 
 
+def _option(default: Any, option: str, help_text: str) -> Any:
+    """A Params field the command line sets: its option and the option's help."""
+    return dataclasses.field(default=default, metadata={"option": option, "help": help_text})
+
+
 @dataclass(frozen=True)
 class Params:
-    records: int = 200_000
-    scenario_records: int = 100_000  # for the scenarios other than plain, at most `records`
-    record_size: int = 1024
-    partitions: int = 3
-    repeat: int = 1
-    warmup: int = 10_000
+    records: int = _option(
+        200_000, "--records",
+        "records per step and path of the plain scenario (2000 makes a quick smoke run)")
+    scenario_records: int = _option(
+        100_000, "--scenario-records",
+        "records per step and path of the other scenarios (at most --records)")
+    record_size: int = _option(1024, "--record-size", "bytes per record value")
+    partitions: int = _option(3, "--partitions", "partitions of each fresh topic")
+    repeat: int = _option(
+        1, "--repeat", "rounds (direct/gateway pairs) per scenario; the tables show medians")
+    warmup: int = _option(
+        10_000, "--warmup",
+        "records of an unrecorded librdkafka warm-up per path and scenario (0: none)")
     linger_ms: int = 5
-    step_timeout_s: float = 600.0
+    step_timeout_s: float = _option(600.0, "--step-timeout", "seconds one step may take")
 
 
 # The Params the command line sets: field -> (option, help).
-PARAM_OPTIONS: Final = {
-    "records": ("--records",
-                "records per step and path of the plain scenario (2000 makes a quick smoke run)"),
-    "scenario_records": ("--scenario-records",
-                         "records per step and path of the other scenarios (at most --records)"),
-    "record_size": ("--record-size", "bytes per record value"),
-    "partitions": ("--partitions", "partitions of each fresh topic"),
-    "repeat": ("--repeat", "rounds (direct/gateway pairs) per scenario; the tables show medians"),
-    "warmup": ("--warmup",
-               "records of an unrecorded librdkafka warm-up per path and scenario (0: none)"),
-    "step_timeout_s": ("--step-timeout", "seconds one step may take"),
-}
+PARAM_OPTIONS: Final = {f.name: (f.metadata["option"], f.metadata["help"])
+                        for f in dataclasses.fields(Params) if "option" in f.metadata}
 
 
 # --------------------------------------------------------------------------- metrics
@@ -349,6 +354,23 @@ def create_topics(bootstrap: str, names: Sequence[str], partitions: int) -> None
     )
     for future in futures.values():
         future.result(30)
+
+
+@contextlib.contextmanager
+def gateway_with_rules(bootstrap: str, work: Path, rule_file: str, rules: str,
+                       **settings: Any) -> Iterator[Gateway]:
+    """A gateway in front of the broker at `bootstrap` serving one rule file (`rule_file`
+    in `work`/rules), its files in `work`/envoy, the ext_proc service's log quiet;
+    `settings` are more GatewaySettings."""
+    from keg.gateway import Gateway, GatewaySettings
+
+    rules_dir = work / "rules"
+    rules_dir.mkdir()
+    (rules_dir / rule_file).write_text(rules)
+    with Gateway(GatewaySettings(bootstrap_servers=bootstrap, listen_port_base=0,
+                                 rules_dir=rules_dir, work_dir=work / "envoy",
+                                 ext_proc_log_level="WARNING", **settings)) as gateway:
+        yield gateway
 
 
 # --------------------------------------------------------------------------- the run

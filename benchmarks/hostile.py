@@ -22,7 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gateway_vs_direct import RESULTS_DIR, create_topics, git_commit, machine_info
+from benchmarks.gateway_vs_direct import (
+    RESULTS_DIR,
+    create_topics,
+    gateway_with_rules,
+    git_commit,
+    machine_info,
+)
 from benchmarks.record_rules import order_value, produce
 
 log = logging.getLogger("benchmarks.hostile")
@@ -46,37 +52,30 @@ def bomb_until(bootstrap: str, topic: str, stop: threading.Event, sent: list[int
 
 def run(records: int, repeat: int) -> dict[str, Any]:
     from keg.embedded.kafka import EmbeddedKafka
-    from keg.gateway import Gateway, GatewaySettings
 
     values = [order_value(i) for i in range(records)]
     alone: list[float] = []
     bombed: list[float] = []
     bombs: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="keg-hostile-") as tmp, EmbeddedKafka() as kafka:
-        rules = Path(tmp) / "rules"
-        rules.mkdir()
-        (rules / "rules.yaml").write_text(RULES)
-        settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                                   rules_dir=rules, work_dir=Path(tmp) / "envoy",
-                                   ext_proc_log_level="WARNING")
-        with Gateway(settings) as gateway:
-            for round_ in range(repeat):
-                quiet, noisy, target = (f"h.{name}-{uuid.uuid4().hex[:6]}"
-                                        for name in ("alone", "bombed", "bombs"))
-                create_topics(kafka.bootstrap, [quiet, noisy, target], 1)
-                alone.append(produce(gateway.bootstrap, quiet, values, "none"))
-                stop, sent = threading.Event(), [0]
-                bomber = threading.Thread(target=bomb_until,
-                                          args=(gateway.bootstrap, target, stop, sent))
-                bomber.start()
-                try:
-                    bombed.append(produce(gateway.bootstrap, noisy, values, "none"))
-                finally:
-                    stop.set()
-                    bomber.join(120)
-                bombs.append(sent[0])
-                log.info("round %d: alone %.0f rec/s, under bombs %.0f rec/s (%d bombs)",
-                         round_ + 1, alone[-1], bombed[-1], sent[0])
+    with (tempfile.TemporaryDirectory(prefix="keg-hostile-") as tmp, EmbeddedKafka() as kafka,
+          gateway_with_rules(kafka.bootstrap, Path(tmp), "rules.yaml", RULES) as gateway):
+        for round_ in range(repeat):
+            quiet, noisy, target = (f"h.{name}-{uuid.uuid4().hex[:6]}"
+                                    for name in ("alone", "bombed", "bombs"))
+            create_topics(kafka.bootstrap, [quiet, noisy, target], 1)
+            alone.append(produce(gateway.bootstrap, quiet, values, "none"))
+            stop, sent = threading.Event(), [0]
+            bomber = threading.Thread(target=bomb_until,
+                                      args=(gateway.bootstrap, target, stop, sent))
+            bomber.start()
+            try:
+                bombed.append(produce(gateway.bootstrap, noisy, values, "none"))
+            finally:
+                stop.set()
+                bomber.join(120)
+            bombs.append(sent[0])
+            log.info("round %d: alone %.0f rec/s, under bombs %.0f rec/s (%d bombs)",
+                     round_ + 1, alone[-1], bombed[-1], sent[0])
     ratio = statistics.median(b / a for a, b in zip(alone, bombed, strict=True))
     return {"benchmark": "hostile", "commit": git_commit(), "machine": machine_info(),
             "records": records, "repeat": repeat, "alone_rps": alone, "bombed_rps": bombed,

@@ -34,7 +34,13 @@ from typing import Any
 
 import orjson
 
-from benchmarks.gateway_vs_direct import RESULTS_DIR, create_topics, git_commit, machine_info
+from benchmarks.gateway_vs_direct import (
+    RESULTS_DIR,
+    create_topics,
+    gateway_with_rules,
+    git_commit,
+    machine_info,
+)
 
 log = logging.getLogger("benchmarks.record_rules")
 
@@ -170,7 +176,6 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
         data_path: str = "native", ext_proc_workers: int = 2) -> dict[str, Any]:
     from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
     from keg.embedded.registry import EmbeddedRegistry
-    from keg.gateway import Gateway, GatewaySettings
 
     os.environ[KEY_ENV] = base64.b64encode(os.urandom(32)).decode()
     plain_values = [order_value(i) for i in range(records)]
@@ -181,38 +186,33 @@ def run(records: int, repeat: int, actions: tuple[str, ...] = ACTIONS,
         kafka = stack.enter_context(EmbeddedKafka())
         registry = (stack.enter_context(EmbeddedRegistry())
                     if set(actions) & set(SCHEMA_ACTIONS) else None)
-        rules = Path(tmp) / "rules"
-        rules.mkdir()
-        (rules / "bench.yaml").write_text(
-            RULES + (schema_rules(registry.ccompat_url) if registry is not None else ""))
-        settings = GatewaySettings(bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-                                   rules_dir=rules, work_dir=Path(tmp) / "envoy",
-                                   ext_proc_log_level="WARNING", data_path=data_path,
-                                   envoy_concurrency=os.cpu_count() or 1,  # as keg up
-                                   ext_proc_workers=ext_proc_workers)
-        with Gateway(settings) as gateway:
-            for _round in range(repeat):
-                for action in actions:
-                    for codec in CODECS:
-                        name = f"{action}/{codec}"
-                        row = cells.setdefault(name, {})
-                        for path, bootstrap in (("direct", kafka.bootstrap),
-                                                ("gateway", gateway.bootstrap)):
-                            prefix = "x" if action == "plain" else action
-                            t, c = (f"{d}.{prefix}.{uuid.uuid4().hex[:8]}" for d in "pc")
-                            create_topics(kafka.bootstrap, [t, c], 1)
-                            values = plain_values
-                            if action in SCHEMA_ACTIONS:
-                                assert registry is not None
-                                schema_id = register(registry.ccompat_url, [t, c])
-                                values = framed(schema_id, plain_values)
-                            rate = produce(bootstrap, t, values, codec)
-                            row.setdefault(f"produce_{path}", []).append(rate)
-                            # Consume: records stored directly, read by each path.
-                            produce(kafka.bootstrap, c, values, codec)
-                            rate = consume(bootstrap, c, records)
-                            row.setdefault(f"consume_{path}", []).append(rate)
-                        log.info("%s: %s", name, {k: round(v[-1]) for k, v in row.items()})
+        rules = RULES + (schema_rules(registry.ccompat_url) if registry is not None else "")
+        gateway = stack.enter_context(gateway_with_rules(
+            kafka.bootstrap, Path(tmp), "bench.yaml", rules, data_path=data_path,
+            envoy_concurrency=os.cpu_count() or 1,  # as keg up
+            ext_proc_workers=ext_proc_workers))
+        for _round in range(repeat):
+            for action in actions:
+                for codec in CODECS:
+                    name = f"{action}/{codec}"
+                    row = cells.setdefault(name, {})
+                    for path, bootstrap in (("direct", kafka.bootstrap),
+                                            ("gateway", gateway.bootstrap)):
+                        prefix = "x" if action == "plain" else action
+                        t, c = (f"{d}.{prefix}.{uuid.uuid4().hex[:8]}" for d in "pc")
+                        create_topics(kafka.bootstrap, [t, c], 1)
+                        values = plain_values
+                        if action in SCHEMA_ACTIONS:
+                            assert registry is not None
+                            schema_id = register(registry.ccompat_url, [t, c])
+                            values = framed(schema_id, plain_values)
+                        rate = produce(bootstrap, t, values, codec)
+                        row.setdefault(f"produce_{path}", []).append(rate)
+                        # Consume: records stored directly, read by each path.
+                        produce(kafka.bootstrap, c, values, codec)
+                        rate = consume(bootstrap, c, records)
+                        row.setdefault(f"consume_{path}", []).append(rate)
+                    log.info("%s: %s", name, {k: round(v[-1]) for k, v in row.items()})
     table = {}
     for name, row in cells.items():
         med = {k: statistics.median(v) for k, v in row.items()}

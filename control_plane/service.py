@@ -24,7 +24,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
 import yaml
@@ -207,6 +207,12 @@ class ControlPlaneSettings:
         if self.data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, "
                              f"not {self.data_path!r}")
+
+
+# What every group's plan takes from the control plane's settings as they are: where the
+# ext_proc service is and how Envoy waits for it.
+PLAN_SETTINGS: Final = ("ext_proc_host", "ext_proc_port", "ext_proc_more_ports",
+                        "message_timeout_s", "failure_mode_allow")
 
 
 def _loopback(host: str) -> bool:
@@ -424,17 +430,10 @@ class ControlPlane:
             elsewhere.append((broker.node_id, owner.advertised_host,
                               self._port(owner, broker.node_id)))
         plan = self._plans[group.name] = GroupPlan(
-            routes=tuple(routes),
-            listen_host=group.listen_host,
-            advertised_host=group.advertised_host,
-            ext_proc_host=s.ext_proc_host,
-            ext_proc_port=s.ext_proc_port,
-            ext_proc_more_ports=s.ext_proc_more_ports,
-            message_timeout_s=s.message_timeout_s,
-            failure_mode_allow=s.failure_mode_allow,
+            routes=tuple(routes), elsewhere=tuple(elsewhere),
+            listen_host=group.listen_host, advertised_host=group.advertised_host,
             sasl_termination=self.terminates_sasl(group),
-            elsewhere=tuple(elsewhere),
-        )
+            **{name: getattr(s, name) for name in PLAN_SETTINGS})
         return plan
 
     def terminates_sasl(self, group: EnvoyGroup) -> bool:

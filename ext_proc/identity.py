@@ -383,9 +383,7 @@ class IdentityTracker:
         # the current principal holds until the new exchange ends (Kafka refuses a
         # change of principal, and closes the connection when re-authentication fails).
         self._in_exchange = True
-        self._steps = 0
-        self._candidate = None
-        self._candidate_opaque = False
+        self._forget_exchange()
         if api_version == 0:
             # v0: the SASL tokens that follow are raw, not SaslAuthenticate frames.
             self.reason = "SaslHandshake v0: SASL tokens are not Kafka frames"
@@ -488,9 +486,13 @@ class IdentityTracker:
             self._name = None
             self.opaque_token = False
             self.reason = reason
+        self._forget_exchange()
+
+    def _forget_exchange(self) -> None:
+        """Forget what the current exchange said so far: its steps, its unconfirmed name."""
+        self._steps = 0
         self._candidate = None
         self._candidate_opaque = False
-        self._steps = 0
 
 
 __all__ = [

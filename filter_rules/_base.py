@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -11,6 +11,28 @@ from filter_rules.patterns import PatternError, compile_re2
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _OneOf(_Model):
+    """A model where exactly one of some fields is given, named as a class keyword:
+    `class SecretRef(_OneOf, one_of=("env", "file"))`. Its check runs before the
+    subclass's own validators; the error names the fields as a rule file spells them
+    (their aliases)."""
+
+    one_of: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, one_of: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if one_of:
+            cls.one_of = one_of
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if sum(getattr(self, name) is not None for name in self.one_of) != 1:
+            fields = type(self).model_fields
+            shown = ", ".join(fields[name].alias or name for name in self.one_of)
+            raise ValueError(f"give exactly one of {shown}")
+        return self
 
 
 def _check_regex(pattern: str) -> str:

@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model
+from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model, _OneOf
 from filter_rules.apis import MAX_API_KEY, api_keys_by_name, resolve_api
 from filter_rules.errors import ERROR_CODES
 from filter_rules.record_actions import (
@@ -220,7 +220,7 @@ class DenySpec(_Model):
 DEFAULT_UNCOMPRESSED_BELOW_BYTES: Final = 1024
 
 
-class CompressionPolicy(_Model):
+class CompressionPolicy(_OneOf, one_of=("require", "forbid")):
     require: Annotated[list[Codec], Field(min_length=1)] | None = None
     forbid: Annotated[list[Codec], Field(min_length=1)] | None = None
     allow_uncompressed_below_bytes: Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(
@@ -234,9 +234,7 @@ class CompressionPolicy(_Model):
     )
 
     @model_validator(mode="after")
-    def _one(self) -> CompressionPolicy:
-        if (self.require is None) == (self.forbid is None):
-            raise ValueError("give exactly one of require, forbid")
+    def _uncompressed_below(self) -> CompressionPolicy:
         if "allow_uncompressed_below_bytes" in self.model_fields_set and \
                 not self.refuses_uncompressed:
             raise ValueError("allow_uncompressed_below_bytes only applies when uncompressed "

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
-from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model
+from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model, _OneOf
 
 # `$.a.b`, `$.items[*].sku`, `$.lines[0].price`, `$['odd key']`: the subset of JSONPath
 # that names fields (no filters, no recursion), so a path is a fixed walk.
@@ -47,17 +47,11 @@ TopicName = Annotated[str, Field(pattern=TOPIC_NAME_PATTERN)]
 RecordFormat = Literal["json", "avro"]
 
 
-class SecretRef(_Model):
+class SecretRef(_OneOf, one_of=("env", "file")):
     """Where a secret is read from: an environment variable or a file (never inline)."""
 
     env: str | None = None
     file: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretRef:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of env, file")
-        return self
 
 
 class EncryptionKey(_Model):
@@ -125,7 +119,7 @@ class DataKeyPolicy(_Model):
                                      "with random nonces: stay far below 2^32).")
 
 
-class KmsSpec(_Model):
+class KmsSpec(_OneOf, one_of=("aws", "keyring")):
     """Envelope encryption: data keys generated and wrapped by a key-encryption key held
     in a KMS; the wrapped data key travels with each record (header keg.dek)."""
 
@@ -139,19 +133,13 @@ class KmsSpec(_Model):
         default=3600, description="How long an unwrapped data key is kept.")
     on_unavailable: OnUnavailable = "fail"
 
-    @model_validator(mode="after")
-    def _one(self) -> KmsSpec:
-        if (self.aws is None) == (self.keyring is None):
-            raise ValueError("give exactly one of aws, keyring")
-        return self
-
     @property
     def kek(self) -> str | None:
         """The key-encryption key that wraps new data keys (None: decryption only)."""
         return self.aws.key_id if self.aws is not None else self.keyring.key  # type: ignore[union-attr]
 
 
-class AvroSchemaRef(_Model):
+class AvroSchemaRef(_OneOf, one_of=("schema_", "file")):
     """An Avro schema, inline (`schema`) or from a file (`file`, .avsc)."""
 
     schema_: dict[str, JsonValue] | str | None = Field(default=None, alias="schema")
@@ -163,12 +151,6 @@ class AvroSchemaRef(_Model):
             "schema id come first (kept as they are)."
         ),
     )
-
-    @model_validator(mode="after")
-    def _one(self) -> AvroSchemaRef:
-        if (self.schema_ is None) == (self.file is None):
-            raise ValueError("give exactly one of schema, file")
-        return self
 
 
 class RecordPredicate(_Model):
@@ -223,7 +205,7 @@ class MaskSpec(_Model):
         return self
 
 
-class EncryptSpec(_Model):
+class EncryptSpec(_OneOf, one_of=("key", "kms")):
     fields: Annotated[list[JsonPath], Field(min_length=1)] | None = Field(
         default=None, description="JSON fields to encrypt; left out: the whole value."
     )
@@ -235,8 +217,6 @@ class EncryptSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> EncryptSpec:
-        if (self.key is None) == (self.kms is None):
-            raise ValueError("give exactly one of key, kms")
         if self.kms is not None and self.kms.kek is None:
             raise ValueError("encrypting needs the key-encryption key: kms.aws.key_id or "
                              "kms.keyring.key")
@@ -263,20 +243,12 @@ class DecryptSpec(_Model):
         return self
 
 
-class ValidateSpec(_Model):
+class ValidateSpec(_OneOf, one_of=("json_schema", "json_schema_file", "avro_schema")):
     json_schema: dict[str, JsonValue] | None = None
     json_schema_file: str | None = None
     avro_schema: AvroSchemaRef | None = None
     target: Literal["value", "key"] = "value"
     allow_null: bool = Field(default=False, description="A null key/value passes.")
-
-    @model_validator(mode="after")
-    def _one(self) -> ValidateSpec:
-        given = [x for x in (self.json_schema, self.json_schema_file, self.avro_schema)
-                 if x is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of json_schema, json_schema_file, avro_schema")
-        return self
 
 
 class RegistryBasicAuth(_Model):
@@ -284,17 +256,11 @@ class RegistryBasicAuth(_Model):
     password: SecretRef
 
 
-class RegistryAuth(_Model):
+class RegistryAuth(_OneOf, one_of=("basic", "bearer")):
     """HTTP authentication: basic (user and password) or a bearer token."""
 
     basic: RegistryBasicAuth | None = None
     bearer: SecretRef | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> RegistryAuth:
-        if (self.basic is None) == (self.bearer is None):
-            raise ValueError("give exactly one of basic, bearer")
-        return self
 
 
 class SchemaRegistryRef(_Model):
@@ -347,19 +313,13 @@ class DropSpec(_Model):
     when: RecordPredicate
 
 
-class CopySpec(_Model):
+class CopySpec(_OneOf, one_of=("topic", "http")):
     topic: TopicName | None = Field(default=None, description="Copy to this Kafka topic.")
     http: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
         default=None, description="POST each record (JSON) to this URL."
     )
     when: RecordPredicate | None = None
     queue_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
-
-    @model_validator(mode="after")
-    def _target(self) -> CopySpec:
-        if (self.topic is None) == (self.http is None):
-            raise ValueError("give exactly one of topic, http")
-        return self
 
 
 class InterceptorSpec(_Model):

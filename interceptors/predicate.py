@@ -56,7 +56,7 @@ class CompiledPredicate:
     def __call__(self, record: InterceptedRecord, doc: Any = UNPARSED) -> bool:
         if self.tombstone is not None and (record.value is None) != self.tombstone:
             return False
-        if self.key is not None and not _key_matches(self.key, record.key):
+        if self.key is not None and not _utf8_matches(self.key, record.key):
             return False
         for name, matcher in self.headers:
             if not _header_matches(record.headers, name, matcher):
@@ -77,11 +77,13 @@ def compile_predicate(spec: RecordPredicate | None) -> CompiledPredicate | None:
     return CompiledPredicate(spec) if spec is not None else None
 
 
-def _key_matches(matcher: StringMatcher, key: bytes | None) -> bool:
-    if key is None:
+def _utf8_matches(matcher: StringMatcher, data: bytes | None) -> bool:
+    """A key's or header value's bytes against a string matcher: null or bytes that are
+    not UTF-8 match nothing."""
+    if data is None:
         return False
     try:
-        return matcher(key.decode("utf-8"))
+        return matcher(data.decode("utf-8"))
     except UnicodeDecodeError:
         return False
 
@@ -91,14 +93,7 @@ def _header_matches(
 ) -> bool:
     for header, value in reversed(headers):
         if header == name:
-            if matcher is None:
-                return True
-            if value is None:
-                return False
-            try:
-                return matcher(value.decode("utf-8"))
-            except UnicodeDecodeError:
-                return False
+            return matcher is None or _utf8_matches(matcher, value)
     return False
 
 

@@ -180,9 +180,9 @@ def record_json(record: InterceptedRecord) -> bytes:
         "timestamp": record.timestamp,
         "key_b64": _b64(record.key),
     }
-    body.update(_text_or_b64("value", record.value))
+    body.update(text_or_b64("value", record.value))
     body["headers"] = [
-        {"name": name, **_text_or_b64("value", value)} for name, value in record.headers
+        {"name": name, **text_or_b64("value", value)} for name, value in record.headers
     ]
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -191,7 +191,10 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
 
-def _text_or_b64(field: str, data: bytes | None) -> dict[str, str | None]:
+def text_or_b64(field: str, data: bytes | None) -> dict[str, str | None]:
+    """A key, value or header value as JSON: `{field: text}` when it is UTF-8, else
+    `{field_b64: ...}` (null stays null under `field`). Side-effect messages and the
+    control plane's dry runs show records the same way."""
     if data is None:
         return {field: None}
     try:

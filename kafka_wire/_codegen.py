@@ -130,6 +130,17 @@ class _Compiler:
         self.counter += 1
         return f"{prefix}{self.counter}"
 
+    def struct_function(self, names: dict[int, str], s: StructSpec,
+                        prefix: str) -> tuple[str, bool]:
+        """The name of the reader or writer (`names`, `prefix`) of struct `s`, and whether
+        it is new (then the caller generates it). A struct is named before its body is
+        generated, so a struct holding itself refers to its own function."""
+        name = names.get(id(s))
+        if name is not None:
+            return name, False
+        name = names[id(s)] = self.fresh(prefix)
+        return name, True
+
     def const(self, value: Any, prefix: str = "_k") -> str:
         name = self.fresh(prefix)
         self.ns[name] = value
@@ -308,10 +319,9 @@ class _Compiler:
         return lines
 
     def reader(self, s: StructSpec) -> str:
-        key = id(s)
-        if key in self.readers:
-            return self.readers[key]
-        fn = self.readers[key] = self.fresh("_r")
+        fn, new = self.struct_function(self.readers, s, "_r")
+        if not new:
+            return fn
         v = self.version
         body: list[str] = []
         entries: list[str] = []
@@ -435,10 +445,9 @@ class _Compiler:
         return lines + ["    " + line for line in body]
 
     def writer(self, s: StructSpec) -> str:
-        key = id(s)
-        if key in self.writers:
-            return self.writers[key]
-        fn = self.writers[key] = self.fresh("_w")
+        fn, new = self.struct_function(self.writers, s, "_w")
+        if not new:
+            return fn
         v = self.version
         body = ["g = v.get"]
         group: list[tuple[str, str]] = []  # (value expression, code)

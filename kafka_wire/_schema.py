@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any
+from typing import Any, TypedDict
 
 from kafka_wire.errors import UnknownApiError
 
@@ -184,16 +184,26 @@ class _StructResolver:
         )
 
 
+class _Head(TypedDict):
+    """The top-level keys of a schema file, as MessageSpec and SchemaFile both hold them."""
+
+    name: str
+    kind: str
+    api_key: int | None
+    valid: Versions
+    flexible: Versions
+
+
+def _head(keys: dict[str, Any]) -> _Head:
+    """The head of a whole parsed file or of the keys a head scan found."""
+    return _Head(name=keys["name"], kind=keys["type"], api_key=keys.get("apiKey"),
+                 valid=parse_versions(keys["validVersions"]),
+                 flexible=parse_versions(keys.get("flexibleVersions")))
+
+
 def _parse_message(doc: dict[str, Any]) -> MessageSpec:
     resolver = _StructResolver(doc)
-    return MessageSpec(
-        name=doc["name"],
-        kind=doc["type"],
-        api_key=doc.get("apiKey"),
-        valid=parse_versions(doc["validVersions"]),
-        flexible=parse_versions(doc.get("flexibleVersions")),
-        struct=resolver.struct(doc["name"], doc["fields"]),
-    )
+    return MessageSpec(**_head(doc), struct=resolver.struct(doc["name"], doc["fields"]))
 
 
 _REQUIRED_HEAD = ("name", "type", "validVersions")
@@ -214,15 +224,7 @@ def _read_head(resource: Traversable, source: str) -> SchemaFile:
     keys = _head_keys(strip_comments(raw if cut < 0 else raw[:cut]))
     if not all(k in keys for k in _REQUIRED_HEAD):
         keys = _head_keys(strip_comments(raw))
-    return SchemaFile(
-        name=keys["name"],
-        kind=keys["type"],
-        api_key=keys.get("apiKey"),
-        valid=parse_versions(keys["validVersions"]),
-        flexible=parse_versions(keys.get("flexibleVersions")),
-        resource=resource,
-        source=source,
-    )
+    return SchemaFile(**_head(keys), resource=resource, source=source)
 
 
 class Registry:

@@ -84,3 +84,18 @@ def stop_process(process: subprocess.Popen[Any] | None, grace_s: float = 10) -> 
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class HoldsProcess:
+    """What a holder of one child process shows of it (`_proc`: None before it starts and
+    once it is stopped): whether it runs, its pid. The embedded broker and `Child`."""
+
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None

@@ -7,29 +7,19 @@ import contextlib
 import os
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
 from keg import cli_pipeline, cli_rules
+from keg.cli_options import option_group
 from keg.cli_security import (
-    SaslMechanism,
-    SaslPasswordFile,
+    NO_SECURITY_OPTIONS,
     SaslTermination,
-    SaslUsername,
     SecurityOptions,
-    TlsCert,
-    TlsClientCa,
-    TlsKey,
-    TlsPrincipalFrom,
-    TlsPrincipalRules,
-    UpstreamServerName,
-    UpstreamTlsCa,
-    UpstreamTlsCert,
-    UpstreamTlsFlag,
-    UpstreamTlsKey,
-    UpstreamVerifyHostname,
+    security_options,
 )
 from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
@@ -80,6 +70,13 @@ AuditFormatOption = Annotated[str, typer.Option(
                            "(docs/audit.md).")]
 
 
+
+def _metrics_label_bound(envvar: str, which: str) -> Any:
+    """The option bounding one label of the ext_proc metrics (its distinct values)."""
+    return typer.Option(envvar=envvar, min=1,
+                        help=f"{which}; later ones count as 'other'. Default 1000.")
+
+
 def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
     """The audit log file an --audit-log value means: None is off ("none", "off")."""
     if value is None:
@@ -107,6 +104,31 @@ def _audit_format(value: str) -> AuditFormat:
     if value == "avro":
         return "avro"
     raise _fail(f"--audit-format is json or avro, not {value!r}")
+
+
+@dataclass(frozen=True)
+class AuditKafkaOptions:
+    """How `keg up` and `keg ext-proc` write the audit stream (its topic, producer
+    properties, format); each command says itself where it goes."""
+
+    audit_kafka_topic: str = "_keg_audit"
+    audit_kafka_config: list[str] | None = None
+    audit_format: str = "json"
+
+    def stream_fields(self) -> dict[str, Any]:
+        """The fields of the audit stream's settings these give: the properties checked
+        (the SASL password taken from its variable, which is then unset) and the format."""
+        return {"topic": self.audit_kafka_topic,
+                "config": tuple(_properties(self.audit_kafka_config, "--audit-kafka-config",
+                                            AUDIT_KAFKA_PASSWORD_ENV)),
+                "format": _audit_format(self.audit_format)}
+
+
+NO_AUDIT_KAFKA_OPTIONS: Final = AuditKafkaOptions()
+audit_kafka_options: Final = option_group(
+    AuditKafkaOptions, {"audit_kafka_topic": AuditKafkaTopic,
+                        "audit_kafka_config": AuditKafkaConfig,
+                        "audit_format": AuditFormatOption}, "audit_stream")
 
 
 def _default_data_dir() -> Path:
@@ -165,6 +187,8 @@ def _ports_in_use(ports: list[tuple[str, str, int | None]]) -> list[str]:
 
 
 @app.command()
+@security_options()
+@audit_kafka_options
 def up(
     bootstrap_servers: Annotated[
         str | None,
@@ -221,9 +245,7 @@ def up(
     audit_kafka_bootstrap: Annotated[str | None, typer.Option(
         help="The cluster of the audit stream (default: the one keg fronts, as the "
              "gateway's own user).")] = None,
-    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
-    audit_kafka_config: AuditKafkaConfig = None,
-    audit_format: AuditFormatOption = "json",
+    audit_stream: AuditKafkaOptions = NO_AUDIT_KAFKA_OPTIONS,
     metrics_port: MetricsPort = 9464,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API on this port, the rules kept in a SQLite store of this "
@@ -236,21 +258,7 @@ def up(
         help="Pass this environment variable to the ext_proc service too (repeatable; "
              "e.g. what a custom interceptor reads). It gets the key variables its "
              "rules name without this; Envoy and the broker get neither.")] = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
-    tls_principal_from: TlsPrincipalFrom = "subject",
-    upstream_tls: UpstreamTlsFlag = False,
-    upstream_tls_ca: UpstreamTlsCa = None,
-    upstream_tls_cert: UpstreamTlsCert = None,
-    upstream_tls_key: UpstreamTlsKey = None,
-    upstream_server_name: UpstreamServerName = None,
-    upstream_verify_hostname: UpstreamVerifyHostname = True,
-    sasl_mechanism: SaslMechanism = None,
-    sasl_username: SaslUsername = None,
-    sasl_password_file: SaslPasswordFile = None,
-    sasl_termination: SaslTermination = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
     log_level: LogLevel = "INFO",
     log_format: LogFormat = "text",
 ) -> None:
@@ -270,11 +278,7 @@ def up(
     if rules_delivery not in ("control-plane", "directory"):
         raise _fail(f"--rules-delivery is control-plane or directory, not {rules_delivery!r}")
     try:  # before anything starts: a missing secret or a bad certificate stops here
-        sasl, listener_tls, broker_tls = SecurityOptions(
-            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
-            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
-            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
-            sasl_password_file, sasl_termination).build()
+        sasl, listener_tls, broker_tls = security.build()
     except ValueError as err:
         raise _fail(str(err)) from None
     if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
@@ -310,10 +314,8 @@ def up(
                     f"others, 0 for free ones (--api-port 0: no API)")
     state = up_state_dir(cache_dir(), rules_dir)
     stream = AuditStream(
-        bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
-        config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
-                                 AUDIT_KAFKA_PASSWORD_ENV)),
-        format=_audit_format(audit_format), spool_dir=state / "audit-spool",
+        bootstrap_servers=audit_kafka_bootstrap, spool_dir=state / "audit-spool",
+        **audit_stream.stream_fields(),
     ) if audit_kafka else None
     lock = DirectoryLock(state, f"keg up's state for the rules in {rules_dir}")
     kafka = None
@@ -354,7 +356,7 @@ def up(
                 sasl=sasl,
                 tls=listener_tls,
                 upstream_tls=broker_tls,
-                sasl_termination=sasl_termination,
+                sasl_termination=security.sasl_termination,
             )
         )
         with gateway:
@@ -365,10 +367,11 @@ def up(
                                  " Kafka clients: bootstrap.servers=",
                                  (gateway.bootstrap, "bold"), "   (Ctrl-C stops)"))
             console.print(_serving(gateway, rules_dir, ruleset))
-            if listener_tls is not None or sasl_termination is not None:
+            terminated = security.sasl_termination is not None
+            if listener_tls is not None or terminated:
                 console.print(_security_line(listener_tls is not None,
                                              listener_tls is not None and listener_tls.mutual,
-                                             sasl_termination is not None))
+                                             terminated))
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
                        " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
@@ -423,6 +426,7 @@ def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
 
 
 @app.command("ext-proc")
+@audit_kafka_options
 def ext_proc_cmd(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 50051,
@@ -433,22 +437,17 @@ def ext_proc_cmd(
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
         = "127.0.0.1",
-    metrics_max_topics: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_TOPICS", min=1,
-        help="Topics with a series of their own in the metrics (the first ones seen); "
-             "later ones count as 'other'. Default 1000.")] = None,
-    metrics_max_clients: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_CLIENTS", min=1,
-        help="Client ids with a series of their own; later ones count as 'other'. "
-             "Default 1000.")] = None,
+    metrics_max_topics: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_TOPICS",
+        "Topics with a series of their own in the metrics (the first ones seen)")] = None,
+    metrics_max_clients: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_CLIENTS", "Client ids with a series of their own")] = None,
     metrics_topics: Annotated[bool, typer.Option(
         envvar="KEG_METRICS_TOPICS",
         help="Label Produce traffic by topic: read the topics of every Produce request "
              "as it passes (a few µs per request; off: no keg_topic_* series).")] = True,
-    metrics_max_principals: Annotated[int | None, typer.Option(
-        envvar="KEG_METRICS_MAX_PRINCIPALS", min=1,
-        help="Principals with a series of their own; later ones count as 'other'. "
-             "Default 1000.")] = None,
+    metrics_max_principals: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_PRINCIPALS", "Principals with a series of their own")] = None,
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
@@ -471,9 +470,7 @@ def ext_proc_cmd(
     audit_kafka_bootstrap: Annotated[str | None, typer.Option(
         help="Stream audit events to this Kafka cluster (bootstrap servers), at least "
              "once through a local spool (docs/audit.md).")] = None,
-    audit_kafka_topic: AuditKafkaTopic = "_keg_audit",
-    audit_kafka_config: AuditKafkaConfig = None,
-    audit_format: AuditFormatOption = "json",
+    audit_stream: AuditKafkaOptions = NO_AUDIT_KAFKA_OPTIONS,
     audit_spool: Annotated[Path | None, typer.Option(
         help="The audit stream's spool directory: events wait there until Kafka has "
              "them, across restarts (default: the user cache, per port).")] = None,
@@ -502,18 +499,15 @@ def ext_proc_cmd(
         raise _fail("give --rules or --control-plane, not both")
     producer_config = _properties(side_effects_config, "--side-effects-config",
                                   SIDE_EFFECTS_PASSWORD_ENV)
-    audit_stream = None
+    audit_settings = None
     if audit_kafka_bootstrap is not None:
         from ext_proc.audit_kafka import KafkaAuditSettings
         from keg.embedded.kafka import cache_dir
 
-        audit_stream = KafkaAuditSettings(
-            bootstrap_servers=audit_kafka_bootstrap, topic=audit_kafka_topic,
-            config=tuple(_properties(audit_kafka_config, "--audit-kafka-config",
-                                     AUDIT_KAFKA_PASSWORD_ENV)),
-            format=_audit_format(audit_format),
+        audit_settings = KafkaAuditSettings(
+            bootstrap_servers=audit_kafka_bootstrap,
             spool_dir=audit_spool or cache_dir() / "audit-spool" / f"ext-proc-{port}",
-            spool_max_bytes=audit_spool_max_bytes)
+            spool_max_bytes=audit_spool_max_bytes, **audit_stream.stream_fields())
     from ext_proc.sasl.login import SaslCredentials
     from ext_proc.sasl.termination import TerminationConfigError
 
@@ -544,7 +538,7 @@ def ext_proc_cmd(
         control_plane_ca=control_plane_ca,
         control_plane_cert=control_plane_cert,
         control_plane_key=control_plane_key,
-        audit_kafka=audit_stream,
+        audit_kafka=audit_settings,
         ))
     except (TerminationConfigError, ValueError) as err:
         raise _fail(str(err)) from None
@@ -568,6 +562,7 @@ def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:
 
 
 @app.command("control-plane")
+@security_options(sasl_termination=False)
 def control_plane_cmd(
     bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers to front.")],
     ext_proc: Annotated[str, typer.Option(help="host:port of the ext_proc service.")],
@@ -630,20 +625,7 @@ def control_plane_cmd(
     api_insecure_tokens: Annotated[bool, typer.Option(
         help="Take write tokens over plaintext HTTP on a non-loopback address anyway (a "
              "TLS-terminating proxy in front); refused otherwise.")] = False,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    tls_client_ca: TlsClientCa = None,
-    tls_principal_mapping_rules: TlsPrincipalRules = "DEFAULT",
-    tls_principal_from: TlsPrincipalFrom = "subject",
-    upstream_tls: UpstreamTlsFlag = False,
-    upstream_tls_ca: UpstreamTlsCa = None,
-    upstream_tls_cert: UpstreamTlsCert = None,
-    upstream_tls_key: UpstreamTlsKey = None,
-    upstream_server_name: UpstreamServerName = None,
-    upstream_verify_hostname: UpstreamVerifyHostname = True,
-    sasl_mechanism: SaslMechanism = None,
-    sasl_username: SaslUsername = None,
-    sasl_password_file: SaslPasswordFile = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
     terminate_sasl: Annotated[bool, typer.Option(
         help="The listeners authenticate clients themselves (the ext_proc instances run "
              "with --sasl-termination).")] = False,
@@ -669,11 +651,7 @@ def control_plane_cmd(
         return ServerTls(cert, key, ca)
 
     try:
-        sasl, listener_tls, broker_tls = SecurityOptions(
-            tls_cert, tls_key, tls_client_ca, tls_principal_mapping_rules, tls_principal_from,
-            upstream_tls, upstream_tls_ca, upstream_tls_cert, upstream_tls_key,
-            upstream_server_name, upstream_verify_hostname, sasl_mechanism, sasl_username,
-            sasl_password_file).build()
+        sasl, listener_tls, broker_tls = security.build()
         xds_tls = server_tls(xds_tls_cert, xds_tls_key, xds_tls_client_ca, "xds")
         api_tls = server_tls(api_tls_cert, api_tls_key, api_tls_client_ca, "api")
         host, port = split_host_port(ext_proc)

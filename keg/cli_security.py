@@ -4,12 +4,14 @@ password or token from a file (`--sasl-password-file`) or `$KEG_SASL_PASSWORD`."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
+from keg.cli_options import option_group
 from keg.security import SASL_PASSWORD_ENV
 
 if TYPE_CHECKING:
@@ -96,3 +98,34 @@ class SecurityOptions:
         sasl = sasl_credentials(self.sasl_mechanism, self.sasl_username,
                                 self.sasl_password_file)
         return sasl, listener, upstream
+
+
+# Each SecurityOptions field's typer option (its default is the field's).
+_OPTION_TYPES: Final[dict[str, Any]] = {
+    "tls_cert": TlsCert,
+    "tls_key": TlsKey,
+    "tls_client_ca": TlsClientCa,
+    "tls_principal_mapping_rules": TlsPrincipalRules,
+    "tls_principal_from": TlsPrincipalFrom,
+    "upstream_tls": UpstreamTlsFlag,
+    "upstream_tls_ca": UpstreamTlsCa,
+    "upstream_tls_cert": UpstreamTlsCert,
+    "upstream_tls_key": UpstreamTlsKey,
+    "upstream_server_name": UpstreamServerName,
+    "upstream_verify_hostname": UpstreamVerifyHostname,
+    "sasl_mechanism": SaslMechanism,
+    "sasl_username": SaslUsername,
+    "sasl_password_file": SaslPasswordFile,
+    "sasl_termination": SaslTermination,
+}
+NO_SECURITY_OPTIONS: Final = SecurityOptions()
+
+
+def security_options(*, sasl_termination: bool = True) -> Callable[
+        [Callable[..., None]], Callable[..., None]]:
+    """The security options on a typer command, declared once, here: the command takes
+    `security: SecurityOptions = NO_SECURITY_OPTIONS`, shown as the options `--tls-cert`
+    ... `--sasl-password-file` (and `--sasl-termination` unless `sasl_termination=False`)
+    in its place."""
+    return option_group(SecurityOptions, _OPTION_TYPES, "security",
+                        leave_out=() if sasl_termination else ("sasl_termination",))

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
@@ -206,6 +206,14 @@ class AuditStream:
     spool_dir: Path | None = None  # default: <work_dir>/audit-spool
 
 
+# The settings the gateway gives its control plane as they are (ControlPlaneSettings has
+# fields of the same names); the others it works out in Gateway.start.
+CONTROL_PLANE_SETTINGS: Final = (
+    "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
+    "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
+    "max_frame_size", "max_held_bytes")
+
+
 @dataclass
 class GatewaySettings:
     bootstrap_servers: str
@@ -374,25 +382,14 @@ class Gateway(Service):
                     worker.metrics_port = given or worker.metrics_port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(
-                bootstrap_servers=s.bootstrap_servers,
                 ext_proc_host="127.0.0.1",
                 ext_proc_port=self.ext_proc_port,
                 ext_proc_more_ports=tuple(w.port for w in self.workers[1:]),
                 xds_port=self.xds_port,
-                listen_host=s.listen_host,
-                advertised_host=s.advertised_host,
-                listen_port_base=s.listen_port_base,
-                message_timeout_s=s.message_timeout_s,
-                failure_mode_allow=s.failure_mode_allow,
-                sasl=s.sasl,
-                tls=s.tls,
-                upstream_tls=s.upstream_tls,
                 sasl_termination=s.sasl_termination is not None,
                 xds_tls=s.control_plane_tls,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
-                data_path=s.data_path,
-                max_frame_size=s.max_frame_size,
-                max_held_bytes=s.max_held_bytes,
+                **{name: getattr(s, name) for name in CONTROL_PLANE_SETTINGS},
             )
             # The control plane first: the ext_proc service is given the key variables
             # of the rules it will be served, and finds its xDS server up at once.

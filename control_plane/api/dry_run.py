@@ -34,6 +34,7 @@ from filter_rules import CompiledRuleSet, RuleSet, normalize_principal, resolve_
 from filter_rules.errors import error_name
 from interceptors import BuildContext, InterceptedRecord, NoSideEffects
 from interceptors.engine import PLAN_VERSIONS, RecordEngine, RecordOutcome, default_builders
+from interceptors.side_effects import text_or_b64
 from kafka_wire import ApiKey
 from kafka_wire.entity_names import TOPIC
 
@@ -289,9 +290,9 @@ def _record_outcome(index: int, outcome: RecordOutcome, broker_topic: str) -> di
 def _record_json(record: InterceptedRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"topic": record.topic, "partition": record.partition,
                            "timestamp": record.timestamp, "offset": record.offset}
-    out.update(_text_or_b64("key", record.key))
-    out.update(_text_or_b64("value", record.value))
-    out["headers"] = [{"name": n, **_text_or_b64("value", v)} for n, v in record.headers]
+    out.update(text_or_b64("key", record.key))
+    out.update(text_or_b64("value", record.value))
+    out["headers"] = [{"name": n, **text_or_b64("value", v)} for n, v in record.headers]
     return out
 
 
@@ -309,15 +310,6 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)  # uuids and the like
-
-
-def _text_or_b64(name: str, data: bytes | None) -> dict[str, str | None]:
-    if data is None:
-        return {name: None}
-    try:
-        return {name: data.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {f"{name}_b64": base64.b64encode(data).decode()}
 
 
 def _bytes(text: str | None, b64: str | None, where: str) -> bytes | None:

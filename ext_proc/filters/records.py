@@ -30,9 +30,8 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
-from ext_proc.filters.rules import RuleDecision, RuleEngine
-from ext_proc.identity import IdentityTracker
+from ext_proc.filters import RequestVerdict
+from ext_proc.filters.rules import RuleDecision, RuleSetJudge
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
 from interceptors.engine import (
@@ -151,34 +150,16 @@ def _withhold(partitions: Any, code: int) -> bool:
     return changed
 
 
-class RecordsFilter(BaseFilter):
-    dynamic = True  # follows the live rule set
-
-    def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
-        self._engine = engine
-        self._identity = identity
-
+class RecordsFilter(RuleSetJudge):
     def wants_request(self, api_key: int, api_version: int) -> bool:
         return api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and self._engine.records.interested(
             api_key, api_version)
-
-    # -- the filter contract: a request decided by `judge` -------------------------
-
-    def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
-        return direction == REQUEST and self.wants_request(api_key, api_version)
-
-    def on_request(self, ctx: RequestContext) -> None:
-        ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo
     ) -> RequestVerdict | None:
         records = self._engine.records  # one version for the whole request
-        principal = self._identity.principal if self._identity.principal_known else None
-        ctx = MatchContext(api_key=header.api_key, api_version=header.api_version,
-                           principal=principal, client_id=header.client_id,
-                           client_host=conn.client_host, listener=conn.gateway_address or None,
-                           broker_id=conn.broker_id)
+        ctx = self._match_context(header, conn, self._principal(), conn.client_host)
         if header.api_key == ApiKey.PRODUCE:
             return self._produce(records, header, body, conn, ctx)
         return self._fetch(records, header, conn, ctx)

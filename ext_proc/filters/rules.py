@@ -178,12 +178,35 @@ class RuleEngine:
             previous.close()
 
 
-class RulesFilter(RequestJudge):
-    dynamic = True  # follows the live rule set
+class RuleSetJudge(RequestJudge):
+    """A filter that judges requests by the live rule set (so its interest follows it):
+    the request rules, record rules and virtual topics. It sees the rules through the
+    engine and the client as the rules match it (`MatchContext`)."""
+
+    dynamic = True
 
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
         self._engine = engine
         self._identity = identity
+
+    def _principal(self) -> str | None:
+        """Who rules match the connection as: no one for a login the gateway could not
+        read (an opaque token)."""
+        return self._identity.principal if self._identity.principal_known else None
+
+    @staticmethod
+    def _match_context(header: kafka_wire.RequestHeader, conn: ConnectionInfo,
+                       principal: str | None, client_host: str | None) -> MatchContext:
+        return MatchContext(
+            api_key=header.api_key, api_version=header.api_version, principal=principal,
+            client_id=header.client_id, client_host=client_host,
+            listener=conn.gateway_address or None, broker_id=conn.broker_id,
+        )
+
+
+class RulesFilter(RuleSetJudge):
+    def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
+        super().__init__(engine, identity)
         self._audit_principal = identity.principal
         self._acks_zero = False  # the request being judged is a Produce with acks=0
         # Of the request being judged: the topics it names, and a Produce's (bytes,
@@ -202,9 +225,7 @@ class RulesFilter(RequestJudge):
     ) -> RequestVerdict | None:
         if header.api_key == ApiKey.ENVELOPE:
             return self._envelope(header, body, conn)
-        # A login the gateway could not read (opaque token) is no one to match on.
-        principal = self._identity.principal if self._identity.principal_known else None
-        return self._evaluate(header, body, conn, principal, conn.client_host)
+        return self._evaluate(header, body, conn, self._principal(), conn.client_host)
 
     def _envelope(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                   conn: ConnectionInfo) -> RequestVerdict | None:
@@ -259,11 +280,7 @@ class RulesFilter(RequestJudge):
             return None
         self._audit_principal = principal or self._identity.principal
         self._acks_zero = not expects_response(api_key, version, body)
-        ctx = MatchContext(
-            api_key=api_key, api_version=version, principal=principal,
-            client_id=header.client_id, client_host=client_host,
-            listener=conn.gateway_address or None, broker_id=conn.broker_id,
-        )
+        ctx = self._match_context(header, conn, principal, client_host)
         named = request_entities(api_key, version, body, self._engine.topic_ids)
         topics = named.topics
         self._topics = topics

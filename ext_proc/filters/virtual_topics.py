@@ -34,10 +34,10 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestJudge, RequestVerdict
-from ext_proc.filters.rules import RuleEngine
+from ext_proc.filters import RequestVerdict
+from ext_proc.filters.rules import RuleEngine, RuleSetJudge
 from ext_proc.identity import IdentityTracker
-from filter_rules import CompiledRuleSet, MatchContext
+from filter_rules import CompiledRuleSet
 from filter_rules.patterns import PatternError, compile_re2
 from filter_rules.record_actions import VirtualTopicsAction
 from kafka_wire import ApiKey, ErrorCode
@@ -110,12 +110,9 @@ class Namespace:
         return None
 
 
-class VirtualTopicsFilter(RequestJudge):
-    dynamic = True  # follows the live rule set
-
+class VirtualTopicsFilter(RuleSetJudge):
     def __init__(self, engine: RuleEngine, identity: IdentityTracker) -> None:
-        self._engine = engine
-        self._identity = identity
+        super().__init__(engine, identity)
         self._seen: CompiledRuleSet | None = None
         self._active = False
         self._namespaces: dict[tuple[str, bool, bool], Namespace] = {}
@@ -156,12 +153,7 @@ class VirtualTopicsFilter(RequestJudge):
                   conn: ConnectionInfo) -> Namespace | None:
         """The namespace of the connection's first matching virtual-topics rule, if any."""
         compiled = self._engine.compiled
-        ctx = MatchContext(
-            api_key=header.api_key, api_version=header.api_version,
-            principal=self._identity.principal if self._identity.principal_known else None,
-            client_id=header.client_id, client_host=conn.client_host,
-            listener=conn.gateway_address or None, broker_id=conn.broker_id,
-        )
+        ctx = self._match_context(header, conn, self._principal(), conn.client_host)
         for rule in compiled.candidates(header.api_key, header.api_version, "request"):
             if rule.kind != "virtual_topics" or rule.dry_run or not rule.matches(ctx):
                 continue

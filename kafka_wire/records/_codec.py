@@ -8,6 +8,7 @@ from typing import TypeVar, overload
 
 import google_crc32c
 
+from kafka_wire._prims import uvarint
 from kafka_wire.compression import MAX_DECOMPRESSED, Compression, compress, decompress
 from kafka_wire.errors import DecodeError, EncodeError
 from kafka_wire.records._batch import (
@@ -290,12 +291,7 @@ def _zigzag(n: int, lo: int = _INT32_MIN, hi: int = _INT32_MAX) -> bytes:
         return bytes(((z & 0x7F) | 0x80, z >> 7))
     if not lo <= n <= hi:
         raise EncodeError(f"{n} does not fit in a {'varint' if hi == _INT32_MAX else 'varlong'}")
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+    return uvarint(z)  # three bytes and more: rare enough for the general loop
 
 
 _NULL = b"\x01"  # zigzag -1: a null key, value or header value

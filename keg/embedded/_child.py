@@ -11,12 +11,13 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from keg.children import die_with_parent, stop_process
+from keg.children import HoldsProcess, die_with_parent, stop_process
 from keg.lifecycle import Service
 
 log = logging.getLogger(__name__)
@@ -26,20 +27,12 @@ class ChildFailed(RuntimeError):
     """The child exited or did not serve in time; the message ends with its log's tail."""
 
 
-class Child:
+class Child(HoldsProcess):
     def __init__(self, name: str, log_path: Path) -> None:
         self.name = name
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def start(self, cmd: list[str], env: Mapping[str, str], ready: Callable[[], bool],
               timeout: float, cwd: Path | None = None) -> None:
@@ -97,9 +90,30 @@ class Child:
 
 
 class ChildService(Service):
-    """A Service run as one Child (`_child`, set by start): its pid, pause and resume."""
+    """An HTTP service on loopback run as one Child (`_child`, set by start): its port and
+    URL, pid, pause and resume, and stop, which also removes the scratch directory the
+    service made for its files."""
 
     _child: Child | None = None
+    _owned_dir: tempfile.TemporaryDirectory[str] | None = None
+    port: int = 0  # set by start
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _scratch_dir(self, prefix: str) -> Path:
+        """A temporary directory for the child's files, removed by stop."""
+        self._owned_dir = tempfile.TemporaryDirectory(prefix=prefix)
+        return Path(self._owned_dir.name)
+
+    def stop(self) -> None:
+        child, self._child = self._child, None
+        scratch, self._owned_dir = self._owned_dir, None
+        if child is not None:
+            child.stop()
+        if scratch is not None:
+            scratch.cleanup()
 
     @property
     def pid(self) -> int | None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from kafka_wire import ApiKey
-from keg.children import JAVA, child_environment, die_with_parent
+from keg.children import JAVA, HoldsProcess, child_environment, die_with_parent
 from keg.lifecycle import Service
 from keg.state import DirectoryLock, StateInUse
 
@@ -481,7 +481,7 @@ class BrokerTls:
 DEFAULT_FEATURES: dict[str, int] = {"share.version": 1}
 
 
-class EmbeddedKafka(Service):
+class EmbeddedKafka(HoldsProcess, Service):
     """A single-node Apache Kafka (KRaft, combined broker+controller) in a child JVM.
 
     ``data_dir`` holds the config, the log dirs and the logs; when None a temporary
@@ -598,14 +598,6 @@ class EmbeddedKafka(Service):
     @property
     def config_path(self) -> Path:
         return self.data_dir / "server.properties"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def poll(self) -> int | None:
         """The broker JVM's exit code once it has exited (reaped), None while it runs."""

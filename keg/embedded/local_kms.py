@@ -76,13 +76,11 @@ class LocalKms(ChildService):
 
     def __init__(self, start_timeout: float = 60.0) -> None:
         self._start_timeout = start_timeout
-        self.port = 0
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
-        self._child: Child | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The URL an AWS client is given (`endpoint_url`)."""
+        return self.url
 
     @property
     def region(self) -> str:
@@ -93,8 +91,7 @@ class LocalKms(ChildService):
             return self
         binary = ensure_local_kms()
         (self.port,) = _free_ports(1)
-        self._dir = tempfile.TemporaryDirectory(prefix="keg-local-kms-")
-        data = Path(self._dir.name)
+        data = self._scratch_dir("keg-local-kms-")
         self._child = Child("local-kms", data / "local-kms.log")
         env = child_environment(BASE, {"PORT": str(self.port), "KMS_REGION": REGION,
                                        "KMS_DATA_PATH": str(data / "keys")})
@@ -112,11 +109,3 @@ class LocalKms(ChildService):
                 return True
         except OSError:
             return False
-
-    def stop(self) -> None:
-        if self._child is not None:
-            self._child.stop()
-            self._child = None
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None

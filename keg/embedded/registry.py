@@ -19,7 +19,6 @@ gateway talk to. With `tls=(certificate, key)` (PEM files) it also serves HTTPS 
 from __future__ import annotations
 
 import logging
-import tempfile
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -86,14 +85,7 @@ class EmbeddedRegistry(ChildService):
         self._heap = heap
         self._start_timeout = start_timeout
         self._log_dir = log_dir
-        self.port = 0
         self.https_port = 0
-        self._child: Child | None = None
-        self._owned_dir: tempfile.TemporaryDirectory[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def ccompat_url(self) -> str:
@@ -124,9 +116,7 @@ class EmbeddedRegistry(ChildService):
             props.update({"quarkus.http.ssl-port": str(self.https_port),
                           "quarkus.http.ssl.certificate.files": str(certificate),
                           "quarkus.http.ssl.certificate.key-files": str(key)})
-        if self._log_dir is None:
-            self._owned_dir = tempfile.TemporaryDirectory(prefix="keg-registry-")
-        log_dir = self._log_dir or Path(self._owned_dir.name)  # type: ignore[union-attr]
+        log_dir = self._log_dir or self._scratch_dir("keg-registry-")
         self._child = Child("Apicurio Registry", log_dir / "registry.log")
         cmd = [java_executable(), f"-Xmx{self._heap}", "-XX:+UseSerialGC",
                *(f"-D{k}={v}" for k, v in props.items()), "-jar", str(jar)]
@@ -143,11 +133,3 @@ class EmbeddedRegistry(ChildService):
                 return bool(answer.status == 200)
         except (OSError, urllib.error.URLError):
             return False
-
-    def stop(self) -> None:
-        if self._child is not None:
-            self._child.stop()
-            self._child = None
-        if self._owned_dir is not None:
-            self._owned_dir.cleanup()
-            self._owned_dir = None

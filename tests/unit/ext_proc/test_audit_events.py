@@ -25,6 +25,7 @@ from ext_proc.session import KafkaSession
 from filter_rules import CompiledRuleSet, load_rule_text
 from kafka_wire import ApiKey
 from kafka_wire.records import BatchHeader, Record, encode_batch
+from tests.unit.clock import ManualClock
 
 CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092",
                       connection_id="c-7", broker_id=1)
@@ -52,22 +53,13 @@ ALWAYS = ("event_id", "ts", "principal", "client_id", "client_host", "api_name",
           "latency_ms")
 
 
-class Clock:
-    """perf_counter for ext_proc.audit, moved by hand: latencies are exact."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
+def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """perf_counter for ext_proc.audit, moved by hand: latencies are exact."""
+    clock = ManualClock(1000.0)
 
     class FakeTime:
-        perf_counter = clock.perf_counter
+        perf_counter = staticmethod(clock)
         time = staticmethod(time.time)
 
     monkeypatch.setattr(audit_module, "time", FakeTime)
@@ -121,7 +113,7 @@ def session(data_path: DataPath) -> KafkaSession:
 
 
 def test_a_produce_event_waits_for_the_brokers_answer_and_carries_its_latency(
-        data_path: DataPath, clock: Clock) -> None:
+        data_path: DataPath, clock: ManualClock) -> None:
     orders = batch({"n": 1}, {"n": 2}, {"n": 3})
     logs = batch({"n": 4})
     s = session(data_path)
@@ -154,7 +146,7 @@ def test_a_produce_event_waits_for_the_brokers_answer_and_carries_its_latency(
 
 
 def test_a_request_the_gateway_answers_has_its_own_latency(
-        data_path: DataPath, clock: Clock) -> None:
+        data_path: DataPath, clock: ManualClock) -> None:
     s = session(data_path)
     # A forwarded request is in flight first: the gateway's answer waits behind it.
     s.from_client(produce(1, {"logs": batch({"n": 1})}))
@@ -175,7 +167,7 @@ def test_a_request_the_gateway_answers_has_its_own_latency(
 
 
 def test_an_acks_zero_produce_is_written_once_judged(data_path: DataPath,
-                                                     clock: Clock) -> None:
+                                                     clock: ManualClock) -> None:
     s = session(data_path)
     clock.now += 0.001
     s.from_client(produce(5, {"secret.x": batch({"n": 1})}, acks=0))
@@ -185,7 +177,7 @@ def test_an_acks_zero_produce_is_written_once_judged(data_path: DataPath,
 
 
 def test_other_apis_carry_the_requests_size_and_no_records(data_path: DataPath,
-                                                           clock: Clock) -> None:
+                                                           clock: ManualClock) -> None:
     request = kafka_wire.encode_request(
         kafka_wire.RequestHeader(ApiKey.DELETE_TOPICS, 6, 9, "admin", {}),
         {"Topics": [{"Name": "orders", "TopicId": uuid.UUID(int=0)}], "TimeoutMs": 1000})
@@ -219,7 +211,7 @@ def fetch_answer(cid: int, topic_id: uuid.UUID, records: bytes) -> bytes:
 
 
 def test_a_fetch_is_audited_after_its_records_were_filtered(data_path: DataPath,
-                                                            clock: Clock) -> None:
+                                                            clock: ManualClock) -> None:
     pii = uuid.uuid4()
     data_path.engine.topic_ids.add(pii, "pii.users")
     s = session(data_path)
@@ -236,7 +228,7 @@ def test_a_fetch_is_audited_after_its_records_were_filtered(data_path: DataPath,
 
 
 def test_a_connection_closed_before_the_answer_still_writes_its_events(
-        data_path: DataPath, clock: Clock) -> None:
+        data_path: DataPath, clock: ManualClock) -> None:
     s = session(data_path)
     s.from_client(produce(1, {"logs": batch({"n": 1})}))
     clock.now += 0.5
@@ -246,7 +238,7 @@ def test_a_connection_closed_before_the_answer_still_writes_its_events(
 
 
 def test_the_frames_hand_off_writes_the_same_events(data_path: DataPath,
-                                                    clock: Clock) -> None:
+                                                    clock: ManualClock) -> None:
     frames = data_path.frames_session(CONN)
     reply = frames.request(produce(1, {"orders": batch({"n": 1})}), principal="User:alice",
                            security_protocol="SASL_PLAINTEXT")

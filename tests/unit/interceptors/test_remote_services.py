@@ -10,29 +10,22 @@ import pytest
 
 from interceptors.contract import ServiceUnavailable
 from interceptors.remote import ServiceCaller, ServiceFailure, TtlCache
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.clock import ManualClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(100.0)
 
 
 @pytest.fixture
-def caller(clock: Clock) -> Iterator[ServiceCaller]:
+def caller(clock: ManualClock) -> Iterator[ServiceCaller]:
     c = ServiceCaller("test service", timeout_s=0.2, backoff_s=5.0, clock=clock)
     yield c
     c.close()
 
 
-def test_cache_is_bounded_least_recently_used_first(clock: Clock) -> None:
+def test_cache_is_bounded_least_recently_used_first(clock: ManualClock) -> None:
     cache: TtlCache[int, str] = TtlCache(2, clock=clock)
     cache.put(1, "a")
     cache.put(2, "b")
@@ -42,7 +35,7 @@ def test_cache_is_bounded_least_recently_used_first(clock: Clock) -> None:
     assert len(cache) == 2
 
 
-def test_cache_entries_expire_but_stay_readable_as_stale(clock: Clock) -> None:
+def test_cache_entries_expire_but_stay_readable_as_stale(clock: ManualClock) -> None:
     cache: TtlCache[str, int] = TtlCache(10, ttl_s=30, clock=clock)
     cache.put("k", 1)
     cache.put("short", 2, ttl_s=1)
@@ -54,7 +47,7 @@ def test_cache_entries_expire_but_stay_readable_as_stale(clock: Clock) -> None:
 
 
 def test_a_stalled_service_costs_one_timeout_then_nothing_for_the_backoff(
-        caller: ServiceCaller, clock: Clock) -> None:
+        caller: ServiceCaller, clock: ManualClock) -> None:
     release = threading.Event()
     with pytest.raises(ServiceUnavailable, match="did not answer within 200 ms"):
         caller.call("k", release.wait)
@@ -70,7 +63,7 @@ def test_a_stalled_service_costs_one_timeout_then_nothing_for_the_backoff(
 
 
 def test_failures_mark_the_service_down_and_verdicts_do_not(
-        caller: ServiceCaller, clock: Clock) -> None:
+        caller: ServiceCaller, clock: ManualClock) -> None:
     class NotFound(Exception):
         pass
 
