@@ -42,7 +42,7 @@ use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, 
 use crate::config::{FilterConfig, TableSlot};
 use crate::core::handoff::Failure;
 use crate::core::head::RequestHead;
-use crate::core::interest::Interest;
+use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::tls_principal::certificate_name;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
@@ -101,10 +101,11 @@ struct InterestPolicy {
 impl RequestPolicy for InterestPolicy {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-        if table.interest.wants(head.api_key, head.api_version) {
-            Disposition::HandOff { fail_open: table.interest.failure_mode_allow }
-        } else {
-            Disposition::Forward
+        let fail_open = table.interest.failure_mode_allow;
+        match table.interest.want(head.api_key, head.api_version) {
+            Want::No => Disposition::Forward,
+            Want::All => Disposition::HandOff { fail_open },
+            Want::Topics(selector) => Disposition::Select { fail_open, selector },
         }
     }
 }
