@@ -19,6 +19,13 @@ context for each frame it asked for:
   for all of it at once.
 - `on_response(ctx)`: the decoded response; `ctx.changed()` when it changed the body.
   An unchanged response is forwarded as its original bytes.
+- `topic_scope(api_key, api_version, direction)`: for a frame the filter wants, the
+  topics that can make it act (a `TopicSelector`), or None when it may act whatever
+  the topics (the default). Keg's native module hands a Produce (or Fetch) to the
+  Python chain only when one of its topics is in the union of the scopes of every
+  filter that wants it, and every frame when one of them says None
+  (`ext_proc.frames.interest_ranges`). A scope must be a necessary condition: a topic
+  outside it never makes the filter act. When unsure, say None.
 - `stream_response(api_key, api_version)`: a filter that wants a response may offer
   to do its work on the bytes as they pass instead (an `Inspector` factory, see
   kafka_wire.framing): when every filter that wants a response offers one, the
@@ -33,12 +40,13 @@ the data path's sinks (see `ext_proc.filters.rules.RuleEngine.sink`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
+from filter_rules import StringMatch
 from kafka_wire.framing import Inspector
 
 Direction = Literal["request", "response"]
@@ -163,6 +171,105 @@ class ResponseContext:
         self.was_changed = self.was_changed or changed
 
 
+@dataclass(frozen=True)
+class TopicSelector:
+    """Topic names as rules match them (`filter_rules` StringMatch: exact names,
+    prefixes, RE2 patterns matching the whole name); a union of matchers."""
+
+    exact: frozenset[str] = frozenset()
+    prefix: frozenset[str] = frozenset()
+    regex: frozenset[str] = frozenset()
+
+    def union(self, other: TopicSelector) -> TopicSelector:
+        return TopicSelector(self.exact | other.exact, self.prefix | other.prefix,
+                             self.regex | other.regex)
+
+    def to_json(self) -> dict[str, list[str]]:
+        """The module's form (envoy/kafka_filter/src/core/interest.rs), sorted so an
+        unchanged rule set gives an unchanged table."""
+        return {"exact": sorted(self.exact), "prefix": sorted(self.prefix),
+                "regex": sorted(self.regex)}
+
+
+# What keg's module compiles (Rust's `regex` crate) must select at least what RE2
+# selects: only patterns in a small, plainly common subset are handed to it. Valid
+# topic names are ASCII ([a-zA-Z0-9._-]), where both engines agree on this subset
+# (\w, \d and their negations included); anything else (\s, \b, \C, \Q..\E,
+# \p{..}, POSIX classes, flags but (?i), octal, large repeats, non-ASCII) leaves the
+# rule's scope open: every frame of the API is handed off.
+_PORTABLE_ESCAPES: Final = frozenset(".-_\\*+?()[]{}|^$/dwDW")
+_MAX_PORTABLE_REPEAT: Final = 100
+
+
+def portable_regex(pattern: str) -> bool:
+    """Whether `pattern` means the same to RE2 and to the module's regex engine."""
+    if not pattern.isascii() or any(op in pattern for op in ("[:", "&&", "--", "~~")):
+        return False
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if not c.isprintable():
+            return False
+        if c == "\\":
+            if i + 1 >= len(pattern) or pattern[i + 1] not in _PORTABLE_ESCAPES:
+                return False
+            i += 2
+            continue
+        if in_class:
+            if c == "[":  # Rust nests classes, RE2 reads a literal "["
+                return False
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            if pattern.startswith("^", i):
+                i += 1
+            if pattern.startswith("]", i):  # a literal "]" first, in both
+                i += 1
+            continue
+        elif c == "(" and pattern.startswith("(?", i) and not (
+                pattern.startswith("(?:", i) or pattern.startswith("(?i)", i)
+                or pattern.startswith("(?i:", i)):
+            return False
+        elif c == "{":
+            end = pattern.find("}", i)
+            bounds = pattern[i + 1:end].split(",") if end > 0 else []
+            if any(b and (not b.isdigit() or int(b) > _MAX_PORTABLE_REPEAT) for b in bounds):
+                return False
+        i += 1
+    return True
+
+
+def match_scope(match: StringMatch | None) -> TopicSelector | None:
+    """The selector of a rule's top-level topic matcher: None when the rule has none
+    (it may act on any topic) or a pattern the module could read otherwise."""
+    if match is None or not all(portable_regex(p) for p in match.regex):
+        return None
+    return TopicSelector(frozenset(match.exact), frozenset(match.prefix),
+                         frozenset(match.regex))
+
+
+def union_scope(scopes: Iterable[TopicSelector | None]) -> TopicSelector | None:
+    """The union of scopes; None (every topic) as soon as one is None."""
+    total = TopicSelector()
+    for scope in scopes:
+        if scope is None:
+            return None
+        total = total.union(scope)
+    return total
+
+
+def topic_scope(f: Filter, api_key: int, api_version: int,
+                direction: Direction) -> TopicSelector | None:
+    """`f`'s scope for a frame it wants; None for a filter that does not say (it may
+    act on any topic)."""
+    scope = getattr(f, "topic_scope", None)
+    if scope is None:
+        return None
+    result = scope(api_key, api_version, direction)
+    return result if isinstance(result, TopicSelector) else None
+
+
 class Filter(Protocol):
     """See the module docstring."""
 
@@ -190,6 +297,11 @@ class BaseFilter:
         return None
 
     def on_response(self, ctx: ResponseContext) -> None:
+        return None
+
+    def topic_scope(self, api_key: int, api_version: int,
+                    direction: Direction) -> TopicSelector | None:
+        """Any topic: a filter narrows this only when it knows (see the docstring)."""
         return None
 
     def stream_response(self, api_key: int, api_version: int

@@ -30,8 +30,15 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, BaseFilter, Direction, RequestContext, RequestVerdict
-from ext_proc.filters.rules import RuleDecision, RuleEngine
+from ext_proc.filters import (
+    REQUEST,
+    BaseFilter,
+    Direction,
+    RequestContext,
+    RequestVerdict,
+    TopicSelector,
+)
+from ext_proc.filters.rules import RuleDecision, RuleEngine, rules_scope
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
@@ -169,6 +176,15 @@ class RecordsFilter(BaseFilter):
 
     def on_request(self, ctx: RequestContext) -> None:
         ctx.decide(self.judge(ctx.header, ctx.body, ctx.conn))
+
+    def topic_scope(self, api_key: int, api_version: int,
+                    direction: Direction) -> TopicSelector | None:
+        """The topics a record rule may plan stages for (`RecordEngine.plan` matches
+        each topic of a Produce request or Fetch response against these rules)."""
+        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
+            return None
+        frame = "request" if api_key == ApiKey.PRODUCE else "response"
+        return rules_scope(self._engine.records.rules.candidates(api_key, api_version, frame))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo
