@@ -40,6 +40,7 @@ the data path's sinks (see `ext_proc.filters.rules.RuleEngine.sink`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, Protocol
@@ -191,18 +192,21 @@ class TopicSelector:
                 "regex": sorted(self.regex)}
 
 
-# What keg's module compiles (Rust's `regex` crate) must select at least what RE2
-# selects: only patterns in a small, plainly common subset are handed to it. Valid
-# topic names are ASCII ([a-zA-Z0-9._-]), where both engines agree on this subset
-# (\w, \d and their negations included); anything else (\s, \b, \C, \Q..\E,
-# \p{..}, POSIX classes, flags but (?i), octal, large repeats, non-ASCII) leaves the
-# rule's scope open: every frame of the API is handed off.
+# What keg's module compiles (Rust's `regex` crate, ASCII mode, on ASCII names only:
+# every valid topic name is ASCII) must select what RE2 selects: only patterns of a
+# small, plainly common subset are handed to it, where both engines agree (\w, \d and
+# their negations included); anything else (\s, \b, \C, \Q..\E, \p{..}, POSIX
+# classes, flags but (?i), octal, a "{" that starts no repeat, large repeats,
+# non-ASCII) leaves the rule's scope open: every frame of the API is handed off.
 _PORTABLE_ESCAPES: Final = frozenset(".-_\\*+?()[]{}|^$/dwDW")
+_CLASS_ESCAPES: Final = frozenset(".-_\\*+?()[]{}|^$/")  # no \d in a class: [\d-z]
 _MAX_PORTABLE_REPEAT: Final = 100
+_COUNTED: Final = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 
 def portable_regex(pattern: str) -> bool:
-    """Whether `pattern` means the same to RE2 and to the module's regex engine."""
+    """Whether `pattern` means the same to RE2 and to the module's regex engine (and
+    both accept it: a pattern the module refuses would refuse the whole table)."""
     if not pattern.isascii() or any(op in pattern for op in ("[:", "&&", "--", "~~")):
         return False
     i, in_class = 0, False
@@ -211,7 +215,8 @@ def portable_regex(pattern: str) -> bool:
         if not c.isprintable():
             return False
         if c == "\\":
-            if i + 1 >= len(pattern) or pattern[i + 1] not in _PORTABLE_ESCAPES:
+            escapes = _CLASS_ESCAPES if in_class else _PORTABLE_ESCAPES
+            if i + 1 >= len(pattern) or pattern[i + 1] not in escapes:
                 return False
             i += 2
             continue
@@ -228,14 +233,22 @@ def portable_regex(pattern: str) -> bool:
                 i += 1
             continue
         elif c == "(" and pattern.startswith("(?", i) and not (
-                pattern.startswith("(?:", i) or pattern.startswith("(?i)", i)
-                or pattern.startswith("(?i:", i)):
+                pattern.startswith("(?:", i) or pattern.startswith("(?i:", i)
+                # RE2 repeats the empty flag group, Rust refuses to: (?i)*
+                or (pattern.startswith("(?i)", i)
+                    and not pattern.startswith(("*", "+", "?", "{"), i + 4))):
             return False
         elif c == "{":
-            end = pattern.find("}", i)
-            bounds = pattern[i + 1:end].split(",") if end > 0 else []
-            if any(b and (not b.isdigit() or int(b) > _MAX_PORTABLE_REPEAT) for b in bounds):
+            # RE2 reads a "{" that starts no repeat as a literal, Rust refuses it.
+            counted = _COUNTED.match(pattern, i)
+            if counted is None or i == 0 or pattern[i - 1] in "(|^$":
                 return False
+            low, high = int(counted[1]), counted[3]
+            if low > _MAX_PORTABLE_REPEAT or (high and not low <= int(high)
+                                              <= _MAX_PORTABLE_REPEAT):
+                return False
+            i = counted.end()
+            continue
         i += 1
     return True
 

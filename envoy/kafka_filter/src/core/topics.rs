@@ -43,7 +43,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock, RwLock};
 
-use regex::RegexSet;
+use regex::bytes::{RegexBuilder, RegexSet, RegexSetBuilder};
 use serde::Deserialize;
 
 use super::head::PRODUCE;
@@ -60,6 +60,8 @@ pub const MAX_PARTITIONS: usize = 10_000;
 pub const MAX_TOPIC_IDS: usize = 100_000;
 /// The longest pattern accepted (as the Python side's `MAX_PATTERN_LENGTH`).
 const MAX_PATTERN_LENGTH: usize = 4096;
+/// Compiled size allowed per pattern and per set (the crate's default is 10 MiB).
+const REGEX_SIZE_LIMIT: usize = 32 << 20;
 
 /// Whether the walk reads this request's topics (other versions are handed off whole).
 pub fn readable(api_key: i16, api_version: i16) -> bool {
@@ -83,8 +85,13 @@ struct RawSelector {
 
 /// Topic names as keg's rules match them: equal to one of `exact`, starting with one
 /// of `prefix`, or matched whole by one of `regex` (RE2 on the Python side; the Python
-/// side only sends patterns that mean the same to Rust's `regex`, which is linear-time
-/// like RE2).
+/// side only sends patterns of a subset both engines read alike, `portable_regex`).
+///
+/// Only ASCII names are matched: every valid Kafka topic name is ASCII
+/// (`[a-zA-Z0-9._-]`), and on ASCII text RE2 and Rust's `regex` in its ASCII mode
+/// (`\w`, `\d`, `.` and `(?i)` as RE2 reads them there) agree. Any other name is
+/// selected (handed off): no broker stores records under it, and the Python side
+/// judges it.
 #[derive(Debug, Clone)]
 pub struct TopicSelector {
     exact: HashSet<String>,
@@ -114,13 +121,15 @@ impl TopicSelector {
             }
             // Whole-name matches, as RE2's fullmatch on the Python side.
             let whole = format!(r"\A(?:{pattern})\z");
-            regex::Regex::new(&whole).map_err(|e| format!("topic selector: pattern {pattern:?} does not compile: {e}"))?;
+            RegexBuilder::new(&whole).unicode(false).size_limit(REGEX_SIZE_LIMIT).build()
+                .map_err(|e| format!("topic selector: pattern {pattern:?} does not compile: {e}"))?;
             anchored.push(whole);
         }
         let regex = if anchored.is_empty() {
             None
         } else {
-            Some(RegexSet::new(&anchored).map_err(|e| format!("topic selector: patterns do not compile together: {e}"))?)
+            Some(RegexSetBuilder::new(&anchored).unicode(false).size_limit(REGEX_SIZE_LIMIT).build()
+                .map_err(|e| format!("topic selector: patterns do not compile together: {e}"))?)
         };
         Ok(TopicSelector { exact: raw.exact.into_iter().collect(), prefix: raw.prefix, regex, patterns: raw.regex })
     }
@@ -128,9 +137,12 @@ impl TopicSelector {
     /// Whether a topic name (as the request carries it) is selected. A name that is not
     /// UTF-8 is (the Python side would read it otherwise, or refuse the request).
     pub fn selects(&self, name: &[u8]) -> bool {
-        let Ok(name) = std::str::from_utf8(name) else { return true };
-        self.exact.contains(name)
-            || self.prefix.iter().any(|p| name.starts_with(p.as_str()))
+        if !name.is_ascii() {
+            return true;
+        }
+        let Ok(text) = std::str::from_utf8(name) else { return true };
+        self.exact.contains(text)
+            || self.prefix.iter().any(|p| text.starts_with(p.as_str()))
             || self.regex.as_ref().is_some_and(|r| r.is_match(name))
     }
 }

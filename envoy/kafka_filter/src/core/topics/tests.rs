@@ -82,6 +82,7 @@ fn selectors_match_exact_names_prefixes_and_whole_patterns() {
     assert!(!s.selects(b"payments2") && !s.selects(b"orders") && !s.selects(b"xpii.a"));
     assert!(!s.selects(b"pii.a.b"), "a pattern matches the whole name");
     assert!(s.selects(&[0xff, 0xfe]), "a name that is not UTF-8 is handed off");
+    assert!(s.selects("ordérs".as_bytes()), "nor is one that is not ASCII (no valid topic is)");
     let none = selector(serde_json::json!({}));
     assert!(!none.selects(b"payments"));
 }
@@ -260,4 +261,18 @@ fn only_bounded_produce_requests_are_for_kafka_protocol_to_decode() {
     let whole = produce(9, &[("a", Uuid::nil())]);
     assert!(!produce_is_bounded(&whole[..whole.len() - 20], 9), "records past the end");
     assert!(crate::core::handoff::produce_timed_out(&forged, 7).is_none());
+}
+
+#[test]
+#[ignore] // a probe for the Python side's pattern subset: KEG_PATTERNS=<file of a JSON
+          // [patterns, names]> cargo test --lib probe -- --ignored --nocapture prints, per
+          // pattern, null (refused) or the names it selects.
+fn probe_patterns() {
+    let text = std::fs::read_to_string(std::env::var("KEG_PATTERNS").unwrap()).unwrap();
+    let (patterns, names): (Vec<String>, Vec<String>) = serde_json::from_str(&text).unwrap();
+    let results: Vec<Option<Vec<&String>>> = patterns.iter().map(|p| {
+        TopicSelector::parse(serde_json::json!({"regex": [p]})).ok()
+            .map(|s| names.iter().filter(|n| s.selects(n.as_bytes())).collect())
+    }).collect();
+    println!("PROBE {}", serde_json::to_string(&results).unwrap());
 }
