@@ -22,6 +22,13 @@ without rules, with a rule that hands every Produce to the Python chain and lets
 unchanged (``native_handoff``), and with rules that mask two fields of every record at
 produce and at consume time (``native_mask``; ``ext_proc_mask``: the same rules on the
 ext_proc path, for comparison).
+
+Topic-selective hand-off (docs/native.md, the interest table): ``native_other_topic``
+runs a mask rule on ANOTHER topic (``other.*``) than the one produced to, so the module
+lets every Produce pass natively; ``native_other_unselected`` runs the same rule written
+so the module cannot read its topics (``(?s)`` is outside the pattern subset the module
+is given), which hands every Produce to the Python chain: what any record rule cost
+before topic selectors.
 """
 
 from __future__ import annotations
@@ -70,15 +77,34 @@ SUMMARY_KEYS = (
 
 
 NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK = "native_handoff", "native_mask", "ext_proc_mask"
-HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
+NATIVE_OTHER, NATIVE_OTHER_UNSELECTED = "native_other_topic", "native_other_unselected"
+HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_OTHER, NATIVE_OTHER_UNSELECTED, NATIVE_HANDOFF,
+                 NATIVE_MASK, EXT_PROC_MASK)
 HANDOFF_KEYS = ("produce_records_per_s", "consume_records_per_s")
-# A rule that matches no topic the benchmark uses: every Produce request is handed to
-# the Python chain (it must read the topics to know), which forwards it unchanged.
+# A rule that matches no request the benchmark sends but names no topic: every Produce
+# request is handed to the Python chain (a topic rule would let the module pass them:
+# topic selectors), which forwards it unchanged.
 HANDOFF_RULES = """
 rules:
   - id: judge-every-produce
-    match: {apis: [Produce], topics: {prefix: [never.]}}
+    match: {apis: [Produce], principals: {exact: [User:nobody]}}
     action: {deny: {}}
+"""
+# A record rule on a topic the benchmark does not produce to: with its topic selector
+# the module passes the benchmark's Produce requests natively.
+OTHER_TOPIC_RULES = """
+rules:
+  - id: mask-other
+    match: {topics: {prefix: [other.]}}
+    action: {mask: {fields: [$.customer.email, $.card.number]}}
+"""
+# The same rule, its topics written as a pattern the module is not given ((?s) changes
+# nothing for topic names): no selector, every Produce handed off, as before selectors.
+OTHER_TOPIC_UNSELECTED_RULES = """
+rules:
+  - id: mask-other
+    match: {topics: {regex: ['(?s)other\\..*']}}
+    action: {mask: {fields: [$.customer.email, $.card.number]}}
 """
 # Every record masked on its way in (topics p.*) and on its way out (topics c.*).
 MASK_RULES = """
@@ -90,7 +116,9 @@ rules:
     match: {direction: response, topics: {prefix: [c.]}}
     action: {mask: {fields: [$.customer.email, $.card.number]}}
 """
-HANDOFF_GATEWAYS = {NATIVE_HANDOFF: ("native", HANDOFF_RULES),
+HANDOFF_GATEWAYS = {NATIVE_OTHER: ("native", OTHER_TOPIC_RULES),
+                    NATIVE_OTHER_UNSELECTED: ("native", OTHER_TOPIC_UNSELECTED_RULES),
+                    NATIVE_HANDOFF: ("native", HANDOFF_RULES),
                     NATIVE_MASK: ("native", MASK_RULES),
                     EXT_PROC_MASK: ("ext-proc", MASK_RULES)}
 

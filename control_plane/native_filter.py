@@ -30,8 +30,9 @@ from typing import Any
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
 import kafka_wire
+from ext_proc.filters import TopicSelector
 from ext_proc.filters.rules import RuleEngine
-from ext_proc.frames import MAX_VERSION, interest_table
+from ext_proc.frames import MAX_VERSION, interest_ranges, interest_table
 from ext_proc.tls_principal import SUBJECT
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
@@ -115,21 +116,29 @@ class HandOff:
     max_bytes: int = 256 << 20
 
 
+Range = tuple[int, int, int, TopicSelector | None]
+
+
 def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     """The requests the module hands to the Python chain for `ruleset`, as (api key,
-    min version, max version) ranges: `ext_proc.frames.interest_table` of an engine
-    running it. An engine the control plane cannot build (a secret only the ext_proc
-    service can read) falls back to a superset: every API some rule may apply to, all
-    versions (Produce and Fetch with any record rule), plus what the chain always
-    learns from."""
+    min version, max version) ranges (`selected_ranges` without the selectors)."""
+    return [(key, low, high) for key, low, high, _ in selected_ranges(ruleset)]
+
+
+def selected_ranges(ruleset: RuleSet) -> list[Range]:
+    """`ext_proc.frames.interest_ranges` of an engine running `ruleset`: the ranges and
+    their topic selectors. An engine the control plane cannot build (a secret only the
+    ext_proc service can read) falls back to a superset without selectors: every API
+    some rule may apply to, all versions (Produce and Fetch with any record rule), plus
+    what the chain always learns from."""
     try:
         engine = RuleEngine(CompiledRuleSet(ruleset))
     except RuleSetInvalid as err:
         log.warning("interest table from the rules alone (the control plane cannot build "
                     "their actions: %s)", err)
-        return _superset(ruleset)
+        return [(key, low, high, None) for key, low, high in _superset(ruleset)]
     try:
-        return interest_table(engine)
+        return interest_ranges(engine)
     finally:
         engine.records.close()
 
@@ -152,7 +161,11 @@ def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]
     envoy/kafka_filter/src/core/interest.rs)."""
     return {
         "version": version,
-        "requests": [list(r) for r in interest_requests(ruleset)],
+        # [api key, min, max] hands off every such request; a fourth element, a topic
+        # selector, only those naming a selected topic (docs/native.md).
+        "requests": [[key, low, high] if selector is None
+                     else [key, low, high, selector.to_json()]
+                     for key, low, high, selector in selected_ranges(ruleset)],
         "failure_mode_allow": handoff.failure_mode_allow,
         "endpoints": list(handoff.endpoints),
         "handoff_timeout_ms": handoff.timeout_ms,

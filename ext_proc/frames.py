@@ -16,14 +16,23 @@ the chain holds only the filters that judge or learn (`frames_filters`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import groupby
 
 import kafka_wire
 from ext_proc.audit import RequestAudit, auditing
 from ext_proc.chain import FilterChain
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, RESPONSE, Filter, ResponsePatch
+from ext_proc.filters import (
+    REQUEST,
+    RESPONSE,
+    Filter,
+    ResponsePatch,
+    TopicSelector,
+    topic_scope,
+    union_scope,
+)
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.order import rule_filters
 from ext_proc.filters.records import RecordsFilter
@@ -38,6 +47,9 @@ MODE_HEADER = "x-keg-mode"
 FRAMES_MODE = "frames"
 METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] key
 MAX_VERSION = 0x7FFF  # Kafka versions are int16
+# The APIs whose requests the module reads topics from (docs/native.md, the interest
+# table): a selector on any other would not be applied.
+_SELECTED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH})
 
 
 def frames_filters(engine: RuleEngine, identity: IdentityTracker) -> list[Filter]:
@@ -127,26 +139,55 @@ def interest_table(engine: RuleEngine) -> list[tuple[int, int, int]]:
     """The requests the native module must hand over for the live rule set, as
     (api key, min version, max version) ranges: those the frames chain wants, or
     whose answers it wants (decided when the request passes)."""
+    return list(_ranges((k, v) for k, v, _ in _wanted(engine)))
+
+
+def interest_ranges(engine: RuleEngine
+                    ) -> list[tuple[int, int, int, TopicSelector | None]]:
+    """`interest_table` with each range's topic selector: a Produce (Fetch) of that
+    range needs the chain only if one of its topics is selected; None: every such
+    request does. The selector is the union of the `topic_scope`s of every filter
+    that wants the request or its answer (`ext_proc.filters`), so any filter that may
+    act whatever the topics (virtual topics, a rule without topics, a filter that does
+    not say) leaves the range unselected. Only Produce and Fetch get selectors (the
+    module reads their topics; docs/native.md says which versions)."""
+    ranges: list[tuple[int, int, int, TopicSelector | None]] = []
+    for (_, selector), group in groupby(_wanted(engine),
+                                        key=lambda entry: (entry[0], entry[2])):
+        versions = [(api_key, v) for api_key, v, _ in group]
+        ranges += [(k, low, high, selector) for k, low, high in _ranges(versions)]
+    return ranges
+
+
+def _wanted(engine: RuleEngine) -> Iterator[tuple[int, int, TopicSelector | None]]:
+    """(api key, version, topic selector) of every request version the chain needs, in
+    order; versions newer than keg reads as two entries: high + 1 and MAX_VERSION."""
     chain = FilterChain(frames_filters(engine, IdentityTracker()))
 
     def wanted(api_key: int, version: int) -> bool:
         return chain.wants(api_key, version, REQUEST) or chain.wants(api_key, version,
                                                                       RESPONSE)
 
-    pairs = []
+    def scope(api_key: int, version: int) -> TopicSelector | None:
+        if api_key not in _SELECTED_APIS:
+            return None
+        return union_scope(topic_scope(f, api_key, version, direction)
+                           for direction in (REQUEST, RESPONSE)
+                           for f in chain.interested(api_key, version, direction))
+
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
-        pairs += [(api_key, v) for v in range(low, high + 1) if wanted(api_key, v)]
+        for v in range(low, high + 1):
+            if wanted(api_key, v):
+                yield api_key, v, scope(api_key, v)
         if wanted(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.
-            pairs.append((api_key, high + 1))
-            pairs.append((api_key, MAX_VERSION))
-    return list(_ranges(pairs))
+            yield api_key, high + 1, None
+            yield api_key, MAX_VERSION, None
 
 
-def _ranges(pairs: Iterator[tuple[int, int]] | Sequence[tuple[int, int]]
-            ) -> Iterator[tuple[int, int, int]]:
+def _ranges(pairs: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
     current: list[int] | None = None
     for api_key, version in pairs:
         if current is not None and current[0] == api_key and (

@@ -19,6 +19,13 @@ context for each frame it asked for:
   for all of it at once.
 - `on_response(ctx)`: the decoded response; `ctx.changed()` when it changed the body.
   An unchanged response is forwarded as its original bytes.
+- `topic_scope(api_key, api_version, direction)`: for a frame the filter wants, the
+  topics that can make it act (a `TopicSelector`), or None when it may act whatever
+  the topics (the default). Keg's native module hands a Produce (or Fetch) to the
+  Python chain only when one of its topics is in the union of the scopes of every
+  filter that wants it, and every frame when one of them says None
+  (`ext_proc.frames.interest_ranges`). A scope must be a necessary condition: a topic
+  outside it never makes the filter act. When unsure, say None.
 - `stream_response(api_key, api_version)`: a filter that wants a response may offer
   to do its work on the bytes as they pass instead (an `Inspector` factory, see
   kafka_wire.framing): when every filter that wants a response offers one, the
@@ -33,12 +40,14 @@ the data path's sinks (see `ext_proc.filters.rules.RuleEngine.sink`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
+from filter_rules import StringMatch
 from kafka_wire.framing import Inspector
 
 Direction = Literal["request", "response"]
@@ -163,6 +172,117 @@ class ResponseContext:
         self.was_changed = self.was_changed or changed
 
 
+@dataclass(frozen=True)
+class TopicSelector:
+    """Topic names as rules match them (`filter_rules` StringMatch: exact names,
+    prefixes, RE2 patterns matching the whole name); a union of matchers."""
+
+    exact: frozenset[str] = frozenset()
+    prefix: frozenset[str] = frozenset()
+    regex: frozenset[str] = frozenset()
+
+    def union(self, other: TopicSelector) -> TopicSelector:
+        return TopicSelector(self.exact | other.exact, self.prefix | other.prefix,
+                             self.regex | other.regex)
+
+    def to_json(self) -> dict[str, list[str]]:
+        """The module's form (envoy/kafka_filter/src/core/interest.rs), sorted so an
+        unchanged rule set gives an unchanged table."""
+        return {"exact": sorted(self.exact), "prefix": sorted(self.prefix),
+                "regex": sorted(self.regex)}
+
+
+# What keg's module compiles (Rust's `regex` crate, ASCII mode, on ASCII names only:
+# every valid topic name is ASCII) must select what RE2 selects: only patterns of a
+# small, plainly common subset are handed to it, where both engines agree (\w, \d and
+# their negations included); anything else (\s, \b, \C, \Q..\E, \p{..}, POSIX
+# classes, flags but (?i), octal, a "{" that starts no repeat, large repeats,
+# non-ASCII) leaves the rule's scope open: every frame of the API is handed off.
+_PORTABLE_ESCAPES: Final = frozenset(".-_\\*+?()[]{}|^$/dwDW")
+_CLASS_ESCAPES: Final = frozenset(".-_\\*+?()[]{}|^$/")  # no \d in a class: [\d-z]
+_MAX_PORTABLE_REPEAT: Final = 100
+_COUNTED: Final = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def portable_regex(pattern: str) -> bool:
+    """Whether `pattern` means the same to RE2 and to the module's regex engine (and
+    both accept it: a pattern the module refuses would refuse the whole table)."""
+    if not pattern.isascii() or any(op in pattern for op in ("[:", "&&", "--", "~~")):
+        return False
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if not c.isprintable():
+            return False
+        if c == "\\":
+            escapes = _CLASS_ESCAPES if in_class else _PORTABLE_ESCAPES
+            if i + 1 >= len(pattern) or pattern[i + 1] not in escapes:
+                return False
+            i += 2
+            continue
+        if in_class:
+            if c == "[":  # Rust nests classes, RE2 reads a literal "["
+                return False
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            if pattern.startswith("^", i):
+                i += 1
+            if pattern.startswith("]", i):  # a literal "]" first, in both
+                i += 1
+            continue
+        elif c == "(" and pattern.startswith("(?", i) and not (
+                pattern.startswith("(?:", i) or pattern.startswith("(?i:", i)
+                # RE2 repeats the empty flag group, Rust refuses to: (?i)*
+                or (pattern.startswith("(?i)", i)
+                    and not pattern.startswith(("*", "+", "?", "{"), i + 4))):
+            return False
+        elif c == "{":
+            # RE2 reads a "{" that starts no repeat as a literal, Rust refuses it.
+            counted = _COUNTED.match(pattern, i)
+            if counted is None or i == 0 or pattern[i - 1] in "(|^$":
+                return False
+            low, high = int(counted[1]), counted[3]
+            if low > _MAX_PORTABLE_REPEAT or (high and not low <= int(high)
+                                              <= _MAX_PORTABLE_REPEAT):
+                return False
+            i = counted.end()
+            continue
+        i += 1
+    return True
+
+
+def match_scope(match: StringMatch | None) -> TopicSelector | None:
+    """The selector of a rule's top-level topic matcher: None when the rule has none
+    (it may act on any topic) or a pattern the module could read otherwise."""
+    if match is None or not all(portable_regex(p) for p in match.regex):
+        return None
+    return TopicSelector(frozenset(match.exact), frozenset(match.prefix),
+                         frozenset(match.regex))
+
+
+def union_scope(scopes: Iterable[TopicSelector | None]) -> TopicSelector | None:
+    """The union of scopes; None (every topic) as soon as one is None."""
+    total = TopicSelector()
+    for scope in scopes:
+        if scope is None:
+            return None
+        total = total.union(scope)
+    return total
+
+
+def topic_scope(f: Filter, api_key: int, api_version: int,
+                direction: Direction) -> TopicSelector | None:
+    """`f`'s scope for a frame it wants; None for a filter that does not say (it may
+    act on any topic)."""
+    scope = getattr(f, "topic_scope", None)
+    if scope is None:
+        return None
+    result = scope(api_key, api_version, direction)
+    return result if isinstance(result, TopicSelector) else None
+
+
 class Filter(Protocol):
     """See the module docstring."""
 
@@ -190,6 +310,11 @@ class BaseFilter:
         return None
 
     def on_response(self, ctx: ResponseContext) -> None:
+        return None
+
+    def topic_scope(self, api_key: int, api_version: int,
+                    direction: Direction) -> TopicSelector | None:
+        """Any topic: a filter narrows this only when it knows (see the docstring)."""
         return None
 
     def stream_response(self, api_key: int, api_version: int

@@ -30,8 +30,8 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestVerdict
-from ext_proc.filters.rules import RuleDecision, RuleSetJudge
+from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector
+from ext_proc.filters.rules import RuleDecision, RuleSetJudge, rules_scope
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
 from interceptors.engine import (
@@ -154,6 +154,15 @@ class RecordsFilter(RuleSetJudge):
     def wants_request(self, api_key: int, api_version: int) -> bool:
         return api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and self._engine.records.interested(
             api_key, api_version)
+
+    def topic_scope(self, api_key: int, api_version: int,
+                    direction: Direction) -> TopicSelector | None:
+        """The topics a record rule may plan stages for (`RecordEngine.plan` matches
+        each topic of a Produce request or Fetch response against these rules)."""
+        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
+            return None
+        frame = "request" if api_key == ApiKey.PRODUCE else "response"
+        return rules_scope(self._engine.records.rules.candidates(api_key, api_version, frame))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo

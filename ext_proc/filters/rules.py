@@ -31,7 +31,15 @@ from typing import Any
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import RequestJudge, RequestVerdict
+from ext_proc.filters import (
+    REQUEST,
+    Direction,
+    RequestJudge,
+    RequestVerdict,
+    TopicSelector,
+    match_scope,
+    union_scope,
+)
 from ext_proc.filters.safeguards import (
     RateLimiter,
     clamp_fetch,
@@ -219,6 +227,15 @@ class RulesFilter(RuleSetJudge):
         if api_key == ApiKey.ENVELOPE:  # any rule may apply to the request inside
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
+
+    def topic_scope(self, api_key: int, api_version: int,
+                    direction: Direction) -> TopicSelector | None:
+        """Produce and Fetch: the topics of every rule that may judge them (a rule
+        without a topic matcher, or whose topics only a `not` names, opens it to all).
+        Other APIs: any (a Metadata for all topics names none, yet rules hide some)."""
+        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
+            return None
+        return rules_scope(self._engine.requests.candidates(api_key, api_version, "request"))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
@@ -498,6 +515,13 @@ class RulesFilter(RuleSetJudge):
                 volume=self._volumes.get(topic) if topic is not None else None,
                 rule_version=version,
             ))
+
+
+def rules_scope(rules: Iterable[CompiledRule]) -> TopicSelector | None:
+    """The topics that can make any of `rules` trigger: the union of their top-level
+    topic matchers (a rule matches a topic only if that matcher does, whatever else it
+    says); None when one of them has none."""
+    return union_scope(match_scope(rule.rule.match.topics) for rule in rules)
 
 
 def produce_volumes(body: dict[str, Any], topic_ids: TopicIds) -> dict[str, tuple[int, int]]:

@@ -13,6 +13,7 @@ use kafka_protocol::protocol::StrBytes;
 use keg_kafka_filter::core::handoff::Failure;
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::rewrite::Routes;
+use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 use proptest::prelude::*;
 
@@ -82,12 +83,20 @@ fn passing_request() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// Hands off the APIs whose bit is set in the mask.
+/// Hands off the APIs whose bit is set in the mask; with bit 62 set, Produce and Fetch
+/// by their topics (the random frames' topics, read or not, decide).
 struct HandOffSome(u64);
+
+fn selector() -> std::sync::Arc<TopicSelector> {
+    std::sync::Arc::new(TopicSelector::parse(serde_json::json!({"exact": ["orders"], "regex": ["x.*"]})).unwrap())
+}
 
 impl RequestPolicy for HandOffSome {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         if (self.0 >> head.api_key.rem_euclid(64)) & 1 == 1 {
+            if (0..=1).contains(&head.api_key) && (self.0 >> 62) & 1 == 1 {
+                return Disposition::Select { fail_open: self.0 & 1 == 0, selector: selector() };
+            }
             Disposition::HandOff { fail_open: self.0 & 1 == 0 }
         } else {
             Disposition::Forward
@@ -148,6 +157,29 @@ fn drive_handoffs(mask: u64, requests: &[u8], responses: &[u8], cuts: &[usize], 
     Ok(forwarded)
 }
 
+/// A Produce request (kafka-protocol's encoding) of `version` naming `topics`.
+fn produce_request_of(version: i16, correlation_id: i32, topics: &[&str], flips: &[(usize, u8)]) -> Vec<u8> {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default().with_request_api_key(0).with_request_api_version(version)
+        .with_correlation_id(correlation_id).with_client_id(Some(StrBytes::from_static_str("p")))
+        .encode(&mut buf, ApiKey::Produce.request_header_version(version)).unwrap();
+    let data = topics.iter().map(|t| TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0)
+            .with_records(Some(bytes::Bytes::from(vec![7u8; 30])))])).collect();
+    ProduceRequest::default().with_acks(1).with_topic_data(data).encode(&mut buf, version).unwrap();
+    let mut frame = sized(&buf);
+    for &(at, byte) in flips {
+        // Never the size prefix: the frame keeps its length, its contents go wrong.
+        let at = 4 + at % (frame.len() - 4);
+        frame[at] = byte;
+    }
+    frame
+}
+
 fn cases() -> u32 {
     std::env::var("KEG_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
 }
@@ -172,6 +204,32 @@ proptest! {
         let routes = routes();
         let forwarded = drive_handoffs(mask, &stream, &[], &cuts, &[0], eager, &routes).expect("valid requests");
         prop_assert_eq!(forwarded, stream);
+    }
+
+    #[test]
+    fn topic_selected_produce_requests_answered_unchanged_are_the_identity(
+            frames in proptest::collection::vec((3i16..=12, proptest::collection::vec(0usize..4, 0..4)), 1..6),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6), eager in any::<bool>()) {
+        const NAMES: [&str; 4] = ["orders", "payments", "xy", "logs"];
+        let stream: Vec<u8> = frames.iter().enumerate().map(|(i, (version, topics))| {
+            let names: Vec<&str> = topics.iter().map(|&t| NAMES[t]).collect();
+            produce_request_of(*version, i as i32, &names, &[])
+        }).collect::<Vec<_>>().concat();
+        let routes = routes();
+        let forwarded = drive_handoffs(1 | (1 << 62), &stream, &[], &cuts, &[0], eager, &routes).expect("valid requests");
+        prop_assert_eq!(forwarded, stream);
+    }
+
+    #[test]
+    fn mutated_produce_requests_under_a_topic_selector_never_panic(
+            version in 3i16..=13, topics in proptest::collection::vec(0usize..3, 0..4),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+            picks in proptest::collection::vec(any::<u8>(), 1..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6), eager in any::<bool>()) {
+        let names: Vec<&str> = topics.iter().map(|&t| ["orders", "logs", "xz"][t]).collect();
+        let frame = produce_request_of(version.min(12), 1, &names, &flips);
+        let routes = routes();
+        let _ = drive_handoffs(3 | (1 << 62), &frame, &[], &cuts, &picks, eager, &routes);
     }
 
     #[test]

@@ -174,26 +174,30 @@ def test_a_rule_change_reaches_a_live_connection_without_draining(env: Env) -> N
 
 def test_without_the_service_produce_fails_closed_with_a_retriable_error(env: Env) -> None:
     """The ext_proc service goes away under a connected producer: its handed-off Produce
-    requests get REQUEST_TIMED_OUT (retriable) and nothing reaches the broker; once the
-    service is back, the same producer's retry goes through."""
-    plain = env.topic("plain.")
+    requests (a topic a rule names) get REQUEST_TIMED_OUT (retriable) and nothing reaches
+    the broker, while a topic no rule names passes natively; once the service is back,
+    the same producer's retry goes through."""
+    ruled, plain = env.topic("payments."), env.topic("plain.")
     results: list[int] = []
     producer = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
 
-    def send(value: bytes) -> int:
-        producer.produce(plain, value, on_delivery=lambda err, _m: results.append(
+    def send(topic: str, value: bytes) -> int:
+        producer.produce(topic, value, on_delivery=lambda err, _m: results.append(
             0 if err is None else err.code()))
         producer.flush(30)
         return results[-1]
 
-    assert send(b"before") == 0  # connected, metadata known
+    # Connected, both topics' metadata known (alice may write payments.*).
+    assert send(ruled, b"before") == 0 and send(plain, b"before") == 0
     env.gateway.stop_ext_proc()
     try:
-        assert send(b"lost") == REQUEST_TIMED_OUT
-        assert env.stored(plain) == [b"before"]
+        assert send(ruled, b"lost") == REQUEST_TIMED_OUT
+        assert env.stored(ruled) == [b"before"]
         assert sum(env.envoy_stats("keg_kafka.handoff_retriable_errors").values()) > 0
+        assert send(plain, b"native") == 0, "no rule names it: it never needed the service"
     finally:
         env.gateway.start_ext_proc()
         env.gateway.wait_for_rules()
-    assert send(b"after") == 0
-    assert env.stored(plain) == [b"before", b"after"]
+    assert send(ruled, b"after") == 0
+    assert env.stored(ruled) == [b"before", b"after"]
+    assert env.stored(plain) == [b"before", b"native"]

@@ -65,7 +65,8 @@ pub enum Resolution {
 pub fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
     let key = ApiKey::Produce;
     let range = key.valid_versions();
-    if frame.len() < 4 || api_version < range.min || api_version > range.max {
+    if frame.len() < 4 || api_version < range.min || api_version > range.max
+        || !super::topics::produce_is_bounded(frame, api_version) {
         return None;
     }
     let mut buf = Bytes::copy_from_slice(&frame[4..]);

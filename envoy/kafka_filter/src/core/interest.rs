@@ -8,12 +8,20 @@
 //! ```
 //!
 //! A request whose (api_key, version) is in `requests` is handed off; everything else
-//! passes natively. Responses are handed off only when the Python service's reply to
-//! their request asked for them (`want_response`).
+//! passes natively. A range may carry a fourth element, a topic selector
+//! (`[0, 0, 13, {"exact": ["payments"], "prefix": [], "regex": []}]`, Produce and Fetch
+//! only): a request of that range is handed off only when one of its topics is selected
+//! ([`super::topics`]); versions whose topics the module cannot read are handed off
+//! whatever their topics. Responses are handed off only when the Python service's
+//! reply to their request asked for them (`want_response`).
+
+use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::head::PRODUCE;
 use super::stats::{api_slot, OTHER_API};
+use super::topics::{self, SelectorReading, TopicSelector, FETCH};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,7 +29,7 @@ struct RawInterest {
     #[serde(default)]
     version: String,
     #[serde(default)]
-    requests: Vec<(i16, i16, i16)>,
+    requests: Vec<serde_json::Value>,
     #[serde(default)]
     failure_mode_allow: bool,
     #[serde(default)]
@@ -46,12 +54,16 @@ fn default_max_bytes() -> usize {
     256 << 20
 }
 
+/// Versions min..=max of an API, and their topic selector (None: every request).
+type Range = (i16, i16, Option<Arc<TopicSelector>>);
+
 /// The interest of one rule-set version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interest {
     pub version: String,
-    /// Per API slot (see [`api_slot`]), the version ranges handed off.
-    ranges: Vec<Vec<(i16, i16)>>,
+    /// Per API slot (see [`api_slot`]), the version ranges handed off, each with its
+    /// topic selector (None: every request of the range).
+    ranges: Vec<Vec<Range>>,
     pub failure_mode_allow: bool,
     /// `host:port` of the Python service's workers.
     pub endpoints: Vec<String>,
@@ -62,6 +74,9 @@ pub struct Interest {
     /// The same for every connection of the process; beyond it a hand-off is not made
     /// and fails at once (fail-closed or fail-open).
     pub max_bytes: usize,
+    /// Selectors this module could not apply (their ranges hand off every frame), for
+    /// the log.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Interest {
@@ -74,6 +89,7 @@ impl Default for Interest {
             handoff_timeout_ms: default_timeout_ms(),
             max_bytes_per_connection: default_per_connection(),
             max_bytes: default_max_bytes(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -90,11 +106,18 @@ impl Interest {
             max_bytes: raw.max_bytes,
             ..Interest::default()
         };
-        for (api_key, min, max) in raw.requests {
-            if api_key < 0 || min < 0 || min > max {
-                return Err(format!("interest: request range [{api_key}, {min}, {max}] is not an API key with min <= max"));
-            }
-            interest.ranges[api_slot(api_key)].push((min, max));
+        for entry in raw.requests {
+            let (api_key, min, max, selection) = parse_range(entry)?;
+            let selector = match selection {
+                None => None,
+                Some(SelectorReading::Topics(selector)) => Some(Arc::new(selector)),
+                Some(SelectorReading::Everything(reason)) => {
+                    interest.warnings.push(format!(
+                        "interest: request range [{api_key}, {min}, {max}]: {reason}; every request of the range is handed off"));
+                    None
+                }
+            };
+            interest.ranges[api_slot(api_key)].push((min, max, selector));
         }
         if interest.wants_any() && interest.endpoints.is_empty() {
             return Err("interest: requests to hand off but no endpoints to hand them to".into());
@@ -105,16 +128,74 @@ impl Interest {
         Ok(interest)
     }
 
-    /// Whether a request of this API and version goes to the Python service.
+    /// Whether a request of this API and version may go to the Python service.
     pub fn wants(&self, api_key: i16, api_version: i16) -> bool {
+        self.want(api_key, api_version) != Want::No
+    }
+
+    /// Which requests of this API and version go to the Python service.
+    pub fn want(&self, api_key: i16, api_version: i16) -> Want {
         // Keys above the table's bound share the "other" slot: only exact matches count.
         let slot = api_slot(api_key);
-        slot != OTHER_API && self.ranges[slot].iter().any(|&(min, max)| min <= api_version && api_version <= max)
+        if slot == OTHER_API {
+            return Want::No;
+        }
+        let mut found = Want::No;
+        for (min, max, selector) in &self.ranges[slot] {
+            if !(*min <= api_version && api_version <= *max) {
+                continue;
+            }
+            found = match (found, selector) {
+                // A version whose topics the module cannot read: every request of it.
+                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone()),
+                // Two ranges for one version (Python makes none): the safe side.
+                _ => Want::All,
+            };
+        }
+        found
     }
 
     pub fn wants_any(&self) -> bool {
         self.ranges.iter().any(|r| !r.is_empty())
     }
+}
+
+/// What the interest table says of a request's API and version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    /// It passes natively.
+    No,
+    /// Every such request is handed off.
+    All,
+    /// Handed off when one of its topics is selected.
+    Topics(Arc<TopicSelector>),
+}
+
+/// `[api_key, min, max]` or `[api_key, min, max, selector]`.
+fn parse_range(entry: serde_json::Value) -> Result<(i16, i16, i16, Option<SelectorReading>), String> {
+    let text = entry.to_string();
+    let serde_json::Value::Array(mut items) = entry else {
+        return Err(format!("interest: request range {text} is not a list"));
+    };
+    if !(3..=4).contains(&items.len()) {
+        return Err(format!("interest: request range {text} is not [api_key, min, max] or [api_key, min, max, topics]"));
+    }
+    let selector = if items.len() == 4 { items.pop() } else { None };
+    let number = |v: &serde_json::Value| v.as_i64().and_then(|n| i16::try_from(n).ok());
+    let (Some(api_key), Some(min), Some(max)) = (number(&items[0]), number(&items[1]), number(&items[2])) else {
+        return Err(format!("interest: request range {text}: api key and versions are int16 numbers"));
+    };
+    if api_key < 0 || min < 0 || min > max {
+        return Err(format!("interest: request range [{api_key}, {min}, {max}] is not an API key with min <= max"));
+    }
+    let selector = match selector {
+        None => None,
+        Some(_) if api_key != PRODUCE && api_key != FETCH => {
+            return Err(format!("interest: request range {text}: topic selectors are read for Produce and Fetch only"));
+        }
+        Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
+    };
+    Ok((api_key, min, max, selector))
 }
 
 #[cfg(test)]
@@ -140,5 +221,53 @@ mod tests {
         let err = Interest::parse(serde_json::json!({"requests": [[0, 0, 1]]})).unwrap_err();
         assert!(err.contains("no endpoints"), "{err}");
         assert!(Interest::parse(serde_json::json!({"request": []})).unwrap_err().contains("unknown field"));
+        for (bad, says) in [
+            (serde_json::json!([0, 0]), "is not [api_key"),
+            (serde_json::json!([0, 0, 1, {}, 5]), "is not [api_key"),
+            (serde_json::json!([0, "0", 1]), "int16"),
+            (serde_json::json!([0, 0, 40000]), "int16"),
+            (serde_json::json!(7), "not a list"),
+            (serde_json::json!([3, 0, 12, {"exact": ["t"]}]), "Produce and Fetch only"),
+            (serde_json::json!([0, 0, 13, {"names": ["a"]}]), "unknown field"),
+        ] {
+            let err = Interest::parse(serde_json::json!({"requests": [bad], "endpoints": ["h:1"]})).unwrap_err();
+            assert!(err.contains(says), "{err} (expected {says:?})");
+        }
+    }
+
+    #[test]
+    fn a_range_with_topics_hands_off_by_topic_where_the_module_reads_them() {
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"exact": ["payments"]}], [0, 14, 32767], [1, 0, 32767, {"prefix": ["p"]}],
+                         [3, 0, 12]],
+            "endpoints": ["h:1"]})).unwrap();
+        assert!(matches!(interest.want(0, 9), Want::Topics(s) if s.selects(b"payments") && !s.selects(b"orders")));
+        assert!(matches!(interest.want(0, 13), Want::Topics(_)));
+        assert_eq!(interest.want(0, 2), Want::All, "Produce v0-2: the module does not read its topics");
+        assert_eq!(interest.want(0, 14), Want::All);
+        assert!(matches!(interest.want(1, 4), Want::Topics(_)) && matches!(interest.want(1, 18), Want::Topics(_)));
+        assert_eq!(interest.want(1, 19), Want::All);
+        assert_eq!(interest.want(3, 12), Want::All);
+        assert_eq!(interest.want(3, 13), Want::No);
+        assert!(interest.wants(0, 9) && interest.wants(1, 3) && !interest.wants(2, 0));
+        // Overlapping ranges (Python makes none): the one without topics wins.
+        let both = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"exact": ["a"]}], [0, 5, 6, {"exact": ["b"]}]], "endpoints": ["h:1"]})).unwrap();
+        assert_eq!(both.want(0, 5), Want::All);
+        assert!(matches!(both.want(0, 7), Want::Topics(_)));
+    }
+
+    #[test]
+    fn a_pattern_the_module_cannot_compile_hands_off_every_request_of_its_range() {
+        // Refusing the table would keep Envoy on the previous one, which may lack the
+        // rule: the range is handed off whole instead, and the reason is kept for the log.
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"regex": ["(a"]}], [1, 0, 18, {"exact": ["x"]}]],
+            "endpoints": ["h:1"]})).unwrap();
+        assert_eq!(interest.want(0, 9), Want::All);
+        assert!(matches!(interest.want(1, 9), Want::Topics(_)));
+        assert_eq!(interest.warnings.len(), 1);
+        assert!(interest.warnings[0].contains("does not compile") && interest.warnings[0].contains("[0, 0, 13]"),
+                "{:?}", interest.warnings);
     }
 }

@@ -14,6 +14,7 @@ pub mod rewrite;
 pub mod session;
 pub mod skim;
 pub mod stats;
+pub mod topics;
 pub mod wire;
 
 use std::fmt;

@@ -162,6 +162,13 @@ pub fn rewrite(
             for b in &mut m.brokers {
                 view.point(b.node_id.0, &mut b.host, &mut b.port, report)?;
             }
+            // Topic ids (v10+) name the topics of Produce/Fetch v13+ for topic-selective
+            // hand-offs (the broker's answer: a client cannot forge it).
+            for t in &m.topics {
+                if let (0, Some(name)) = (t.error_code, &t.name) {
+                    super::topics::learn_topic_id(*t.topic_id.as_bytes(), name.as_str());
+                }
+            }
             Ok(())
         }),
         FIND_COORDINATOR => ctx.run(report, |m: &mut FindCoordinatorResponse, view, report| {

@@ -9,6 +9,12 @@
 //!   violation.
 //! - Pass-through: a frame nobody needs is forwarded as ranges of the input as it arrives
 //!   (its head first, so a decision is always made before the first byte leaves).
+//! - Topic selection ([`Disposition::Select`]): the request's first bytes are read for
+//!   its topics ([`topics::select`]) before any of them pass; decided from the chunk at
+//!   hand, nothing is copied; otherwise its bytes are kept until the topics decide (the
+//!   last topic name, at worst the whole frame). Not selected: it is forwarded as a
+//!   Forward request is (what was kept, then the rest as it arrives); selected, or not
+//!   readable: it is handed off.
 //! - Hand-off ([`Disposition::HandOff`]): the whole request is collected and becomes a
 //!   [`HandOff`] ([`Session::take_handoffs`]); its place in the request stream, and its
 //!   slot, wait for its [`Resolution`] ([`Session::resolve`]). Requests after it are
@@ -25,6 +31,7 @@
 //!   connection. The core never panics on input (property-tested).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -35,6 +42,7 @@ use super::outbox::Outbox;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
+use super::topics::{self, Selection, TopicSelector};
 use super::{Output, Piece, ProtocolError};
 
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
@@ -68,6 +76,8 @@ pub enum Disposition {
     /// Collect it whole and hand it to the Python service; `fail_open` says what the
     /// absence of an answer means (forward as it was, or fail closed).
     HandOff { fail_open: bool },
+    /// Hand it off (as `HandOff`) if one of its topics is selected; else forward it.
+    Select { fail_open: bool, selector: Arc<TopicSelector> },
 }
 
 pub trait RequestPolicy {
@@ -121,6 +131,19 @@ struct Collect {
     frame: Vec<u8>,
 }
 
+/// A request whose topics decide whether it is handed off, read so far.
+#[derive(Debug)]
+struct Select {
+    remaining: usize,
+    frame_len: usize,
+    api_key: i16,
+    api_version: i16,
+    expects_response: bool,
+    fail_open: bool,
+    selector: Arc<TopicSelector>,
+    frame: Vec<u8>,
+}
+
 #[derive(Debug)]
 enum RequestState {
     Head,
@@ -129,6 +152,7 @@ enum RequestState {
     /// Passes, and is copied for the identity tracker (SASL frames).
     Observe { remaining: usize, api_key: i16, api_version: i16, frame: Vec<u8> },
     Collect(Collect),
+    Select(Select),
     Opaque,
 }
 
@@ -253,6 +277,7 @@ impl<P: RequestPolicy> Session<P> {
     pub fn handoff_bytes(&self) -> usize {
         let collecting = match &self.request {
             RequestState::Collect(c) => c.frame.len(),
+            RequestState::Select(s) => s.frame.len(),
             _ => 0,
         };
         let pending: usize = self.pending.iter().map(|p| p.frame.len()).sum();
@@ -328,6 +353,16 @@ impl<P: RequestPolicy> Session<P> {
                     if collect.remaining == 0 {
                         self.collected(out);
                     }
+                }
+                RequestState::Select(select) => {
+                    let n = select.remaining.min(input.len() - pos);
+                    select.frame.extend_from_slice(&input[pos..pos + n]);
+                    pos += n;
+                    select.remaining -= n;
+                    let RequestState::Select(select) = std::mem::replace(&mut self.request, RequestState::Head) else {
+                        unreachable!()
+                    };
+                    self.select(select, out);
                 }
                 RequestState::Head => {
                     let Some(head) = self.request_head(input, &mut pos)? else {
@@ -423,6 +458,50 @@ impl<P: RequestPolicy> Session<P> {
                 }
                 self.request_continues(remaining, true);
             }
+            Disposition::Select { fail_open, selector } => {
+                if head.expects_response() {
+                    self.in_flight.push_back(slot(Reply::Collecting));
+                }
+                if let HeadBytes::Input(start, end) = head_bytes {
+                    // Decided from this chunk alone: no byte is copied.
+                    let here = &input[start..input.len().min(start + frame_len)];
+                    match topics::select(head.api_key, head.api_version, here, frame_len, &selector) {
+                        Selection::Pass => {
+                            self.not_selected(head.api_key, head.api_version, head.expects_response());
+                            out.pass(start..end);
+                            self.request_continues(remaining, false);
+                            return;
+                        }
+                        Selection::HandOff => {
+                            self.request = RequestState::Collect(Collect {
+                                remaining,
+                                api_key: head.api_key,
+                                api_version: head.api_version,
+                                expects_response: head.expects_response(),
+                                fail_open,
+                                frame: head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY)),
+                            });
+                            if remaining == 0 {
+                                self.collected(out);
+                            }
+                            return;
+                        }
+                        Selection::NeedMore => {}
+                    }
+                }
+                let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+                let select = Select {
+                    remaining: frame_len - frame.len(),
+                    frame_len,
+                    api_key: head.api_key,
+                    api_version: head.api_version,
+                    expects_response: head.expects_response(),
+                    fail_open,
+                    selector,
+                    frame,
+                };
+                self.select(select, out);
+            }
             Disposition::HandOff { fail_open } => {
                 if head.expects_response() {
                     self.in_flight.push_back(slot(Reply::Collecting));
@@ -439,6 +518,49 @@ impl<P: RequestPolicy> Session<P> {
                 if remaining == 0 {
                     self.collected(out);
                 }
+            }
+        }
+    }
+
+    /// A request whose topics decide: read what is kept of it so far.
+    fn select(&mut self, s: Select, out: &mut Output) {
+        let decision = match topics::select(s.api_key, s.api_version, &s.frame, s.frame_len, &s.selector) {
+            // The whole frame is here and still undecided: cannot happen (a complete
+            // frame decides), handed off if it does.
+            Selection::NeedMore if s.remaining == 0 => Selection::HandOff,
+            decision => decision,
+        };
+        match decision {
+            Selection::NeedMore => self.request = RequestState::Select(s),
+            Selection::Pass => {
+                self.not_selected(s.api_key, s.api_version, s.expects_response);
+                out.owned(s.frame);
+                self.request_continues(s.remaining, false);
+            }
+            Selection::HandOff => {
+                self.request = RequestState::Collect(Collect {
+                    remaining: s.remaining,
+                    api_key: s.api_key,
+                    api_version: s.api_version,
+                    expects_response: s.expects_response,
+                    fail_open: s.fail_open,
+                    frame: s.frame,
+                });
+                if s.remaining == 0 {
+                    self.collected(out);
+                }
+            }
+        }
+    }
+
+    /// A request no selected topic names goes to the broker as a Forward one does: its
+    /// slot (the last: no head is read while one is selected) waits for the broker.
+    fn not_selected(&mut self, api_key: i16, api_version: i16, expects_response: bool) {
+        self.stats.add(Counter::HandoffNotSelected, 1);
+        if expects_response {
+            let plan = self.response_plan(api_key, api_version);
+            if let Some(entry) = self.in_flight.back_mut() {
+                entry.reply = Reply::Broker { plan, handoff: None };
             }
         }
     }

@@ -46,9 +46,12 @@ pub enum Counter {
     HandoffFailedOpen,
     /// Of those, requests answered with a retriable error (fail-closed).
     HandoffRetriableErrors,
+    /// Requests of a range with a topic selector that named no selected topic (passed
+    /// natively, see `core::topics`).
+    HandoffNotSelected,
 }
 
-pub const COUNTERS: [Counter; 14] = [
+pub const COUNTERS: [Counter; 15] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -63,6 +66,7 @@ pub const COUNTERS: [Counter; 14] = [
     Counter::HandoffFailures,
     Counter::HandoffFailedOpen,
     Counter::HandoffRetriableErrors,
+    Counter::HandoffNotSelected,
 ];
 
 #[derive(Debug, Clone)]

@@ -42,7 +42,7 @@ use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, 
 use crate::config::{FilterConfig, TableSlot};
 use crate::core::handoff::Failure;
 use crate::core::head::RequestHead;
-use crate::core::interest::Interest;
+use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::tls_principal::certificate_name;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
@@ -101,10 +101,11 @@ struct InterestPolicy {
 impl RequestPolicy for InterestPolicy {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-        if table.interest.wants(head.api_key, head.api_version) {
-            Disposition::HandOff { fail_open: table.interest.failure_mode_allow }
-        } else {
-            Disposition::Forward
+        let fail_open = table.interest.failure_mode_allow;
+        match table.interest.want(head.api_key, head.api_version) {
+            Want::No => Disposition::Forward,
+            Want::All => Disposition::HandOff { fail_open },
+            Want::Topics(selector) => Disposition::Select { fail_open, selector },
         }
     }
 }
@@ -269,6 +270,9 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
                     "keg_kafka_filter: table {:?}: {} routes, interest version {:?}{}",
                     settings.route_table, settings.current_routes().gateway.len(), interest.version,
                     if interest.wants_any() { format!(", hand-offs to {}", interest.endpoints.join(",")) } else { String::new() }));
+                for warning in &interest.warnings {
+                    abi::log(abi::LOG_WARN, &format!("keg_kafka_filter: {warning}"));
+                }
                 Arc::into_raw(Arc::new(Config { settings, ids })).cast::<c_void>()
             }
             Err(err) => {

@@ -1,0 +1,510 @@
+//! Topic-selective hand-off: which topics a Produce or Fetch request names, read without
+//! decoding it, and whether the interest table's topic selector wants one of them.
+//!
+//! The Python side computes, per interest range, the union of the topic matchers of
+//! every rule that may act on the API (`ext_proc.frames.interest_ranges`). A request of
+//! such a range goes to the Python chain only if one of its topics is selected;
+//! everything the walk cannot vouch for (a version it does not know, a malformed or
+//! truncated frame, a name that is not UTF-8, an id never seen in a Metadata answer,
+//! an incremental Fetch, too many topics) is handed off: a missed hand-off would be a
+//! rule bypassed, an extra one only costs time.
+//!
+//! The walk reads fixed-size fields and lengths only: records are skipped by their
+//! length, so the cost is per topic and partition, not per byte. Layouts (Kafka 4.1's
+//! schemas; flexible versions use compact lengths and tagged fields):
+//!
+//! ```text
+//! header:  size int32 | api_key int16 | api_version int16 | correlation_id int32
+//!          | client_id int16 string | [tagged fields: Produce v9+, Fetch v12+]
+//! Produce v3-13: transactional_id nullable string | acks int16 | timeout_ms int32
+//!          | topic_data: array of
+//!              name string (v3-12) | topic_id uuid (v13+)
+//!              partition_data: array of index int32 | records nullable bytes | [tags]
+//!              [tags]
+//! Fetch v4-18: [replica_id int32: v4-14] | max_wait_ms int32 | min_bytes int32
+//!          | max_bytes int32 | isolation_level int8 | [session_id int32 | session_epoch
+//!          int32: v7+] | topics: array of
+//!              topic string (v4-12) | topic_id uuid (v13+)
+//!              partitions: array of partition int32 | [current_leader_epoch int32: v9+]
+//!                | fetch_offset int64 | [last_fetched_epoch int32: v12+]
+//!                | [log_start_offset int64: v5+] | partition_max_bytes int32 | [tags]
+//!              [tags]
+//! ```
+//!
+//! Fetch sessions (KIP-227): an incremental Fetch (session epoch > 0) names only the
+//! partitions that changed, while its answer carries records of every partition of the
+//! session. Its topics say nothing about its answer's, so it is always handed off; a
+//! full Fetch (epoch 0 or -1, or v4-6) is answered for exactly the partitions it names.
+//!
+//! Topic ids (Produce v13+, Fetch v13+) are named by a process-wide map learned from the
+//! Metadata answers the module rewrites anyway ([`learn_topic_id`]); an id it has not
+//! seen (or not kept: the map is bounded) is handed off.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use regex::bytes::{RegexBuilder, RegexSet, RegexSetBuilder};
+use serde::Deserialize;
+
+use super::head::PRODUCE;
+
+pub const FETCH: i16 = 1;
+/// The versions whose layout the walk knows (Kafka 4.1's valid versions).
+const PRODUCE_VERSIONS: std::ops::RangeInclusive<i16> = 3..=13;
+const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=18;
+/// Beyond this many topics, or partitions in all, a request is handed off instead of
+/// walked (a bound on the work per request; clients name a few).
+pub const MAX_TOPICS: usize = 1000;
+pub const MAX_PARTITIONS: usize = 10_000;
+/// Topic ids remembered per process (Envoy's workers are threads of one process).
+pub const MAX_TOPIC_IDS: usize = 100_000;
+/// The longest pattern accepted (as the Python side's `MAX_PATTERN_LENGTH`).
+const MAX_PATTERN_LENGTH: usize = 4096;
+/// Compiled size allowed per pattern and per set (the crate's default is 10 MiB).
+const REGEX_SIZE_LIMIT: usize = 32 << 20;
+
+/// Whether the walk reads this request's topics (other versions are handed off whole).
+pub fn readable(api_key: i16, api_version: i16) -> bool {
+    match api_key {
+        PRODUCE => PRODUCE_VERSIONS.contains(&api_version),
+        FETCH => FETCH_VERSIONS.contains(&api_version),
+        _ => false,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSelector {
+    #[serde(default)]
+    exact: Vec<String>,
+    #[serde(default)]
+    prefix: Vec<String>,
+    #[serde(default)]
+    regex: Vec<String>,
+}
+
+/// Topic names as keg's rules match them: equal to one of `exact`, starting with one
+/// of `prefix`, or matched whole by one of `regex` (RE2 on the Python side; the Python
+/// side only sends patterns of a subset both engines read alike, `portable_regex`).
+///
+/// Only ASCII names are matched: every valid Kafka topic name is ASCII
+/// (`[a-zA-Z0-9._-]`), and on ASCII text RE2 and Rust's `regex` in its ASCII mode
+/// (`\w`, `\d`, `.` and `(?i)` as RE2 reads them there) agree. Any other name is
+/// selected (handed off): no broker stores records under it, and the Python side
+/// judges it.
+/// A selector as the module reads it (see [`TopicSelector::read`]).
+#[derive(Debug)]
+pub enum SelectorReading {
+    Topics(TopicSelector),
+    /// Every frame of the range, with the reason the selector could not be applied.
+    Everything(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct TopicSelector {
+    exact: HashSet<String>,
+    prefix: Vec<String>,
+    regex: Option<RegexSet>,
+    /// The patterns as given (equality of tables).
+    patterns: Vec<String>,
+}
+
+impl PartialEq for TopicSelector {
+    fn eq(&self, other: &Self) -> bool {
+        self.exact == other.exact && self.prefix == other.prefix && self.patterns == other.patterns
+    }
+}
+
+impl Eq for TopicSelector {}
+
+impl TopicSelector {
+    /// Parses `{"exact": [...], "prefix": [...], "regex": [...]}`, strictly: a selector
+    /// that is malformed or has a pattern that does not compile is an error.
+    pub fn parse(value: serde_json::Value) -> Result<TopicSelector, String> {
+        match Self::read(value)? {
+            SelectorReading::Topics(selector) => Ok(selector),
+            SelectorReading::Everything(reason) => Err(reason),
+        }
+    }
+
+    /// What the module makes of a selector in its configuration: a malformed one is an
+    /// error (the configuration is refused), but one whose pattern this module cannot
+    /// compile selects everything. Refusing the table there would leave Envoy on the
+    /// previous one, which may lack a rule the Python side already enforces (a topic
+    /// it never hands off: a bypass); handing off every frame of the range is slower,
+    /// never wrong. The Python side sends only patterns both engines read alike
+    /// (`portable_regex`), so this is the exception, logged as a warning.
+    pub fn read(value: serde_json::Value) -> Result<SelectorReading, String> {
+        let raw: RawSelector = serde_json::from_value(value).map_err(|e| format!("topic selector: {e}"))?;
+        Ok(match Self::build(raw) {
+            Ok(selector) => SelectorReading::Topics(selector),
+            Err(reason) => SelectorReading::Everything(reason),
+        })
+    }
+
+    fn build(raw: RawSelector) -> Result<TopicSelector, String> {
+        let mut anchored = Vec::with_capacity(raw.regex.len());
+        for pattern in &raw.regex {
+            if pattern.len() > MAX_PATTERN_LENGTH {
+                return Err(format!("topic selector: pattern longer than {MAX_PATTERN_LENGTH} bytes"));
+            }
+            // Whole-name matches, as RE2's fullmatch on the Python side.
+            let whole = format!(r"\A(?:{pattern})\z");
+            RegexBuilder::new(&whole).unicode(false).size_limit(REGEX_SIZE_LIMIT).build()
+                .map_err(|e| format!("topic selector: pattern {pattern:?} does not compile: {e}"))?;
+            anchored.push(whole);
+        }
+        let regex = if anchored.is_empty() {
+            None
+        } else {
+            Some(RegexSetBuilder::new(&anchored).unicode(false).size_limit(REGEX_SIZE_LIMIT).build()
+                .map_err(|e| format!("topic selector: patterns do not compile together: {e}"))?)
+        };
+        Ok(TopicSelector { exact: raw.exact.into_iter().collect(), prefix: raw.prefix, regex, patterns: raw.regex })
+    }
+
+    /// Whether a topic name (as the request carries it) is selected. A name that is not
+    /// UTF-8 is (the Python side would read it otherwise, or refuse the request).
+    pub fn selects(&self, name: &[u8]) -> bool {
+        if !name.is_ascii() {
+            return true;
+        }
+        let Ok(text) = std::str::from_utf8(name) else { return true };
+        self.exact.contains(text)
+            || self.prefix.iter().any(|p| text.starts_with(p.as_str()))
+            || self.regex.as_ref().is_some_and(|r| r.is_match(name))
+    }
+}
+
+/// What to do with a request, from the part of it read so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Hand it off: a topic is selected, or its topics cannot be vouched for.
+    HandOff,
+    /// No topic of it is selected: it passes natively.
+    Pass,
+    /// The topics read so far select nothing; more of the frame is needed.
+    NeedMore,
+}
+
+/// Decides a Produce or Fetch request from `buf`, its first bytes (from the size prefix;
+/// `frame_len` in all, prefix included).
+pub fn select(api_key: i16, api_version: i16, buf: &[u8], frame_len: usize, selector: &TopicSelector) -> Selection {
+    let complete = buf.len() >= frame_len;
+    let mut walk = Walk { buf: &buf[..buf.len().min(frame_len)], pos: 0 };
+    let result = match api_key {
+        PRODUCE if PRODUCE_VERSIONS.contains(&api_version) => walk.produce(api_version, selector),
+        FETCH if FETCH_VERSIONS.contains(&api_version) => walk.fetch(api_version, selector),
+        _ => Err(Stop::HandOff),
+    };
+    match result {
+        Ok(false) => Selection::Pass,
+        Ok(true) | Err(Stop::HandOff) => Selection::HandOff,
+        // Short of a complete frame: malformed, the Python side judges it.
+        Err(Stop::Short) if complete => Selection::HandOff,
+        Err(Stop::Short) => Selection::NeedMore,
+    }
+}
+
+enum Stop {
+    /// The bytes read end before the value does.
+    Short,
+    /// Hand it off (selected, unreadable, or not to be judged by its topics).
+    HandOff,
+}
+
+type Step<T> = Result<T, Stop>;
+
+/// A cursor over a frame's first bytes; skipping may pass their end (records are
+/// skipped by length before they arrived), reading there is [`Stop::Short`].
+struct Walk<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Walk<'a> {
+    fn take(&mut self, n: usize) -> Step<&'a [u8]> {
+        let end = self.pos.checked_add(n).ok_or(Stop::HandOff)?;
+        let bytes = self.buf.get(self.pos..end).ok_or(Stop::Short)?;
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    fn skip(&mut self, n: usize) {
+        self.pos = self.pos.saturating_add(n);
+    }
+
+    fn i8(&mut self) -> Step<i8> {
+        Ok(self.take(1)?[0] as i8)
+    }
+
+    fn i16(&mut self) -> Step<i16> {
+        let b = self.take(2)?;
+        Ok(i16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn i32(&mut self) -> Step<i32> {
+        let b = self.take(4)?;
+        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// An unsigned varint of at most 5 bytes (Kafka's limit for lengths and counts).
+    fn uvarint(&mut self) -> Step<u32> {
+        let mut value: u32 = 0;
+        for shift in (0..35).step_by(7) {
+            let byte = self.i8()? as u8;
+            if shift == 28 && byte > 0x0f {
+                return Err(Stop::HandOff); // over 32 bits: malformed
+            }
+            value |= u32::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(Stop::HandOff)
+    }
+
+    /// A string's bytes (int16 or compact length); None when null.
+    fn string(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
+        let len = if compact {
+            match self.uvarint()? {
+                0 => return Ok(None),
+                n => (n - 1) as usize,
+            }
+        } else {
+            match self.i16()? {
+                -1 => return Ok(None),
+                n if n < 0 => return Err(Stop::HandOff),
+                n => n as usize,
+            }
+        };
+        self.take(len).map(Some)
+    }
+
+    /// Nullable bytes (records): skipped by their length.
+    fn skip_bytes(&mut self, compact: bool) -> Step<()> {
+        let len = if compact {
+            (self.uvarint()? as usize).saturating_sub(1)
+        } else {
+            match self.i32()? {
+                -1 => 0,
+                n if n < 0 => return Err(Stop::HandOff),
+                n => n as usize,
+            }
+        };
+        self.skip(len);
+        Ok(())
+    }
+
+    /// A non-nullable array's count (a null one is malformed).
+    fn count(&mut self, compact: bool) -> Step<usize> {
+        if compact {
+            match self.uvarint()? {
+                0 => Err(Stop::HandOff),
+                n => Ok((n - 1) as usize),
+            }
+        } else {
+            match self.i32()? {
+                n if n < 0 => Err(Stop::HandOff),
+                n => Ok(n as usize),
+            }
+        }
+    }
+
+    fn tagged_fields(&mut self) -> Step<()> {
+        let count = self.uvarint()?;
+        for _ in 0..count {
+            self.uvarint()?;
+            let size = self.uvarint()?;
+            // A tag's value must be there: a frame whose tags run past the bytes read
+            // so far needs more of them, never a guess.
+            self.take(size as usize)?;
+        }
+        Ok(())
+    }
+
+    /// The request header through client_id (and its tagged fields when flexible).
+    fn header(&mut self, flexible: bool) -> Step<()> {
+        self.take(4 + 2 + 2 + 4)?;
+        self.string(false)?; // client_id: never compact (KIP-482)
+        if flexible {
+            self.tagged_fields()?;
+        }
+        Ok(())
+    }
+
+    /// One topic's name or id: selected? An id never seen named is handed off.
+    fn topic(&mut self, ids: bool, compact: bool, selector: &TopicSelector) -> Step<bool> {
+        if ids {
+            let id: [u8; 16] = self.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
+            let name = topic_name(&id).ok_or(Stop::HandOff)?;
+            return Ok(selector.selects(name.as_bytes()));
+        }
+        let name = self.string(compact)?.ok_or(Stop::HandOff)?;
+        Ok(selector.selects(name))
+    }
+
+    /// true: a topic is selected; false: every topic was read, none is.
+    fn produce(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
+        let flexible = version >= 9;
+        self.header(flexible)?;
+        self.string(flexible)?; // transactional_id
+        self.take(2 + 4)?; // acks, timeout_ms
+        let topics = self.count(flexible)?;
+        if topics > MAX_TOPICS {
+            return Err(Stop::HandOff);
+        }
+        let mut partitions_seen = 0usize;
+        for i in 0..topics {
+            if self.topic(version >= 13, flexible, selector)? {
+                return Ok(true);
+            }
+            if i + 1 == topics {
+                return Ok(false); // the last name: what follows cannot select
+            }
+            let partitions = self.count(flexible)?;
+            partitions_seen += partitions;
+            if partitions_seen > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                self.take(4)?; // index
+                self.skip_bytes(flexible)?; // records
+                if flexible {
+                    self.tagged_fields()?;
+                }
+            }
+            if flexible {
+                self.tagged_fields()?;
+            }
+        }
+        Ok(false)
+    }
+
+    fn fetch(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
+        let flexible = version >= 12;
+        self.header(flexible)?;
+        if version <= 14 {
+            self.take(4)?; // replica_id
+        }
+        self.take(4 + 4 + 4 + 1)?; // max_wait_ms, min_bytes, max_bytes, isolation_level
+        if version >= 7 {
+            self.take(4)?; // session_id
+            if !matches!(self.i32()?, 0 | -1) {
+                return Err(Stop::HandOff); // incremental: its answer is not bounded by it
+            }
+        }
+        let topics = self.count(flexible)?;
+        if topics > MAX_TOPICS {
+            return Err(Stop::HandOff);
+        }
+        let partition_size = 4 + if version >= 9 { 4 } else { 0 } + 8
+            + if version >= 12 { 4 } else { 0 } + if version >= 5 { 8 } else { 0 } + 4;
+        let mut partitions_seen = 0usize;
+        for i in 0..topics {
+            if self.topic(version >= 13, flexible, selector)? {
+                return Ok(true);
+            }
+            if i + 1 == topics {
+                return Ok(false);
+            }
+            let partitions = self.count(flexible)?;
+            partitions_seen += partitions;
+            if partitions_seen > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                self.take(partition_size)?;
+                if flexible {
+                    self.tagged_fields()?;
+                }
+            }
+            if flexible {
+                self.tagged_fields()?;
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// Whether a whole Produce request frame has at most [`MAX_TOPICS`] topics and
+/// [`MAX_PARTITIONS`] partitions, all within the frame: what must hold before
+/// kafka-protocol decodes a client's request (it reserves room for as many entries as a
+/// count says: a forged count would be an allocation of gigabytes, an abort no
+/// `catch_unwind` stops).
+pub fn produce_is_bounded(frame: &[u8], version: i16) -> bool {
+    if !PRODUCE_VERSIONS.contains(&version) {
+        return false;
+    }
+    let flexible = version >= 9;
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Step<()> {
+        w.header(flexible)?;
+        w.string(flexible)?;
+        w.take(2 + 4)?;
+        let topics = w.count(flexible)?;
+        if topics > MAX_TOPICS {
+            return Err(Stop::HandOff);
+        }
+        let mut partitions_seen = 0usize;
+        for _ in 0..topics {
+            if version >= 13 {
+                w.take(16)?;
+            } else {
+                w.string(flexible)?;
+            }
+            let partitions = w.count(flexible)?;
+            partitions_seen += partitions;
+            if partitions_seen > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                w.take(4)?;
+                w.skip_bytes(flexible)?;
+                if w.pos > w.buf.len() {
+                    return Err(Stop::Short);
+                }
+                if flexible {
+                    w.tagged_fields()?;
+                }
+            }
+            if flexible {
+                w.tagged_fields()?;
+            }
+        }
+        Ok(())
+    };
+    walk().is_ok()
+}
+
+// -- topic ids ---------------------------------------------------------------------------
+
+fn topic_ids() -> &'static RwLock<HashMap<[u8; 16], Arc<str>>> {
+    static IDS: OnceLock<RwLock<HashMap<[u8; 16], Arc<str>>>> = OnceLock::new();
+    IDS.get_or_init(Default::default)
+}
+
+/// Remembers a topic's id (from a Metadata answer of the broker). An id names one topic
+/// for its whole life (a topic created again gets a new id), so an entry never goes
+/// stale; when the map is full, new ids are not kept (their requests are handed off).
+pub fn learn_topic_id(id: [u8; 16], name: &str) {
+    if id == [0; 16] || name.is_empty() {
+        return;
+    }
+    let map = topic_ids();
+    if map.read().unwrap_or_else(|e| e.into_inner()).contains_key(&id) {
+        return;
+    }
+    let mut map = map.write().unwrap_or_else(|e| e.into_inner());
+    if map.len() < MAX_TOPIC_IDS {
+        map.entry(id).or_insert_with(|| Arc::from(name));
+    }
+}
+
+/// The name of a topic id the module has seen in a Metadata answer.
+pub fn topic_name(id: &[u8; 16]) -> Option<Arc<str>> {
+    topic_ids().read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+}
+
+#[cfg(test)]
+mod tests;

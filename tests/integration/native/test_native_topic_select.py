@@ -1,0 +1,166 @@
+"""Topic-selective hand-off through the real Envoy, broker and clients: with rules on
+some topics, a Produce naming none of them passes natively (the module's hand-off
+counter does not move, the records arrive as written), one naming a ruled topic goes
+to the Python chain (masked, or refused), by name (librdkafka) or by topic id (Kafka's
+Java producer, Produce v13: the module names the id from the Metadata answers it saw).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from control_plane.providers import StaticRuleProvider
+from filter_rules import load_rule_text
+from keg.embedded.kafka import EmbeddedKafka, run_java_tool
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, deliver, gateway_settings
+from tests.integration.rules.test_rules_enforcement import produce
+
+pytestmark = pytest.mark.integration
+
+TOPIC_AUTHORIZATION_FAILED = 29
+
+RULES = """
+rules:
+  - id: mask-cards
+    match: {topics: {prefix: [cards.]}}
+    action: {mask: {fields: [$.card]}}
+  - id: no-secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+"""
+CARD = b'{"card": "4111111111111111", "n": 1}'
+
+
+@pytest.fixture(scope="module")
+def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    rules = StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1")
+    settings = gateway_settings(kafka, tmp_path_factory.mktemp("native-select"),
+                                rules_provider=rules, data_path="native", metrics_port=0)
+    with Gateway(settings) as gw:
+        yield gw
+
+
+def counter(gateway: Gateway, name: str) -> int:
+    """The sum of Envoy's `keg_kafka.<name>` counters (every listener)."""
+    assert gateway.envoy is not None
+    total = 0
+    for line in gateway.envoy.admin("/stats").splitlines():
+        stat, _, value = line.partition(": ")
+        if stat.endswith(f"keg_kafka.{name}") and value.isdigit():
+            total += int(value)
+    return total
+
+
+def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> float:
+    """Produce requests (of `version`) the Python service saw (handed off to it)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+                                timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("keg_requests_total{") and 'api="Produce"' in line
+               and (version is None or f'version="{version}"' in line))
+
+
+def stored(kafka: EmbeddedKafka, topic: str, expected: int) -> list[bytes]:
+    """What the broker stored, read directly (not through the gateway)."""
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(values) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
+def masked(value: bytes) -> bool:
+    return b"4111111111111111" not in value and orjson.loads(value)["n"] == 1
+
+
+def test_only_produce_requests_naming_a_ruled_topic_are_handed_off(gateway: Gateway,
+                                                                   kafka: EmbeddedKafka) -> None:
+    cards = create_topic(kafka.bootstrap, name=f"cards.{uuid.uuid4().hex[:8]}")
+    plain = create_topic(kafka.bootstrap, name=f"plain.{uuid.uuid4().hex[:8]}")
+    producer = Producer({"bootstrap.servers": gateway.bootstrap, "linger.ms": 5})
+    try:
+        # Connections and both topics' metadata first (Metadata is always handed off:
+        # the chain learns topic ids from it).
+        assert deliver(producer, plain, CARD) == 0 and deliver(producer, cards, CARD) == 0
+        handed = counter(gateway, "handoff_requests")
+        passed = counter(gateway, "handoff_not_selected")
+        seen = produce_seen_by_python(gateway)
+        assert passed >= 1, "a Produce of a topic no rule names passed natively"
+
+        for _ in range(20):
+            assert deliver(producer, plain, CARD) == 0
+        assert produce_seen_by_python(gateway) == seen, "no Produce of the plain topic went"
+        assert counter(gateway, "handoff_requests") == handed, "Envoy counted no hand-off"
+        assert counter(gateway, "handoff_not_selected") >= passed + 20
+        assert stored(kafka, plain, 21) == [CARD] * 21, "arrived as written"
+
+        for _ in range(5):
+            assert deliver(producer, cards, CARD) == 0
+        assert produce_seen_by_python(gateway) >= seen + 5, "the ruled topic was handed off"
+        assert counter(gateway, "handoff_requests") >= handed + 5
+        values = stored(kafka, cards, 6)
+        assert len(values) == 6 and all(masked(v) for v in values), values
+    finally:
+        producer.flush(10)
+        del producer
+
+
+def test_a_deny_rule_still_refuses_its_topic_while_others_pass(gateway: Gateway,
+                                                               kafka: EmbeddedKafka) -> None:
+    secret = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:8]}")
+    plain = create_topic(kafka.bootstrap, name=f"plain.{uuid.uuid4().hex[:8]}")
+    conf = {"bootstrap.servers": gateway.bootstrap}
+    assert produce(conf, [(plain, b"warm-up")]) == [(plain, 0)]
+    answers = counter(gateway, "handoff_answers")
+    assert produce(conf, [(secret, b"s")]) == [(secret, TOPIC_AUTHORIZATION_FAILED)]
+    assert counter(gateway, "handoff_answers") > answers, "the Python chain answered"
+    seen, passed = produce_seen_by_python(gateway), counter(gateway, "handoff_not_selected")
+    assert produce(conf, [(plain, b"p")] * 3) == [(plain, 0)] * 3
+    assert produce_seen_by_python(gateway) == seen, "the plain topic passed natively"
+    assert counter(gateway, "handoff_not_selected") > passed
+    assert stored(kafka, secret, 1) == []
+    # One request naming both: handed off, the secret topic refused, the plain one stored.
+    results = produce({**conf, "linger.ms": 500}, [(secret, b"s2"), (plain, b"p2")])
+    assert sorted(results) == sorted([(secret, TOPIC_AUTHORIZATION_FAILED), (plain, 0)])
+    assert stored(kafka, plain, 5)[-1] == b"p2"
+
+
+def test_the_java_producer_naming_topics_by_id_is_selected_too(gateway: Gateway,
+                                                               kafka: EmbeddedKafka) -> None:
+    """Kafka 4.1's Java producer sends Produce v13 (topic ids): the module names the ids
+    from the Metadata answers it rewrote; an id it could not name would be handed off."""
+    cards = create_topic(kafka.bootstrap, name=f"cards.{uuid.uuid4().hex[:8]}")
+    plain = create_topic(kafka.bootstrap, name=f"plain.{uuid.uuid4().hex[:8]}")
+
+    def java_produce(topic: str, values: list[bytes]) -> None:
+        done = run_java_tool("console-producer", "--bootstrap-server", gateway.bootstrap,
+                             "--topic", topic, "--producer-property", "acks=all",
+                             input="".join(v.decode() + "\n" for v in values), timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    passed = counter(gateway, "handoff_not_selected")
+    java_produce(plain, [CARD] * 3)
+    assert produce_seen_by_python(gateway, 13) == 0, "no v13 Produce of the plain topic handed off"
+    assert counter(gateway, "handoff_not_selected") > passed, "it passed natively, by its id"
+    assert stored(kafka, plain, 3) == [CARD] * 3
+    java_produce(cards, [CARD] * 3)
+    assert produce_seen_by_python(gateway, 13) > 0, "the Java producer sent Produce v13"
+    values = stored(kafka, cards, 3)
+    assert len(values) == 3 and all(masked(v) for v in values), values
