@@ -164,3 +164,29 @@ def test_the_java_producer_naming_topics_by_id_is_selected_too(gateway: Gateway,
     assert produce_seen_by_python(gateway, 13) > 0, "the Java producer sent Produce v13"
     values = stored(kafka, cards, 3)
     assert len(values) == 3 and all(masked(v) for v in values), values
+
+
+def test_a_record_larger_than_the_hand_off_bound_goes_through(gateway: Gateway,
+                                                               kafka: EmbeddedKafka) -> None:
+    # After a first hand-off on a connection, the module paused reading from the client
+    # once the frame it was collecting outgrew the per-connection bound (16 MiB): only
+    # more reading could complete that frame, so the connection stalled for good and
+    # the producer timed out. Now the frame is read whole and handed off.
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"cards.big-{uuid.uuid4().hex[:6]}"
+    big = 20 << 20
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    limit = big + (1 << 20)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": str(limit)})],
+                        operation_timeout=30)[topic].result(30)
+    producer = Producer({"bootstrap.servers": gateway.bootstrap, "message.max.bytes": limit,
+                         "linger.ms": 0, "message.timeout.ms": 60000, "retries": 0})
+    assert deliver(producer, topic, CARD) == 0  # the connection's first hand-off
+    value = orjson.dumps({"card": "4111111111111111", "pad": "x" * big})
+    assert len(value) > 16 << 20
+    assert deliver(producer, topic, value) == 0
+    assert deliver(producer, topic, CARD) == 0  # and the connection goes on
+    stored_values = stored(kafka, topic, 3)
+    assert len(stored_values) == 3
+    assert len(stored_values[1]) > big and b"4111111111111111" not in stored_values[1]

@@ -280,8 +280,15 @@ impl<P: RequestPolicy> Session<P> {
             RequestState::Select(s) => s.frame.len(),
             _ => 0,
         };
+        collecting + self.handoff_bytes_awaiting_answers()
+    }
+
+    /// The part of [`Self::handoff_bytes`] that answers will release: frames handed off,
+    /// and what is queued behind them; not the frame still being read (collected to be
+    /// handed off, or read for its topics), which only more reading can complete.
+    pub fn handoff_bytes_awaiting_answers(&self) -> usize {
         let pending: usize = self.pending.iter().map(|p| p.frame.len()).sum();
-        collecting + pending + self.requests_out.bytes() + self.responses_out.bytes()
+        pending + self.requests_out.bytes() + self.responses_out.bytes()
     }
 
     /// Requests whose responses have not left yet.

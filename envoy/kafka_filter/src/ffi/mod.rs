@@ -433,6 +433,10 @@ impl Filter {
 
     /// Keeps the process-wide count of hand-off bytes and pauses reading from the
     /// client while this connection has more than its bound in flight (resumes at half).
+    /// Only bytes that answers release count for the pause: a frame still being read
+    /// (larger than the bound, say) completes only by reading on, and pausing then
+    /// would stall the connection for good. That frame is bounded by the maximum frame
+    /// size and the process-wide held-bytes budget instead.
     fn flow_control(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) {
         let now = self.session.handoff_bytes();
         if now > self.handoff_held {
@@ -445,12 +449,13 @@ impl Filter {
             return;
         }
         let bound = self.config.settings.current_interest().max_bytes_per_connection;
-        if !self.read_paused && now > bound {
+        let awaiting = self.session.handoff_bytes_awaiting_answers();
+        if !self.read_paused && awaiting > bound {
             self.read_paused = true;
             self.count(envoy, cb, Event::ReadPaused, 1);
             // SAFETY: a live filter on its worker thread.
             unsafe { (cb.read_disable)(envoy, true) };
-        } else if self.read_paused && now <= bound / 2 {
+        } else if self.read_paused && awaiting <= bound / 2 {
             self.read_paused = false;
             // SAFETY: as above.
             unsafe { (cb.read_disable)(envoy, false) };

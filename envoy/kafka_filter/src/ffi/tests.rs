@@ -429,6 +429,28 @@ fn reading_pauses_beyond_the_per_connection_bound_and_resumes_when_answered() {
 }
 
 #[test]
+fn a_frame_larger_than_the_per_connection_bound_is_read_whole_after_a_handoff() {
+    // Pausing while such a frame is still being collected would stall the connection
+    // for good: only more reading completes it.
+    let config = handoff_config("ffi-big-frame", "echo:1", false, 2000, 16);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let (first, big) = (produce(1), produce(2));
+    read(&mut c, module, &first);
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.read_disabled, [true, false], "paused while the first was in flight, then resumed");
+    let half = big.len() - 4; // the head read, the frame collecting: more than 16 bytes
+    read(&mut c, module, &big[..half]);
+    assert_eq!(c.read_disabled, [true, false], "not paused with a frame half read");
+    read(&mut c, module, &big[half..]);
+    run_scheduled(&mut c, module, 2);
+    assert_eq!(c.to_broker, [first, big].concat());
+    assert_eq!(c.read_disabled.last(), Some(&false), "reading on once answered");
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
 fn beyond_the_process_bound_a_handoff_fails_at_once() {
     for fail_open in [false, true] {
         // A bound of 0 bytes: every frame is beyond it; the service is never asked.
