@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from control_plane.providers import StaticRuleProvider
 from control_plane.topology import SaslPlain
@@ -24,6 +24,7 @@ from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import SASL_USERS, create_topic, deliver
+from tests.integration.native.conftest import consume
 from tests.integration.rules.test_rules_enforcement import produce
 
 pytestmark = pytest.mark.integration
@@ -97,23 +98,6 @@ def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Itera
         work_dir=base, ext_proc_log_level="WARNING", data_path="native")
     with Gateway(settings) as gateway:
         yield Env(kafka, gateway, rules)
-
-
-def consume(conf: dict[str, Any], topic: str, expected: int | None = None) -> list[bytes]:
-    consumer = Consumer({"auto.offset.reset": "earliest", "enable.auto.commit": False, **conf})
-    values: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        want = high if expected is None else expected
-        deadline = time.monotonic() + 30
-        while len(values) < want and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                values.append(msg.value() or b"")
-    finally:
-        consumer.close()
-    return values
 
 
 def test_a_denied_topic_is_refused_by_the_python_chain(env: Env) -> None:

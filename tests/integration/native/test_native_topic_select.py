@@ -7,20 +7,20 @@ Java producer, Produce v13: the module names the id from the Metadata answers it
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from control_plane.providers import StaticRuleProvider
 from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, deliver, gateway_settings
+from tests.integration.native.conftest import consume
 from tests.integration.rules.test_rules_enforcement import produce
 
 pytestmark = pytest.mark.integration
@@ -71,19 +71,8 @@ def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> floa
 
 def stored(kafka: EmbeddedKafka, topic: str, expected: int) -> list[bytes]:
     """What the broker stored, read directly (not through the gateway)."""
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    values: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + 30
-        while len(values) < expected and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                values.append(msg.value() or b"")
-    finally:
-        consumer.close()
-    return values
+    return consume({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex},
+                   topic, expected)
 
 
 def masked(value: bytes) -> bool:

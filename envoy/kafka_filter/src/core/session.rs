@@ -480,17 +480,8 @@ impl<P: RequestPolicy> Session<P> {
                             return;
                         }
                         Selection::HandOff => {
-                            self.request = RequestState::Collect(Collect {
-                                remaining,
-                                api_key: head.api_key,
-                                api_version: head.api_version,
-                                expects_response: head.expects_response(),
-                                fail_open,
-                                frame: head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY)),
-                            });
-                            if remaining == 0 {
-                                self.collected(out);
-                            }
+                            let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+                            self.collect(&head, fail_open, remaining, frame, out);
                             return;
                         }
                         Selection::NeedMore => {}
@@ -514,18 +505,24 @@ impl<P: RequestPolicy> Session<P> {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
                 let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.request = RequestState::Collect(Collect {
-                    remaining,
-                    api_key: head.api_key,
-                    api_version: head.api_version,
-                    expects_response: head.expects_response(),
-                    fail_open,
-                    frame,
-                });
-                if remaining == 0 {
-                    self.collected(out);
-                }
+                self.collect(&head, fail_open, remaining, frame, out);
             }
+        }
+    }
+
+    /// Collects a request to hand it off (`frame`: its bytes so far, `remaining` to come);
+    /// handed off at once when it is whole.
+    fn collect(&mut self, head: &RequestHead, fail_open: bool, remaining: usize, frame: Vec<u8>, out: &mut Output) {
+        self.request = RequestState::Collect(Collect {
+            remaining,
+            api_key: head.api_key,
+            api_version: head.api_version,
+            expects_response: head.expects_response(),
+            fail_open,
+            frame,
+        });
+        if remaining == 0 {
+            self.collected(out);
         }
     }
 
