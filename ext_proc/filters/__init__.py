@@ -262,14 +262,27 @@ def match_scope(match: StringMatch | None) -> TopicSelector | None:
                          frozenset(match.regex))
 
 
+# Past this many names and patterns a selector is not made (every frame of the range is
+# handed off): the module would compare each topic with all of them, and a rule set of
+# 100,000 topic rules must not cost a quadratic union here either.
+MAX_SELECTOR_ENTRIES: Final = 4096
+
+
 def union_scope(scopes: Iterable[TopicSelector | None]) -> TopicSelector | None:
-    """The union of scopes; None (every topic) as soon as one is None."""
-    total = TopicSelector()
+    """The union of scopes; None (every topic) as soon as one is None, or once the union
+    holds more than MAX_SELECTOR_ENTRIES names and patterns. Linear in the scopes."""
+    exact: set[str] = set()
+    prefix: set[str] = set()
+    regex: set[str] = set()
     for scope in scopes:
         if scope is None:
             return None
-        total = total.union(scope)
-    return total
+        exact |= scope.exact
+        prefix |= scope.prefix
+        regex |= scope.regex
+        if len(exact) + len(prefix) + len(regex) > MAX_SELECTOR_ENTRIES:
+            return None
+    return TopicSelector(frozenset(exact), frozenset(prefix), frozenset(regex))
 
 
 def topic_scope(f: Filter, api_key: int, api_version: int,

@@ -182,3 +182,14 @@ rules:
 def test_only_patterns_both_engines_read_alike_go_to_the_module(pattern: str,
                                                                 portable: bool) -> None:
     assert portable_regex(pattern) is portable
+
+
+def test_a_union_past_the_bound_selects_everything_and_stays_linear() -> None:
+    from ext_proc.filters import MAX_SELECTOR_ENTRIES, TopicSelector, union_scope
+
+    small = [TopicSelector(prefix=frozenset({f"t{i}."})) for i in range(MAX_SELECTOR_ENTRIES)]
+    union = union_scope(small)
+    assert union is not None and len(union.prefix) == MAX_SELECTOR_ENTRIES
+    # 100,000 topic rules: no selector (hand off all), decided without a quadratic union.
+    many = (TopicSelector(prefix=frozenset({f"t{i}."})) for i in range(100_000))
+    assert union_scope(many) is None
