@@ -46,6 +46,7 @@ from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
 from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
 from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
+from ext_proc.grpc_listen import exclusive_server, listen
 from ext_proc.heap import building
 from filter_rules import CompiledRuleSet, RuleSet
 
@@ -232,21 +233,40 @@ _picking = threading.Lock()
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` now and not handed out before by this process, below the
     kernel's ephemeral range when there is room there (else any free port)."""
+    return free_port_block(1, host)
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports as free_port picks one (listeners of a
+    group of brokers): none handed out before by this process, all free on `host`."""
     try:
         ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = LOWEST_PICKED_PORT
+    below_ephemeral = ephemeral_low - LOWEST_PICKED_PORT >= 1000
     with _picking:
-        for _ in range(64 if ephemeral_low - LOWEST_PICKED_PORT >= 1000 else 0):
-            port = random.randrange(LOWEST_PICKED_PORT, ephemeral_low)
-            if port not in _picked_ports and _bindable(host, port):
+        for _ in range(64 if below_ephemeral else 0):
+            base = random.randrange(LOWEST_PICKED_PORT, ephemeral_low - count + 1)
+            if _take(host, range(base, base + count)):
+                return base
+        if count == 1:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
                 _picked_ports.add(port)
                 return port
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-            _picked_ports.add(port)
-            return port
+        for _ in range(256):
+            base = random.randrange(LOWEST_PICKED_PORT, 65536 - count)
+            if _take(host, range(base, base + count)):
+                return base
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
+def _take(host: str, ports: range) -> bool:
+    if any(p in _picked_ports or not _bindable(host, p) for p in ports):
+        return False
+    _picked_ports.update(ports)
+    return True
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -310,19 +330,17 @@ class ControlPlane:
                 self._tasks.append(asyncio.create_task(watch()))
         # Responses are bounded per node by what the node says it accepts (ads.py,
         # refused_as_too_large), not by a server-wide send limit.
-        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
+        server = exclusive_server([("grpc.max_send_message_length", -1)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AggregatedDiscovery(self.cache, self.fleet), server
         )
         address = f"{self.settings.xds_host}:{self.settings.xds_port}"
         xds_tls = self.settings.xds_tls
-        if xds_tls is not None:
-            self.xds_port = server.add_secure_port(address, xds_tls.grpc_credentials())
-        else:
-            self.xds_port = server.add_insecure_port(address)
-            if self.tls is not None and self.tls.listener is not None and not _loopback(
-                    self.settings.xds_host):
-                log.warning("xDS on %s without TLS carries the listeners' private keys "
+        self.xds_port = listen(server, address, "the xDS server",
+                               None if xds_tls is None else xds_tls.grpc_credentials())
+        if xds_tls is None and self.tls is not None and self.tls.listener is not None \
+                and not _loopback(self.settings.xds_host):
+            log.warning("xDS on %s without TLS carries the listeners' private keys "
                             "(SDS) in plaintext: give the control plane a certificate",
                             self.settings.xds_host)
         await server.start()

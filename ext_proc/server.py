@@ -38,6 +38,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
+from ext_proc.grpc_listen import exclusive_server, listen
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import (
     DEFAULT_MAX_CLIENTS,
@@ -422,14 +423,13 @@ class ExtProcServer:
         self.port = 0
 
     async def start(self) -> int:
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ]
-        )
+        server = exclusive_server([
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ])
         pb_grpc.add_NetworkExternalProcessorServicer_to_server(self.processor, server)
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        self.port = listen(server, f"{self.settings.host}:{self.settings.port}",
+                           "the ext_proc service")
         rules = self.data_path.rules
         if rules is not None and not rules.reload():
             raise RuntimeError(f"the rule set in {rules.directory} is invalid (see the log)")

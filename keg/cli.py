@@ -552,7 +552,12 @@ def ext_proc_cmd(
         with contextlib.suppress(asyncio.CancelledError):
             await server.serve_forever()
 
-    asyncio.run(main())
+    from ext_proc.grpc_listen import PortInUse
+
+    try:
+        asyncio.run(main())
+    except PortInUse as err:
+        raise _fail(str(err)) from None
 
 
 def _ext_proc_server(settings: ProcessorSettings) -> ExtProcServer:

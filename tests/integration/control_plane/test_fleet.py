@@ -9,7 +9,6 @@ cluster for them all the same, which is what a topology change is to the fleet.
 
 from __future__ import annotations
 
-import random
 import socket
 import subprocess
 import sys
@@ -24,7 +23,13 @@ import pytest
 from confluent_kafka import Producer
 
 from control_plane.fleet import ENVOY, EXT_PROC
-from control_plane.service import ControlPlane, ControlPlaneSettings, EnvoyGroup, free_port
+from control_plane.service import (
+    ControlPlane,
+    ControlPlaneSettings,
+    EnvoyGroup,
+    free_port,
+    free_port_block,
+)
 from control_plane.snapshot import LISTENER, RULES
 from control_plane.topology import Broker, Topology, fetch_topology
 from filter_rules import load_rule_dir
@@ -50,20 +55,6 @@ rules:
     action: {deny: {}}
 """
 GROUPS = ("edge-a", "edge-b", "edge-c")
-
-
-def free_port_block(count: int) -> int:
-    """A first port with `count` free ports from it (listeners of one group)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no block of free ports")
 
 
 class FleetHarness:

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from control_plane.service import EPHEMERAL_RANGE, LOWEST_PICKED_PORT, free_port
+from control_plane.service import EPHEMERAL_RANGE, LOWEST_PICKED_PORT, free_port, free_port_block
 
 
 def test_picked_ports_are_bindable_distinct_and_below_the_ephemeral_range() -> None:
@@ -31,3 +31,16 @@ def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr("control_plane.service.random.randrange",
                             lambda low, high: next(offered, None) or real(low, high))
         assert free_port() != busy
+
+
+def test_a_block_never_overlaps_a_port_picked_before() -> None:
+    """The fleet test picked its groups' listener blocks apart from free_port: a block
+    once held the xDS port picked a moment earlier, and Envoys' ADS streams went to a
+    Kafka listener. Blocks and single ports now come from one ledger."""
+    singles = {free_port() for _ in range(200)}
+    blocks = [free_port_block(4) for _ in range(100)]
+    block_ports = [base + i for base in blocks for i in range(4)]
+    assert len(set(block_ports)) == len(block_ports)
+    assert not singles & set(block_ports)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", blocks[-1] + 3))  # free indeed
