@@ -32,7 +32,7 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_fa
 import kafka_wire
 from ext_proc.filters import TopicSelector
 from ext_proc.filters.rules import RuleEngine
-from ext_proc.frames import MAX_VERSION, interest_ranges, interest_table
+from ext_proc.frames import MAX_VERSION, handed_off_ranges, interest_table
 from ext_proc.tls_principal import SUBJECT
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
@@ -121,24 +121,26 @@ Range = tuple[int, int, int, TopicSelector | None]
 
 def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     """The requests the module hands to the Python chain for `ruleset`, as (api key,
-    min version, max version) ranges (`selected_ranges` without the selectors)."""
-    return [(key, low, high) for key, low, high, _ in selected_ranges(ruleset)]
+    min version, max version) ranges (`handed_off` without the selectors)."""
+    return [(key, low, high) for key, low, high, _ in handed_off(ruleset)[0]]
 
 
-def selected_ranges(ruleset: RuleSet) -> list[Range]:
-    """`ext_proc.frames.interest_ranges` of an engine running `ruleset`: the ranges and
-    their topic selectors. An engine the control plane cannot build (a secret only the
-    ext_proc service can read) falls back to a superset without selectors: every API
-    some rule may apply to, all versions (Produce and Fetch with any record rule), plus
-    what the chain always learns from."""
+def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]]]:
+    """What the module hands to the chain of an engine running `ruleset`: the ranges
+    with their topic selectors (`ext_proc.frames.interest_ranges`), and those whose
+    hand-off may fail open (`fail_open_ranges`). An engine the control plane cannot
+    build (a secret only the ext_proc service can read) falls back to a superset
+    without selectors that fails as the rule set says: every API some rule may apply
+    to, all versions (Produce and Fetch with any record rule), plus what the chain
+    always learns from."""
     try:
         engine = RuleEngine(CompiledRuleSet(ruleset))
     except RuleSetInvalid as err:
         log.warning("interest table from the rules alone (the control plane cannot build "
                     "their actions: %s)", err)
-        return [(key, low, high, None) for key, low, high in _superset(ruleset)]
+        return [(key, low, high, None) for key, low, high in _superset(ruleset)], []
     try:
-        return interest_ranges(engine)
+        return handed_off_ranges(engine)
     finally:
         engine.records.close()
 
@@ -159,14 +161,17 @@ def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
 def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]:
     """The module's interest table for rule-set `version` (its JSON, see
     envoy/kafka_filter/src/core/interest.rs)."""
+    ranges, fail_open = handed_off(ruleset)
     return {
         "version": version,
         # [api key, min, max] hands off every such request; a fourth element, a topic
         # selector, only those naming a selected topic (docs/native.md).
         "requests": [[key, low, high] if selector is None
                      else [key, low, high, selector.to_json()]
-                     for key, low, high, selector in selected_ranges(ruleset)],
+                     for key, low, high, selector in ranges],
         "failure_mode_allow": handoff.failure_mode_allow,
+        # Requests only learners want: forwarded when the service cannot take them.
+        "fail_open": [list(r) for r in fail_open],
         "endpoints": list(handoff.endpoints),
         "handoff_timeout_ms": handoff.timeout_ms,
         "max_bytes_per_connection": handoff.max_bytes_per_connection,

@@ -139,7 +139,7 @@ def interest_table(engine: RuleEngine) -> list[tuple[int, int, int]]:
     """The requests the native module must hand over for the live rule set, as
     (api key, min version, max version) ranges: those the frames chain wants, or
     whose answers it wants (decided when the request passes)."""
-    return list(_ranges((k, v) for k, v, _ in _wanted(engine)))
+    return list(_ranges((w.api_key, w.version) for w in _wanted(engine)))
 
 
 def interest_ranges(engine: RuleEngine
@@ -151,22 +151,47 @@ def interest_ranges(engine: RuleEngine
     act whatever the topics (virtual topics, a rule without topics, a filter that does
     not say) leaves the range unselected. Only Produce and Fetch get selectors (the
     module reads their topics; docs/native.md says which versions)."""
+    return handed_off_ranges(engine)[0]
+
+
+def fail_open_ranges(engine: RuleEngine) -> list[tuple[int, int, int]]:
+    """The requests of `interest_table` that only filters which may miss frames want
+    (`BaseFilter.may_miss_frames`: without rules, the topic-id learner and the group
+    protocol observer): when the Python service cannot take one, the module forwards it
+    and its answer as they are, whatever the failure mode. Without this every Metadata
+    request needed the service, and a new client could not connect while it was down."""
+    return handed_off_ranges(engine)[1]
+
+
+def handed_off_ranges(engine: RuleEngine) -> tuple[
+        list[tuple[int, int, int, TopicSelector | None]], list[tuple[int, int, int]]]:
+    """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
+    wanted = list(_wanted(engine))
     ranges: list[tuple[int, int, int, TopicSelector | None]] = []
-    for (_, selector), group in groupby(_wanted(engine),
-                                        key=lambda entry: (entry[0], entry[2])):
-        versions = [(api_key, v) for api_key, v, _ in group]
+    for (_, selector), group in groupby(wanted, key=lambda w: (w.api_key, w.selector)):
+        versions = [(w.api_key, w.version) for w in group]
         ranges += [(k, low, high, selector) for k, low, high in _ranges(versions)]
-    return ranges
+    fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
+    return ranges, fail_open
 
 
-def _wanted(engine: RuleEngine) -> Iterator[tuple[int, int, TopicSelector | None]]:
-    """(api key, version, topic selector) of every request version the chain needs, in
-    order; versions newer than keg reads as two entries: high + 1 and MAX_VERSION."""
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    api_key: int
+    version: int
+    selector: TopicSelector | None  # None: every request of this version
+    may_miss: bool  # every filter that wants it may miss frames
+
+
+def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
+    """Every request version the chain needs, in order; versions newer than keg reads
+    as two entries, high + 1 and MAX_VERSION (never failing open: the chain must refuse
+    what a rule must read and cannot)."""
     chain = FilterChain(frames_filters(engine, IdentityTracker()))
 
-    def wanted(api_key: int, version: int) -> bool:
-        return chain.wants(api_key, version, REQUEST) or chain.wants(api_key, version,
-                                                                      RESPONSE)
+    def interested(api_key: int, version: int) -> list[Filter]:
+        return [f for direction in (REQUEST, RESPONSE)
+                for f in chain.interested(api_key, version, direction)]
 
     def scope(api_key: int, version: int) -> TopicSelector | None:
         if api_key not in _SELECTED_APIS:
@@ -178,13 +203,15 @@ def _wanted(engine: RuleEngine) -> Iterator[tuple[int, int, TopicSelector | None
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
         for v in range(low, high + 1):
-            if wanted(api_key, v):
-                yield api_key, v, scope(api_key, v)
-        if wanted(api_key, MAX_VERSION):
+            filters = interested(api_key, v)
+            if filters:
+                yield _Wanted(api_key, v, scope(api_key, v),
+                              all(f.may_miss_frames for f in filters))
+        if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.
-            yield api_key, high + 1, None
-            yield api_key, MAX_VERSION, None
+            yield _Wanted(api_key, high + 1, None, False)
+            yield _Wanted(api_key, MAX_VERSION, None, False)
 
 
 def _ranges(pairs: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:

@@ -300,6 +300,7 @@ class Filter(Protocol):
     """See the module docstring."""
 
     dynamic: ClassVar[bool]
+    may_miss_frames: ClassVar[bool]
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool: ...
 
@@ -315,6 +316,11 @@ class BaseFilter:
     """Defaults: wants nothing, does nothing, interest fixed for the connection."""
 
     dynamic: ClassVar[bool] = False
+    # True for a filter the gateway is whole without when a frame cannot reach it (the
+    # Python service down): it only learns for later frames, which fail safe without
+    # what it missed, or guards what the broker checks again. A frame only such filters
+    # want is forwarded when its hand-off fails (`ext_proc.frames.fail_open_ranges`).
+    may_miss_frames: ClassVar[bool] = False
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
         return False

@@ -54,6 +54,10 @@ ObservationSink = Callable[[ConnectionInfo, GroupObservation], None]
 
 class GroupProtocolObserver(BaseFilter):
     api_keys = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
+    # It reports and feeds the guard below, whose answer the broker gives as well
+    # (KIP-559: the coordinator checks a SyncGroup's protocol type and name too). A
+    # hand-off that fails forwards both ways, so the tracker never sees half a pair.
+    may_miss_frames = True
 
     def __init__(self, sink: ObservationSink | None = None) -> None:
         self.tracker = GroupProtocolTracker()
@@ -121,6 +125,8 @@ class GroupProtocolGuard(RequestJudge):
     observer's tracker has already recorded the request; an answered request gets no
     broker response, so it is cancelled there.
     """
+
+    may_miss_frames = True  # the broker answers INCONSISTENT_GROUP_PROTOCOL itself
 
     def __init__(self, observer: GroupProtocolObserver) -> None:
         self._observer = observer

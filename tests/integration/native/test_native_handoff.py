@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from control_plane.providers import StaticRuleProvider
 from control_plane.topology import SaslPlain
@@ -185,3 +185,39 @@ def test_without_the_service_produce_fails_closed_with_a_retriable_error(env: En
     assert send(ruled, b"after") == 0
     assert env.stored(ruled) == [b"before", b"after"]
     assert env.stored(plain) == [b"before", b"native"]
+
+
+def test_without_the_service_new_clients_connect_and_groups_form(env: Env) -> None:
+    """Metadata, JoinGroup and SyncGroup reach the Python service only for its learners
+    (topic ids, group protocols) while no rule judges them: their hand-off fails open.
+    Before, with the service down, every new client's Metadata request failed closed
+    (the connection closed) and no client could start, whatever the topic."""
+    plain = env.topic("plain.")
+    env.gateway.stop_ext_proc()
+    try:
+        before = sum(env.envoy_stats("keg_kafka.handoff_failed_open").values())
+        producer = Producer(env.client("bob", "PLAIN", **{"linger.ms": 0}))
+        assert deliver(producer, plain, b"while down") == 0
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        consumer = Consumer(env.client("bob", "PLAIN", **{
+            "group.id": group, "auto.offset.reset": "earliest"}))
+        values: list[bytes] = []
+        try:
+            consumer.subscribe([plain])
+            deadline = time.monotonic() + 60
+            while not values and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    values.append(msg.value() or b"")
+            assigned = consumer.assignment()
+        finally:
+            consumer.close()
+        assert values == [b"while down"]
+        assert [tp.topic for tp in assigned] == [plain], "the group formed without the service"
+        assert sum(env.envoy_stats("keg_kafka.handoff_failed_open").values()) > before
+        # A ruled topic still fails closed (retriable) for a new producer.
+        strict = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
+        assert deliver(strict, env.topic("payments."), b"lost") == REQUEST_TIMED_OUT
+    finally:
+        env.gateway.start_ext_proc()
+        env.gateway.wait_for_rules()

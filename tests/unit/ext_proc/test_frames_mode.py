@@ -21,7 +21,13 @@ import kafka_wire
 from ext_proc import ExtProcServer, ProcessorSettings
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.rules import RuleEngine
-from ext_proc.frames import FRAMES_MODE, MODE_HEADER, FramesSession, interest_table
+from ext_proc.frames import (
+    FRAMES_MODE,
+    MODE_HEADER,
+    FramesSession,
+    fail_open_ranges,
+    interest_table,
+)
 from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
 from kafka_wire import ApiKey
 from kafka_wire.errors import FrameError
@@ -134,6 +140,29 @@ def test_the_interest_table_names_only_what_the_rules_need() -> None:
     assert quiet == {ApiKey.METADATA, 11, 14, 19, 20, 75}
     ruled = {k: (lo, hi) for k, lo, hi in interest_table(engine())}
     assert ruled[ApiKey.PRODUCE] == (0, 0x7FFF) and ruled[ApiKey.FETCH] == (0, 0x7FFF)
+
+
+def test_only_what_learners_alone_want_fails_open() -> None:
+    """With the service down, a frame only its learners want (topic ids, group
+    protocols) is forwarded; one a rule judges fails closed, as do versions keg cannot
+    read (the chain must refuse those)."""
+    quiet = RuleEngine(CompiledRuleSet(RuleSet()))
+    table, fail_open = interest_table(quiet), fail_open_ranges(quiet)
+    assert {k for k, _, _ in fail_open} == {k for k, _, _ in table}
+    for key, _, high in fail_open:
+        assert high == kafka_wire.supported_versions(key)[1]  # type: ignore[index]
+    judged = RuleEngine(CompiledRuleSet(load_rule_text("""
+rules:
+  - id: hide-secrets
+    match: {apis: [Metadata], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: no-group-x
+    match: {apis: [JoinGroup], groups: {exact: [x]}}
+    action: {deny: {}}
+""", "rules.yaml")))
+    keys = {k for k, _, _ in fail_open_ranges(judged)}
+    assert ApiKey.METADATA not in keys and ApiKey.JOIN_GROUP not in keys
+    assert ApiKey.SYNC_GROUP in keys and ApiKey.CREATE_TOPICS in keys
 
 
 # -- over a real gRPC stream, as the native module speaks it ----------------------------

@@ -13,7 +13,9 @@
 //! only): a request of that range is handed off only when one of its topics is selected
 //! ([`super::topics`]); versions whose topics the module cannot read are handed off
 //! whatever their topics. Responses are handed off only when the Python service's
-//! reply to their request asked for them (`want_response`).
+//! reply to their request asked for them (`want_response`). `fail_open` lists ranges
+//! (`[api_key, min, max]`) whose failed hand-off forwards the request (and its answer)
+//! even when `failure_mode_allow` is false: those only the service's learners want.
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ struct RawInterest {
     requests: Vec<serde_json::Value>,
     #[serde(default)]
     failure_mode_allow: bool,
+    #[serde(default)]
+    fail_open: Vec<serde_json::Value>,
     #[serde(default)]
     endpoints: Vec<String>,
     #[serde(default = "default_timeout_ms")]
@@ -65,6 +69,10 @@ pub struct Interest {
     /// topic selector (None: every request of the range).
     ranges: Vec<Vec<Range>>,
     pub failure_mode_allow: bool,
+    /// Per API slot, version ranges whose hand-off fails open whatever
+    /// `failure_mode_allow` says: only filters that may miss frames want them (the
+    /// Python side's learners), so the service being down must not refuse them.
+    fail_open: Vec<Vec<(i16, i16)>>,
     /// `host:port` of the Python service's workers.
     pub endpoints: Vec<String>,
     pub handoff_timeout_ms: u64,
@@ -85,6 +93,7 @@ impl Default for Interest {
             version: String::new(),
             ranges: vec![Vec::new(); OTHER_API + 1],
             failure_mode_allow: false,
+            fail_open: vec![Vec::new(); OTHER_API + 1],
             endpoints: Vec::new(),
             handoff_timeout_ms: default_timeout_ms(),
             max_bytes_per_connection: default_per_connection(),
@@ -118,6 +127,13 @@ impl Interest {
                 }
             };
             interest.ranges[api_slot(api_key)].push((min, max, selector));
+        }
+        for entry in raw.fail_open {
+            let (api_key, min, max, selection) = parse_range(entry)?;
+            if selection.is_some() {
+                return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector"));
+            }
+            interest.fail_open[api_slot(api_key)].push((min, max));
         }
         if interest.wants_any() && interest.endpoints.is_empty() {
             return Err("interest: requests to hand off but no endpoints to hand them to".into());
@@ -153,6 +169,15 @@ impl Interest {
             };
         }
         found
+    }
+
+    /// Whether a failed hand-off of a request of this API and version forwards it.
+    pub fn fails_open(&self, api_key: i16, api_version: i16) -> bool {
+        if self.failure_mode_allow {
+            return true;
+        }
+        let slot = api_slot(api_key);
+        slot != OTHER_API && self.fail_open[slot].iter().any(|(min, max)| *min <= api_version && api_version <= *max)
     }
 
     pub fn wants_any(&self) -> bool {
@@ -212,6 +237,21 @@ mod tests {
         assert!(!interest.wants(-1, 0) && !interest.wants(500, 0));
         assert_eq!(interest.handoff_timeout_ms, 2000);
         assert!(!Interest::default().wants_any());
+    }
+
+    #[test]
+    fn learning_ranges_fail_open_and_the_rest_as_the_table_says() {
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[3, 0, 32767], [0, 0, 13]], "fail_open": [[3, 0, 13]], "endpoints": ["h:1"]})).unwrap();
+        assert!(interest.fails_open(3, 0) && interest.fails_open(3, 13));
+        assert!(!interest.fails_open(3, 14), "a version the service cannot read fails closed");
+        assert!(!interest.fails_open(0, 9) && !interest.fails_open(500, 0));
+        let open = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13]], "failure_mode_allow": true, "endpoints": ["h:1"]})).unwrap();
+        assert!(open.fails_open(0, 9));
+        let err = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13]], "fail_open": [[0, 0, 13, {"exact": ["t"]}]], "endpoints": ["h:1"]})).unwrap_err();
+        assert!(err.contains("takes no topic selector"), "{err}");
     }
 
     #[test]

@@ -101,7 +101,7 @@ struct InterestPolicy {
 impl RequestPolicy for InterestPolicy {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-        let fail_open = table.interest.failure_mode_allow;
+        let fail_open = table.interest.fails_open(head.api_key, head.api_version);
         match table.interest.want(head.api_key, head.api_version) {
             Want::No => Disposition::Forward,
             Want::All => Disposition::HandOff { fail_open },
