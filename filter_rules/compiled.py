@@ -35,7 +35,11 @@ from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
 from kafka_wire import ApiKey
 
-RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
+# Records travel in Produce requests and in the answers to Fetch and ShareFetch (KIP-932
+# share groups read with ShareFetch: a consume-time rule on Fetch alone let every share
+# consumer read around it).
+CONSUME_APIS: Final = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
+RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, *CONSUME_APIS})
 
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
@@ -227,7 +231,9 @@ class CompiledRule:
             api_keys = denied if api_keys is None else api_keys & denied
         elif isinstance(action, AllowApisAction):  # ... to every API but the listed ones
             excluded = frozenset(resolve_api(ref) for ref in action.allow_apis)
-        elif self.kind in RECORD_KINDS:  # records travel in Produce requests, Fetch responses
+        elif self.kind in RECORD_KINDS:
+            if api_keys is not None and ApiKey.FETCH in api_keys:
+                api_keys |= CONSUME_APIS  # "Fetch" names consuming, share groups too
             api_keys = RECORD_APIS if api_keys is None else api_keys & RECORD_APIS
         self.api_keys: frozenset[int] | None = api_keys
         self.excluded_api_keys = excluded

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleError, RuleSetInvalid
+from filter_rules.compiled import CONSUME_APIS
 from filter_rules.record_actions import RECORD_KINDS, record_spec
 from interceptors.contract import (
     BatchCheck,
@@ -294,19 +295,23 @@ class RecordEngine:
     # -- which stages ----------------------------------------------------------------
 
     def interested(self, api_key: int, api_version: int) -> bool:
-        """Whether any record rule may apply to this Produce (request) or Fetch
-        (response): if not, the frame is never decoded for records."""
+        """Whether any record rule may apply to this Produce (request), Fetch or
+        ShareFetch (response): if not, the frame is never decoded for records."""
         direction = "request" if api_key == ApiKey.PRODUCE else "response"
         return self.rules.interested(api_key, api_version, direction)
 
     def plan(self, direction: RecordDirection, topic: str, ctx: MatchContext) -> tuple[Stage, ...]:
         """The stages for `topic`'s records on a connection described by `ctx`."""
         key = (direction, topic, ctx.principal, ctx.client_id, ctx.client_host, ctx.listener,
-               ctx.broker_id, ctx.api_version)
+               ctx.broker_id, ctx.api_key, ctx.api_version)
         stages = self._plans.get(key)
         if stages is None:
-            api, frame = (ApiKey.PRODUCE, "request") if direction == "produce" else (ApiKey.FETCH,
-                                                                                   "response")
+            api: int
+            if direction == "produce":
+                api, frame = ApiKey.PRODUCE, "request"
+            else:  # the answer to a Fetch or a ShareFetch
+                api = ctx.api_key if ctx.api_key in CONSUME_APIS else ApiKey.FETCH
+                frame = "response"
             frame_ctx = ctx.for_frame(api, ctx.api_version, frame)  # type: ignore[arg-type]
             stages = tuple(self._stages[r.id]
                            for r in self.rules.candidates(api, ctx.api_version, frame)

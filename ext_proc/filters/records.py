@@ -34,6 +34,7 @@ from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector
 from ext_proc.filters.rules import RuleDecision, RuleSetJudge, rules_scope
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
+from filter_rules.compiled import RECORD_APIS
 from interceptors.engine import (
     REFUSING,
     BatchOutcome,
@@ -152,14 +153,13 @@ def _withhold(partitions: Any, code: int) -> bool:
 
 class RecordsFilter(RuleSetJudge):
     def wants_request(self, api_key: int, api_version: int) -> bool:
-        return api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and self._engine.records.interested(
-            api_key, api_version)
+        return api_key in RECORD_APIS and self._engine.records.interested(api_key, api_version)
 
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
         """The topics a record rule may plan stages for (`RecordEngine.plan` matches
-        each topic of a Produce request or Fetch response against these rules)."""
-        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
+        each topic of a Produce request or Fetch/ShareFetch response against these)."""
+        if direction != REQUEST or api_key not in RECORD_APIS:
             return None
         frame = "request" if api_key == ApiKey.PRODUCE else "response"
         return rules_scope(self._engine.records.rules.candidates(api_key, api_version, frame))
@@ -280,6 +280,11 @@ class RecordsFilter(RuleSetJudge):
 
     def _fetch(self, records: RecordEngine, header: kafka_wire.RequestHeader,
                conn: ConnectionInfo, ctx: MatchContext) -> RequestVerdict | None:
+        """A Fetch's or ShareFetch's answer, rewritten: both carry Responses[].Partitions[]
+        with PartitionIndex, ErrorCode and Records. A share consumer acknowledges the
+        acquired offsets a rewrite left out as gaps (KIP-932), so a dropped record is
+        not delivered again; a withheld partition's acquired records go back to the
+        group when their lock expires."""
         principal = ctx.principal
 
         def transform(response: Body) -> bool:

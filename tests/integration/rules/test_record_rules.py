@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -270,12 +271,30 @@ def produce_java(env: Env, user: str, topic: str, records: list[Rec]) -> None:
 
 
 def consume_java(env: Env, user: str, topic: str, expected: int) -> list[Rec]:
-    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--from-beginning",
+    return _console_records(run_java_tool("console-consumer", *_console_args(
+        env, user, topic, expected, "--from-beginning")))
+
+
+def consume_java_share(env: Env, user: str, topic: str, expected: int) -> list[Rec]:
+    """A share group's consumer (KIP-932: ShareFetch, not Fetch) from the topic's start."""
+    group = f"share-{uuid.uuid4().hex[:8]}"
+    run_java_tool("configs", "--bootstrap-server", env.kafka.bootstrap, "--entity-type", "groups",
+                  "--entity-name", group, "--alter", "--add-config",
+                  "share.auto.offset.reset=earliest", check=True)
+    return sorted(_console_records(run_java_tool("console-share-consumer", *_console_args(
+        env, user, topic, expected, "--group", group))), key=lambda r: r[0] or b"")
+
+
+def _console_args(env: Env, user: str, topic: str, expected: int, *more: str) -> list[str]:
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, *more,
             "--max-messages", str(expected), "--timeout-ms", "15000",
             "--property", "print.key=true", "--property", "print.headers=true"]
     for prop in java_sasl(user):
         args += ["--consumer-property", prop]
-    done = run_java_tool("console-consumer", *args)
+    return args
+
+
+def _console_records(done: subprocess.CompletedProcess[str]) -> list[Rec]:
     out: list[Rec] = []
     for line in done.stdout.splitlines():
         head, key, value = line.split("\t", 2)
@@ -341,6 +360,9 @@ CONSUMERS: dict[str, Callable[[Env, str, int], list[Rec]]] = {
     "librdkafka": lambda env, topic, n: consume_records(env.conf(), topic),
     "kafka-python": lambda env, topic, n: consume_kafka_python(env, "alice", topic),
     "java": lambda env, topic, n: consume_java(env, "alice", topic, n),
+    # Share groups read records with ShareFetch: consume-time rules apply there too
+    # (they did not: a share consumer read every record unmasked, undecrypted, undropped).
+    "java-share": lambda env, topic, n: consume_java_share(env, "alice", topic, n),
 }
 EXPECT: dict[str, Callable[[list[Rec]], list[Rec]]] = {
     "mask": expected_mask,

@@ -418,3 +418,30 @@ def test_compiled_matching_agrees_with_the_plain_reading(
     r = compiled(rule("p", match)).rules[0]
     c = ctx(client_id=client_id, broker_id=broker)
     assert r.matches(c, topic=topic) == _reference(match, c, topic)
+
+
+def test_consume_time_record_rules_cover_share_fetch() -> None:
+    """Share groups (KIP-932) read records with ShareFetch: a consume-time rule applies
+    to its answers as to Fetch's, also when it names Fetch; request rules name APIs as
+    written."""
+    from filter_rules import CompiledRuleSet, load_rule_text
+    from kafka_wire import ApiKey
+
+    compiled = CompiledRuleSet(load_rule_text("""
+rules:
+  - id: mask-any-read
+    match: {direction: response, topics: {prefix: [pii.]}}
+    action: {mask: {fields: [$.email]}}
+  - id: mask-fetch
+    match: {apis: [Fetch], direction: response, topics: {prefix: [hr.]}}
+    action: {mask: {fields: [$.salary]}}
+  - id: deny-fetch
+    match: {apis: [Fetch], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+""", "rules.yaml"))
+    by_id = {r.id: r for r in compiled.rules}
+    for rule_id in ("mask-any-read", "mask-fetch"):
+        assert by_id[rule_id].api_keys >= {ApiKey.FETCH, ApiKey.SHARE_FETCH}, rule_id
+    assert [r.id for r in compiled.candidates(ApiKey.SHARE_FETCH, 1, "response")] == [
+        "mask-any-read", "mask-fetch"]
+    assert by_id["deny-fetch"].api_keys == {ApiKey.FETCH}
