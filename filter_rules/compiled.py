@@ -41,6 +41,16 @@ from kafka_wire import ApiKey
 CONSUME_APIS: Final = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, *CONSUME_APIS})
 
+# Kinds for which naming Fetch means reading a topic, share groups included: a deny (or
+# an observe) of Fetch covers ShareFetch. Safeguards and rates read Fetch's own fields.
+READ_ALIKE_KINDS: Final = frozenset({"deny", "observe"})
+
+
+def _reading(api_keys: frozenset[int]) -> frozenset[int]:
+    """`api_keys` with ShareFetch when they name Fetch."""
+    return api_keys | CONSUME_APIS if ApiKey.FETCH in api_keys else api_keys
+
+
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
 Check = Callable[[MatchContext, "str | None", "str | None"], bool]
@@ -134,10 +144,14 @@ class _Predicate:
 
     __slots__ = ("checks", "uses_groups", "uses_topics")
 
-    def __init__(self, match: Match, *, top_level: bool, directions: frozenset[str]) -> None:
+    def __init__(self, match: Match, *, top_level: bool, directions: frozenset[str],
+                 reading: bool = False) -> None:
+        """`reading`: Fetch in `apis` names ShareFetch too (READ_ALIKE_KINDS, records)."""
         checks: list[Check] = []
         if match.apis is not None:
             keys = frozenset(resolve_api(ref) for ref in match.apis)
+            if reading:
+                keys = _reading(keys)
             checks.append(lambda ctx, t, g: ctx.api_key in keys)
         if match.versions is not None:
             low = match.versions.min if match.versions.min is not None else 0
@@ -172,7 +186,8 @@ class _Predicate:
             inner_directions = frozenset(
                 DIRECTIONS if match.not_.direction in (None, "both") else (match.not_.direction,)
             )
-            inner = _Predicate(match.not_, top_level=False, directions=inner_directions)
+            inner = _Predicate(match.not_, top_level=False, directions=inner_directions,
+                               reading=reading)
             self.uses_topics = self.uses_topics or inner.uses_topics
             self.uses_groups = self.uses_groups or inner.uses_groups
             checks.append(lambda ctx, t, g: not inner(ctx, t, g))
@@ -232,15 +247,16 @@ class CompiledRule:
         elif isinstance(action, AllowApisAction):  # ... to every API but the listed ones
             excluded = frozenset(resolve_api(ref) for ref in action.allow_apis)
         elif self.kind in RECORD_KINDS:
-            if api_keys is not None and ApiKey.FETCH in api_keys:
-                api_keys |= CONSUME_APIS  # "Fetch" names consuming, share groups too
-            api_keys = RECORD_APIS if api_keys is None else api_keys & RECORD_APIS
+            api_keys = RECORD_APIS if api_keys is None else _reading(api_keys) & RECORD_APIS
+        elif self.kind in READ_ALIKE_KINDS and api_keys is not None:
+            api_keys = _reading(api_keys)
         self.api_keys: frozenset[int] | None = api_keys
         self.excluded_api_keys = excluded
         versions = rule.match.versions
         self.min_version: int | None = versions.min if versions is not None else None
         self.max_version: int | None = versions.max if versions is not None else None
-        self._predicate = _Predicate(rule.match, top_level=True, directions=self.directions)
+        self._predicate = _Predicate(rule.match, top_level=True, directions=self.directions,
+                                     reading=self.kind in READ_ALIKE_KINDS | RECORD_KINDS)
 
     @property
     def uses_topics(self) -> bool:

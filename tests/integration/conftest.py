@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,24 @@ def java_sasl(user: str) -> list[str]:
     jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'username="{user}" password="{SASL_USERS[user]}";')
     return ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"]
+
+
+def share_console_consume(kafka: EmbeddedKafka, bootstrap: str, topic: str, expected: int,
+                          *options: str, user: str = "alice"
+                          ) -> subprocess.CompletedProcess[str]:
+    """Kafka's console share consumer (a share group, KIP-932: it reads with ShareFetch)
+    as SASL `user` through `bootstrap`, from the topic's start (the new group's
+    share.auto.offset.reset, set on the broker directly), `expected` records at most
+    within 15 s. `options`: more of the tool's (--property print.key=true, ...)."""
+    group = f"share-{uuid.uuid4().hex[:8]}"
+    run_java_tool("configs", "--bootstrap-server", kafka.bootstrap, "--entity-type", "groups",
+                  "--entity-name", group, "--alter", "--add-config",
+                  "share.auto.offset.reset=earliest", check=True)
+    args = ["--bootstrap-server", bootstrap, "--topic", topic, "--group", group,
+            "--max-messages", str(expected), "--timeout-ms", "15000", *options]
+    for prop in java_sasl(user):
+        args += ["--consumer-property", prop]
+    return run_java_tool("console-share-consumer", *args)
 
 
 def dumped_codecs(kafka: EmbeddedKafka, topic: str) -> set[str]:

@@ -42,6 +42,7 @@ from tests.integration.conftest import (
     java_sasl,
     rule_dir,
     sasl_conf,
+    share_console_consume,
 )
 from tests.integration.rules.records_io import Rec, consume_records
 
@@ -271,27 +272,21 @@ def produce_java(env: Env, user: str, topic: str, records: list[Rec]) -> None:
 
 
 def consume_java(env: Env, user: str, topic: str, expected: int) -> list[Rec]:
-    return _console_records(run_java_tool("console-consumer", *_console_args(
-        env, user, topic, expected, "--from-beginning")))
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--from-beginning",
+            "--max-messages", str(expected), "--timeout-ms", "15000", *PRINT_ALL]
+    for prop in java_sasl(user):
+        args += ["--consumer-property", prop]
+    return _console_records(run_java_tool("console-consumer", *args))
 
 
 def consume_java_share(env: Env, user: str, topic: str, expected: int) -> list[Rec]:
     """A share group's consumer (KIP-932: ShareFetch, not Fetch) from the topic's start."""
-    group = f"share-{uuid.uuid4().hex[:8]}"
-    run_java_tool("configs", "--bootstrap-server", env.kafka.bootstrap, "--entity-type", "groups",
-                  "--entity-name", group, "--alter", "--add-config",
-                  "share.auto.offset.reset=earliest", check=True)
-    return sorted(_console_records(run_java_tool("console-share-consumer", *_console_args(
-        env, user, topic, expected, "--group", group))), key=lambda r: r[0] or b"")
+    done = share_console_consume(env.kafka, env.gateway.bootstrap, topic, expected, *PRINT_ALL,
+                                 user=user)
+    return sorted(_console_records(done), key=lambda r: r[0] or b"")
 
 
-def _console_args(env: Env, user: str, topic: str, expected: int, *more: str) -> list[str]:
-    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, *more,
-            "--max-messages", str(expected), "--timeout-ms", "15000",
-            "--property", "print.key=true", "--property", "print.headers=true"]
-    for prop in java_sasl(user):
-        args += ["--consumer-property", prop]
-    return args
+PRINT_ALL = ("--property", "print.key=true", "--property", "print.headers=true")
 
 
 def _console_records(done: subprocess.CompletedProcess[str]) -> list[Rec]:

@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     gateway_settings,
     java_sasl,
     rule_dir,
+    share_console_consume,
 )
 from tests.integration.relay import RecordingRelay, gateway_listener
 
@@ -230,6 +231,24 @@ def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
     assert read("alice") == (3, None)
     got, error = read("bob")
     assert got == 0 and error == TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_share_consumer_is_denied_what_fetch_is_denied(env: Env) -> None:
+    """A deny on Fetch keeps share groups (KIP-932, ShareFetch) off the topic too: bob's
+    share consumer read every payments record before."""
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    produce(env.client("alice"), [(payments, b"secret")] * 3)
+
+    def read(user: str) -> list[str]:
+        done = share_console_consume(env.kafka, env.gateway.bootstrap, payments, 3, user=user)
+        return done.stdout.splitlines()
+
+    assert read("alice") == ["secret"] * 3
+    assert read("bob") == []
+    events = [e for e in env.audit_events() if e["rule_id"] == "payments-only-alice"
+              and e["topic"] == payments]
+    assert {(e["api_name"], e["principal"], e["outcome"]) for e in events} == {
+        ("ShareFetch", "User:bob", "denied")}
 
 
 def test_rules_reload_live_and_invalid_sets_are_refused(env: Env) -> None:

@@ -422,9 +422,9 @@ def test_compiled_matching_agrees_with_the_plain_reading(
 
 def test_consume_time_record_rules_cover_share_fetch() -> None:
     """Share groups (KIP-932) read records with ShareFetch: a consume-time rule applies
-    to its answers as to Fetch's, also when it names Fetch; request rules name APIs as
-    written."""
-    from filter_rules import CompiledRuleSet, load_rule_text
+    to its answers as to Fetch's, also when it names Fetch, and so does a deny of Fetch;
+    a safeguard names Fetch's own fields, so it stays on Fetch."""
+    from filter_rules import CompiledRuleSet, MatchContext, load_rule_text
     from kafka_wire import ApiKey
 
     compiled = CompiledRuleSet(load_rule_text("""
@@ -438,10 +438,20 @@ rules:
   - id: deny-fetch
     match: {apis: [Fetch], topics: {prefix: [secret.]}}
     action: {deny: {}}
+  - id: cap-fetch
+    match: {apis: [Fetch]}
+    action: {safeguard: {max_fetch_bytes: 1048576}}
 """, "rules.yaml"))
     by_id = {r.id: r for r in compiled.rules}
     for rule_id in ("mask-any-read", "mask-fetch"):
         assert by_id[rule_id].api_keys >= {ApiKey.FETCH, ApiKey.SHARE_FETCH}, rule_id
     assert [r.id for r in compiled.candidates(ApiKey.SHARE_FETCH, 1, "response")] == [
         "mask-any-read", "mask-fetch"]
-    assert by_id["deny-fetch"].api_keys == {ApiKey.FETCH}
+    assert by_id["deny-fetch"].api_keys == {ApiKey.FETCH, ApiKey.SHARE_FETCH}
+    assert by_id["cap-fetch"].api_keys == {ApiKey.FETCH}
+    # ... and they match a ShareFetch (the `apis` check of the match itself too).
+    share = MatchContext(api_key=ApiKey.SHARE_FETCH, api_version=1, direction="request")
+    assert by_id["deny-fetch"].matches(share, "secret.x")
+    answer = MatchContext(api_key=ApiKey.SHARE_FETCH, api_version=1, direction="response")
+    assert by_id["mask-fetch"].matches(answer, "hr.people")
+    assert not by_id["cap-fetch"].matches(share, None)
