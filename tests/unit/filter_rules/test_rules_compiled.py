@@ -444,7 +444,8 @@ rules:
 """, "rules.yaml"))
     by_id = {r.id: r for r in compiled.rules}
     for rule_id in ("mask-any-read", "mask-fetch"):
-        assert by_id[rule_id].api_keys >= {ApiKey.FETCH, ApiKey.SHARE_FETCH}, rule_id
+        keys = by_id[rule_id].api_keys
+        assert keys is not None and keys >= {ApiKey.FETCH, ApiKey.SHARE_FETCH}, rule_id
     assert [r.id for r in compiled.candidates(ApiKey.SHARE_FETCH, 1, "response")] == [
         "mask-any-read", "mask-fetch"]
     assert by_id["deny-fetch"].api_keys == {ApiKey.FETCH, ApiKey.SHARE_FETCH}
