@@ -41,9 +41,10 @@ from kafka_wire import ApiKey
 CONSUME_APIS: Final = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, *CONSUME_APIS})
 
-# Kinds for which naming Fetch means reading a topic, share groups included: a deny (or
-# an observe) of Fetch covers ShareFetch. Safeguards and rates read Fetch's own fields.
-READ_ALIKE_KINDS: Final = frozenset({"deny", "observe"})
+# Kinds for which naming Fetch means reading a topic, share groups included: a deny, an
+# observe or a record rule of Fetch covers ShareFetch. Safeguards and rates read Fetch's
+# own fields.
+READING_KINDS: Final = frozenset({"deny", "observe", *RECORD_KINDS})
 
 
 def _reading(api_keys: frozenset[int]) -> frozenset[int]:
@@ -146,7 +147,7 @@ class _Predicate:
 
     def __init__(self, match: Match, *, top_level: bool, directions: frozenset[str],
                  reading: bool = False) -> None:
-        """`reading`: Fetch in `apis` names ShareFetch too (READ_ALIKE_KINDS, records)."""
+        """`reading`: Fetch in `apis` names ShareFetch too (READING_KINDS)."""
         checks: list[Check] = []
         if match.apis is not None:
             keys = frozenset(resolve_api(ref) for ref in match.apis)
@@ -239,6 +240,9 @@ class CompiledRule:
             if rule.match.apis is not None
             else None
         )
+        reading = self.kind in READING_KINDS
+        if reading and api_keys is not None:
+            api_keys = _reading(api_keys)
         excluded: frozenset[int] = frozenset()
         action = rule.action
         if isinstance(action, DenyApisAction):  # the rule applies to the listed APIs only
@@ -246,17 +250,15 @@ class CompiledRule:
             api_keys = denied if api_keys is None else api_keys & denied
         elif isinstance(action, AllowApisAction):  # ... to every API but the listed ones
             excluded = frozenset(resolve_api(ref) for ref in action.allow_apis)
-        elif self.kind in RECORD_KINDS:
-            api_keys = RECORD_APIS if api_keys is None else _reading(api_keys) & RECORD_APIS
-        elif self.kind in READ_ALIKE_KINDS and api_keys is not None:
-            api_keys = _reading(api_keys)
+        elif self.kind in RECORD_KINDS:  # records travel in Produce requests, Fetch answers
+            api_keys = RECORD_APIS if api_keys is None else api_keys & RECORD_APIS
         self.api_keys: frozenset[int] | None = api_keys
         self.excluded_api_keys = excluded
         versions = rule.match.versions
         self.min_version: int | None = versions.min if versions is not None else None
         self.max_version: int | None = versions.max if versions is not None else None
         self._predicate = _Predicate(rule.match, top_level=True, directions=self.directions,
-                                     reading=self.kind in READ_ALIKE_KINDS | RECORD_KINDS)
+                                     reading=reading)
 
     @property
     def uses_topics(self) -> bool:

@@ -83,6 +83,14 @@ struct RawSelector {
     regex: Vec<String>,
 }
 
+/// A selector as the module reads it (see [`TopicSelector::read`]).
+#[derive(Debug)]
+pub enum SelectorReading {
+    Topics(TopicSelector),
+    /// Every frame of the range, with the reason the selector could not be applied.
+    Everything(String),
+}
+
 /// Topic names as keg's rules match them: equal to one of `exact`, starting with one
 /// of `prefix`, or matched whole by one of `regex` (RE2 on the Python side; the Python
 /// side only sends patterns of a subset both engines read alike, `portable_regex`).
@@ -92,14 +100,6 @@ struct RawSelector {
 /// (`\w`, `\d`, `.` and `(?i)` as RE2 reads them there) agree. Any other name is
 /// selected (handed off): no broker stores records under it, and the Python side
 /// judges it.
-/// A selector as the module reads it (see [`TopicSelector::read`]).
-#[derive(Debug)]
-pub enum SelectorReading {
-    Topics(TopicSelector),
-    /// Every frame of the range, with the reason the selector could not be applied.
-    Everything(String),
-}
-
 #[derive(Debug, Clone)]
 pub struct TopicSelector {
     exact: HashSet<String>,

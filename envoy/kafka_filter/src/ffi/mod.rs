@@ -101,11 +101,12 @@ struct InterestPolicy {
 impl RequestPolicy for InterestPolicy {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-        let fail_open = table.interest.fails_open(head.api_key, head.api_version);
+        // The failure mode only matters for what is handed off: most requests pass.
+        let fail_open = || table.interest.fails_open(head.api_key, head.api_version);
         match table.interest.want(head.api_key, head.api_version) {
             Want::No => Disposition::Forward,
-            Want::All => Disposition::HandOff { fail_open },
-            Want::Topics(selector) => Disposition::Select { fail_open, selector },
+            Want::All => Disposition::HandOff { fail_open: fail_open() },
+            Want::Topics(selector) => Disposition::Select { fail_open: fail_open(), selector },
         }
     }
 }
