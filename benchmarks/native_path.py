@@ -10,7 +10,10 @@ librdkafka produce acks=all and consume, 1 KiB records, fresh topics per round):
 - ``tcp_proxy``: Envoy with only tcp_proxy (the physical limit of any Envoy path). The
   broker has an extra listener that advertises the proxy's port, so clients stay on it;
 - ``native``: keg's gateway on the native data path (the Rust module -> tcp_proxy);
-- ``ext_proc``: keg's gateway on today's path (network ext_proc -> Python service).
+- ``ext_proc``: keg's gateway on today's path (network ext_proc -> Python service);
+- ``native_unmetered`` (ask for it with ``--paths``): the native path without the
+  module's labelled metrics (``module_metrics_port=None``: no client id compared, no
+  Produce topic read), to measure what those metrics cost side by side.
 
 Ratios are path / direct (medians over rounds). Results are appended to
 benchmarks/results/native_path.jsonl; native_path.md holds the latest table.
@@ -64,7 +67,11 @@ from benchmarks.gateway_vs_direct import (
 log = logging.getLogger("benchmarks.native_path")
 
 TCP_PROXY, NATIVE, EXT_PROC = "tcp_proxy", "native", "ext_proc"
+NATIVE_UNMETERED = "native_unmetered"
 PATHS = (DIRECT, TCP_PROXY, NATIVE, EXT_PROC)
+# path -> (data path, the module's metrics port: 0 a free one, None none)
+GATEWAYS = {NATIVE: ("native", 0), EXT_PROC: ("ext-proc", None),
+            NATIVE_UNMETERED: ("native", None)}
 SUMMARY_KEYS = (
     "java_produce.records_per_s",
     "java_consume.records_per_s",
@@ -230,13 +237,18 @@ def median(rounds: Sequence[Mapping[str, Sample]], path: str, key: str) -> float
     return statistics.median(values) if values else None
 
 
+def measured(rounds: Sequence[Mapping[str, Sample]]) -> list[str]:
+    """The paths the rounds measured, direct first."""
+    return [p for p in (*PATHS, NATIVE_UNMETERED) if p == DIRECT or any(p in r for r in rounds)]
+
+
 def table(rounds: Sequence[Mapping[str, Sample]], keys: Sequence[str]) -> list[list[str]]:
     labels = {m.key: m.label for m in METRICS}
     rows = []
     for key in keys:
         direct = median(rounds, DIRECT, key)
         cells = [labels.get(key, key), f"{direct:,.1f}" if direct is not None else "-"]
-        for path in PATHS[1:]:
+        for path in measured(rounds)[1:]:
             value = median(rounds, path, key)
             ratio = value / direct if value is not None and direct else None
             cells.append("-" if value is None else f"{value:,.1f} ({ratio:.2f}x)"
@@ -308,12 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if TCP_PROXY in wanted:
             paths[TCP_PROXY] = stack.enter_context(
                 tcp_proxy_envoy(proxy, proxied, args.envoy_concurrency))
-        for path, data_path in ((NATIVE, "native"), (EXT_PROC, "ext-proc")):
+        for path, (data_path, module_metrics) in GATEWAYS.items():
             if path in wanted:
                 gateway = stack.enter_context(Gateway(GatewaySettings(
                     bootstrap_servers=kafka.bootstrap, listen_port_base=0,
                     envoy_concurrency=args.envoy_concurrency, ext_proc_log_level="WARNING",
-                    data_path=data_path)))
+                    data_path=data_path, module_metrics_port=module_metrics)))
                 paths[path] = gateway.bootstrap
 
         def status(text: str) -> contextlib.AbstractContextManager[Any]:
@@ -347,13 +359,13 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"partitions, {params.repeat} round(s), Envoy concurrency {args.envoy_concurrency}; "
              f"value (ratio to direct)")
     rows = table(rounds, SUMMARY_KEYS)
-    text = markdown(rows, title)
+    text = markdown(rows, title, measured(rounds))
     if handoff_rounds:
-        measured = [p for p in HANDOFF_PATHS if any(p in r for r in handoff_rounds)]
+        handed = [p for p in HANDOFF_PATHS if any(p in r for r in handoff_rounds)]
         text += "\n" + markdown(
-            handoff_table(handoff_rounds, measured),
+            handoff_table(handoff_rounds, handed),
             f"Hand-off step: {args.handoff_records:,} x {args.record_size} B JSON orders, "
-            f"librdkafka acks=all, 1 partition; records/s (ratio to direct)", measured)
+            f"librdkafka acks=all, 1 partition; records/s (ratio to direct)", handed)
     print(text)
     if not args.no_save:
         record = {
@@ -376,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.results_dir.mkdir(parents=True, exist_ok=True)
         with (args.results_dir / "native_path.jsonl").open("a") as fh:
             fh.write(json.dumps(record) + "\n")
-        full = markdown(table(rounds, [m.key for m in METRICS]), title)
+        full = markdown(table(rounds, [m.key for m in METRICS]), title, measured(rounds))
         (args.results_dir / "native_path.md").write_text(
             f"# Data paths side by side ({record['at']}, commit {record['commit']})\n\n"
             f"{text}\n## Every metric\n\n{full}")

@@ -103,6 +103,28 @@ class NativeFilter:
     interest: Mapping[str, Any] | None = field(default=None, compare=False)
     principal_mapping_rules: str | None = None
     principal_from: str | None = None
+    # The module's labelled metrics (its `metrics` object, envoy/kafka_filter/src/metrics.rs):
+    # from the node's metadata, `module_metrics`.
+    metrics: Mapping[str, Any] | None = field(default=None, compare=False)
+
+
+# The node metadata key an Envoy names its module's metrics exporter with: {"address":
+# "host:port", and optionally "topics", "max_topics", "max_clients", "max_principals"}.
+METRICS_KEY = "keg.metrics"
+
+
+def module_metrics(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The module's `metrics` object from an Envoy's node metadata (None: it asks for
+    none). Struct numbers arrive as floats: whole ones become the integers the module
+    reads; anything else is passed as it is, for the module to refuse with a message
+    (its NACK names the field)."""
+    stated = metadata.get(METRICS_KEY)
+    if stated is None:
+        return None
+    if not isinstance(stated, Mapping):
+        return {"address": stated}  # "host:port" alone; anything else the module refuses
+    return {key: int(value) if isinstance(value, float) and value.is_integer() else value
+            for key, value in stated.items()}
 
 
 @dataclass(frozen=True)
@@ -198,6 +220,8 @@ def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
     if native.principal_mapping_rules is not None:
         config["principal_mapping_rules"] = native.principal_mapping_rules
         config["principal_from"] = native.principal_from or SUBJECT
+    if native.metrics is not None:
+        config["metrics"] = dict(native.metrics)
     return config
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,7 +41,13 @@ from control_plane.envoy_resources import (
 from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
-from control_plane.native_filter import HandOff, NativeFilter, interest, runs_module
+from control_plane.native_filter import (
+    HandOff,
+    NativeFilter,
+    interest,
+    module_metrics,
+    runs_module,
+)
 from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
@@ -303,7 +310,8 @@ class ControlPlane:
         self._broker_order: list[int] = []
         self._ports: dict[tuple[str, int], int] = {}
         self._plans: dict[str, GroupPlan] = {}
-        self._compiled: dict[tuple[str, KafkaBrokerFilter | None, bool], Snapshot] = {}
+        # (group, kafka_broker filter, native, the node's module metrics as JSON)
+        self._compiled: dict[tuple[str, KafkaBrokerFilter | None, bool, str], Snapshot] = {}
         self._rules_snapshot: Snapshot | None = None
         # The native filter's interest table for the live rule set (ECDS, native nodes).
         self._native_interest: dict[str, Any] | None = None
@@ -466,10 +474,11 @@ class ControlPlane:
         group = self.group_of(status)
         kafka_broker = self._kafka_broker if status.has_extension(KAFKA_BROKER) else None
         native = self.runs_native(status)
-        key = (group.name, kafka_broker, native)
+        metrics = module_metrics(status.metadata) if native else None
+        key = (group.name, kafka_broker, native, json.dumps(metrics, sort_keys=True))
         base = self._compiled.get(key)
         if base is None:
-            filter_ = self._native_filter(group) if native else None
+            filter_ = self._native_filter(group, metrics) if native else None
             base = self._compiled[key] = compile_snapshot(self._group_plan(group),
                                                           kafka_broker=kafka_broker,
                                                           native=filter_, tls=self.tls)
@@ -477,9 +486,11 @@ class ControlPlane:
             base = base.with_resources(SECRET, self.tls.secrets)
         return base.retaining(status.of(LISTENER).accepted)
 
-    def _native_filter(self, group: EnvoyGroup) -> NativeFilter:
+    def _native_filter(self, group: EnvoyGroup,
+                       metrics: Mapping[str, Any] | None = None) -> NativeFilter:
         """keg's module for `group`'s listeners; with mutual TLS it maps client
-        certificates to principals itself, with the listeners' mapping rules."""
+        certificates to principals itself, with the listeners' mapping rules; `metrics`:
+        its labelled-metrics exporter, as the node asked (`module_metrics`)."""
         listener = self.tls.listener if self.tls is not None else None
         mutual = listener if listener is not None and listener.mutual else None
         return NativeFilter(
@@ -487,7 +498,7 @@ class ControlPlane:
             max_frame_size=self.settings.max_frame_size,
             max_held_bytes=self.settings.max_held_bytes, interest=self.native_interest(),
             principal_mapping_rules=mutual.principal_mapping_rules if mutual else None,
-            principal_from=mutual.principal_from if mutual else None)
+            principal_from=mutual.principal_from if mutual else None, metrics=metrics)
 
     def native_interest(self) -> dict[str, Any]:
         """The interest table native nodes get: the live rule set's (an empty rule set's

@@ -7,6 +7,11 @@ exactly these series on ``/metrics``.
 Series:
 
     keg_requests_total{api,version,client_id,principal}   requests seen
+    keg_handed_off_requests_total{api,version,client_id,principal}
+                                                       requests keg's Kafka filter (the native
+                                                       path) handed to this service; there the
+                                                       module counts keg_requests_total and
+                                                       the topic series of all traffic
     keg_topic_requests_total{api,topic,client_id,principal}
                                                        requests naming a topic (Produce)
     keg_topic_record_bytes_total{api,topic,client_id,principal}
@@ -137,6 +142,11 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "keg_requests", "Kafka requests seen by the gateway",
+            ["api", "version", "client_id", "principal"], registry=r,
+        )
+        self.handed_off_requests = Counter(
+            "keg_handed_off_requests",
+            "Requests keg's Kafka filter in Envoy (the native path) handed to this service",
             ["api", "version", "client_id", "principal"], registry=r,
         )
         self.topic_requests = Counter(
@@ -361,8 +371,12 @@ class ConnectionMeter:
     """
 
     def __init__(self, metrics: Metrics, broker_id: int | None,
-                 principal: Callable[[], str]) -> None:
+                 principal: Callable[[], str], handed_off: bool = False) -> None:
+        """`handed_off`: the connection's frames come from keg's Kafka filter, which
+        counts every request and topic of the connection itself (crate::metrics): its
+        requests here are the ones handed off, and topics are not read."""
         self._metrics = metrics
+        self._handed_off = handed_off
         self._principal = principal
         self._broker = "unknown" if broker_id is None else str(broker_id)
         self._requests: dict[tuple[int, int, bytes | None, str], int] = {}
@@ -388,7 +402,7 @@ class ConnectionMeter:
                body: memoryview | bytes) -> Callable[[memoryview], None] | None:
         """Read the topics of the request whose `body` (as far as it is there) was just
         counted; the sink for the rest of its bytes when the skim needs them, else None."""
-        if not wants_topics(api_key) or not self._metrics.read_topics:
+        if not wants_topics(api_key) or not self._metrics.read_topics or self._handed_off:
             return None
         client, principal = self._client, self._principal()
         topics = self._topics
@@ -419,8 +433,9 @@ class ConnectionMeter:
         nbytes, self._bytes = self._bytes, {}
         topics, self._topics = self._topics, {}
         forwarded, self._forwarded = self._forwarded, 0
+        series = m.handed_off_requests if self._handed_off else m.requests
         for (api_key, version, client, principal), count in requests.items():
-            m.requests.labels(api_label(api_key), str(version),
+            series.labels(api_label(api_key), str(version),
                               m.client_label(_text(client)),
                               m.principal_label(principal)).inc(count)
         for (api_key, topic, is_id, client, principal), (count, size) in topics.items():

@@ -200,7 +200,8 @@ class DataPath:
 
     def frames_session(self, conn: ConnectionInfo) -> FramesSession:
         identity = self.identity(conn)
-        meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal)
+        meter = ConnectionMeter(self.metrics, conn.broker_id, lambda: identity.principal,
+                                handed_off=True)
         return FramesSession(conn, self.engine, identity, meter)
 
     def session(self, conn: ConnectionInfo, max_frame_size: int) -> KafkaSession:

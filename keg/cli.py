@@ -247,6 +247,11 @@ def up(
              "gateway's own user).")] = None,
     audit_stream: AuditKafkaOptions = NO_AUDIT_KAFKA_OPTIONS,
     metrics_port: MetricsPort = 9464,
+    module_metrics_port: Annotated[int, typer.Option(
+        help="With --data-path native: keg's Kafka filter in Envoy serves the labelled "
+             "series of all traffic (keg_requests_total, keg_topic_*: API, topic, client "
+             "id, principal) on this port's /metrics (0: a free one); the ext_proc "
+             "workers' /metrics then count the frames handed to them.")] = 9463,
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API on this port, the rules kept in a SQLite store of this "
              "rule directory's own (the directory applied to it and watched); 0: no API.")]
@@ -308,7 +313,8 @@ def up(
                     f"only (keg validate {rules_dir})") from None
     taken = _ports_in_use([("--listen-port-base", listen_host, listen_port_base),
                            ("--api-port", "127.0.0.1", api_port),
-                           ("--metrics-port", "127.0.0.1", metrics_port)])
+                           ("--metrics-port", "127.0.0.1", metrics_port),
+                           ("--module-metrics-port", "127.0.0.1", module_metrics_port)])
     if taken:
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
                     f"others, 0 for free ones (--api-port 0: no API)")
@@ -344,6 +350,7 @@ def up(
                 audit_log=audit_log_setting(audit_log, state / "audit" / "audit.jsonl"),
                 audit_kafka=stream,
                 metrics_port=metrics_port,
+                module_metrics_port=module_metrics_port,
                 rules_delivery=rules_delivery,
                 data_path=_usable_data_path(data_path),
                 max_frame_size=max_frame_size,
@@ -375,6 +382,8 @@ def up(
             ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
             metrics = ("off" if not ports else
                        " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
+            if gateway.module_metrics_port is not None:
+                metrics += f" (Kafka filter: http://127.0.0.1:{gateway.module_metrics_port}/metrics)"
             audits = " ".join(str(path) for path in gateway.audit_logs) or "off"
             console.print(f"audit log: {audits}   metrics: {metrics}   state: {state}")
             if stream is not None:

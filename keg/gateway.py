@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -33,6 +34,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 
 from control_plane.fleet import EXT_PROC, NodeStatus
+from control_plane.native_filter import METRICS_KEY
 from control_plane.providers import RuleProvider
 from control_plane.service import (
     DATA_PATHS,
@@ -206,6 +208,25 @@ class AuditStream:
     spool_dir: Path | None = None  # default: <work_dir>/audit-spool
 
 
+# The ext_proc service's label bounds (keg ext-proc's environment variables): the module
+# takes the same ones, so both data paths bound their series alike.
+MODULE_METRICS_ENV: Final = {"max_topics": "KEG_METRICS_MAX_TOPICS",
+                             "max_clients": "KEG_METRICS_MAX_CLIENTS",
+                             "max_principals": "KEG_METRICS_MAX_PRINCIPALS"}
+
+
+def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """The node metadata (`keg.metrics`) asking keg's module to serve its labelled
+    metrics on `address`, with the bounds and topic reading `env` sets for ext_proc."""
+    options: dict[str, Any] = {"address": address}
+    for option, name in MODULE_METRICS_ENV.items():
+        if env.get(name, "").strip().isdigit():
+            options[option] = int(env[name])
+    if env.get("KEG_METRICS_TOPICS", "").strip().lower() in ("0", "false", "no", "off"):
+        options["topics"] = False
+    return options
+
+
 # The settings the gateway gives its control plane as they are (ControlPlaneSettings has
 # fields of the same names); the others it works out in Gateway.start.
 CONTROL_PLANE_SETTINGS: Final = (
@@ -233,6 +254,9 @@ class GatewaySettings:
     audit_log: Path | None = None
     audit_kafka: AuditStream | None = None
     metrics_port: int | None = None
+    # keg's Kafka filter (native path) serves the labelled series (keg_requests_total,
+    # keg_topic_*) of all traffic on this port's /metrics; 0: a free port, None: none.
+    module_metrics_port: int | None = 0
     # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER); with SASL
     # termination also the service account the gateway logs in as.
     sasl: SaslCredentials | None = None
@@ -365,6 +389,8 @@ class Gateway(Service):
         self.control_plane: ControlPlane | None = None
         self.app: ControlPlaneApp | None = None
         self.envoy: EmbeddedEnvoy | None = None
+        # Where keg's module serves its labelled metrics (native path; kept across restarts).
+        self.module_metrics_port: int | None = None
         # The supervisor's series go out on the REST API's /metrics (with the API).
         self.registry = CollectorRegistry()
         self.supervisor = Supervisor(self.registry)
@@ -645,6 +671,12 @@ class Gateway(Service):
             # The module closes connections it cannot serve; Envoy 1.40 needs this flag
             # for a close from inside a dynamic module's callback.
             runtime[CLOSE_THROUGH_FILTER_MANAGER] = True
+        metadata: dict[str, Any] = {}
+        if self.settings.data_path == NATIVE and self.settings.module_metrics_port is not None:
+            self.module_metrics_port = self.module_metrics_port or (
+                self.settings.module_metrics_port or free_port())
+            metadata[METRICS_KEY] = module_metrics_options(
+                f"127.0.0.1:{self.module_metrics_port}", os.environ)
         self.envoy = EmbeddedEnvoy(
             "127.0.0.1",
             self.control_plane.xds_port,
@@ -654,6 +686,7 @@ class Gateway(Service):
             extra_env=env,
             runtime=runtime,
             xds_tls=self.settings.control_plane_client_tls,
+            metadata=metadata,
         )
         envoy = self.envoy
         envoy.start()

@@ -63,11 +63,13 @@ def render_bootstrap(
     locality: dict[str, str] | None = None,
     runtime: dict[str, Any] | None = None,
     xds_tls: ClientTls | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> str:
     """The bootstrap template filled in; `delta` switches ADS to the incremental variant,
     `locality` ({region, zone, sub_zone}) places the node in the fleet view, `runtime`
     is a static runtime layer (feature flags), `xds_tls` reaches the control plane over
-    TLS (its certificate must name `xds_host`)."""
+    TLS (its certificate must name `xds_host`), `metadata` is the node's (what it tells
+    the control plane about itself, e.g. where keg's module serves its metrics)."""
     text = Template(BOOTSTRAP_TEMPLATE.read_text()).substitute(
         NODE_ID=node_id,
         NODE_CLUSTER=node_cluster,
@@ -76,7 +78,7 @@ def render_bootstrap(
         ADMIN_HOST=admin_host,
         ADMIN_PORT=admin_port,
     )
-    if not delta and not locality and not runtime and xds_tls is None:
+    if not delta and not locality and not runtime and xds_tls is None and not metadata:
         return text
     config = yaml.safe_load(text)
     if xds_tls is not None:
@@ -86,6 +88,8 @@ def render_bootstrap(
         config["dynamic_resources"]["ads_config"]["api_type"] = "DELTA_GRPC"
     if locality:
         config["node"]["locality"] = dict(locality)
+    if metadata:
+        config["node"]["metadata"] = dict(metadata)
     if runtime:
         config["layered_runtime"] = {"layers": [
             {"name": "keg", "static_layer": dict(runtime)}, {"name": "admin", "admin_layer": {}}]}
@@ -131,11 +135,12 @@ class EmbeddedEnvoy(Service):
         extra_env: dict[str, str] | None = None,
         runtime: dict[str, Any] | None = None,
         xds_tls: ClientTls | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
                                            delta=delta, locality=locality, runtime=runtime,
-                                           xds_tls=xds_tls)
+                                           xds_tls=xds_tls, metadata=metadata)
         # Envoy's allow-list only: nothing of keg's own environment (keys, passwords).
         self._env = child_environment(ENVOY, extra_env)
         self._own_dir = work_dir is None

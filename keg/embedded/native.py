@@ -43,9 +43,14 @@ def _stale(library: Path) -> bool:
     return any(p.exists() and p.stat().st_mtime > built for p in sources)
 
 
+def cargo_binary() -> str:
+    """cargo on PATH, else rustup's default place (it may not exist)."""
+    return shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+
+
 def build_module(quiet: bool = True) -> Path:
     """`cargo build --release` of the crate; the library's path."""
-    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    cargo = cargo_binary()
     if not Path(cargo).exists():
         raise NativeModuleUnavailable(
             "cargo not found: install Rust (https://rustup.rs) to build keg's Envoy filter, "

@@ -29,6 +29,7 @@ use crate::core::interest::Interest;
 use crate::core::tls_principal::{PrincipalMapper, SUBJECT, URI_SAN};
 use crate::core::rewrite::{Endpoint, Routes};
 use crate::core::SessionLimits;
+use crate::metrics::{self, Exporter, ExporterError, MetricsConfig};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +57,9 @@ struct RawConfig {
     principal_mapping_rules: Option<String>,
     #[serde(default)]
     principal_from: Option<String>,
+    /// Labelled metrics (crate::metrics): none without.
+    #[serde(default)]
+    metrics: Option<MetricsConfig>,
 }
 
 fn default_table() -> String {
@@ -89,6 +93,10 @@ pub struct FilterConfig {
     pub max_held_bytes: usize,
     /// Mutual TLS: how a client certificate names the connection's principal.
     pub certificates: Option<Arc<CertificateMapping>>,
+    /// The process's exporter of labelled metrics, when the configuration asks for them.
+    pub metrics: Option<Arc<Exporter>>,
+    /// What the configuration asks for that the module cannot give now (logged).
+    pub warnings: Vec<String>,
 }
 
 /// A mutual-TLS listener's mapping from client certificates to principals.
@@ -145,6 +153,16 @@ impl FilterConfig {
             Some(value) => Interest::parse(value).map_err(|e| format!("filter_config: {e}"))?,
             None => Interest::default(),
         };
+        let mut warnings = Vec::new();
+        let metrics = match raw.metrics.as_ref().map(metrics::exporter) {
+            None => None,
+            Some(Ok(exporter)) => Some(exporter),
+            Some(Err(ExporterError::Invalid(err))) => return Err(format!("filter_config: {err}")),
+            Some(Err(ExporterError::Unavailable(err))) => {
+                warnings.push(err);
+                None
+            }
+        };
         let table = Arc::new(Table { routes: Arc::new(routes), interest: Arc::new(interest) });
         let slot = {
             let mut tables = tables().lock().unwrap_or_else(|e| e.into_inner());
@@ -160,6 +178,8 @@ impl FilterConfig {
             limits: SessionLimits { max_frame_size: raw.max_frame_size },
             max_held_bytes: raw.max_held_bytes,
             certificates,
+            metrics,
+            warnings,
         })
     }
 
@@ -220,5 +240,17 @@ mod tests {
         let err = FilterConfig::load(br#"{"routes": [{"node_id": 1, "gateway": "nope"}]}"#).unwrap_err();
         assert!(err.contains("gateway \"nope\""), "{err}");
         assert!(FilterConfig::load(br#"{"rotues": []}"#).unwrap_err().contains("unknown field"));
+        let err = FilterConfig::load(br#"{"metrics": {"address": "localhost"}}"#).unwrap_err();
+        assert!(err.contains("metrics.address"), "{err}");
+        assert!(FilterConfig::load(br#"{"metrics": {"address": "127.0.0.1:0", "max_topic": 3}}"#).is_err());
+    }
+
+    #[test]
+    fn a_metrics_port_taken_leaves_the_data_path_serving_and_says_so() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let json = format!(r#"{{"route_table": "t4", "metrics": {{"address": "{}"}}}}"#, taken.local_addr().unwrap());
+        let config = FilterConfig::load(json.as_bytes()).unwrap();
+        assert!(config.metrics.is_none());
+        assert!(config.warnings.iter().any(|w| w.contains("serving without labelled metrics")), "{:?}", config.warnings);
     }
 }

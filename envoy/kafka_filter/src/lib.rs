@@ -9,4 +9,5 @@ pub mod abi;
 pub mod config;
 pub mod core;
 pub mod handoff;
+pub mod metrics;
 mod ffi;

@@ -65,7 +65,7 @@ def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> floa
                                 timeout=10) as response:
         text = response.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("keg_requests_total{") and 'api="Produce"' in line
+               if line.startswith("keg_handed_off_requests_total{") and 'api="Produce"' in line
                and (version is None or f'version="{version}"' in line))
 
 

@@ -1,14 +1,18 @@
-"""Labelled metrics through the real gateway (ext_proc path), real broker, real clients.
+"""Labelled metrics through the real gateway, real broker, real clients, on the data
+path of the suite's pass (ext_proc, then native).
 
 A produce to a topic leaves series naming the topic, the client id and the principal
 (librdkafka, Produce v9-12 with topic names; Kafka's Java producer, Produce v13 with
 topic ids the gateway names from the Metadata answers it saw); a refusal leaves one
 naming its Kafka error code, rule and topic. The Produce requests pass through
-unheld: no rule asks for them.
+unheld: no rule asks for them. On the native path keg's Kafka filter counts the traffic
+series itself (its own /metrics, envoy/kafka_filter/src/metrics.rs) and the ext_proc
+service the decisions of the frames handed to it: a scrape here reads both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import urllib.request
@@ -20,13 +24,13 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.service import EXT_PROC_PATH, free_port
+from control_plane.service import NATIVE, free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.dashboard import exposed, unknown_references
 from tests.integration.conftest import create_topic, gateway_settings, rule_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]
+pytestmark = [pytest.mark.integration]
 
 # No rule names Produce: those requests pass unheld. The refusal test adds FREEZE.
 RULES = """\
@@ -47,10 +51,14 @@ class Metered:
         self.gateway, self.rules = gateway, rules
 
     def scrape(self) -> str:
+        """The ext_proc service's exposition, then the Kafka filter's (native path)."""
         assert self.gateway.metrics_port is not None
-        url = f"http://127.0.0.1:{self.gateway.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
+        ports = [self.gateway.metrics_port, self.gateway.module_metrics_port]
+        text = ""
+        for port in (p for p in ports if p is not None):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                text += response.read().decode()
+        return text
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`."""
@@ -70,10 +78,8 @@ class Metered:
 def metered(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metered]:
     base = tmp_path_factory.mktemp("metrics")
     rules = rule_dir(base / "rules", {"rules.yaml": RULES})
-    # The labelled series are the ext_proc path's (docs/metrics.md: the native path
-    # counts per API in Envoy's stats, tests/integration/native/).
     settings = gateway_settings(kafka, base / "envoy", rules_dir=rules,
-                                metrics_port=free_port(), data_path=EXT_PROC_PATH)
+                                metrics_port=free_port())
     with Gateway(settings) as gateway:
         yield Metered(gateway, rules)
 
@@ -118,8 +124,18 @@ def test_a_refusal_leaves_a_series_naming_its_error_code(
         metered: Metered, kafka: EmbeddedKafka) -> None:
     topic = create_topic(kafka.bootstrap, name=f"ledger.{uuid.uuid4().hex[:6]}")
     applied = metered.value("keg_rule_reloads_total", result="applied")
+    plane = metered.gateway.control_plane
+    assert plane is not None
+    version = metered.gateway.call(lambda: plane.rules_version)
     (metered.rules / "rules.yaml").write_text(RULES + FREEZE)
     metered.wait_for("keg_rule_reloads_total", applied, result="applied")
+    # And every Envoy has it (on the native path the Kafka filter's table says which
+    # Produce requests go to the ext_proc service's rules).
+    deadline = time.monotonic() + 30
+    while (metered.gateway.call(lambda: plane.rules_version) == version
+           or not metered.gateway.call(plane.nodes_converged)):
+        assert time.monotonic() < deadline, "the Envoys never had the new rule set"
+        time.sleep(0.1)
     # One record: librdkafka refuses later ones itself once the topic failed.
     codes = produce(metered.gateway.bootstrap, topic, 1, "ledger-writer")
     assert codes == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
@@ -132,18 +148,25 @@ def test_a_refusal_leaves_a_series_naming_its_error_code(
     assert metered.value("keg_topic_requests_total", topic=topic) == 1
 
 
-def test_the_dashboard_queries_what_this_ext_proc_exposes(
+def test_the_dashboard_queries_what_this_data_path_exposes(
         metered: Metered, kafka: EmbeddedKafka) -> None:
-    """The real process's /metrics, after real traffic (a produce, a refusal, a
-    connection that breaks the protocol), has every series and label the dashboard's
-    ext_proc panels query (control-plane and native panels are other processes')."""
+    """The real processes' /metrics, after real traffic (a produce, a refusal, a
+    connection that breaks the protocol), have every series and label the dashboard's
+    data-path panels query (control-plane and Envoy panels are other processes'). On the
+    native path the Kafka filter answers for the traffic series; the ext_proc service
+    sees only handed-off frames (no broken connection, say), its series are checked on
+    the ext_proc path."""
     topic = create_topic(kafka.bootstrap, name=f"ledger.{uuid.uuid4().hex[:6]}")
     produce(metered.gateway.bootstrap, topic, 1, "dashboard")
     host, port = metered.gateway.bootstrap.split(",")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as garbage:
         garbage.sendall(b"\x00\x00\x00\x01garbage!")  # a frame of 1 byte: no request
         garbage.settimeout(10)
-        with pytest.raises(ConnectionResetError):  # the gateway reset it (CLOSE_RST)
-            garbage.recv(100)
+        # The gateway closed it: reset (ext_proc path) or ended (keg's filter).
+        with contextlib.suppress(ConnectionResetError):
+            assert garbage.recv(100) == b""
     series = exposed(metered.scrape())
-    assert unknown_references(series, ["keg_"], ["keg_api_", "keg_rules_"]) == []
+    if metered.gateway.settings.data_path == NATIVE:
+        assert unknown_references(series, ["keg_requests_total", "keg_topic_"]) == []
+    else:
+        assert unknown_references(series, ["keg_"], ["keg_api_", "keg_rules_"]) == []

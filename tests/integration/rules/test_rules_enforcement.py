@@ -110,9 +110,14 @@ class Env:
         return [json.loads(line) for line in self.audit.read_text().splitlines() if line]
 
     def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return str(resp.read().decode())
+        """The ext_proc service's series, and on the native path the Kafka filter's
+        (keg_requests_total and the topic series of all traffic)."""
+        ports = [self.metrics_port, self.gateway.module_metrics_port]
+        text = ""
+        for port in (p for p in ports if p is not None):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text += resp.read().decode()
+        return text
 
     def wait_for_audit(self, rule_id: str, count: int = 1) -> list[dict[str, Any]]:
         """The rule's audit events, once there are `count` (the gateway writes them as it

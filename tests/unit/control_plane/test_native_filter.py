@@ -18,12 +18,14 @@ from control_plane.fleet import NodeInfo
 from control_plane.native_filter import (
     ENVOY_VERSION,
     FILTER_TYPE,
+    METRICS_KEY,
     MODULE_NAME,
     HandOff,
     NativeFilter,
     interest,
     interest_requests,
     module_config,
+    module_metrics,
     network_filter,
     runs_module,
 )
@@ -303,3 +305,34 @@ def test_listeners_that_terminate_sasl_get_the_ext_proc_chain_even_on_native_nod
         assert metadata["x-keg-sasl-termination"] == "1"
 
     asyncio.run(scenario())
+
+
+def test_each_envoy_gets_the_metrics_exporter_its_node_metadata_names() -> None:
+    """Where the module serves its labelled metrics is the node's to say (two Envoys on
+    one host cannot share a port): the node metadata's `keg.metrics` reaches that node's
+    module configuration, with Struct's float numbers as the integers the module reads."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native"))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        asked = {METRICS_KEY: {"address": "127.0.0.1:9463", "max_topics": 50.0,
+                               "topics": False}}
+        plane.fleet.connected(NodeInfo("metered", "keg", build_version=(1, 40, 0),
+                                       metadata=asked))
+        plane.fleet.connected(NodeInfo("short", "keg", build_version=(1, 40, 0),
+                                       metadata={METRICS_KEY: "127.0.0.1:9500"}))
+        plane.fleet.connected(NodeInfo("plain", "keg", build_version=(1, 40, 0)))
+        assert _module_config(plane, "metered")["metrics"] == {
+            "address": "127.0.0.1:9463", "max_topics": 50, "topics": False}
+        assert _module_config(plane, "short")["metrics"] == {"address": "127.0.0.1:9500"}
+        assert "metrics" not in _module_config(plane, "plain")
+
+    asyncio.run(scenario())
+
+
+def test_module_metrics_reads_only_its_own_key() -> None:
+    assert module_metrics({}) is None
+    assert module_metrics({"keg.role": "envoy"}) is None
+    assert module_metrics({METRICS_KEY: {"address": "h:1", "max_clients": 2.5}}) == {
+        "address": "h:1", "max_clients": 2.5}  # not whole: the module refuses it, by name

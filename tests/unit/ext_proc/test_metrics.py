@@ -279,3 +279,21 @@ def test_topic_labels_can_be_turned_off() -> None:
     exposed = data_path.metrics.exposition().decode()
     assert "keg_topic_requests_total{" not in exposed
     assert 'keg_requests_total{api="Produce",client_id="app"' in exposed
+
+
+def test_frames_handed_off_by_the_kafka_filter_count_apart_from_all_traffic() -> None:
+    """On the native path keg's Kafka filter counts keg_requests_total and the topic
+    series of every request itself: the ext_proc service counts only what it was handed
+    (keg_handed_off_requests_total), so no request is counted twice."""
+    metrics = Metrics()
+    meter = ConnectionMeter(metrics, 1, lambda: "User:alice", handed_off=True)
+    frame = produce_frame(9, {"orders": [b"x" * 10]})
+    body = memoryview(frame)[REQUEST_HEAD_SIZE:]
+    meter.request(ApiKey.PRODUCE, 9, len(frame), body)
+    assert meter.topics(ApiKey.PRODUCE, 9, body) is None
+    meter.close()
+    assert value(metrics, "keg_handed_off_requests_total", api="Produce", version="9",
+                 client_id="app", principal="User:alice") == 1
+    text = metrics.exposition().decode()
+    assert "keg_requests_total{" not in text
+    assert "keg_topic_requests_total{" not in text

@@ -209,6 +209,10 @@ def test_prometheus_scrapes_every_keg_part(compose: dict[str, Any]) -> None:
     assert jobs["keg-control-plane"]["static_configs"][0]["targets"] == [
         f"control-plane:{plane['--api-port']}"]
     assert jobs["envoy"]["metrics_path"] == "/stats/prometheus"
+    # keg's Kafka filter serves where the Envoy container's node metadata says.
+    (sd,) = jobs["keg-kafka-filter"]["dns_sd_configs"]
+    envoy = compose["services"]["envoy"]["command"][0]
+    assert sd["names"] == ["envoy"] and f'keg.metrics: {{address: "0.0.0.0:{sd["port"]}"}}' in envoy
 
 
 DENY_RULES = """\
@@ -333,5 +337,7 @@ def test_the_envoy_container_command_renders_a_valid_bootstrap(
     config = load_yaml(rendered)
     hostname = Path("/etc/hostname").read_text().strip()
     assert config["node"]["id"] == hostname and config["node"]["cluster"] == "keg"
-    # The module's runtime flag is in what Envoy validated (the --config-yaml overlay).
+    # The module's runtime flag and metrics address are in what Envoy validated (the
+    # --config-yaml overlay).
     assert "connection_close_through_filter_manager" in script
+    assert "keg.metrics" in script

@@ -220,6 +220,14 @@ def test_network_policies_and_monitors_name_real_ports() -> None:
     env = {e["name"]: e.get("value") for e in envoy["containers"][0]["env"]}
     assert env["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] == "/modules"
     assert envoy["initContainers"][0]["command"][-1] == "/modules/"
+    # ... and serves its labelled metrics where the node metadata says, to Prometheus.
+    container = envoy["containers"][0]
+    overlay = yaml.safe_load(container["args"][container["args"].index("--config-yaml") + 1])
+    assert overlay == {"node": {"metadata": {"keg.metrics": {"address": "0.0.0.0:9463"}}}}
+    assert {"name": "module-metrics", "containerPort": 9463} in container["ports"]
+    assert 9463 in {p["port"] for p in policies["keg-envoy"]["spec"]["ingress"][1]["ports"]}
+    assert {"port": "module-metrics", "path": "/metrics", "interval": "15s"} in [
+        e for m in monitors for e in m["spec"]["endpoints"]]
     plane = by_kind(manifests, "Deployment")["keg-control-plane"]
     assert "--data-path=native" in args_of(plane)
     assert plane["spec"]["template"]["spec"]["containers"][0]["env"][0]["name"] == "KEG_STORE_URL"

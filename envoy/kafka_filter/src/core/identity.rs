@@ -59,6 +59,8 @@ pub struct Identity {
     tls: bool,
     /// The client certificate's principal (`User:alice`), mutual TLS only.
     certificate_principal: Option<String>,
+    /// Moves whenever what [`Identity::principal`] says may have changed.
+    epoch: u64,
 }
 
 impl Identity {
@@ -67,6 +69,12 @@ impl Identity {
     pub fn on_tls(&mut self, certificate_principal: Option<String>) {
         self.tls = true;
         self.certificate_principal = certificate_principal;
+        self.epoch += 1;
+    }
+
+    /// Moves whenever the principal may have changed (readers of it cache by it).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Kafka's form (`User:alice`); until SASL authenticates a name, the certificate's
@@ -113,6 +121,7 @@ impl Identity {
 
     /// A whole request frame (size prefix included) of SaslHandshake or SaslAuthenticate.
     pub fn observe_request(&mut self, api_key: i16, api_version: i16, frame: &[u8]) {
+        self.epoch += 1;
         match api_key {
             SASL_HANDSHAKE => match decode_request::<SaslHandshakeRequest>(ApiKey::SaslHandshake, api_version, frame) {
                 Some(request) => self.on_handshake(Some(request.mechanism.as_str())),
@@ -141,6 +150,7 @@ impl Identity {
 
     /// A whole response frame to a SaslHandshake or SaslAuthenticate request.
     pub fn observe_response(&mut self, api_key: i16, api_version: i16, frame: &[u8]) {
+        self.epoch += 1;
         match api_key {
             SASL_HANDSHAKE => {
                 let error = decode_response::<SaslHandshakeResponse>(ApiKey::SaslHandshake, api_version, frame)

@@ -9,6 +9,7 @@ pub mod head;
 pub mod identity;
 pub mod tls_principal;
 pub mod interest;
+pub mod meter;
 pub mod outbox;
 pub mod rewrite;
 pub mod session;

@@ -41,6 +41,7 @@ use super::identity::{self, Identity};
 use super::outbox::Outbox;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
+use super::meter::Meter;
 use super::stats::{ApiCounter, Counter, Stats};
 use super::topics::{self, Selection, TopicSelector};
 use super::{Output, Piece, ProtocolError};
@@ -195,6 +196,8 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     responses_out: Outbox,
     pub identity: Identity,
     pub stats: Stats,
+    /// Labelled counts (None: the configuration asks for none, nothing is read for them).
+    pub meter: Option<Meter>,
 }
 
 impl Session<ForwardAll> {
@@ -251,6 +254,7 @@ impl<P: RequestPolicy> Session<P> {
             responses_out: Outbox::default(),
             identity: Identity::default(),
             stats: Stats::default(),
+            meter: None,
         }
     }
 
@@ -324,6 +328,26 @@ impl<P: RequestPolicy> Session<P> {
         let start = out.pieces.len();
         let mut pos = 0;
         while pos < input.len() {
+            let (body_from, in_body) = (pos, !matches!(self.request, RequestState::Head | RequestState::Opaque));
+            let more = self.feed_request_state(input, &mut pos, out)?;
+            if in_body {
+                if let Some(meter) = &mut self.meter {
+                    meter.body(&input[body_from..pos]);
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        self.requests_out.route(input, out, start);
+        Ok(())
+    }
+
+    /// One step of [`Session::feed_requests`]: the current request state takes what it
+    /// can of `input` from `at`; false when the input ended inside a head (kept).
+    fn feed_request_state(&mut self, input: &[u8], at: &mut usize, out: &mut Output) -> Result<bool, ProtocolError> {
+        let mut pos = *at;
+        {
             match &mut self.request {
                 RequestState::Opaque => {
                     out.pass(pos..input.len());
@@ -373,14 +397,15 @@ impl<P: RequestPolicy> Session<P> {
                 }
                 RequestState::Head => {
                     let Some(head) = self.request_head(input, &mut pos)? else {
-                        break;
+                        *at = pos;
+                        return Ok(false);
                     };
                     self.on_request_head(head, input, &mut pos, out);
                 }
             }
         }
-        self.requests_out.route(input, out, start);
-        Ok(())
+        *at = pos;
+        Ok(true)
     }
 
     /// The head of the next request, from the input or from bytes kept from earlier
@@ -429,6 +454,18 @@ impl<P: RequestPolicy> Session<P> {
             HeadBytes::Kept(std::mem::take(&mut self.request_head))
         };
         let remaining = frame_len - head_bytes.len();
+        if let Some(meter) = &mut self.meter {
+            let identity = &self.identity;
+            meter.principal(identity.epoch(), || identity.principal());
+            let prefix = match &head_bytes {
+                HeadBytes::Input(start, _) => &input[*start..],
+                HeadBytes::Kept(kept) => kept.as_slice(),
+            };
+            meter.request(head.api_key, head.api_version, prefix, frame_len - head.head_len);
+            if let HeadBytes::Kept(kept) = &head_bytes {
+                meter.body(&kept[head.head_len..]); // the rest of the frame's first read
+            }
+        }
         let slot = |reply| InFlight {
             correlation_id: head.correlation_id,
             api_key: head.api_key,

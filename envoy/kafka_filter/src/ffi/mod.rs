@@ -45,6 +45,8 @@ use crate::core::head::RequestHead;
 use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::tls_principal::certificate_name;
+use crate::core::meter::Meter;
+use crate::metrics::ConnectionCounters;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
 use crate::core::{Disposition, Output, ProtocolError, RequestPolicy, Resolution, Session};
 use crate::handoff::{self, proto, Connection, Link, Outgoing, Wake};
@@ -159,6 +161,8 @@ struct HandOffs {
 }
 
 pub struct Filter {
+    /// Handles on this connection's labelled series (with the configuration's exporter).
+    counters: Option<ConnectionCounters>,
     config: Arc<Config>,
     session: Session<Policy>,
     own_listener: Option<Endpoint>,
@@ -271,7 +275,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
                     "keg_kafka_filter: table {:?}: {} routes, interest version {:?}{}",
                     settings.route_table, settings.current_routes().gateway.len(), interest.version,
                     if interest.wants_any() { format!(", hand-offs to {}", interest.endpoints.join(",")) } else { String::new() }));
-                for warning in &interest.warnings {
+                for warning in interest.warnings.iter().chain(&settings.warnings) {
                     abi::log(abi::LOG_WARN, &format!("keg_kafka_filter: {warning}"));
                 }
                 Arc::into_raw(Arc::new(Config { settings, ids })).cast::<c_void>()
@@ -317,9 +321,13 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_new(
 impl Filter {
     fn new(config: Arc<Config>, policy: Policy) -> Filter {
         let limits = config.settings.limits;
+        let mut session = Session::with_policy(limits, policy);
+        session.meter = config.settings.metrics.as_ref().map(|exporter| Meter::new(exporter.config().topics));
+        let counters = config.settings.metrics.clone().map(ConnectionCounters::new);
         Filter {
+            counters,
             config,
-            session: Session::with_policy(limits, policy),
+            session,
             own_listener: None,
             facts: ConnectionFacts::default(),
             handoffs: None,
@@ -423,6 +431,11 @@ impl Filter {
                 }
             },
         );
+        if let (Some(meter), Some(counters)) = (&mut self.session.meter, &mut self.counters) {
+            if !meter.is_empty() {
+                meter.drain(counters);
+            }
+        }
     }
 
     fn count(&self, envoy: FilterEnvoyPtr, cb: &Callbacks, event: Event, value: u64) {
