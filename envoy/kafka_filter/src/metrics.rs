@@ -44,6 +44,7 @@ use crate::core::topics;
 pub const OTHER: &str = "other";
 const PRODUCE_LABEL: &str = "Produce";
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The filter config's `metrics` object.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -175,7 +176,7 @@ impl Exporter {
         listener.set_nonblocking(true)?;
         let exporter = Arc::clone(self);
         std::thread::Builder::new().name("keg-metrics".into()).spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_io().build() else { return };
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build() else { return };
             runtime.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
                 loop {
@@ -187,7 +188,13 @@ impl Exporter {
                             async move { Ok::<_, Infallible>(exporter.answer(&request)) }
                         });
                         let io = hyper_util::rt::TokioIo::new(stream);
-                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                        // A scraper sends its request at once: a peer that dribbles its
+                        // headers is cut off rather than held forever.
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .timer(hyper_util::rt::TokioTimer::new())
+                            .header_read_timeout(HEADER_READ_TIMEOUT)
+                            .serve_connection(io, service)
+                            .await;
                     });
                 }
             });
