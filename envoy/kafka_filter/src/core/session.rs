@@ -23,6 +23,9 @@
 //!   pipelined: several may be pending, each resolves into its own place.
 //! - Identity: SaslHandshake and SaslAuthenticate frames (both directions) are copied
 //!   while they pass and read by [`Identity`]; hand-offs carry the principal.
+//! - Metrics ([`Session::meter`], when configured): every request's head and the bytes of
+//!   its body as they are consumed, whatever the request's fate, go to the [`Meter`]
+//!   (client id, principal, Produce topics); it reads, never holds or changes them.
 //! - Bounds: every frame's size is checked against `max_frame_size` when its size prefix
 //!   arrives; the core holds at most one partial head and one held frame per direction
 //!   plus the gateway's own pending answers and what waits behind hand-offs
@@ -38,10 +41,10 @@ use bytes::Bytes;
 use super::handoff::{produce_timed_out, Direction, HandOff, Resolution};
 use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, PRODUCE, RESPONSE_HEAD};
 use super::identity::{self, Identity};
+use super::meter::Meter;
 use super::outbox::Outbox;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
-use super::meter::Meter;
 use super::stats::{ApiCounter, Counter, Stats};
 use super::topics::{self, Selection, TopicSelector};
 use super::{Output, Piece, ProtocolError};
@@ -347,61 +350,59 @@ impl<P: RequestPolicy> Session<P> {
     /// can of `input` from `at`; false when the input ended inside a head (kept).
     fn feed_request_state(&mut self, input: &[u8], at: &mut usize, out: &mut Output) -> Result<bool, ProtocolError> {
         let mut pos = *at;
-        {
-            match &mut self.request {
-                RequestState::Opaque => {
-                    out.pass(pos..input.len());
-                    pos = input.len();
+        match &mut self.request {
+            RequestState::Opaque => {
+                out.pass(pos..input.len());
+                pos = input.len();
+            }
+            RequestState::Pass(remaining) => {
+                let remaining = *remaining;
+                let n = remaining.min(input.len() - pos);
+                out.pass(pos..pos + n);
+                pos += n;
+                self.request_continues(remaining - n, false);
+            }
+            RequestState::Drop(remaining) => {
+                let remaining = *remaining;
+                let n = remaining.min(input.len() - pos);
+                pos += n;
+                self.request_continues(remaining - n, true);
+            }
+            RequestState::Observe { remaining, frame, .. } => {
+                let n = (*remaining).min(input.len() - pos);
+                out.pass(pos..pos + n);
+                copy_observed(frame, &input[pos..pos + n]);
+                pos += n;
+                *remaining -= n;
+                if *remaining == 0 {
+                    self.observed_request();
                 }
-                RequestState::Pass(remaining) => {
-                    let remaining = *remaining;
-                    let n = remaining.min(input.len() - pos);
-                    out.pass(pos..pos + n);
-                    pos += n;
-                    self.request_continues(remaining - n, false);
+            }
+            RequestState::Collect(collect) => {
+                let n = collect.remaining.min(input.len() - pos);
+                collect.frame.extend_from_slice(&input[pos..pos + n]);
+                pos += n;
+                collect.remaining -= n;
+                if collect.remaining == 0 {
+                    self.collected(out);
                 }
-                RequestState::Drop(remaining) => {
-                    let remaining = *remaining;
-                    let n = remaining.min(input.len() - pos);
-                    pos += n;
-                    self.request_continues(remaining - n, true);
-                }
-                RequestState::Observe { remaining, frame, .. } => {
-                    let n = (*remaining).min(input.len() - pos);
-                    out.pass(pos..pos + n);
-                    copy_observed(frame, &input[pos..pos + n]);
-                    pos += n;
-                    *remaining -= n;
-                    if *remaining == 0 {
-                        self.observed_request();
-                    }
-                }
-                RequestState::Collect(collect) => {
-                    let n = collect.remaining.min(input.len() - pos);
-                    collect.frame.extend_from_slice(&input[pos..pos + n]);
-                    pos += n;
-                    collect.remaining -= n;
-                    if collect.remaining == 0 {
-                        self.collected(out);
-                    }
-                }
-                RequestState::Select(select) => {
-                    let n = select.remaining.min(input.len() - pos);
-                    select.frame.extend_from_slice(&input[pos..pos + n]);
-                    pos += n;
-                    select.remaining -= n;
-                    let RequestState::Select(select) = std::mem::replace(&mut self.request, RequestState::Head) else {
-                        unreachable!()
-                    };
-                    self.select(select, out);
-                }
-                RequestState::Head => {
-                    let Some(head) = self.request_head(input, &mut pos)? else {
-                        *at = pos;
-                        return Ok(false);
-                    };
-                    self.on_request_head(head, input, &mut pos, out);
-                }
+            }
+            RequestState::Select(select) => {
+                let n = select.remaining.min(input.len() - pos);
+                select.frame.extend_from_slice(&input[pos..pos + n]);
+                pos += n;
+                select.remaining -= n;
+                let RequestState::Select(select) = std::mem::replace(&mut self.request, RequestState::Head) else {
+                    unreachable!()
+                };
+                self.select(select, out);
+            }
+            RequestState::Head => {
+                let Some(head) = self.request_head(input, &mut pos)? else {
+                    *at = pos;
+                    return Ok(false);
+                };
+                self.on_request_head(head, input, &mut pos, out);
             }
         }
         *at = pos;

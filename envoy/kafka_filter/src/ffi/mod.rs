@@ -44,12 +44,12 @@ use crate::core::handoff::Failure;
 use crate::core::head::RequestHead;
 use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
-use crate::core::tls_principal::certificate_name;
 use crate::core::meter::Meter;
-use crate::metrics::ConnectionCounters;
+use crate::core::tls_principal::certificate_name;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
 use crate::core::{Disposition, Output, ProtocolError, RequestPolicy, Resolution, Session};
 use crate::handoff::{self, proto, Connection, Link, Outgoing, Wake};
+use crate::metrics::ConnectionCounters;
 
 /// Bytes held by all connections of the process.
 static HELD_BYTES: AtomicUsize = AtomicUsize::new(0);
