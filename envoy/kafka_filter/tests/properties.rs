@@ -12,6 +12,7 @@ use kafka_protocol::messages::{describe_configs_response as cfg, fetch_response 
 use kafka_protocol::protocol::StrBytes;
 use keg_kafka_filter::core::handoff::Failure;
 use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::meter::Meter;
 use keg_kafka_filter::core::rewrite::Routes;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
@@ -44,6 +45,7 @@ fn asked_requests() -> Vec<u8> {
 /// Feeds `requests` then `responses`, each cut at `cuts`; Err on a protocol error.
 fn drive(requests: &[u8], responses: &[u8], cuts: &[usize], routes: &Routes) -> Result<(Vec<u8>, Vec<u8>), ()> {
     let mut session = Session::new(SessionLimits { max_frame_size: 1 << 20 });
+    session.meter = Some(Meter::new(true)); // read-only: every property holds with it
     let mut forwarded = Vec::new();
     for chunk in split(requests, cuts) {
         let mut out = Output::default();
@@ -122,6 +124,7 @@ fn resolution(pick: u8, frame: &[u8], noise: &[u8]) -> Resolution {
 fn drive_handoffs(mask: u64, requests: &[u8], responses: &[u8], cuts: &[usize], picks: &[u8], eager: bool,
                   routes: &Routes) -> Result<Vec<u8>, ()> {
     let mut session = Session::with_policy(SessionLimits { max_frame_size: 1 << 20 }, HandOffSome(mask));
+    session.meter = Some(Meter::new(true));
     let (mut forwarded, mut deferred, mut n) = (Vec::new(), Vec::new(), 0);
     let mut settle = |session: &mut Session<HandOffSome>, deferred: &mut Vec<_>, forwarded: &mut Vec<u8>, now: bool| -> Result<(), ()> {
         deferred.extend(session.take_handoffs());
