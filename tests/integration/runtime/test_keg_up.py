@@ -93,7 +93,7 @@ def run_keg_up(cwd: Path, cache: Path, rules: Path, *extra: str,
     """`keg up` on free ports, its state in `cache`; without --bootstrap-servers in
     `extra` with its embedded broker; `environment` added to its environment."""
     command = [sys.executable, "-m", "keg", "up", "--rules", str(rules),
-               "--listen-port-base", "0", "--metrics-port", "0",
+               "--listen-port-base", "0", "--metrics-port", "0", "--module-metrics-port", "0",
                "--api-port", str(free_port()), "--log-level", "WARNING", *extra]
     env = {**os.environ, "KEG_CACHE_DIR": str(cache), **(environment or {})}
     env.pop("COLUMNS", None)
@@ -136,6 +136,10 @@ def test_each_keg_up_serves_exactly_the_rule_directory_it_is_given(
         metrics = up.wait_for(r"metrics: (http://127\.0\.0\.1:\d+/metrics)").group(1)
         with urllib.request.urlopen(metrics, timeout=10) as response:
             assert b"keg_" in response.read()
+        # ... and keg's Kafka filter (the native path, keg up's default) the traffic's.
+        module = up.wait_for(r"Kafka filter: (http://127\.0\.0\.1:\d+/metrics)").group(1)
+        with urllib.request.urlopen(module, timeout=10) as response:
+            assert f'topic="{in_b}"'.encode() in response.read()
         assert up.stop() == 0, up.output
     assert not (work / "none").exists() and list(work.iterdir()) == []
 
