@@ -180,7 +180,11 @@ impl Exporter {
             runtime.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
                 loop {
-                    let Ok((stream, _)) = listener.accept().await else { continue };
+                    let Ok((stream, _)) = listener.accept().await else {
+                        // Out of descriptors, say: try again shortly, without spinning.
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    };
                     let exporter = Arc::clone(&exporter);
                     tokio::spawn(async move {
                         let service = hyper::service::service_fn(move |request| {
