@@ -156,7 +156,14 @@ impl Meter {
         }
         drain_batch(&self.current, sink);
         self.current.requests.clear();
+        // A Produce still streaming keeps its topic's entry (emptied): the record bytes
+        // of its next partitions count there, after the drain between two reads.
+        let streaming = self.skim.as_ref().and_then(|s| s.topic).and_then(|i| self.current.topics.get(i).cloned());
         self.current.topics.clear();
+        if let (Some((topic, _, _)), Some(skim)) = (streaming, self.skim.as_mut()) {
+            self.current.topics.push((topic, 0, 0));
+            skim.topic = Some(0);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
