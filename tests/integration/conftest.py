@@ -6,6 +6,7 @@ import functools
 import os
 import shutil
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -130,6 +131,17 @@ def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> 
                             "work_dir": work_dir, "ext_proc_log_level": "WARNING",
                             "data_path": DATA_PATH}
     return GatewaySettings(**(base | overrides))
+
+
+def scrape_metrics(gateway: Gateway) -> str:
+    """The ext_proc service's exposition (its first worker's), then, on the native path,
+    the Kafka filter's (keg_requests_total and the topic series of all traffic)."""
+    assert gateway.metrics_port is not None
+    text = ""
+    for port in (p for p in (gateway.metrics_port, gateway.module_metrics_port) if p is not None):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text += response.read().decode()
+    return text
 
 
 def rule_dir(path: Path, files: Mapping[str, str], examples: Sequence[str] = ()) -> Path:

@@ -313,18 +313,6 @@ impl Exporter {
     }
 }
 
-impl MeterSink for &Exporter {
-    fn requests(&mut self, api_key: i16, api_version: i16, client_id: &str, principal: &str, count: u64) {
-        self.request_counter(api_key, api_version, client_id, principal).inc_by(count);
-    }
-
-    fn topic(&mut self, topic: &TopicKey, client_id: &str, principal: &str, requests: u64, record_bytes: u64) {
-        let (count, bytes) = self.topic_counters(&self.topic_label(topic).0, client_id, principal);
-        count.inc_by(requests);
-        bytes.inc_by(record_bytes);
-    }
-}
-
 /// `8-4-4-4-12` hex, as Python's `str(uuid.UUID(...))`.
 fn uuid_text(id: &[u8; 16]) -> String {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
@@ -370,8 +358,8 @@ mod tests {
 
     #[test]
     fn series_have_the_ext_proc_paths_names_and_labels() {
-        let exporter = Exporter::new(config(10));
-        let mut sink = &exporter;
+        let exporter = Arc::new(Exporter::new(config(10)));
+        let mut sink = ConnectionCounters::new(Arc::clone(&exporter));
         sink.requests(0, 11, "billing", "User:alice", 3);
         sink.requests(1000, 0, "", "User:ANONYMOUS", 1);
         sink.topic(&TopicKey::Name("orders".into()), "billing", "User:alice", 2, 610);
@@ -390,8 +378,8 @@ mod tests {
 
     #[test]
     fn labels_past_their_bound_count_as_other() {
-        let exporter = Exporter::new(config(2));
-        let mut sink = &exporter;
+        let exporter = Arc::new(Exporter::new(config(2)));
+        let mut sink = ConnectionCounters::new(Arc::clone(&exporter));
         for client in ["a", "b", "c", "d", "a"] {
             sink.requests(3, 12, client, "User:x", 1);
         }
@@ -415,7 +403,7 @@ mod tests {
         let again = exporter(&MetricsConfig { address: address.clone(), ..config(5) }).unwrap();
         assert!(Arc::ptr_eq(&first, &again));
         // It answers a scrape.
-        (&*first).requests(18, 4, "probe", "User:ANONYMOUS", 1);
+        ConnectionCounters::new(Arc::clone(&first)).requests(18, 4, "probe", "User:ANONYMOUS", 1);
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(&address).unwrap();
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();

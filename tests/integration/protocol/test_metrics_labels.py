@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from control_plane.service import NATIVE, free_port
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.dashboard import exposed, unknown_references
-from tests.integration.conftest import create_topic, gateway_settings, rule_dir
+from tests.integration.conftest import create_topic, gateway_settings, rule_dir, scrape_metrics
 
 pytestmark = [pytest.mark.integration]
 
@@ -51,14 +50,7 @@ class Metered:
         self.gateway, self.rules = gateway, rules
 
     def scrape(self) -> str:
-        """The ext_proc service's exposition, then the Kafka filter's (native path)."""
-        assert self.gateway.metrics_port is not None
-        ports = [self.gateway.metrics_port, self.gateway.module_metrics_port]
-        text = ""
-        for port in (p for p in ports if p is not None):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                text += response.read().decode()
-        return text
+        return scrape_metrics(self.gateway)
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.integration.conftest import (
     gateway_settings,
     java_sasl,
     rule_dir,
+    scrape_metrics,
     share_console_consume,
 )
 from tests.integration.relay import RecordingRelay, gateway_listener
@@ -110,14 +110,7 @@ class Env:
         return [json.loads(line) for line in self.audit.read_text().splitlines() if line]
 
     def metrics(self) -> str:
-        """The ext_proc service's series, and on the native path the Kafka filter's
-        (keg_requests_total and the topic series of all traffic)."""
-        ports = [self.metrics_port, self.gateway.module_metrics_port]
-        text = ""
-        for port in (p for p in ports if p is not None):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text += resp.read().decode()
-        return text
+        return scrape_metrics(self.gateway)
 
     def wait_for_audit(self, rule_id: str, count: int = 1) -> list[dict[str, Any]]:
         """The rule's audit events, once there are `count` (the gateway writes them as it
