@@ -89,8 +89,8 @@ class FramesSession:
         head = parse_request_head(raw)
         if self._meter is not None:
             body = memoryview(raw)[REQUEST_HEAD_SIZE:]
+            # Topics: keg's Kafka filter counts those of every request itself.
             self._meter.request(head.api_key, head.api_version, len(raw), body)
-            self._meter.topics(head.api_key, head.api_version, body)
         self.identity.learned_elsewhere(principal, security_protocol)
         # The module hands the frame over once whole: latency runs from here (the
         # module's own time before is not known to this side, docs/audit.md).
