@@ -32,7 +32,7 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_fa
 import kafka_wire
 from ext_proc.filters import TopicSelector
 from ext_proc.filters.rules import RuleEngine
-from ext_proc.frames import MAX_VERSION, handed_off_ranges, interest_table
+from ext_proc.frames import MAX_VERSION, InterestRange, handed_off_ranges, interest_table
 from ext_proc.tls_principal import SUBJECT
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
@@ -138,13 +138,13 @@ class HandOff:
     max_bytes: int = 256 << 20
 
 
-Range = tuple[int, int, int, TopicSelector | None]
+Range = InterestRange
 
 
 def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     """The requests the module hands to the Python chain for `ruleset`, as (api key,
     min version, max version) ranges (`handed_off` without the selectors)."""
-    return [(key, low, high) for key, low, high, _ in handed_off(ruleset)[0]]
+    return [(key, low, high) for key, low, high, _, _ in handed_off(ruleset)[0]]
 
 
 def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]]]:
@@ -160,7 +160,7 @@ def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]
     except RuleSetInvalid as err:
         log.warning("interest table from the rules alone (the control plane cannot build "
                     "their actions: %s)", err)
-        return [(key, low, high, None) for key, low, high in _superset(ruleset)], []
+        return [(key, low, high, None, None) for key, low, high in _superset(ruleset)], []
     try:
         return handed_off_ranges(engine)
     finally:
@@ -180,6 +180,15 @@ def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     return [(key, 0, MAX_VERSION) for key in sorted(wanted)]
 
 
+def _range_json(key: int, low: int, high: int, selector: TopicSelector | None,
+                unvouched: TopicSelector | None) -> list[Any]:
+    if selector is None:
+        return [key, low, high]
+    if unvouched is None:
+        return [key, low, high, selector.to_json()]
+    return [key, low, high, selector.to_json(), {"unvouched": unvouched.to_json()}]
+
+
 def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]:
     """The module's interest table for rule-set `version` (its JSON, see
     envoy/kafka_filter/src/core/interest.rs)."""
@@ -187,10 +196,10 @@ def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]
     return {
         "version": version,
         # [api key, min, max] hands off every such request; a fourth element, a topic
-        # selector, only those naming a selected topic (docs/native.md).
-        "requests": [[key, low, high] if selector is None
-                     else [key, low, high, selector.to_json()]
-                     for key, low, high, selector in ranges],
+        # selector, only those naming a selected topic; a fifth, {"unvouched": selector},
+        # lets the module pass the other selected topics' batches whose schema ids the
+        # service vouched for (docs/native.md).
+        "requests": [_range_json(*r) for r in ranges],
         "failure_mode_allow": handoff.failure_mode_allow,
         # Requests only learners want: forwarded when the service cannot take them.
         "fail_open": [list(r) for r in fail_open],

@@ -35,7 +35,7 @@ from ext_proc.filters import (
 )
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.order import rule_filters
-from ext_proc.filters.records import RecordsFilter
+from ext_proc.filters.records import RecordsFilter, Vouch
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.filters.topic_ids import TopicIdLearner
 from ext_proc.identity import IdentityTracker
@@ -52,12 +52,14 @@ MAX_VERSION = 0x7FFF  # Kafka versions are int16
 _SELECTED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH})
 
 
-def frames_filters(engine: RuleEngine, identity: IdentityTracker) -> list[Filter]:
+def frames_filters(engine: RuleEngine, identity: IdentityTracker,
+                   vouches: list[Vouch] | None = None) -> list[Filter]:
     """The chain of a handed-off connection: what learns topic ids and group protocols,
-    then the rule filters in the data path's order (ext_proc.filters.order)."""
+    then the rule filters in the data path's order (ext_proc.filters.order); `vouches`
+    collects what the records filter vouches for (ext_proc.filters.records)."""
     groups = GroupProtocolObserver()
     return [TopicIdLearner(engine.topic_ids), groups, groups.guard(),
-            *rule_filters(engine, identity), RecordsFilter(engine, identity)]
+            *rule_filters(engine, identity), RecordsFilter(engine, identity, vouches)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class RequestReply:
     to_broker: bytes  # the frame to forward, as it came or changed; b"": none
     answer: bytes | None  # the gateway's own answer frame, for the request's slot
     want_response: bool  # hand the broker's answer to this request back here
+    vouched: tuple[Vouch, ...] = ()  # schema ids the module may pass by itself
 
 
 class FramesSession:
@@ -75,7 +78,8 @@ class FramesSession:
                  meter: ConnectionMeter | None = None) -> None:
         self.conn = conn
         self.identity = identity or IdentityTracker()
-        self.chain = FilterChain(frames_filters(engine, self.identity))
+        self._vouches: list[Vouch] = []
+        self.chain = FilterChain(frames_filters(engine, self.identity, self._vouches))
         self._meter = meter
         # correlation id -> the patch for the broker's answer and the request's audit,
         # for each request whose answer was asked for (Kafka answers in order, the
@@ -103,7 +107,8 @@ class FramesSession:
             audit.finish()  # answered here, or forwarded with no answer coming back
             if self._meter is not None and not judged.answered:
                 self._meter.forwarded()
-        return RequestReply(judged.to_broker, judged.answer, judged.want_response)
+        return RequestReply(judged.to_broker, judged.answer, judged.want_response,
+                            self.take_vouched())
 
     def response(self, raw: bytes, api_key: int, api_version: int) -> bytes:
         """One whole response frame this session asked for; the bytes for the client."""
@@ -118,6 +123,14 @@ class FramesSession:
             out = self.chain.filter_response_frame(raw, api_key, api_version, self.conn, patch)
         audit.finish()
         return out
+
+    def take_vouched(self) -> tuple[Vouch, ...]:
+        """What the last frame's record rules vouched for (`Vouch`), once."""
+        if not self._vouches:
+            return ()
+        vouched = tuple(self._vouches)
+        self._vouches.clear()
+        return vouched
 
     def close(self) -> None:
         for _patch, audit in self._patches.values():  # never answered: their events go now
@@ -142,15 +155,24 @@ def interest_table(engine: RuleEngine) -> list[tuple[int, int, int]]:
     return list(_ranges((w.api_key, w.version) for w in _wanted(engine)))
 
 
-def interest_ranges(engine: RuleEngine
-                    ) -> list[tuple[int, int, int, TopicSelector | None]]:
+# (api key, min version, max version, topic selector, vouch exception); see
+# `interest_ranges` and `_Wanted`.
+InterestRange = tuple[int, int, int, TopicSelector | None, TopicSelector | None]
+
+
+def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     """`interest_table` with each range's topic selector: a Produce (Fetch) of that
     range needs the chain only if one of its topics is selected; None: every such
     request does. The selector is the union of the `topic_scope`s of every filter
     that wants the request or its answer (`ext_proc.filters`), so any filter that may
     act whatever the topics (virtual topics, a rule without topics, a filter that does
     not say) leaves the range unselected. Only Produce and Fetch get selectors (the
-    module reads their topics; docs/native.md says which versions)."""
+    module reads their topics; docs/native.md says which versions).
+
+    The fifth element, when some `vouchable` schema rule may act on the range: the
+    topics anything else may act on. Of a Produce's (a Fetch answer's) selected topics,
+    those it does not select need only the ids the service vouched for (docs/native.md,
+    vouched schema ids)."""
     return handed_off_ranges(engine)[0]
 
 
@@ -164,13 +186,14 @@ def fail_open_ranges(engine: RuleEngine) -> list[tuple[int, int, int]]:
 
 
 def handed_off_ranges(engine: RuleEngine) -> tuple[
-        list[tuple[int, int, int, TopicSelector | None]], list[tuple[int, int, int]]]:
+        list[InterestRange], list[tuple[int, int, int]]]:
     """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
     wanted = list(_wanted(engine))
-    ranges: list[tuple[int, int, int, TopicSelector | None]] = []
-    for (_, selector), group in groupby(wanted, key=lambda w: (w.api_key, w.selector)):
+    ranges: list[InterestRange] = []
+    for (_, selector, unvouched), group in groupby(
+            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched)):
         versions = [(w.api_key, w.version) for w in group]
-        ranges += [(k, low, high, selector) for k, low, high in _ranges(versions)]
+        ranges += [(k, low, high, selector, unvouched) for k, low, high in _ranges(versions)]
     fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
     return ranges, fail_open
 
@@ -181,6 +204,9 @@ class _Wanted:
     version: int
     selector: TopicSelector | None  # None: every request of this version
     may_miss: bool  # every filter that wants it may miss frames
+    # The selected topics something other than a vouchable schema rule may act on;
+    # None: no vouching (no such rule, or anything may act on any topic).
+    unvouched: TopicSelector | None = None
 
 
 def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
@@ -200,13 +226,28 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                            for direction in (REQUEST, RESPONSE)
                            for f in chain.interested(api_key, version, direction))
 
+    def unvouched(api_key: int, version: int) -> TopicSelector | None:
+        if api_key not in _SELECTED_APIS:
+            return None
+        some = False
+        scopes: list[TopicSelector | None] = []
+        for direction in (REQUEST, RESPONSE):
+            for f in chain.interested(api_key, version, direction):
+                if isinstance(f, RecordsFilter) and direction == REQUEST:
+                    vouchable, others = f.unvouchable_scope(api_key, version)
+                    some |= vouchable
+                    scopes.append(others)
+                else:
+                    scopes.append(topic_scope(f, api_key, version, direction))
+        return union_scope(scopes) if some else None
+
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
         for v in range(low, high + 1):
             filters = interested(api_key, v)
             if filters:
                 yield _Wanted(api_key, v, scope(api_key, v),
-                              all(f.may_miss_frames for f in filters))
+                              all(f.may_miss_frames for f in filters), unvouched(api_key, v))
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

@@ -380,13 +380,19 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                         read_data=pb.Data(data=reply.to_broker))
                     if reply.answer is not None:
                         response.write_data.data = reply.answer
-                    response.dynamic_metadata.update(
-                        {METADATA_NAMESPACE: {"want_response": reply.want_response}})
+                    reply_keg: dict[str, Any] = {"want_response": reply.want_response}
+                    if reply.vouched:
+                        reply_keg["vouched"] = [v.to_json() for v in reply.vouched]
+                    response.dynamic_metadata.update({METADATA_NAMESPACE: reply_keg})
                 elif request.HasField("write_data"):
                     out = await self._run(partial(
                         session.response, api_key=int(keg["api_key"]),
                         api_version=int(keg["api_version"])), request.write_data.data)
                     response = pb.ProcessingResponse(write_data=pb.Data(data=out))
+                    vouched = session.take_vouched()
+                    if vouched:
+                        response.dynamic_metadata.update({METADATA_NAMESPACE: {
+                            "vouched": [v.to_json() for v in vouched]}})
                 else:
                     continue
                 data_path.metrics.frame_latency_observe(time.perf_counter() - started)

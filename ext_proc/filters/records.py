@@ -21,20 +21,30 @@ Fetch: the broker's answer is rewritten in place: changed batches are re-encoded
 with their codec and offsets; dropped records leave offset gaps (as compaction
 does) and a batch with nothing left stays as an empty batch, so consumers still
 move past it. Control batches (transaction markers) are never touched.
+
+Vouched schema ids (keg's Kafka filter, docs/native.md): after a frame, a topic whose
+every stage is a `vouchable` schema rule is reported with the schema ids those rules
+currently pass for it (`Vouch`), so the filter can let the next batches of that topic
+through itself while every record carries one of them, for as long as the rules'
+own verdicts hold (a second at most, `interceptors.builtin.schema.MEMO_S`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector
-from ext_proc.filters.rules import RuleDecision, RuleSetJudge, rules_scope
+from ext_proc.filters.rules import RuleDecision, RuleEngine, RuleSetJudge, rules_scope
+from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
-from filter_rules.compiled import RECORD_APIS
+from filter_rules.compiled import RECORD_APIS, CompiledRule
+from filter_rules.record_actions import SchemaSpec
 from interceptors.engine import (
     REFUSING,
     BatchOutcome,
@@ -57,6 +67,51 @@ Body = dict[str, Any]
 # Out of time, or a service the rule needs (a schema registry, a KMS) unavailable: the
 # record could not be judged now, and the client may try again.
 _RETRIABLE_EFFECTS: Final = frozenset({"timeout", "unavailable"})
+
+
+# Ids reported per topic and frame (a topic's records carry a few schemas at a time).
+MAX_VOUCHED_IDS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Vouch:
+    """Records of `topic` whose value carries one of `ids` (Confluent framing) pass every
+    record rule that applies to the topic on this connection, for `ttl_ms`."""
+
+    topic: str
+    ids: tuple[int, ...]
+    ttl_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "ids": list(self.ids), "ttl_ms": self.ttl_ms}
+
+
+def vouchable(rule: CompiledRule) -> bool:
+    """Whether the Kafka filter may apply `rule` itself from vouched ids: an enforced
+    schema rule that reads values' schema ids alone (no payload validation). Whether
+    an id passes is still decided here, with the registry; the filter only remembers."""
+    spec = rule.action.spec
+    if not isinstance(spec, SchemaSpec) or rule.dry_run:
+        return False
+    return spec.target == "value" and not spec.validate_payload
+
+
+def vouch_for(topic: str, stages: tuple[Stage, ...]) -> Vouch | None:
+    """The ids every stage of `topic` passes now (None: none, or a stage not vouchable)."""
+    if not stages or not all(vouchable(stage.rule) for stage in stages):
+        return None
+    now = time.monotonic()
+    ids: dict[int, float] | None = None
+    for stage in stages:
+        passing: dict[int, float] = stage.interceptor.passing(topic, now)  # type: ignore[attr-defined]
+        ids = dict(passing) if ids is None else {
+            i: min(expiry, passing[i]) for i, expiry in ids.items() if i in passing}
+        if not ids:
+            return None
+    assert ids is not None
+    chosen = sorted(ids, key=ids.__getitem__, reverse=True)[:MAX_VOUCHED_IDS]
+    ttl_ms = int((min(ids[i] for i in chosen) - now) * 1000)
+    return Vouch(topic, tuple(sorted(chosen)), ttl_ms) if ttl_ms > 0 else None
 
 
 def _success(index: int) -> Body:
@@ -152,6 +207,12 @@ def _withhold(partitions: Any, code: int) -> bool:
 
 
 class RecordsFilter(RuleSetJudge):
+    def __init__(self, engine: RuleEngine, identity: IdentityTracker,
+                 vouches: list[Vouch] | None = None) -> None:
+        super().__init__(engine, identity)
+        # Where this frame's vouches go (the native path's sessions; None: not reported).
+        self._vouches = vouches
+
     def wants_request(self, api_key: int, api_version: int) -> bool:
         return api_key in RECORD_APIS and self._engine.records.interested(api_key, api_version)
 
@@ -161,8 +222,25 @@ class RecordsFilter(RuleSetJudge):
         each topic of a Produce request or Fetch/ShareFetch response against these)."""
         if direction != REQUEST or api_key not in RECORD_APIS:
             return None
+        return rules_scope(self._candidates(api_key, api_version))
+
+    def unvouchable_scope(self, api_key: int, api_version: int
+                          ) -> tuple[bool, TopicSelector | None]:
+        """Whether a `vouchable` rule may act on the frame (Produce, or Fetch's answer),
+        and the topics the other record rules may act on."""
+        candidates = self._candidates(api_key, api_version)
+        others = [rule for rule in candidates if not vouchable(rule)]
+        return len(others) < len(candidates), rules_scope(others)
+
+    def _candidates(self, api_key: int, api_version: int) -> tuple[CompiledRule, ...]:
         frame = "request" if api_key == ApiKey.PRODUCE else "response"
-        return rules_scope(self._engine.records.rules.candidates(api_key, api_version, frame))
+        return self._engine.records.rules.candidates(api_key, api_version, frame)
+
+    def _vouch(self, topic: str, stages: tuple[Stage, ...]) -> None:
+        if self._vouches is not None:
+            vouch = vouch_for(topic, stages)
+            if vouch is not None:
+                self._vouches.append(vouch)
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: Body, conn: ConnectionInfo
@@ -210,6 +288,7 @@ class RecordsFilter(RuleSetJudge):
             if kept_partitions:
                 topic["PartitionData"] = kept_partitions
                 kept_topics.append(topic)
+            self._vouch(name, stages)
         if not changed:
             return None
         body["TopicData"] = kept_topics
@@ -301,6 +380,7 @@ class RecordsFilter(RuleSetJudge):
                 for partition in topic.get("Partitions") or ():
                     changed |= self._fetch_partition(records, stages, name, partition,
                                                      header, conn, principal, budget)
+                self._vouch(name, stages)
             return changed
 
         return RequestVerdict(patch=transform)

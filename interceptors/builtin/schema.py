@@ -53,8 +53,8 @@ Verdict = tuple[RegisteredSchema | None, str | None, frozenset[str] | None, floa
 
 
 class SchemaInterceptor:
-    __slots__ = ("_fail_open", "_memo", "_rechecked", "_registry", "_require_subject",
-                 "_strategy", "_validate", "allow_null", "target")
+    __slots__ = ("_fail_open", "_memo", "_passing", "_rechecked", "_registry",
+                 "_require_subject", "_strategy", "_validate", "allow_null", "target")
 
     def __init__(self, spec: SchemaSpec, ctx: BuildContext) -> None:
         self.target = spec.target
@@ -65,6 +65,9 @@ class SchemaInterceptor:
         self._validate = spec.validate_payload
         self._fail_open = spec.on_unavailable == "pass"
         self._memo: dict[tuple[str, int], Verdict] = {}
+        # topic -> id -> expiry: the memo's passing verdicts that hold for any record
+        # with that id (what keg's Kafka filter may be told, `passing`).
+        self._passing: dict[str, dict[int, float]] = {}
         self._rechecked: dict[tuple[int, str | None], float] = {}
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -76,6 +79,16 @@ class SchemaInterceptor:
         if reason is not None:
             raise RecordRejected(reason)
         return record
+
+    def passing(self, topic: str, now: float) -> dict[int, float]:
+        """The ids whose records of `topic` this rule passes until the expiry given (ids
+        alone: with `validate_payload` a record's payload decides too, so none)."""
+        if self._validate:
+            return {}
+        known = self._passing.get(topic)
+        if not known:
+            return {}
+        return {schema_id: expiry for schema_id, expiry in known.items() if expiry > now}
 
     def check_batch(self, topic: str, data: Sequence[bytes | memoryview | None]
                     ) -> list[tuple[int, str, str]]:
@@ -167,7 +180,13 @@ class SchemaInterceptor:
         verdict = (schema, reason, subjects, now + MEMO_S)
         if len(self._memo) >= _MEMO_ENTRIES:
             self._memo.clear()
+            self._passing.clear()
         self._memo[(topic, schema_id)] = verdict
+        passing = self._passing.setdefault(topic, {})
+        if schema is not None and reason is None and subjects is None:
+            passing[schema_id] = verdict[3]
+        else:
+            passing.pop(schema_id, None)
         return verdict
 
     def _may_recheck(self, key: tuple[int, str | None], now: float) -> bool:

@@ -101,14 +101,14 @@ fn masked(h: &HandOff) -> Resolution {
         Direction::Request => {
             let mut frame = h.frame.to_vec();
             *frame.last_mut().unwrap() ^= 0xff;
-            Resolution::Request { forward: frame, answer: None, want_response: true }
+            Resolution::Request { forward: frame, answer: None, want_response: true, vouched: vec![] }
         }
         Direction::Response => {
             let mut frame = h.frame.to_vec();
             frame.extend_from_slice(b"!");
             let size = (frame.len() - 4) as i32;
             frame[..4].copy_from_slice(&size.to_be_bytes());
-            Resolution::Response { answer: frame }
+            Resolution::Response { answer: frame, vouched: vec![] }
         }
     }
 }
@@ -216,7 +216,7 @@ fn the_services_own_answer_leaves_in_its_requests_turn() {
     let stream = [metadata.clone(), produce].concat();
     let local = answer.clone();
     let (forwarded, to_client, _) = run_requests(&mut s, &[&stream], true,
-        &|_| Resolution::Request { forward: vec![], answer: Some(local.clone()), want_response: false });
+        &|_| Resolution::Request { forward: vec![], answer: Some(local.clone()), want_response: false, vouched: vec![] });
     assert_eq!(forwarded, metadata, "the answered request never reaches the broker");
     assert!(to_client.is_empty(), "not before the broker's answer to the Metadata request");
     let routes = routes();
@@ -284,7 +284,7 @@ fn a_failed_response_handoff_fails_open_or_closes() {
     for fail_open in [true, false] {
         let mut s = session(fail_open);
         run_requests(&mut s, &[&produce(2, 1)], true,
-                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true });
+                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true, vouched: vec![] });
         let routes = routes();
         let response = opaque_response(2, b"broker");
         let mut out = Output::default();
@@ -306,10 +306,10 @@ fn a_failed_response_handoff_fails_open_or_closes() {
 #[test]
 fn answers_that_break_the_protocol_close_the_connection() {
     let cases: Vec<(Resolution, &str)> = vec![
-        (Resolution::Request { forward: vec![], answer: None, want_response: false }, "dropped"),
-        (Resolution::Request { forward: vec![1], answer: Some(vec![2]), want_response: false }, "both"),
-        (Resolution::Response { answer: vec![1] }, "response's answer"),
-        (Resolution::Request { forward: vec![], answer: Some(opaque_response(99, b"")), want_response: false },
+        (Resolution::Request { forward: vec![], answer: None, want_response: false, vouched: vec![] }, "dropped"),
+        (Resolution::Request { forward: vec![1], answer: Some(vec![2]), want_response: false, vouched: vec![] }, "both"),
+        (Resolution::Response { answer: vec![1], vouched: vec![] }, "response's answer"),
+        (Resolution::Request { forward: vec![], answer: Some(opaque_response(99, b"")), want_response: false, vouched: vec![] },
          "another correlation id"),
         (Resolution::Close, "closed"),
     ];
@@ -328,12 +328,12 @@ fn an_answer_to_a_response_must_be_that_response() {
     for (answer, ok) in [(opaque_response(2, b"changed"), true), (opaque_response(3, b"x"), false), (vec![], false)] {
         let mut s = session(false);
         run_requests(&mut s, &[&produce(2, 1)], true,
-                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true });
+                     &|h| Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true, vouched: vec![] });
         let routes = routes();
         let mut out = Output::default();
         s.feed_responses(&opaque_response(2, b"broker"), view(&routes), &mut out).unwrap();
         let h = s.take_handoffs().remove(0);
-        assert_eq!(s.resolve(h.id, Resolution::Response { answer }).is_ok(), ok);
+        assert_eq!(s.resolve(h.id, Resolution::Response { answer, vouched: vec![] }).is_ok(), ok);
     }
 }
 

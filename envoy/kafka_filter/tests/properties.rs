@@ -15,6 +15,7 @@ use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::meter::Meter;
 use keg_kafka_filter::core::rewrite::Routes;
 use keg_kafka_filter::core::topics::TopicSelector;
+use keg_kafka_filter::core::vouch::{Vouch, Vouching};
 use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 use proptest::prelude::*;
 
@@ -97,7 +98,9 @@ impl RequestPolicy for HandOffSome {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         if (self.0 >> head.api_key.rem_euclid(64)) & 1 == 1 {
             if (0..=1).contains(&head.api_key) && (self.0 >> 62) & 1 == 1 {
-                return Disposition::Select { fail_open: self.0 & 1 == 0, selector: selector() };
+                // Bit 61: the selected topics' records may pass on vouched schema ids.
+                let vouching = ((self.0 >> 61) & 1 == 1).then(vouching);
+                return Disposition::Select { fail_open: self.0 & 1 == 0, selector: selector(), vouching };
             }
             Disposition::HandOff { fail_open: self.0 & 1 == 0 }
         } else {
@@ -106,16 +109,31 @@ impl RequestPolicy for HandOffSome {
     }
 }
 
+fn vouching() -> std::sync::Arc<Vouching> {
+    let unvouched = TopicSelector::parse(serde_json::json!({"exact": ["x-other"]})).unwrap();
+    std::sync::Arc::new(Vouching { selector: selector(), unvouched: std::sync::Arc::new(unvouched) })
+}
+
+/// Vouches for the topics the random frames name (ids 0-3, small and large ttls).
+fn vouches(pick: u8) -> Vec<Vouch> {
+    if pick & 16 == 0 {
+        return Vec::new();
+    }
+    ["orders", "x1", "x-other"].iter().map(|topic| Vouch {
+        topic: topic.to_string(), ids: vec![0, 1, 2, u32::from(pick & 3)], ttl_ms: if pick & 32 == 0 { 1 } else { 60_000 },
+    }).collect()
+}
+
 /// An answer the service (or its absence) might give, chosen by `pick`.
 fn resolution(pick: u8, frame: &[u8], noise: &[u8]) -> Resolution {
     match pick % 7 {
-        0 => Resolution::Request { forward: frame.to_vec(), answer: None, want_response: pick & 8 != 0 },
-        1 => Resolution::Request { forward: vec![], answer: Some(noise.to_vec()), want_response: false },
-        2 => Resolution::Request { forward: noise.to_vec(), answer: None, want_response: true },
-        3 => Resolution::Response { answer: noise.to_vec() },
+        0 => Resolution::Request { forward: frame.to_vec(), answer: None, want_response: pick & 8 != 0, vouched: vouches(pick) },
+        1 => Resolution::Request { forward: vec![], answer: Some(noise.to_vec()), want_response: false, vouched: vec![] },
+        2 => Resolution::Request { forward: noise.to_vec(), answer: None, want_response: true, vouched: vec![] },
+        3 => Resolution::Response { answer: noise.to_vec(), vouched: vouches(pick) },
         4 => Resolution::Failed(Failure::Timeout),
         5 => Resolution::Close,
-        _ => Resolution::Request { forward: vec![], answer: None, want_response: false },
+        _ => Resolution::Request { forward: vec![], answer: None, want_response: false, vouched: vec![] },
     }
 }
 

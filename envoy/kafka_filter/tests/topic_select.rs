@@ -23,7 +23,7 @@ struct SelectPayments(Arc<TopicSelector>);
 impl RequestPolicy for SelectPayments {
     fn decide(&mut self, head: &RequestHead) -> Disposition {
         if head.api_key == 0 {
-            Disposition::Select { fail_open: false, selector: self.0.clone() }
+            Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
         } else {
             Disposition::Forward
         }
@@ -67,7 +67,7 @@ fn feed(s: &mut Session<SelectPayments>, stream: &[u8], cuts: &[usize]) -> (Vec<
             handed += 1;
             let mut frame = h.frame.to_vec();
             *frame.last_mut().unwrap() ^= 0xff;
-            s.resolve(h.id, Resolution::Request { forward: frame, answer: None, want_response: false }).unwrap();
+            s.resolve(h.id, Resolution::Request { forward: frame, answer: None, want_response: false, vouched: vec![] }).unwrap();
         }
         let mut out = Output::default();
         s.ready_requests(&mut out);
@@ -139,7 +139,7 @@ fn an_unselected_request_waits_behind_an_earlier_hand_off() {
     assert!(out.is_empty(), "nothing overtakes the hand-off");
     let handed = s.take_handoffs();
     assert_eq!(handed.len(), 1);
-    s.resolve(handed[0].id, Resolution::Request { forward: pay.clone(), answer: None, want_response: false }).unwrap();
+    s.resolve(handed[0].id, Resolution::Request { forward: pay.clone(), answer: None, want_response: false, vouched: vec![] }).unwrap();
     let mut out = Output::default();
     s.ready_requests(&mut out);
     assert_eq!(bytes_of(&[], &out), [pay, orders].concat());

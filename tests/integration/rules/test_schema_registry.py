@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
@@ -45,6 +46,8 @@ from tests.integration.conftest import (
 from tests.integration.rules.records_io import AuditLog, consume, produce, values
 
 pytestmark = pytest.mark.integration
+
+NATIVE = "native"  # the data path where keg's Kafka filter passes vouched ids itself
 
 
 ORDER_AVRO = json.dumps({
@@ -93,6 +96,9 @@ def rules(registry: EmbeddedRegistry, down_url: str) -> str:
       - id: fetch-down
         match: {{direction: response, topics: {{prefix: [sr.fetchdown.]}}}}
         action: {{schema: {{registry: {{url: "{down_url}", timeout_ms: 300}}}}}}
+      - id: fetch-id
+        match: {{direction: response, topics: {{prefix: [sr.fetchid.]}}}}
+        action: {{schema: {{registry: {{url: "{url}"}}}}}}
     """)
 
 
@@ -232,6 +238,75 @@ def test_at_fetch_time_records_without_a_valid_schema_are_withheld(env: Env) -> 
     assert values(consume(env.gateway.bootstrap, topic)) == good
 
 
+# --- ids the service vouched for pass in keg's filter (native path) -----------------------
+
+
+def vouched_passes(env: Env) -> int:
+    """Frames keg's Kafka filter let through on vouched schema ids (0 on ext_proc)."""
+    if env.gateway.envoy is None or DATA_PATH != NATIVE:
+        return 0
+    total = 0
+    for line in env.gateway.envoy.admin("/stats").splitlines():
+        name, _, value = line.partition(": ")
+        if name.endswith("keg_kafka.handoff_vouched") and value.isdigit():
+            total += int(value)
+    return total
+
+
+def test_vouched_ids_pass_and_every_other_record_still_meets_the_rule(env: Env) -> None:
+    """One producer connection: the first record's id is judged by the rule (and, on
+    the native path, vouched for); the next records of that id pass in keg's filter;
+    an unregistered id and an unframed value on the same connection are still refused."""
+    topic = env.topic("sr.id.")
+    good = serialized(env, topic, "JSON", ORDERS[:3])
+    before = vouched_passes(env)
+    errors: list[str | None] = []
+    producer = Producer({"bootstrap.servers": env.gateway.bootstrap, "linger.ms": 0,
+                         "retries": 10, "acks": "all"})
+    for value in [*good, framed(987654, b"{}"), b'{"id": 1}']:
+        producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(
+            None if err is None else err.name()))
+        producer.flush(30)
+    assert errors == [None, None, None, "INVALID_RECORD", "INVALID_RECORD"]
+    assert stored(env, topic) == good
+    if DATA_PATH == NATIVE:
+        assert vouched_passes(env) - before >= 2, "the second and third records"
+
+
+def test_vouched_ids_at_fetch_time_withhold_the_rest(env: Env) -> None:
+    """One consumer: fetched records of a vouched id pass in keg's filter; a record of
+    another id stored later still reaches the rule and is withheld."""
+    topic = env.topic("sr.fetchid.")
+    good = serialized(env, topic, "JSON", ORDERS[:3])
+    produce(env.kafka.bootstrap, topic, list(good[:2]))  # directly
+    before = vouched_passes(env)
+    consumer = Consumer({"bootstrap.servers": env.gateway.bootstrap, "group.id": uuid.uuid4().hex,
+                         "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes | None] = []
+
+    def read_until(count: int) -> None:
+        for _ in range(300):
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+            if len(got) >= count:
+                return
+
+    try:
+        read_until(2)
+        produce(env.kafka.bootstrap, topic, [framed(987654, b"{}")])
+        produce(env.kafka.bootstrap, topic, list(good[2:]))
+        read_until(3)
+    finally:
+        consumer.close()
+    assert got == good
+    if DATA_PATH == NATIVE:
+        # The consumer's long polls between the two productions: empty answers, or the
+        # vouched records, none handed off.
+        assert vouched_passes(env) - before >= 1
+
+
 # --- the registry down or stalled: the declared policy -----------------------------------
 
 
@@ -283,3 +358,4 @@ def test_a_stalled_registry_stalls_neither_other_topics_nor_known_ids(env: Env) 
         env.registry.resume()
     event = env.audit.wait_for(fresh, "unavailable")
     assert "did not answer" in event["reason"] or "unavailable" in event["reason"]
+

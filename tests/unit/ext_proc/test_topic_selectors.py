@@ -22,7 +22,7 @@ def ranges(rules: str) -> dict[int, list[tuple[int, int, TopicSelector | None]]]
     engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
     try:
         found: dict[int, list[tuple[int, int, TopicSelector | None]]] = {}
-        for key, low, high, selector in interest_ranges(engine):
+        for key, low, high, selector, _ in interest_ranges(engine):
             found.setdefault(key, []).append((low, high, selector))
         return found
     finally:
@@ -162,11 +162,11 @@ rules:
 """, "r.yaml")))
     table = interest_table(engine)
     assert (ApiKey.PRODUCE, 0, MAX_VERSION) in table
-    assert [(k, lo, hi) for k, lo, hi, _ in interest_ranges(engine)] != table, \
+    assert [(k, lo, hi) for k, lo, hi, _, _ in interest_ranges(engine)] != table, \
         "Produce split where its selector ends"
     engine.records.close()
     assert interest_table(RuleEngine(CompiledRuleSet(RuleSet()))) == [
-        (k, lo, hi) for k, lo, hi, _ in interest_ranges(RuleEngine(CompiledRuleSet(RuleSet())))]
+        (k, lo, hi) for k, lo, hi, _, _ in interest_ranges(RuleEngine(CompiledRuleSet(RuleSet())))]
 
 
 @pytest.mark.parametrize(("pattern", "portable"), [

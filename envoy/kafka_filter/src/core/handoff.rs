@@ -7,6 +7,8 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
+use super::vouch::Vouch;
+
 /// Kafka's REQUEST_TIMED_OUT: retriable, the producer sends the batch again.
 pub const REQUEST_TIMED_OUT: i16 = 7;
 
@@ -50,9 +52,10 @@ pub enum Resolution {
     /// The reply to a request: the bytes for the broker (empty: nothing goes), the
     /// gateway's own answer (goes to the client in the request's turn), and whether the
     /// broker's response must be handed off too.
-    Request { forward: Vec<u8>, answer: Option<Vec<u8>>, want_response: bool },
+    /// `vouched`: schema ids the service passes, per topic ([`super::vouch`]).
+    Request { forward: Vec<u8>, answer: Option<Vec<u8>>, want_response: bool, vouched: Vec<Vouch> },
     /// The reply to a response: what the client gets instead.
-    Response { answer: Vec<u8> },
+    Response { answer: Vec<u8>, vouched: Vec<Vouch> },
     /// No reply: fail-open forwards the frame as it was; fail-closed answers a request
     /// with a retriable error where the module can build one, else closes.
     Failed(Failure),

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use super::head::PRODUCE;
 use super::stats::{api_slot, OTHER_API};
 use super::topics::{self, SelectorReading, TopicSelector, FETCH};
+use super::vouch::Vouching;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,8 +59,9 @@ fn default_max_bytes() -> usize {
     256 << 20
 }
 
-/// Versions min..=max of an API, and their topic selector (None: every request).
-type Range = (i16, i16, Option<Arc<TopicSelector>>);
+/// Versions min..=max of an API, their topic selector (None: every request), and where
+/// vouched schema ids apply ([`super::vouch`]; None: nowhere).
+type Range = (i16, i16, Option<Arc<TopicSelector>>, Option<Arc<Vouching>>);
 
 /// The interest of one rule-set version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +118,7 @@ impl Interest {
             ..Interest::default()
         };
         for entry in raw.requests {
-            let (api_key, min, max, selection) = parse_range(entry)?;
+            let (api_key, min, max, selection, unvouched) = parse_range(entry)?;
             let selector = match selection {
                 None => None,
                 Some(SelectorReading::Topics(selector)) => Some(Arc::new(selector)),
@@ -126,10 +128,21 @@ impl Interest {
                     None
                 }
             };
-            interest.ranges[api_slot(api_key)].push((min, max, selector));
+            let vouching = match (&selector, unvouched) {
+                (Some(selector), Some(SelectorReading::Topics(unvouched))) => {
+                    Some(Arc::new(Vouching { selector: selector.clone(), unvouched: Arc::new(unvouched) }))
+                }
+                (_, Some(SelectorReading::Everything(reason))) => {
+                    interest.warnings.push(format!(
+                        "interest: request range [{api_key}, {min}, {max}]: {reason}; no vouched schema ids there"));
+                    None
+                }
+                _ => None,
+            };
+            interest.ranges[api_slot(api_key)].push((min, max, selector, vouching));
         }
         for entry in raw.fail_open {
-            let (api_key, min, max, selection) = parse_range(entry)?;
+            let (api_key, min, max, selection, _) = parse_range(entry)?;
             if selection.is_some() {
                 return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector"));
             }
@@ -157,13 +170,13 @@ impl Interest {
             return Want::No;
         }
         let mut found = Want::No;
-        for (min, max, selector) in &self.ranges[slot] {
+        for (min, max, selector, vouching) in &self.ranges[slot] {
             if !(*min <= api_version && api_version <= *max) {
                 continue;
             }
             found = match (found, selector) {
                 // A version whose topics the module cannot read: every request of it.
-                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone()),
+                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), vouching.clone()),
                 // Two ranges for one version (Python makes none): the safe side.
                 _ => Want::All,
             };
@@ -192,19 +205,31 @@ pub enum Want {
     No,
     /// Every such request is handed off.
     All,
-    /// Handed off when one of its topics is selected.
-    Topics(Arc<TopicSelector>),
+    /// Handed off when one of its topics is selected; the rest of the frame's fate may
+    /// be decided by vouched schema ids ([`super::vouch`]).
+    Topics(Arc<TopicSelector>, Option<Arc<Vouching>>),
 }
 
-/// `[api_key, min, max]` or `[api_key, min, max, selector]`.
-fn parse_range(entry: serde_json::Value) -> Result<(i16, i16, i16, Option<SelectorReading>), String> {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVouching {
+    unvouched: serde_json::Value,
+}
+
+type ParsedRange = (i16, i16, i16, Option<SelectorReading>, Option<SelectorReading>);
+
+/// `[api_key, min, max]`, `[api_key, min, max, selector]` or `[api_key, min, max,
+/// selector, {"unvouched": selector}]`.
+fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
     let text = entry.to_string();
     let serde_json::Value::Array(mut items) = entry else {
         return Err(format!("interest: request range {text} is not a list"));
     };
-    if !(3..=4).contains(&items.len()) {
-        return Err(format!("interest: request range {text} is not [api_key, min, max] or [api_key, min, max, topics]"));
+    if !(3..=5).contains(&items.len()) {
+        return Err(format!(
+            "interest: request range {text} is not [api_key, min, max], [api_key, min, max, topics] or [api_key, min, max, topics, vouching]"));
     }
+    let vouching = if items.len() == 5 { items.pop() } else { None };
     let selector = if items.len() == 4 { items.pop() } else { None };
     let number = |v: &serde_json::Value| v.as_i64().and_then(|n| i16::try_from(n).ok());
     let (Some(api_key), Some(min), Some(max)) = (number(&items[0]), number(&items[1]), number(&items[2])) else {
@@ -220,7 +245,16 @@ fn parse_range(entry: serde_json::Value) -> Result<(i16, i16, i16, Option<Select
         }
         Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
-    Ok((api_key, min, max, selector))
+    let unvouched = match vouching {
+        None => None,
+        Some(value) => {
+            let raw: RawVouching = serde_json::from_value(value)
+                .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: vouching: {e}"))?;
+            Some(TopicSelector::read(raw.unvouched)
+                .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: unvouched {e}"))?)
+        }
+    };
+    Ok((api_key, min, max, selector, unvouched))
 }
 
 #[cfg(test)]
@@ -263,7 +297,9 @@ mod tests {
         assert!(Interest::parse(serde_json::json!({"request": []})).unwrap_err().contains("unknown field"));
         for (bad, says) in [
             (serde_json::json!([0, 0]), "is not [api_key"),
-            (serde_json::json!([0, 0, 1, {}, 5]), "is not [api_key"),
+            (serde_json::json!([0, 0, 1, {}, {}, 5]), "is not [api_key"),
+            (serde_json::json!([0, 0, 1, {}, 5]), "vouching: invalid type"),
+            (serde_json::json!([0, 0, 1, {}, {"unvouched": {"regex": 5}}]), "unvouched topic selector"),
             (serde_json::json!([0, "0", 1]), "int16"),
             (serde_json::json!([0, 0, 40000]), "int16"),
             (serde_json::json!(7), "not a list"),
@@ -281,11 +317,11 @@ mod tests {
             "requests": [[0, 0, 13, {"exact": ["payments"]}], [0, 14, 32767], [1, 0, 32767, {"prefix": ["p"]}],
                          [3, 0, 12]],
             "endpoints": ["h:1"]})).unwrap();
-        assert!(matches!(interest.want(0, 9), Want::Topics(s) if s.selects(b"payments") && !s.selects(b"orders")));
-        assert!(matches!(interest.want(0, 13), Want::Topics(_)));
+        assert!(matches!(interest.want(0, 9), Want::Topics(s, _) if s.selects(b"payments") && !s.selects(b"orders")));
+        assert!(matches!(interest.want(0, 13), Want::Topics(_, _)));
         assert_eq!(interest.want(0, 2), Want::All, "Produce v0-2: the module does not read its topics");
         assert_eq!(interest.want(0, 14), Want::All);
-        assert!(matches!(interest.want(1, 4), Want::Topics(_)) && matches!(interest.want(1, 18), Want::Topics(_)));
+        assert!(matches!(interest.want(1, 4), Want::Topics(_, _)) && matches!(interest.want(1, 18), Want::Topics(_, _)));
         assert_eq!(interest.want(1, 19), Want::All);
         assert_eq!(interest.want(3, 12), Want::All);
         assert_eq!(interest.want(3, 13), Want::No);
@@ -294,7 +330,21 @@ mod tests {
         let both = Interest::parse(serde_json::json!({
             "requests": [[0, 0, 13, {"exact": ["a"]}], [0, 5, 6, {"exact": ["b"]}]], "endpoints": ["h:1"]})).unwrap();
         assert_eq!(both.want(0, 5), Want::All);
-        assert!(matches!(both.want(0, 7), Want::Topics(_)));
+        assert!(matches!(both.want(0, 7), Want::Topics(_, _)));
+    }
+
+    #[test]
+    fn a_fifth_element_says_where_vouched_ids_apply() {
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"prefix": ["s."]}, {"unvouched": {"exact": ["s.masked"]}}],
+                         [1, 0, 18, {"prefix": ["s."]}, {"unvouched": {"regex": ["(a"]}}]],
+            "endpoints": ["h:1"]})).unwrap();
+        let Want::Topics(selector, Some(vouching)) = interest.want(0, 9) else { panic!("{:?}", interest.want(0, 9)) };
+        assert!(selector.selects(b"s.orders") && vouching.unvouched.selects(b"s.masked") && !vouching.unvouched.selects(b"s.orders"));
+        // An unvouched selector the module cannot compile: no vouching (every selected
+        // topic is handed off), said in the warnings.
+        assert!(matches!(interest.want(1, 9), Want::Topics(_, None)));
+        assert!(interest.warnings.iter().any(|w| w.contains("no vouched schema ids")), "{:?}", interest.warnings);
     }
 
     #[test]
@@ -305,7 +355,7 @@ mod tests {
             "requests": [[0, 0, 13, {"regex": ["(a"]}], [1, 0, 18, {"exact": ["x"]}]],
             "endpoints": ["h:1"]})).unwrap();
         assert_eq!(interest.want(0, 9), Want::All);
-        assert!(matches!(interest.want(1, 9), Want::Topics(_)));
+        assert!(matches!(interest.want(1, 9), Want::Topics(_, _)));
         assert_eq!(interest.warnings.len(), 1);
         assert!(interest.warnings[0].contains("does not compile") && interest.warnings[0].contains("[0, 0, 13]"),
                 "{:?}", interest.warnings);

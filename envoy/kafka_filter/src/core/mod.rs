@@ -16,6 +16,7 @@ pub mod session;
 pub mod skim;
 pub mod stats;
 pub mod topics;
+pub mod vouch;
 pub mod wire;
 
 use std::fmt;

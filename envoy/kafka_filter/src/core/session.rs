@@ -35,6 +35,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -46,7 +47,8 @@ use super::outbox::Outbox;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
-use super::topics::{self, Selection, TopicSelector};
+use super::topics::{self, Selection, TopicSelector, FETCH};
+use super::vouch::{self, Vouched, Vouching};
 use super::{Output, Piece, ProtocolError};
 
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
@@ -81,7 +83,9 @@ pub enum Disposition {
     /// absence of an answer means (forward as it was, or fail closed).
     HandOff { fail_open: bool },
     /// Hand it off (as `HandOff`) if one of its topics is selected; else forward it.
-    Select { fail_open: bool, selector: Arc<TopicSelector> },
+    /// With `vouching`, a selected Produce (a Fetch's answer) whose records carry ids the
+    /// service vouched for is forwarded too ([`vouch`]).
+    Select { fail_open: bool, selector: Arc<TopicSelector>, vouching: Option<Arc<Vouching>> },
 }
 
 pub trait RequestPolicy {
@@ -106,9 +110,8 @@ impl RequestPolicy for Box<dyn RequestPolicy + Send> {
 
 #[derive(Debug)]
 enum Reply {
-    /// The broker answers; `handoff` (with its fail-open flag) when the Python service
-    /// asked for that answer.
-    Broker { plan: Plan, handoff: Option<bool> },
+    /// The broker answers; `handoff` when the Python service asked for that answer.
+    Broker { plan: Plan, handoff: Option<ResponseHandOff> },
     Local(Vec<u8>),
     /// The request is being collected to be handed off.
     Collecting,
@@ -124,6 +127,14 @@ struct InFlight {
     reply: Reply,
 }
 
+/// An answer the Python service asked for: what its failure means, and whether vouched
+/// ids may let it pass instead.
+#[derive(Debug, Clone)]
+struct ResponseHandOff {
+    fail_open: bool,
+    vouching: Option<Arc<Vouching>>,
+}
+
 /// A request collected whole to be handed off.
 #[derive(Debug)]
 struct Collect {
@@ -132,6 +143,7 @@ struct Collect {
     api_version: i16,
     expects_response: bool,
     fail_open: bool,
+    vouching: Option<Arc<Vouching>>,
     frame: Vec<u8>,
 }
 
@@ -145,6 +157,7 @@ struct Select {
     expects_response: bool,
     fail_open: bool,
     selector: Arc<TopicSelector>,
+    vouching: Option<Arc<Vouching>>,
     frame: Vec<u8>,
 }
 
@@ -165,7 +178,7 @@ enum ResponseState {
     Head,
     /// Passes; `observe` keeps a copy for the identity tracker (SASL answers).
     Pass { remaining: usize, api_key: i16, api_version: i16, observe: Option<Vec<u8>> },
-    Hold { remaining: usize, api_key: i16, api_version: i16, plan: Plan, handoff: Option<bool>, frame: Vec<u8> },
+    Hold { remaining: usize, api_key: i16, api_version: i16, plan: Plan, handoff: Option<ResponseHandOff>, frame: Vec<u8> },
     Opaque,
 }
 
@@ -180,6 +193,7 @@ struct Pending {
     api_version: i16,
     expects_response: bool,
     fail_open: bool,
+    vouching: Option<Arc<Vouching>>,
 }
 
 pub struct Session<P: RequestPolicy = ForwardAll> {
@@ -193,6 +207,9 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     response: ResponseState,
     response_head: Vec<u8>,
     next_handoff: u64,
+    /// Schema ids the service vouched for, for records produced and fetched.
+    vouched_requests: Vouched,
+    vouched_responses: Vouched,
     handoffs: Vec<HandOff>,
     pending: VecDeque<Pending>,
     requests_out: Outbox,
@@ -251,6 +268,8 @@ impl<P: RequestPolicy> Session<P> {
             response: ResponseState::Head,
             response_head: Vec::new(),
             next_handoff: 1,
+            vouched_requests: Vouched::default(),
+            vouched_responses: Vouched::default(),
             handoffs: Vec::new(),
             pending: VecDeque::new(),
             requests_out: Outbox::default(),
@@ -503,7 +522,7 @@ impl<P: RequestPolicy> Session<P> {
                 }
                 self.request_continues(remaining, true);
             }
-            Disposition::Select { fail_open, selector } => {
+            Disposition::Select { fail_open, selector, vouching } => {
                 if head.expects_response() {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
@@ -519,7 +538,7 @@ impl<P: RequestPolicy> Session<P> {
                         }
                         Selection::HandOff => {
                             let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                            self.collect(&head, fail_open, remaining, frame, out);
+                            self.collect(&head, fail_open, vouching, remaining, frame, out);
                             return;
                         }
                         Selection::NeedMore => {}
@@ -534,6 +553,7 @@ impl<P: RequestPolicy> Session<P> {
                     expects_response: head.expects_response(),
                     fail_open,
                     selector,
+                    vouching,
                     frame,
                 };
                 self.select(select, out);
@@ -543,20 +563,22 @@ impl<P: RequestPolicy> Session<P> {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
                 let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.collect(&head, fail_open, remaining, frame, out);
+                self.collect(&head, fail_open, None, remaining, frame, out);
             }
         }
     }
 
     /// Collects a request to hand it off (`frame`: its bytes so far, `remaining` to come);
     /// handed off at once when it is whole.
-    fn collect(&mut self, head: &RequestHead, fail_open: bool, remaining: usize, frame: Vec<u8>, out: &mut Output) {
+    fn collect(&mut self, head: &RequestHead, fail_open: bool, vouching: Option<Arc<Vouching>>, remaining: usize,
+               frame: Vec<u8>, out: &mut Output) {
         self.request = RequestState::Collect(Collect {
             remaining,
             api_key: head.api_key,
             api_version: head.api_version,
             expects_response: head.expects_response(),
             fail_open,
+            vouching,
             frame,
         });
         if remaining == 0 {
@@ -586,6 +608,7 @@ impl<P: RequestPolicy> Session<P> {
                     api_version: s.api_version,
                     expects_response: s.expects_response,
                     fail_open: s.fail_open,
+                    vouching: s.vouching,
                     frame: s.frame,
                 });
                 if s.remaining == 0 {
@@ -599,6 +622,12 @@ impl<P: RequestPolicy> Session<P> {
     /// slot (the last: no head is read while one is selected) waits for the broker.
     fn not_selected(&mut self, api_key: i16, api_version: i16, expects_response: bool) {
         self.stats.add(Counter::HandoffNotSelected, 1);
+        self.forwarded_whole(api_key, api_version, expects_response);
+    }
+
+    /// A request kept whole (or in part) goes to the broker after all: its slot (the
+    /// last) waits for the broker's answer.
+    fn forwarded_whole(&mut self, api_key: i16, api_version: i16, expects_response: bool) {
         if expects_response {
             let plan = self.response_plan(api_key, api_version);
             if let Some(entry) = self.in_flight.back_mut() {
@@ -645,6 +674,12 @@ impl<P: RequestPolicy> Session<P> {
         if identity::observes(c.api_key) {
             self.identity.observe_request(c.api_key, c.api_version, &c.frame);
         }
+        if c.api_key == PRODUCE && self.vouched_request(&c) {
+            self.forwarded_whole(c.api_key, c.api_version, c.expects_response);
+            self.stats.add(Counter::HandoffVouched, 1);
+            out.owned(c.frame);
+            return;
+        }
         let id = self.next_handoff;
         self.next_handoff += 1;
         if c.expects_response {
@@ -655,13 +690,21 @@ impl<P: RequestPolicy> Session<P> {
         }
         let frame = Bytes::from(c.frame);
         self.stats.add(Counter::HandoffRequests, 1);
-        self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open);
+        self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open, c.vouching);
         out.pieces.push(Piece::HandOff(id));
+    }
+
+    /// Whether a collected Produce passes on ids the service vouched for.
+    fn vouched_request(&self, c: &Collect) -> bool {
+        c.vouching.as_ref().is_some_and(|v| {
+            !self.vouched_requests.is_empty()
+                && vouch::produce_passes(&c.frame, c.api_version, v, &self.vouched_requests, Instant::now())
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
     fn hand_off(&mut self, id: u64, direction: Direction, frame: Bytes, api_key: i16, api_version: i16,
-                expects_response: bool, fail_open: bool) {
+                expects_response: bool, fail_open: bool, vouching: Option<Arc<Vouching>>) {
         self.handoffs.push(HandOff {
             id,
             direction,
@@ -671,7 +714,7 @@ impl<P: RequestPolicy> Session<P> {
             principal: self.identity.known_principal(),
             security_protocol: self.identity.security_protocol(),
         });
-        self.pending.push_back(Pending { id, direction, frame, api_key, api_version, expects_response, fail_open });
+        self.pending.push_back(Pending { id, direction, frame, api_key, api_version, expects_response, fail_open, vouching });
     }
 
     /// Requests that may go to the broker now, after answers came back.
@@ -689,6 +732,7 @@ impl<P: RequestPolicy> Session<P> {
             return Ok(());
         };
         let Some(pending) = self.pending.remove(index) else { return Ok(()) };
+        let resolution = self.learn_vouches(pending.direction, resolution);
         if let Resolution::Failed(_) = resolution {
             self.stats.add(Counter::HandoffFailures, 1);
             if pending.fail_open {
@@ -699,6 +743,22 @@ impl<P: RequestPolicy> Session<P> {
             Direction::Request => self.resolve_request(pending, resolution),
             Direction::Response => self.resolve_response(pending, resolution),
         }
+    }
+
+    /// Keeps what the service vouched for in its answer (see [`vouch`]).
+    fn learn_vouches(&mut self, direction: Direction, mut resolution: Resolution) -> Resolution {
+        let vouches = match &mut resolution {
+            Resolution::Request { vouched, .. } | Resolution::Response { vouched, .. } => std::mem::take(vouched),
+            _ => return resolution,
+        };
+        if !vouches.is_empty() {
+            let known = match direction {
+                Direction::Request => &mut self.vouched_requests,
+                Direction::Response => &mut self.vouched_responses,
+            };
+            known.learn(vouches, Instant::now());
+        }
+        resolution
     }
 
     fn resolve_request(&mut self, p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
@@ -718,9 +778,9 @@ impl<P: RequestPolicy> Session<P> {
                 self.stats.add(Counter::HandoffAnswers, 1);
                 (Vec::new(), Some(Reply::Local(answer)))
             }
-            Resolution::Request { forward, answer: None, want_response } if !forward.is_empty() => {
+            Resolution::Request { forward, answer: None, want_response, .. } if !forward.is_empty() => {
                 let plan = self.response_plan(p.api_key, p.api_version);
-                let handoff = want_response.then_some(p.fail_open);
+                let handoff = want_response.then(|| ResponseHandOff { fail_open: p.fail_open, vouching: p.vouching.clone() });
                 (forward, p.expects_response.then_some(Reply::Broker { plan, handoff }))
             }
             Resolution::Request { .. } => {
@@ -760,7 +820,7 @@ impl<P: RequestPolicy> Session<P> {
     fn resolve_response(&mut self, p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
         let api = api_name(p.api_key);
         let answer = match resolution {
-            Resolution::Response { answer } if correlation_id(&answer, 4).is_some()
+            Resolution::Response { answer, .. } if correlation_id(&answer, 4).is_some()
                 && correlation_id(&answer, 4) == correlation_id(&p.frame, 4) => answer,
             Resolution::Failed(_) if p.fail_open => p.frame.to_vec(),
             Resolution::Failed(failure) => {
@@ -928,7 +988,7 @@ impl<P: RequestPolicy> Session<P> {
 
     /// A complete held response: examined, then sent on or handed off.
     #[allow(clippy::too_many_arguments)]
-    fn held_response(&mut self, api_key: i16, api_version: i16, plan: Plan, handoff: Option<bool>, frame: Vec<u8>,
+    fn held_response(&mut self, api_key: i16, api_version: i16, plan: Plan, handoff: Option<ResponseHandOff>, frame: Vec<u8>,
                      view: RouteView<'_>, out: &mut Output) -> Result<(), ProtocolError> {
         if identity::observes(api_key) {
             self.identity.observe_response(api_key, api_version, &frame);
@@ -936,16 +996,28 @@ impl<P: RequestPolicy> Session<P> {
         let sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
         match handoff {
             None => out.owned(sent),
-            Some(fail_open) => {
+            Some(h) if api_key == FETCH && self.vouched_response(&sent, api_version, h.vouching.as_deref()) => {
+                self.stats.add(Counter::HandoffVouched, 1);
+                out.owned(sent);
+            }
+            Some(h) => {
                 let id = self.next_handoff;
                 self.next_handoff += 1;
                 self.stats.add(Counter::HandoffResponses, 1);
-                self.hand_off(id, Direction::Response, Bytes::from(sent), api_key, api_version, true, fail_open);
+                self.hand_off(id, Direction::Response, Bytes::from(sent), api_key, api_version, true, h.fail_open, None);
                 out.pieces.push(Piece::HandOff(id));
             }
         }
         self.response_done(api_key, api_version, out);
         Ok(())
+    }
+
+    /// Whether a Fetch answer the service asked for passes on ids it vouched for.
+    fn vouched_response(&self, frame: &[u8], api_version: i16, vouching: Option<&Vouching>) -> bool {
+        vouching.is_some_and(|v| {
+            !self.vouched_responses.is_empty()
+                && vouch::fetch_passes(frame, api_version, v, &self.vouched_responses, Instant::now())
+        })
     }
 
     /// A complete held response: the bytes to send in its place.

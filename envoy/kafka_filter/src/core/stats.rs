@@ -49,9 +49,12 @@ pub enum Counter {
     /// Requests of a range with a topic selector that named no selected topic (passed
     /// natively, see `core::topics`).
     HandoffNotSelected,
+    /// Produce requests and Fetch answers a rule selected that went on without a
+    /// hand-off: every record carried a schema id the service vouched for (`core::vouch`).
+    HandoffVouched,
 }
 
-pub const COUNTERS: [Counter; 15] = [
+pub const COUNTERS: [Counter; 16] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -67,6 +70,7 @@ pub const COUNTERS: [Counter; 15] = [
     Counter::HandoffFailedOpen,
     Counter::HandoffRetriableErrors,
     Counter::HandoffNotSelected,
+    Counter::HandoffVouched,
 ];
 
 #[derive(Debug, Clone)]

@@ -50,8 +50,8 @@ use super::head::PRODUCE;
 
 pub const FETCH: i16 = 1;
 /// The versions whose layout the walk knows (Kafka 4.1's valid versions).
-const PRODUCE_VERSIONS: std::ops::RangeInclusive<i16> = 3..=13;
-const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=18;
+pub(super) const PRODUCE_VERSIONS: std::ops::RangeInclusive<i16> = 3..=13;
+pub(super) const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=18;
 /// Beyond this many topics, or partitions in all, a request is handed off instead of
 /// walked (a bound on the work per request; clients name a few).
 pub const MAX_TOPICS: usize = 1000;
@@ -206,24 +206,24 @@ pub fn select(api_key: i16, api_version: i16, buf: &[u8], frame_len: usize, sele
     }
 }
 
-enum Stop {
+pub(super) enum Stop {
     /// The bytes read end before the value does.
     Short,
     /// Hand it off (selected, unreadable, or not to be judged by its topics).
     HandOff,
 }
 
-type Step<T> = Result<T, Stop>;
+pub(super) type Step<T> = Result<T, Stop>;
 
 /// A cursor over a frame's first bytes; skipping may pass their end (records are
 /// skipped by length before they arrived), reading there is [`Stop::Short`].
-struct Walk<'a> {
-    buf: &'a [u8],
-    pos: usize,
+pub(super) struct Walk<'a> {
+    pub(super) buf: &'a [u8],
+    pub(super) pos: usize,
 }
 
 impl<'a> Walk<'a> {
-    fn take(&mut self, n: usize) -> Step<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Step<&'a [u8]> {
         let end = self.pos.checked_add(n).ok_or(Stop::HandOff)?;
         let bytes = self.buf.get(self.pos..end).ok_or(Stop::Short)?;
         self.pos = end;
@@ -238,18 +238,18 @@ impl<'a> Walk<'a> {
         Ok(self.take(1)?[0] as i8)
     }
 
-    fn i16(&mut self) -> Step<i16> {
+    pub(super) fn i16(&mut self) -> Step<i16> {
         let b = self.take(2)?;
         Ok(i16::from_be_bytes([b[0], b[1]]))
     }
 
-    fn i32(&mut self) -> Step<i32> {
+    pub(super) fn i32(&mut self) -> Step<i32> {
         let b = self.take(4)?;
         Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     /// An unsigned varint of at most 5 bytes (Kafka's limit for lengths and counts).
-    fn uvarint(&mut self) -> Step<u32> {
+    pub(super) fn uvarint(&mut self) -> Step<u32> {
         let mut value: u32 = 0;
         for shift in (0..35).step_by(7) {
             let byte = self.i8()? as u8;
@@ -265,7 +265,7 @@ impl<'a> Walk<'a> {
     }
 
     /// A string's bytes (int16 or compact length); None when null.
-    fn string(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
+    pub(super) fn string(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
         let len = if compact {
             match self.uvarint()? {
                 0 => return Ok(None),
@@ -273,6 +273,23 @@ impl<'a> Walk<'a> {
             }
         } else {
             match self.i16()? {
+                -1 => return Ok(None),
+                n if n < 0 => return Err(Stop::HandOff),
+                n => n as usize,
+            }
+        };
+        self.take(len).map(Some)
+    }
+
+    /// Nullable bytes (records), read whole; None when null.
+    pub(super) fn bytes(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
+        let len = if compact {
+            match self.uvarint()? {
+                0 => return Ok(None),
+                n => (n - 1) as usize,
+            }
+        } else {
+            match self.i32()? {
                 -1 => return Ok(None),
                 n if n < 0 => return Err(Stop::HandOff),
                 n => n as usize,
@@ -297,7 +314,7 @@ impl<'a> Walk<'a> {
     }
 
     /// A non-nullable array's count (a null one is malformed).
-    fn count(&mut self, compact: bool) -> Step<usize> {
+    pub(super) fn count(&mut self, compact: bool) -> Step<usize> {
         if compact {
             match self.uvarint()? {
                 0 => Err(Stop::HandOff),
@@ -311,7 +328,7 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn tagged_fields(&mut self) -> Step<()> {
+    pub(super) fn tagged_fields(&mut self) -> Step<()> {
         let count = self.uvarint()?;
         for _ in 0..count {
             self.uvarint()?;
@@ -324,7 +341,7 @@ impl<'a> Walk<'a> {
     }
 
     /// The request header through client_id (and its tagged fields when flexible).
-    fn header(&mut self, flexible: bool) -> Step<()> {
+    pub(super) fn header(&mut self, flexible: bool) -> Step<()> {
         self.take(4 + 2 + 2 + 4)?;
         self.string(false)?; // client_id: never compact (KIP-482)
         if flexible {

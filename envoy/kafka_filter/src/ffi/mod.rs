@@ -108,7 +108,7 @@ impl RequestPolicy for InterestPolicy {
         match table.interest.want(head.api_key, head.api_version) {
             Want::No => Disposition::Forward,
             Want::All => Disposition::HandOff { fail_open: fail_open() },
-            Want::Topics(selector) => Disposition::Select { fail_open: fail_open(), selector },
+            Want::Topics(selector, vouching) => Disposition::Select { fail_open: fail_open(), selector, vouching },
         }
     }
 }

@@ -10,6 +10,7 @@ use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 
 use crate::core::handoff::{Direction, HandOff, Resolution};
+use crate::core::vouch::Vouch;
 
 pub const PROCESS: &str = "/envoy.service.network_ext_proc.v3.NetworkExternalProcessor/Process";
 /// `filter_metadata` namespace (and `dynamic_metadata` key) of keg.
@@ -83,12 +84,35 @@ pub fn message(handoff: &HandOff) -> ProcessingRequest {
     }
 }
 
-fn want_response(metadata: Option<&Struct>) -> bool {
-    let keg = metadata.and_then(|m| m.fields.get(NAMESPACE)).and_then(|v| match &v.kind {
+fn keg(metadata: Option<&Struct>) -> Option<&Struct> {
+    metadata.and_then(|m| m.fields.get(NAMESPACE)).and_then(|v| match &v.kind {
         Some(Kind::StructValue(s)) => Some(s),
         _ => None,
-    });
-    matches!(keg.and_then(|s| s.fields.get("want_response")).and_then(|v| v.kind.as_ref()), Some(Kind::BoolValue(true)))
+    })
+}
+
+fn want_response(metadata: Option<&Struct>) -> bool {
+    matches!(keg(metadata).and_then(|s| s.fields.get("want_response")).and_then(|v| v.kind.as_ref()), Some(Kind::BoolValue(true)))
+}
+
+/// `keg.vouched`: `[{"topic": ..., "ids": [...], "ttl_ms": ...}]`. Entries that are not
+/// of that shape are left out (a vouch missed costs a hand-off, never a bypass).
+fn vouched(metadata: Option<&Struct>) -> Vec<Vouch> {
+    let Some(Kind::ListValue(list)) = keg(metadata).and_then(|s| s.fields.get("vouched")).and_then(|v| v.kind.as_ref()) else {
+        return Vec::new();
+    };
+    let whole = |v: &Value| match v.kind {
+        Some(Kind::NumberValue(n)) if n >= 0.0 && n.fract() == 0.0 && n <= f64::from(u32::MAX) => Some(n as u32),
+        _ => None,
+    };
+    list.values.iter().filter_map(|entry| {
+        let Some(Kind::StructValue(fields)) = &entry.kind else { return None };
+        let Some(Kind::StringValue(topic)) = fields.fields.get("topic").and_then(|v| v.kind.as_ref()) else { return None };
+        let Some(Kind::ListValue(ids)) = fields.fields.get("ids").and_then(|v| v.kind.as_ref()) else { return None };
+        let ids: Option<Vec<u32>> = ids.values.iter().map(whole).collect();
+        let ttl_ms = fields.fields.get("ttl_ms").and_then(whole)?;
+        Some(Vouch { topic: topic.clone(), ids: ids?, ttl_ms: u64::from(ttl_ms) })
+    }).collect()
 }
 
 /// What the service's reply to a message of `direction` means.
@@ -101,9 +125,11 @@ pub fn resolution(direction: Direction, reply: ProcessingResponse) -> Resolution
             forward: reply.read_data.map(|d| d.data.to_vec()).unwrap_or_default(),
             answer: reply.write_data.map(|d| d.data.to_vec()).filter(|a| !a.is_empty()),
             want_response: want_response(reply.dynamic_metadata.as_ref()),
+            vouched: vouched(reply.dynamic_metadata.as_ref()),
         },
         Direction::Response => Resolution::Response {
             answer: reply.write_data.map(|d| d.data.to_vec()).unwrap_or_default(),
+            vouched: vouched(reply.dynamic_metadata.as_ref()),
         },
     }
 }
@@ -124,11 +150,11 @@ mod tests {
         // Through the wire, as the Python service's bytes would come.
         let reply = ProcessingResponse::decode(reply.encode_to_vec().as_slice()).unwrap();
         assert_eq!(resolution(Direction::Request, reply),
-                   Resolution::Request { forward: b"frame".to_vec(), answer: None, want_response: true });
+                   Resolution::Request { forward: b"frame".to_vec(), answer: None, want_response: true, vouched: vec![] });
         let answered = ProcessingResponse { write_data: Some(Data { data: Bytes::from_static(b"answer"), end_of_stream: false }), ..Default::default() };
         assert_eq!(resolution(Direction::Request, answered.clone()),
-                   Resolution::Request { forward: vec![], answer: Some(b"answer".to_vec()), want_response: false });
-        assert_eq!(resolution(Direction::Response, answered), Resolution::Response { answer: b"answer".to_vec() });
+                   Resolution::Request { forward: vec![], answer: Some(b"answer".to_vec()), want_response: false, vouched: vec![] });
+        assert_eq!(resolution(Direction::Response, answered), Resolution::Response { answer: b"answer".to_vec(), vouched: vec![] });
         let close = ProcessingResponse { connection_status: 2, ..Default::default() };
         assert_eq!(resolution(Direction::Request, close), Resolution::Close);
     }

@@ -112,7 +112,7 @@ fn outgoing(id: u64, direction: Direction, frame: &'static [u8]) -> Outgoing {
 }
 
 fn forwarded(frame: &[u8]) -> Resolution {
-    Resolution::Request { forward: frame.to_vec(), answer: None, want_response: false }
+    Resolution::Request { forward: frame.to_vec(), answer: None, want_response: false, vouched: vec![] }
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn answers_come_back_in_order_with_the_streams_metadata() {
     assert!(conn.send(outgoing(2, Direction::Response, b"two")));
     assert!(conn.send(outgoing(3, Direction::Request, b"three")));
     let got = answers(&link, &wakes, 3);
-    assert_eq!(got, vec![(1, forwarded(b"one")), (2, Resolution::Response { answer: b"two".to_vec() }), (3, forwarded(b"three"))]);
+    assert_eq!(got, vec![(1, forwarded(b"one")), (2, Resolution::Response { answer: b"two".to_vec(), vouched: vec![] }), (3, forwarded(b"three"))]);
     let opened = service.opened.lock().unwrap();
     assert_eq!(opened.len(), 1, "one stream per connection");
     assert_eq!(opened[0], ("echo:1".to_string(), metadata));

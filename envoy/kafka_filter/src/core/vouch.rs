@@ -1,0 +1,316 @@
+//! Vouched schema ids: batches the module passes itself where a `schema` rule (ids
+//! only) is all that applies, because the Python service vouched for their ids.
+//!
+//! The service decides, with the registry, whether a schema id may be produced to (or
+//! fetched from) a topic; after each frame it hands back, per topic whose every rule is
+//! such a check, the ids its rules pass now and for how long (`keg.vouched` in its
+//! reply, a second at most). A connection keeps them ([`Vouched`]); a later Produce
+//! (Fetch answer) whose selected topics are all vouchable and whose every record of
+//! those topics carries, in Confluent framing (magic byte 0, 4-byte id), a vouched id
+//! is forwarded without a hand-off. Anything else (another id, a null or short value,
+//! a compressed or control batch, an old magic, a frame the walk cannot read) is
+//! handed off as before, so the service stays the one who refuses: a pass here only
+//! repeats a verdict the service gave, never invents one.
+//!
+//! Which topics: the interest range's selector (topics some rule may act on) minus
+//! its `unvouched` selector (topics some rule other than an ids-only schema check may
+//! act on); computed by the Python side (`ext_proc.frames.interest_ranges`).
+//!
+//! The walk reads each record's length, key length and value prefix: the cost is per
+//! record, with no copy and no decompression (compressed batches go to the service).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::head::PRODUCE;
+use super::topics::{topic_name, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
+
+/// Topics a connection remembers vouches for, per direction, and ids per topic.
+pub const MAX_TOPICS_VOUCHED: usize = 256;
+pub const MAX_IDS: usize = 64;
+/// The longest a vouch is kept, whatever the service says (it says a second at most).
+pub const MAX_TTL: Duration = Duration::from_secs(5);
+
+/// The service's word on one topic: records whose value carries one of `ids` pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vouch {
+    pub topic: String,
+    pub ids: Vec<u32>,
+    pub ttl_ms: u64,
+}
+
+/// Where a range's vouches apply: its selected topics that `unvouched` does not select.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vouching {
+    pub selector: Arc<TopicSelector>,
+    pub unvouched: Arc<TopicSelector>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    ids: Vec<u32>,
+    until: Instant,
+}
+
+/// One connection's vouches, in one direction (records produced, or fetched).
+#[derive(Debug, Default)]
+pub struct Vouched {
+    topics: HashMap<Box<[u8]>, Entry>,
+}
+
+impl Vouched {
+    /// Takes the vouches of one reply; each replaces what was known of its topic.
+    pub fn learn(&mut self, vouches: Vec<Vouch>, now: Instant) {
+        for vouch in vouches {
+            if self.topics.len() >= MAX_TOPICS_VOUCHED {
+                self.topics.retain(|_, e| e.until > now);
+                if self.topics.len() >= MAX_TOPICS_VOUCHED {
+                    self.topics.clear();
+                }
+            }
+            let mut ids = vouch.ids;
+            ids.truncate(MAX_IDS);
+            ids.sort_unstable();
+            let until = now + Duration::from_millis(vouch.ttl_ms).min(MAX_TTL);
+            self.topics.insert(vouch.topic.into_bytes().into_boxed_slice(), Entry { ids, until });
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty()
+    }
+
+    fn ids(&self, topic: &[u8], now: Instant) -> Option<&[u32]> {
+        self.topics.get(topic).filter(|e| e.until > now).map(|e| e.ids.as_slice())
+    }
+}
+
+/// Whether a whole Produce request may go to the broker without a hand-off: every
+/// record of its vouchable topics carries a vouched id, and it has no other selected
+/// topic.
+pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
+    if !PRODUCE_VERSIONS.contains(&version) || vouched.is_empty() {
+        return false;
+    }
+    let flexible = version >= 9;
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Result<bool, Stop> {
+        w.header(flexible)?;
+        w.string(flexible)?; // transactional_id
+        w.take(2 + 4)?; // acks, timeout_ms
+        let passes = topics(&mut w, version >= 13, flexible, vouching, vouched, now, |w| {
+            w.take(4)?; // index
+            let records = w.bytes(flexible)?;
+            if flexible {
+                w.tagged_fields()?;
+            }
+            Ok(records)
+        })?;
+        if flexible {
+            w.tagged_fields()?;
+        }
+        Ok(passes)
+    };
+    matches!(walk(), Ok(true)) && w.pos == frame.len()
+}
+
+/// Whether a whole Fetch response (size prefix included) may go to the client without
+/// a hand-off (as [`produce_passes`]; partitions answered with an error carry no
+/// records the service would read).
+pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
+    if !FETCH_VERSIONS.contains(&version) || vouched.is_empty() {
+        return false;
+    }
+    let flexible = version >= 12;
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Result<bool, Stop> {
+        w.take(4 + 4)?; // size, correlation_id
+        if flexible {
+            w.tagged_fields()?; // response header v1
+        }
+        w.take(4)?; // throttle_time_ms
+        if version >= 7 {
+            w.take(2 + 4)?; // error_code, session_id
+        }
+        let passes = topics(&mut w, version >= 13, flexible, vouching, vouched, now, |w| {
+            w.take(4)?; // partition_index
+            let error = w.i16()?;
+            w.take(8 + 8)?; // high_watermark, last_stable_offset
+            if version >= 5 {
+                w.take(8)?; // log_start_offset
+            }
+            aborted_transactions(w, flexible)?;
+            if version >= 11 {
+                w.take(4)?; // preferred_read_replica
+            }
+            let records = w.bytes(flexible)?;
+            if flexible {
+                w.tagged_fields()?;
+            }
+            Ok(if error == 0 { records } else { None })
+        })?;
+        if flexible {
+            w.tagged_fields()?;
+        }
+        Ok(passes)
+    };
+    matches!(walk(), Ok(true)) && w.pos == frame.len()
+}
+
+/// A nullable array of (producer_id, first_offset), skipped.
+fn aborted_transactions(w: &mut Walk<'_>, flexible: bool) -> Result<(), Stop> {
+    let count = if flexible {
+        (w.uvarint()? as usize).saturating_sub(1)
+    } else {
+        usize::try_from(w.i32()?).unwrap_or(0)
+    };
+    for _ in 0..count {
+        w.take(8 + 8)?;
+        if flexible {
+            w.tagged_fields()?;
+        }
+    }
+    Ok(())
+}
+
+/// The topics array of a Produce request or Fetch response: true when each topic is
+/// unselected or vouchable with every record vouched. `partition` reads one partition
+/// entry and returns its records.
+fn topics<'a>(
+    w: &mut Walk<'a>,
+    ids: bool,
+    flexible: bool,
+    vouching: &Vouching,
+    vouched: &Vouched,
+    now: Instant,
+    partition: impl Fn(&mut Walk<'a>) -> Result<Option<&'a [u8]>, Stop>,
+) -> Result<bool, Stop> {
+    let count = w.count(flexible)?;
+    if count > MAX_TOPICS {
+        return Ok(false);
+    }
+    let mut partitions_seen = 0usize;
+    for _ in 0..count {
+        let named: Arc<str>;
+        let name: &[u8] = if ids {
+            let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
+            named = topic_name(&id).ok_or(Stop::HandOff)?;
+            named.as_bytes()
+        } else {
+            w.string(flexible)?.ok_or(Stop::HandOff)?
+        };
+        let checked = vouching.selector.selects(name);
+        if checked && vouching.unvouched.selects(name) {
+            return Ok(false);
+        }
+        let allowed = if checked { Some(vouched.ids(name, now).ok_or(Stop::HandOff)?) } else { None };
+        let partitions = w.count(flexible)?;
+        partitions_seen += partitions;
+        if partitions_seen > MAX_PARTITIONS {
+            return Ok(false);
+        }
+        for _ in 0..partitions {
+            let records = partition(w)?;
+            if let (Some(allowed), Some(records)) = (allowed, records) {
+                if !records_pass(records, allowed) {
+                    return Ok(false);
+                }
+            }
+        }
+        if flexible {
+            w.tagged_fields()?;
+        }
+    }
+    Ok(true)
+}
+
+/// Offsets in a record batch (magic 2) of what the walk reads.
+const BATCH_LENGTH_AT: usize = 8;
+const MAGIC_AT: usize = 16;
+const ATTRIBUTES_AT: usize = 21;
+const RECORDS_COUNT_AT: usize = 57;
+const BATCH_HEADER: usize = 61;
+/// Compression codec bits, and the control flag, of a batch's attributes.
+const CODEC_MASK: i16 = 0x07;
+const CONTROL: i16 = 0x20;
+
+/// Whether every record of every batch in `records` has a value in Confluent framing
+/// with one of `allowed` (sorted). Control batches carry no user records and pass;
+/// anything compressed, of an older magic, or cut short does not.
+pub fn records_pass(records: &[u8], allowed: &[u32]) -> bool {
+    let mut pos = 0;
+    while pos < records.len() {
+        let Some(header) = records.get(pos..pos + BATCH_HEADER) else { return false };
+        let length = i32::from_be_bytes(header[BATCH_LENGTH_AT..BATCH_LENGTH_AT + 4].try_into().unwrap_or_default());
+        let Some(end) = usize::try_from(length).ok().and_then(|l| (pos + 12).checked_add(l)) else { return false };
+        if header[MAGIC_AT] != 2 || end > records.len() || end < pos + BATCH_HEADER {
+            return false;
+        }
+        let attributes = i16::from_be_bytes([header[ATTRIBUTES_AT], header[ATTRIBUTES_AT + 1]]);
+        if attributes & CONTROL == 0 {
+            if attributes & CODEC_MASK != 0 {
+                return false;
+            }
+            let count = i32::from_be_bytes(header[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].try_into().unwrap_or_default());
+            if !batch_records_pass(&records[pos + BATCH_HEADER..end], count, allowed) {
+                return false;
+            }
+        }
+        pos = end;
+    }
+    true
+}
+
+fn batch_records_pass(mut body: &[u8], count: i32, allowed: &[u32]) -> bool {
+    if count < 0 {
+        return false;
+    }
+    for _ in 0..count {
+        let mut pos = 0;
+        let Some(length) = varint(body, &mut pos).and_then(|l| usize::try_from(l).ok()) else { return false };
+        let Some(record) = body.get(pos..pos.saturating_add(length)) else { return false };
+        if !record_passes(record, allowed) {
+            return false;
+        }
+        body = &body[pos + length..];
+    }
+    body.is_empty()
+}
+
+/// One record (after its length): attributes, timestamp delta, offset delta, key, value.
+fn record_passes(record: &[u8], allowed: &[u32]) -> bool {
+    let mut pos = 1; // attributes
+    let skipped = varint(record, &mut pos).and(varint(record, &mut pos)); // timestamp, offset deltas
+    let Some(key_len) = skipped.and_then(|_| varint(record, &mut pos)) else { return false };
+    if key_len > 0 {
+        pos = pos.saturating_add(key_len as usize);
+    }
+    let Some(value_len) = varint(record, &mut pos) else { return false };
+    if value_len < 5 {
+        return false; // null, or too short for the framing
+    }
+    match pos.checked_add(5).and_then(|end| record.get(pos..end)) {
+        Some([0, a, b, c, d]) => allowed.binary_search(&u32::from_be_bytes([*a, *b, *c, *d])).is_ok(),
+        _ => false,
+    }
+}
+
+/// A zigzag varint of at most 10 bytes (a varlong), as records encode their fields.
+fn varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
+    let mut value: u64 = 0;
+    for shift in (0..70).step_by(7) {
+        let byte = *buf.get(*pos)?;
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some((value >> 1) as i64 ^ -((value & 1) as i64));
+        }
+    }
+    None
+}
+
+/// Whether `api_key` is one the walk reads for vouches.
+pub fn vouchable_api(api_key: i16) -> bool {
+    api_key == PRODUCE || api_key == FETCH
+}

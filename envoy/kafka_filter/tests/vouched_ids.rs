@@ -1,0 +1,262 @@
+//! Vouched schema ids (`core::vouch`): a Produce (a Fetch answer) of topics that only
+//! ids-only schema rules act on passes without a hand-off once the service vouched for
+//! every record's id; anything the walk cannot vouch for is handed off as before.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ApiKey, FetchResponse, ProduceRequest, RequestHeader, TopicName};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::stats::Counter;
+use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
+use keg_kafka_filter::core::vouch::{fetch_passes, produce_passes, records_pass, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
+
+/// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
+fn vouching() -> Arc<Vouching> {
+    let selector = TopicSelector::parse(serde_json::json!({"prefix": ["s."]})).unwrap();
+    let unvouched = TopicSelector::parse(serde_json::json!({"exact": ["s.masked"]})).unwrap();
+    Arc::new(Vouching { selector: Arc::new(selector), unvouched: Arc::new(unvouched) })
+}
+
+fn framed(id: u32, payload: &[u8]) -> Option<Bytes> {
+    let mut v = vec![0u8];
+    v.extend(id.to_be_bytes());
+    v.extend_from_slice(payload);
+    Some(Bytes::from(v))
+}
+
+fn record(offset: i64, value: Option<Bytes>, control: bool) -> Record {
+    Record {
+        transactional: control,
+        control,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: if control { 9 } else { -1 },
+        producer_epoch: if control { 0 } else { -1 },
+        timestamp_type: TimestampType::Creation,
+        offset,
+        sequence: -1,
+        timestamp: 1_700_000_000_000,
+        key: Some(Bytes::from_static(b"k")),
+        value,
+        headers: Default::default(),
+    }
+}
+
+/// One batch (magic 2, uncompressed) of these values.
+fn batch(values: &[Option<Bytes>]) -> Vec<u8> {
+    let records: Vec<Record> = values.iter().enumerate().map(|(i, v)| record(i as i64, v.clone(), false)).collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(&mut buf, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    buf.to_vec()
+}
+
+fn control_batch() -> Vec<u8> {
+    let marker = record(5, Some(Bytes::from_static(&[0, 0, 0, 0, 0, 0])), true);
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(&mut buf, [&marker], &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    buf.to_vec()
+}
+
+fn produce(version: i16, topics: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    RequestHeader::default().with_request_api_key(0).with_request_api_version(version).with_correlation_id(11)
+        .with_client_id(Some(StrBytes::from_static_str("t")))
+        .encode(&mut buf, ApiKey::Produce.request_header_version(version)).unwrap();
+    let data = topics.iter().map(|(name, records)| {
+        let topic = TopicProduceData::default().with_partition_data(vec![
+            PartitionProduceData::default().with_index(0).with_records(Some(Bytes::from(records.clone()))),
+            PartitionProduceData::default().with_index(1).with_records(Some(Bytes::from(records.clone()))),
+        ]);
+        if version >= 13 {
+            topic.with_topic_id(topic_id(name))
+        } else {
+            topic.with_name(TopicName(StrBytes::from_string(name.to_string())))
+        }
+    }).collect();
+    ProduceRequest::default().with_acks(-1).with_timeout_ms(30_000).with_topic_data(data).encode(&mut buf, version).unwrap();
+    sized(&buf)
+}
+
+/// A topic id, learned as the module learns it from Metadata answers.
+fn topic_id(name: &str) -> uuid::Uuid {
+    let mut bytes = [7u8; 16];
+    bytes[..name.len().min(16)].copy_from_slice(&name.as_bytes()[..name.len().min(16)]);
+    learn_topic_id(bytes, name);
+    uuid::Uuid::from_bytes(bytes)
+}
+
+fn fetch(version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
+    let responses = topics.iter().map(|(name, records)| {
+        let mut partitions = vec![PartitionData::default().with_partition_index(0).with_high_watermark(10)
+            .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(9)).with_first_offset(0)]))
+            .with_records(Some(Bytes::from(records.clone())))];
+        if error_partition {
+            // An error answer: its records are not read (none reach the consumer).
+            partitions.push(PartitionData::default().with_partition_index(1).with_error_code(6)
+                .with_records(Some(Bytes::from_static(b"not records"))));
+        }
+        let topic = FetchableTopicResponse::default().with_partitions(partitions);
+        if version >= 13 {
+            topic.with_topic_id(topic_id(name))
+        } else {
+            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
+        }
+    }).collect();
+    encode_response(ApiKey::Fetch, version, 11, &FetchResponse::default().with_responses(responses))
+}
+
+fn vouched(topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
+    let mut v = Vouched::default();
+    v.learn(vec![Vouch { topic: topic.into(), ids: ids.to_vec(), ttl_ms }], Instant::now());
+    v
+}
+
+#[test]
+fn records_pass_only_with_every_value_framed_with_a_vouched_id() {
+    let good = batch(&[framed(7, b"{}"), framed(7, b"{\"a\":1}"), framed(3, b"")]);
+    assert!(records_pass(&good, &[3, 7]));
+    assert!(records_pass(&[good.clone(), control_batch(), good.clone()].concat(), &[3, 7]));
+    assert!(!records_pass(&good, &[7]), "id 3 was not vouched for");
+    for bad in [None, Some(Bytes::from_static(b"{}")), Some(Bytes::from_static(&[0, 0, 0, 7])),
+                Some(Bytes::from_static(&[1, 0, 0, 0, 7, b'x']))] {
+        let mixed = batch(&[framed(7, b"{}"), bad.clone()]);
+        assert!(!records_pass(&mixed, &[7]), "{bad:?}");
+    }
+    let mut compressed = good.clone();
+    compressed[22] |= 0x03; // attributes: lz4 (the walk does not decompress)
+    assert!(!records_pass(&compressed, &[3, 7]));
+    let mut old_magic = good.clone();
+    old_magic[16] = 1;
+    assert!(!records_pass(&old_magic, &[3, 7]));
+    let first = 12 + i32::from_be_bytes(good[8..12].try_into().unwrap()) as usize;
+    for cut in 1..first {
+        assert!(!records_pass(&good[..cut], &[3, 7]), "cut at {cut}");
+    }
+    let mut more = good.clone();
+    more[60] += 1; // records_count one more than the batch holds
+    assert!(!records_pass(&more, &[3, 7]));
+}
+
+#[test]
+fn a_produce_passes_when_its_vouchable_topics_are_vouched_for_every_version() {
+    let good = batch(&[framed(7, b"{}"), framed(7, b"{}")]);
+    let bad = batch(&[framed(7, b"{}"), framed(8, b"{}")]);
+    let v = vouching();
+    let now = Instant::now();
+    for version in 3..=13 {
+        let known = vouched("s.orders", &[7], 60_000);
+        let frame = produce(version, &[("s.orders", good.clone()), ("logs", bad.clone())]);
+        assert!(produce_passes(&frame, version, &v, &known, now), "v{version}: logs is no rule's");
+        let frame = produce(version, &[("s.orders", bad.clone())]);
+        assert!(!produce_passes(&frame, version, &v, &known, now), "v{version}: id 8");
+        let frame = produce(version, &[("s.orders", good.clone()), ("s.masked", good.clone())]);
+        assert!(!produce_passes(&frame, version, &v, &known, now), "v{version}: another rule acts on s.masked");
+        let frame = produce(version, &[("s.payments", good.clone())]);
+        assert!(!produce_passes(&frame, version, &v, &known, now), "v{version}: nothing vouched for s.payments");
+        let frame = produce(version, &[("s.orders", good.clone())]);
+        assert!(!produce_passes(&frame, version, &v, &known, now + Duration::from_secs(61)), "v{version}: expired");
+        for cut in 0..frame.len() {
+            assert!(!produce_passes(&frame[..cut], version, &v, &known, now), "v{version} cut at {cut}");
+        }
+        let mut longer = frame.clone();
+        longer.push(0);
+        assert!(!produce_passes(&longer, version, &v, &known, now), "v{version}: trailing bytes");
+    }
+}
+
+#[test]
+fn a_fetch_answer_passes_when_every_fetched_record_is_vouched_for() {
+    let good = [batch(&[framed(7, b"{}")]), control_batch()].concat();
+    let bad = batch(&[framed(8, b"{}")]);
+    let v = vouching();
+    let now = Instant::now();
+    let known = vouched("s.orders", &[7], 60_000);
+    for version in 4..=18 {
+        let frame = fetch(version, &[("s.orders", good.clone()), ("logs", bad.clone())], true);
+        assert!(fetch_passes(&frame, version, &v, &known, now), "v{version}");
+        let frame = fetch(version, &[("s.orders", bad.clone())], false);
+        assert!(!fetch_passes(&frame, version, &v, &known, now), "v{version}: id 8");
+        let frame = fetch(version, &[("s.masked", good.clone())], false);
+        assert!(!fetch_passes(&frame, version, &v, &known, now), "v{version}: s.masked");
+        let frame = fetch(version, &[("s.orders", good.clone())], false);
+        for cut in 0..frame.len() {
+            assert!(!fetch_passes(&frame[..cut], version, &v, &known, now), "v{version} cut at {cut}");
+        }
+    }
+}
+
+#[test]
+fn vouches_are_bounded_and_capped_in_time() {
+    let mut known = Vouched::default();
+    let now = Instant::now();
+    let many: Vec<Vouch> = (0..1000).map(|i| Vouch { topic: format!("s.t{i}"), ids: (0..500).collect(), ttl_ms: u64::MAX }).collect();
+    known.learn(many, now);
+    let good = batch(&[framed(7, b"{}")]);
+    let v = vouching();
+    let frame = produce(9, &[("s.t999", good.clone())]);
+    assert!(produce_passes(&frame, 9, &v, &known, now), "the latest vouches are kept");
+    assert!(!produce_passes(&frame, 9, &v, &known, now + Duration::from_secs(6)), "5 s at most, whatever the service says");
+    let beyond = batch(&[framed(100, b"{}")]);
+    assert!(!produce_passes(&produce(9, &[("s.t999", beyond)]), 9, &v, &known, now), "64 ids a topic at most");
+}
+
+/// Produce of `s.*`: selected, with vouching; everything else forwarded.
+struct Schemas(Arc<Vouching>);
+
+impl RequestPolicy for Schemas {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        if head.api_key == 0 {
+            Disposition::Select { fail_open: false, selector: self.0.selector.clone(), vouching: Some(self.0.clone()) }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+#[test]
+fn a_session_hands_off_until_the_service_vouches_then_forwards_what_it_vouched_for() {
+    let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
+    let good = produce(9, &[("s.orders", batch(&[framed(7, b"{}")]))]);
+    let other_id = produce(9, &[("s.orders", batch(&[framed(9, b"{}")]))]);
+    // First: handed off; the service forwards it and vouches for id 7.
+    let mut out = Output::default();
+    s.feed_requests(&good, &mut out).unwrap();
+    let handoffs = s.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].direction, Direction::Request);
+    s.resolve(handoffs[0].id, Resolution::Request {
+        forward: good.clone(), answer: None, want_response: false,
+        vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+    }).unwrap();
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), good);
+    // Then: the same ids pass without a hand-off, byte for byte, in order.
+    for split in [1, 50, good.len() - 1] {
+        let mut forwarded = Vec::new();
+        for chunk in [&good[..split], &good[split..]] {
+            let mut out = Output::default();
+            s.feed_requests(chunk, &mut out).unwrap();
+            forwarded.extend(bytes_of(chunk, &out));
+        }
+        assert_eq!(forwarded, good, "split at {split}");
+        assert!(s.take_handoffs().is_empty());
+    }
+    assert_eq!(s.stats.get(Counter::HandoffVouched), 3);
+    // Another id: handed off again (the service decides).
+    let mut out = Output::default();
+    s.feed_requests(&other_id, &mut out).unwrap();
+    assert_eq!(s.take_handoffs().len(), 1);
+    assert!(out.is_empty());
+}
+
