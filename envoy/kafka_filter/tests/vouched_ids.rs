@@ -17,7 +17,7 @@ use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEnc
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
-use keg_kafka_filter::core::vouch::{fetch_passes, produce_passes, records_pass, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::vouch::{fetch_passes, produce_passes, records_pass, Tail, Vouch, Vouched, Vouching};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -44,7 +44,8 @@ fn record(offset: i64, value: Option<Bytes>, control: bool) -> Record {
         producer_epoch: if control { 0 } else { -1 },
         timestamp_type: TimestampType::Creation,
         offset,
-        sequence: -1,
+        // kafka-protocol batches records whose offset - sequence is the same.
+        sequence: if control { -1 } else { offset as i32 },
         timestamp: 1_700_000_000_000,
         key: Some(Bytes::from_static(b"k")),
         value,
@@ -54,10 +55,28 @@ fn record(offset: i64, value: Option<Bytes>, control: bool) -> Record {
 
 /// One batch (magic 2, uncompressed) of these values.
 fn batch(values: &[Option<Bytes>]) -> Vec<u8> {
+    batch_with(values, Compression::None)
+}
+
+fn batch_with(values: &[Option<Bytes>], compression: Compression) -> Vec<u8> {
     let records: Vec<Record> = values.iter().enumerate().map(|(i, v)| record(i as i64, v.clone(), false)).collect();
     let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(&mut buf, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    RecordBatchEncoder::encode(&mut buf, &records, &RecordEncodeOptions { version: 2, compression }).unwrap();
     buf.to_vec()
+}
+
+/// Where the last batch of `records` starts.
+fn last_batch(records: &[u8]) -> usize {
+    let (mut pos, mut last) = (0, 0);
+    while pos < records.len() {
+        last = pos;
+        pos += 12 + i32::from_be_bytes(records[pos + 8..pos + 12].try_into().unwrap()) as usize;
+    }
+    last
+}
+
+fn budget() -> usize {
+    keg_kafka_filter::core::vouch::MAX_INFLATED
 }
 
 fn control_batch() -> Vec<u8> {
@@ -96,6 +115,10 @@ fn topic_id(name: &str) -> uuid::Uuid {
 }
 
 fn fetch(version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
+    fetch_answer(11, version, topics, error_partition)
+}
+
+fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
     let responses = topics.iter().map(|(name, records)| {
         let mut partitions = vec![PartitionData::default().with_partition_index(0).with_high_watermark(10)
             .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(9)).with_first_offset(0)]))
@@ -112,7 +135,7 @@ fn fetch(version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec
             topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
         }
     }).collect();
-    encode_response(ApiKey::Fetch, version, 11, &FetchResponse::default().with_responses(responses))
+    encode_response(ApiKey::Fetch, version, correlation_id, &FetchResponse::default().with_responses(responses))
 }
 
 fn vouched(topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
@@ -124,27 +147,27 @@ fn vouched(topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
 #[test]
 fn records_pass_only_with_every_value_framed_with_a_vouched_id() {
     let good = batch(&[framed(7, b"{}"), framed(7, b"{\"a\":1}"), framed(3, b"")]);
-    assert!(records_pass(&good, &[3, 7]));
-    assert!(records_pass(&[good.clone(), control_batch(), good.clone()].concat(), &[3, 7]));
-    assert!(!records_pass(&good, &[7]), "id 3 was not vouched for");
+    assert!(records_pass(&good, &[3, 7], &mut budget(), Tail::Malformed));
+    assert!(records_pass(&[good.clone(), control_batch(), good.clone()].concat(), &[3, 7], &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&good, &[7], &mut budget(), Tail::Malformed), "id 3 was not vouched for");
     for bad in [None, Some(Bytes::from_static(b"{}")), Some(Bytes::from_static(&[0, 0, 0, 7])),
                 Some(Bytes::from_static(&[1, 0, 0, 0, 7, b'x']))] {
         let mixed = batch(&[framed(7, b"{}"), bad.clone()]);
-        assert!(!records_pass(&mixed, &[7]), "{bad:?}");
+        assert!(!records_pass(&mixed, &[7], &mut budget(), Tail::Malformed), "{bad:?}");
     }
     let mut compressed = good.clone();
-    compressed[22] |= 0x03; // attributes: lz4 (the walk does not decompress)
-    assert!(!records_pass(&compressed, &[3, 7]));
+    compressed[22] |= 0x03; // attributes: lz4, but the records are not
+    assert!(!records_pass(&compressed, &[3, 7], &mut budget(), Tail::Malformed));
     let mut old_magic = good.clone();
     old_magic[16] = 1;
-    assert!(!records_pass(&old_magic, &[3, 7]));
+    assert!(!records_pass(&old_magic, &[3, 7], &mut budget(), Tail::Malformed));
     let first = 12 + i32::from_be_bytes(good[8..12].try_into().unwrap()) as usize;
     for cut in 1..first {
-        assert!(!records_pass(&good[..cut], &[3, 7]), "cut at {cut}");
+        assert!(!records_pass(&good[..cut], &[3, 7], &mut budget(), Tail::Malformed), "cut at {cut}");
     }
     let mut more = good.clone();
     more[60] += 1; // records_count one more than the batch holds
-    assert!(!records_pass(&more, &[3, 7]));
+    assert!(!records_pass(&more, &[3, 7], &mut budget(), Tail::Malformed));
 }
 
 #[test]
@@ -188,6 +211,13 @@ fn a_fetch_answer_passes_when_every_fetched_record_is_vouched_for() {
         assert!(!fetch_passes(&frame, version, &v, &known, now), "v{version}: id 8");
         let frame = fetch(version, &[("s.masked", good.clone())], false);
         assert!(!fetch_passes(&frame, version, &v, &known, now), "v{version}: s.masked");
+        // The broker slices the log by bytes: a last batch cut short is dropped by the
+        // consumer (and fetched again whole), so it passes; a Produce's would not.
+        let sliced = [good.clone(), batch(&[framed(8, b"{}")])[..70].to_vec()].concat();
+        let frame = fetch(version, &[("s.orders", sliced.clone())], false);
+        assert!(fetch_passes(&frame, version, &v, &known, now), "v{version}: a cut last batch");
+        let frame = produce(version.min(13), &[("s.orders", sliced)]);
+        assert!(!produce_passes(&frame, version.min(13), &v, &known, now), "v{version}: a cut Produce batch");
         let frame = fetch(version, &[("s.orders", good.clone())], false);
         for cut in 0..frame.len() {
             assert!(!fetch_passes(&frame[..cut], version, &v, &known, now), "v{version} cut at {cut}");
@@ -260,3 +290,132 @@ fn a_session_hands_off_until_the_service_vouches_then_forwards_what_it_vouched_f
     assert!(out.is_empty());
 }
 
+
+#[test]
+fn compressed_batches_are_read_with_every_codec_within_the_budget() {
+    let values: Vec<Option<Bytes>> = (0..50).map(|i| framed(7, format!("{{\"order\":{i}}}").as_bytes())).collect();
+    let mut bad = values.clone();
+    bad[49] = framed(8, b"{}");
+    for codec in [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
+        let good = batch_with(&values, codec);
+        assert_eq!(good[22] & 7, codec as u8, "{codec:?}");
+        let mut left = budget();
+        assert!(records_pass(&good, &[7], &mut left, Tail::Malformed), "{codec:?}");
+        assert!(left < budget(), "{codec:?}: the budget pays for what was decompressed");
+        assert!(!records_pass(&batch_with(&bad, codec), &[7], &mut budget(), Tail::Malformed), "{codec:?}: id 8");
+        assert!(!records_pass(&good, &[7], &mut 100, Tail::Malformed), "{codec:?}: past the budget");
+        let mut corrupt = good.clone();
+        let last = corrupt.len() - 3;
+        corrupt[last] ^= 0x55;
+        corrupt[70] ^= 0x55;
+        // A payload that does not decompress is not read (gzip checks a CRC); one that
+        // decompresses to other bytes is read as those (the broker checks the batch CRC).
+        let read = records_pass(&corrupt, &[7], &mut budget(), Tail::Malformed);
+        assert!(!read || codec != Compression::Gzip, "{codec:?}: corrupt");
+        // The last batch's payload cut short (its length says so): not read.
+        let last = last_batch(&good);
+        let mut cut = good.clone();
+        cut.truncate(good.len() - 20);
+        let length = (cut.len() - last - 12) as i32;
+        cut[last + 8..last + 12].copy_from_slice(&length.to_be_bytes());
+        assert!(!records_pass(&cut, &[7], &mut budget(), Tail::Malformed), "{codec:?}: cut short");
+    }
+    // Raw snappy (librdkafka's framing; kafka-protocol writes xerial's).
+    let plain = batch(&values);
+    let raw = snap::raw::Encoder::new().compress_vec(&plain[61..]).unwrap();
+    let mut librdkafka = plain[..61].to_vec();
+    librdkafka[22] |= Compression::Snappy as u8;
+    librdkafka.extend(raw);
+    let length = (librdkafka.len() - 12) as i32;
+    librdkafka[8..12].copy_from_slice(&length.to_be_bytes());
+    assert!(records_pass(&librdkafka, &[7], &mut budget(), Tail::Malformed));
+}
+
+#[test]
+fn a_decompression_bomb_costs_the_budget_and_is_handed_off() {
+    // One record whose value is zeros past the budget: magic 0, schema id 0, then zeros.
+    let bomb = batch_with(&[Some(Bytes::from(vec![0u8; budget() + (1 << 20)]))], Compression::Zstd);
+    assert!(bomb.len() < 100_000, "{} bytes", bomb.len());
+    assert!(!records_pass(&bomb, &[0], &mut budget(), Tail::Malformed));
+    let small = batch_with(&[Some(Bytes::from(vec![0u8; 1 << 20]))], Compression::Zstd);
+    assert!(records_pass(&small, &[0], &mut budget(), Tail::Malformed));
+}
+
+/// Fetch of `s.*`: selected, with vouching.
+struct FetchSchemas(Arc<Vouching>);
+
+impl RequestPolicy for FetchSchemas {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        if head.api_key == 1 {
+            Disposition::Select { fail_open: false, selector: self.0.selector.clone(), vouching: Some(self.0.clone()) }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+fn fetch_request(correlation_id: i32) -> Vec<u8> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::FetchRequest;
+    let version = 12;
+    let mut buf = BytesMut::new();
+    RequestHeader::default().with_request_api_key(1).with_request_api_version(version).with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("t")))
+        .encode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
+    FetchRequest::default().with_session_epoch(-1).with_topics(vec![FetchTopic::default()
+        .with_topic(TopicName(StrBytes::from_static_str("s.orders")))
+        .with_partitions(vec![FetchPartition::default().with_partition(0)])])
+        .encode(&mut buf, version).unwrap();
+    sized(&buf)
+}
+
+/// Feeds one Fetch request; its hand-off is answered "forward, and hand me the answer".
+fn fetch_round(s: &mut Session<FetchSchemas>, correlation_id: i32) {
+    let request = fetch_request(correlation_id);
+    let mut out = Output::default();
+    s.feed_requests(&request, &mut out).unwrap();
+    let handoffs = s.take_handoffs();
+    assert_eq!(handoffs.len(), 1, "the service still judges each Fetch request");
+    s.resolve(handoffs[0].id, Resolution::Request { forward: request.clone(), answer: None, want_response: true, vouched: vec![] })
+        .unwrap();
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), request);
+}
+
+#[test]
+fn a_session_passes_fetch_answers_whose_ids_the_service_vouched_for() {
+    let mut s = Session::with_policy(SessionLimits::default(), FetchSchemas(vouching()));
+    let routes = routes();
+    let answer = |cid, ids: &[u32]| {
+        let values: Vec<_> = ids.iter().map(|&id| framed(id, b"{}")).collect();
+        fetch_answer(cid, 12, &[("s.orders", batch(&values))], false)
+    };
+    // First answer: handed off; the service vouches for id 7 in its reply.
+    fetch_round(&mut s, 21);
+    let first = answer(21, &[7, 7]);
+    let mut out = Output::default();
+    s.feed_responses(&first, view(&routes), &mut out).unwrap();
+    let handoffs = s.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].direction, Direction::Response);
+    s.resolve(handoffs[0].id, Resolution::Response {
+        answer: first.clone(), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+    }).unwrap();
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    assert_eq!(bytes_of(&[], &out), first);
+    // Second: passes in the module, as the broker sent it.
+    fetch_round(&mut s, 22);
+    let second = answer(22, &[7]);
+    let mut out = Output::default();
+    s.feed_responses(&second, view(&routes), &mut out).unwrap();
+    assert!(s.take_handoffs().is_empty());
+    assert_eq!(bytes_of(&second, &out), second);
+    assert_eq!(s.stats.get(Counter::HandoffVouched), 1);
+    // Third, with another id: handed off again.
+    fetch_round(&mut s, 23);
+    let mut out = Output::default();
+    s.feed_responses(&answer(23, &[7, 8]), view(&routes), &mut out).unwrap();
+    assert_eq!(s.take_handoffs().len(), 1);
+}

@@ -31,7 +31,11 @@ from ext_proc.frames import (
 from filter_rules import CompiledRuleSet, RuleSet, load_rule_text
 from kafka_wire import ApiKey
 from kafka_wire.errors import FrameError
+from kafka_wire.records import BatchHeader, Record, encode_batch
 from tests.unit.ext_proc.conftest import json_batch, json_values
+from tests.unit.registry_stub import Registry
+
+ORDER_JSON = {"type": "object", "properties": {"email": {"type": "string"}}}
 
 CONN = ConnectionInfo(client_host="10.0.0.5", client_port=5000, gateway_address="gw:19092",
                       broker_id=1)
@@ -215,3 +219,64 @@ def test_the_service_speaks_frames_mode_over_grpc(tmp_path: Any) -> None:
     assert allowed.read_data.data == fetch(3, pii)
     _, body = kafka_wire.decode_response(masked.write_data.data[4:], ApiKey.FETCH, 16)
     assert fetched_values(body) == [{"email": "****"}]
+
+
+# --- vouched schema ids ------------------------------------------------------------------
+
+
+def schema_rules(url: str, extra: str = "") -> RuleEngine:
+    return engine(f"""
+rules:
+  - id: ids
+    match: {{topics: {{exact: [orders, masked]}}}}
+    action: {{schema: {{registry: {{url: "{url}"}}}}}}
+  - id: ids-fetched
+    match: {{direction: response, topics: {{exact: [orders, masked]}}}}
+    action: {{schema: {{registry: {{url: "{url}"}}}}}}
+  - id: mask
+    match: {{topics: {{exact: [masked]}}}}
+    action: {{mask: {{fields: [$.email]}}}}
+""")
+
+
+def framed_batch(*schema_ids: int) -> bytes:
+    records = [Record(i, 0, None, b"\x00" + sid.to_bytes(4, "big") + b'{"email": "a@x"}', [])
+               for i, sid in enumerate(schema_ids)]
+    return encode_batch(BatchHeader(base_timestamp=1_700_000_000_000), records)
+
+
+def produce_records(cid: int, topic: str, records: bytes) -> bytes:
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000, "TopicData": [
+        {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "app", {}), body)
+
+
+def test_ids_only_schema_rules_vouch_for_the_ids_they_passed() -> None:
+    registry = Registry()
+    registry.add(1, ORDER_JSON, "JSON", ["orders-value", "masked-value"])
+    session = FramesSession(CONN, schema_rules(registry.url))
+    try:
+        first = session.request(produce_records(1, "orders", framed_batch(1, 1)))
+        assert first.to_broker and first.answer is None
+        (vouch,) = first.vouched
+        assert (vouch.topic, vouch.ids) == ("orders", (1,))
+        assert 0 < vouch.ttl_ms <= 1000
+        assert vouch.to_json() == {"topic": "orders", "ids": [1], "ttl_ms": vouch.ttl_ms}
+        # A refused id is never vouched for; the passing one still is.
+        refused = session.request(produce_records(2, "orders", framed_batch(1, 99)))
+        assert refused.answer is not None
+        assert [v.ids for v in refused.vouched] == [(1,)]
+        # Another rule on the topic (a mask): nothing the module could repeat alone.
+        assert session.request(produce_records(3, "masked", framed_batch(1))).vouched == ()
+        # Fetch answers: vouched in the reply to the answer (take_vouched).
+        orders = uuid.uuid4()
+        session.request(metadata(4))
+        session.response(metadata_answer(4, {"orders": orders}), ApiKey.METADATA, 12)
+        assert session.request(fetch(5, orders)).want_response
+        session.response(fetch_answer(5, orders, framed_batch(1)), ApiKey.FETCH, 16)
+        assert [(v.topic, v.ids) for v in session.take_vouched()] == [("orders", (1,))]
+        assert session.take_vouched() == ()
+    finally:
+        session.close()
+        registry.close()

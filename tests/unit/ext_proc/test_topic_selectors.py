@@ -193,3 +193,72 @@ def test_a_union_past_the_bound_selects_everything_and_stays_linear() -> None:
     # 100,000 topic rules: no selector (hand off all), decided without a quadratic union.
     many = (TopicSelector(prefix=frozenset({f"t{i}."})) for i in range(100_000))
     assert union_scope(many) is None
+
+
+# --- vouched schema ids: the fifth element ----------------------------------------------------
+
+
+def unvouched(rules: str) -> dict[int, TopicSelector | None]:
+    """Per API, the unvouched selector of the range of versions keg reads."""
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
+    try:
+        return {key: extra for key, low, _high, _selector, extra in interest_ranges(engine)
+                if key in (ApiKey.PRODUCE, ApiKey.FETCH) and low == 0}
+    finally:
+        engine.records.close()
+
+
+SCHEMA_IDS = """
+rules:
+  - id: ids
+    match: {topics: {prefix: [s.]}}
+    action: {schema: {registry: {url: "http://127.0.0.1:1"}}}
+  - id: ids-fetched
+    match: {direction: response, topics: {prefix: [f.]}}
+    action: {schema: {registry: {url: "http://127.0.0.1:1"}}}
+"""
+
+
+def test_ids_only_schema_rules_are_vouchable_everywhere_they_select() -> None:
+    empty = TopicSelector(frozenset(), frozenset(), frozenset())
+    assert unvouched(SCHEMA_IDS) == {ApiKey.PRODUCE: empty, ApiKey.FETCH: empty}
+
+
+def test_other_rules_on_the_range_name_their_topics_as_unvouched() -> None:
+    got = unvouched(SCHEMA_IDS + """
+  - id: mask
+    match: {topics: {exact: [s.cards]}}
+    action: {mask: {fields: [$.card]}}
+  - id: deny
+    match: {apis: [Produce], topics: {exact: [s.secret]}}
+    action: {deny: {}}
+""")
+    assert got[ApiKey.PRODUCE] == TopicSelector(frozenset({"s.cards", "s.secret"}), frozenset(),
+                                                frozenset())
+
+
+@pytest.mark.parametrize("extra", [
+    "validate_payload: true", "target: key", "subject: record_name"])
+def test_rules_that_read_more_than_the_value_id(extra: str) -> None:
+    rules = f"""
+rules:
+  - id: ids
+    match: {{topics: {{prefix: [s.]}}}}
+    action: {{schema: {{registry: {{url: "http://127.0.0.1:1"}}, {extra}}}}}
+"""
+    # record_name is vouchable too (Protobuf ids under it never are passing: per record).
+    vouchable = extra == "subject: record_name"
+    assert (unvouched(rules).get(ApiKey.PRODUCE) is not None) == vouchable
+
+
+def test_dry_run_schema_rules_and_unscoped_filters_leave_no_vouching() -> None:
+    dry = SCHEMA_IDS.replace("match: {topics: {prefix: [s.]}}\n",
+                             "match: {topics: {prefix: [s.]}}\n    mode: dry-run\n", 1)
+    assert "dry-run" in dry
+    assert unvouched(dry).get(ApiKey.PRODUCE) is None
+    everywhere = SCHEMA_IDS + """
+  - id: observe-all
+    match: {apis: [Produce]}
+    action: {observe: {}}
+"""
+    assert unvouched(everywhere).get(ApiKey.PRODUCE) is None

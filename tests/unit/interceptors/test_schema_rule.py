@@ -7,12 +7,11 @@ tests/integration/rules/test_schema_registry.py runs the rule against a real reg
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
 import struct
 import textwrap
-import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_text
 from filter_rules.record_actions import SchemaRegistryRef, SchemaSpec
-from interceptors.builtin.schema import NOT_FRAMED, SchemaInterceptor
+from interceptors.builtin.schema import MEMO_S, NOT_FRAMED, SchemaInterceptor
 from interceptors.contract import (
     BuildContext,
     InterceptedRecord,
@@ -40,6 +39,7 @@ from interceptors.registry import Reference, RegisteredSchema
 from interceptors.services import Services
 from kafka_wire import ApiKey
 from kafka_wire.records import BatchHeader, BatchView, Record, encode_batch
+from tests.unit.registry_stub import Registry
 
 ORDER_AVRO = {"type": "record", "name": "Order", "namespace": "shop",
               "fields": [{"name": "id", "type": "long"}, {"name": "sku", "type": "string"}]}
@@ -67,59 +67,6 @@ def avro_body(doc: dict[str, Any]) -> bytes:
 
 
 # --- a registry answering from a table ------------------------------------------------
-
-
-class Registry:
-    """GET path -> (status, JSON); records the requests and their headers."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, tuple[int, Any]] = {}
-        self.requests: list[tuple[str, dict[str, str]]] = []
-        self.stall = threading.Event()  # set: answer nothing until released
-        self.release = threading.Event()
-        registry = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                registry.requests.append((self.path, dict(self.headers)))
-                if registry.stall.is_set():
-                    registry.release.wait(10)
-                status, body = registry.routes.get(
-                    self.path, (404, {"error_code": 40403, "message": "not found"}))
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add(self, schema_id: int, schema: Any, schema_type: str | None, subjects: list[str],
-            references: list[dict[str, Any]] | None = None) -> None:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
-        answer: dict[str, Any] = {"schema": text, "references": references or []}
-        if schema_type:
-            answer["schemaType"] = schema_type
-        self.routes[f"/schemas/ids/{schema_id}"] = (200, answer)
-        self.routes[f"/schemas/ids/{schema_id}/versions"] = (
-            200, [{"subject": s, "version": 1} for s in subjects])
-
-    def add_subject_version(self, subject: str, version: int, schema: str, kind: str) -> None:
-        self.routes[f"/subjects/{subject}/versions/{version}"] = (
-            200, {"subject": subject, "version": version, "schema": schema, "schemaType": kind,
-                  "references": []})
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -433,3 +380,29 @@ def test_the_rule_model(tmp_path: Path) -> None:
         with pytest.raises(RuleSetInvalid, match=message):
             load(spec)
     assert SchemaRegistryRef(url="http://x").timeout_ms == 1000
+
+
+# --- what keg's Kafka filter may be told (vouched ids) -------------------------------------
+
+
+def test_passing_ids_are_the_verdicts_that_hold_for_any_record_of_the_id(
+        registry: Registry) -> None:
+    check = interceptor(registry)
+    now = time.monotonic()
+    assert check.passing("orders", now) == {}
+    assert verdict(check, framed(1, b"")) is None
+    assert verdict(check, framed(3, b"")) is not None  # under payments-value only
+    assert verdict(check, framed(99, b"")) == "schema id 99 is not registered"
+    passing = check.passing("orders", time.monotonic())
+    assert set(passing) == {1}
+    assert 0 < passing[1] - now <= MEMO_S + 0.5
+    assert check.passing("orders", now + MEMO_S + 1) == {}, "a verdict expires"
+    assert check.passing("payments", now) == {}
+    # Payload validation: each record's bytes decide, so no id is passing as such.
+    validating = interceptor(registry, validate_payload=True)
+    assert verdict(validating, framed(1, avro_body({"id": 1, "sku": "a"}))) is None
+    assert validating.passing("orders", time.monotonic()) == {}
+    # Protobuf under record_name: the subject depends on each record's message indexes.
+    by_record = interceptor(registry, subject="record_name")
+    assert verdict(by_record, framed(4, b"\x02\x02")) is None
+    assert 4 not in by_record.passing("orders", time.monotonic())

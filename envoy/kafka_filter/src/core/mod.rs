@@ -7,6 +7,7 @@
 pub mod handoff;
 pub mod head;
 pub mod identity;
+pub mod inflate;
 pub mod tls_principal;
 pub mod interest;
 pub mod meter;

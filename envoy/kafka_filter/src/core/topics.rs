@@ -264,51 +264,41 @@ impl<'a> Walk<'a> {
         Err(Stop::HandOff)
     }
 
+    /// A nullable length: compact (unsigned varint, 0 = null), else int16 (strings) or
+    /// int32 (bytes) with -1 = null.
+    fn nullable_len(&mut self, compact: bool, int32: bool) -> Step<Option<usize>> {
+        if compact {
+            return Ok(match self.uvarint()? {
+                0 => None,
+                n => Some((n - 1) as usize),
+            });
+        }
+        match if int32 { self.i32()? } else { i32::from(self.i16()?) } {
+            -1 => Ok(None),
+            n if n < 0 => Err(Stop::HandOff),
+            n => Ok(Some(n as usize)),
+        }
+    }
+
     /// A string's bytes (int16 or compact length); None when null.
     pub(super) fn string(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
-        let len = if compact {
-            match self.uvarint()? {
-                0 => return Ok(None),
-                n => (n - 1) as usize,
-            }
-        } else {
-            match self.i16()? {
-                -1 => return Ok(None),
-                n if n < 0 => return Err(Stop::HandOff),
-                n => n as usize,
-            }
-        };
-        self.take(len).map(Some)
+        match self.nullable_len(compact, false)? {
+            None => Ok(None),
+            Some(len) => self.take(len).map(Some),
+        }
     }
 
     /// Nullable bytes (records), read whole; None when null.
     pub(super) fn bytes(&mut self, compact: bool) -> Step<Option<&'a [u8]>> {
-        let len = if compact {
-            match self.uvarint()? {
-                0 => return Ok(None),
-                n => (n - 1) as usize,
-            }
-        } else {
-            match self.i32()? {
-                -1 => return Ok(None),
-                n if n < 0 => return Err(Stop::HandOff),
-                n => n as usize,
-            }
-        };
-        self.take(len).map(Some)
+        match self.nullable_len(compact, true)? {
+            None => Ok(None),
+            Some(len) => self.take(len).map(Some),
+        }
     }
 
     /// Nullable bytes (records): skipped by their length.
     fn skip_bytes(&mut self, compact: bool) -> Step<()> {
-        let len = if compact {
-            (self.uvarint()? as usize).saturating_sub(1)
-        } else {
-            match self.i32()? {
-                -1 => 0,
-                n if n < 0 => return Err(Stop::HandOff),
-                n => n as usize,
-            }
-        };
+        let len = self.nullable_len(compact, true)?.unwrap_or(0);
         self.skip(len);
         Ok(())
     }

@@ -17,13 +17,16 @@
 //! act on); computed by the Python side (`ext_proc.frames.interest_ranges`).
 //!
 //! The walk reads each record's length, key length and value prefix: the cost is per
-//! record, with no copy and no decompression (compressed batches go to the service).
+//! record, with no copy of an uncompressed batch. A compressed batch is decompressed
+//! for the walk ([`super::inflate`]), at most [`MAX_INFLATED`] bytes per frame (past
+//! that the frame is handed off); the bytes that go on are always the ones that came.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::head::PRODUCE;
+use super::inflate::inflate;
 use super::topics::{topic_name, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
 
 /// Topics a connection remembers vouches for, per direction, and ids per topic.
@@ -31,6 +34,11 @@ pub const MAX_TOPICS_VOUCHED: usize = 256;
 pub const MAX_IDS: usize = 64;
 /// The longest a vouch is kept, whatever the service says (it says a second at most).
 pub const MAX_TTL: Duration = Duration::from_secs(5);
+/// Bytes of compressed batches a frame's walk may decompress. A consumer's Fetch answer
+/// carries up to 1 MiB of compressed batches per partition (its default
+/// max.partition.fetch.bytes), 10-30 MiB of text once decompressed; measured
+/// (`examples/inflate_cost.rs`): see docs/native.md. Gzip is weighted ([`super::inflate`]).
+pub const MAX_INFLATED: usize = 32 << 20;
 
 /// The service's word on one topic: records whose value carries one of `ids` pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +107,8 @@ pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: 
         w.header(flexible)?;
         w.string(flexible)?; // transactional_id
         w.take(2 + 4)?; // acks, timeout_ms
-        let passes = topics(&mut w, version >= 13, flexible, vouching, vouched, now, |w| {
+        let check = Check { vouching, vouched, now, tail: Tail::Malformed };
+        let passes = topics(&mut w, version >= 13, flexible, &check, |w| {
             w.take(4)?; // index
             let records = w.bytes(flexible)?;
             if flexible {
@@ -133,7 +142,8 @@ pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &V
         if version >= 7 {
             w.take(2 + 4)?; // error_code, session_id
         }
-        let passes = topics(&mut w, version >= 13, flexible, vouching, vouched, now, |w| {
+        let check = Check { vouching, vouched, now, tail: Tail::Dropped };
+        let passes = topics(&mut w, version >= 13, flexible, &check, |w| {
             w.take(4)?; // partition_index
             let error = w.i16()?;
             w.take(8 + 8)?; // high_watermark, last_stable_offset
@@ -156,6 +166,15 @@ pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &V
         Ok(passes)
     };
     matches!(walk(), Ok(true)) && w.pos == frame.len()
+}
+
+/// What a frame's records are checked against.
+#[derive(Clone, Copy)]
+struct Check<'v> {
+    vouching: &'v Vouching,
+    vouched: &'v Vouched,
+    now: Instant,
+    tail: Tail,
 }
 
 /// A nullable array of (producer_id, first_offset), skipped.
@@ -181,16 +200,16 @@ fn topics<'a>(
     w: &mut Walk<'a>,
     ids: bool,
     flexible: bool,
-    vouching: &Vouching,
-    vouched: &Vouched,
-    now: Instant,
+    check: &Check<'_>,
     partition: impl Fn(&mut Walk<'a>) -> Result<Option<&'a [u8]>, Stop>,
 ) -> Result<bool, Stop> {
+    let Check { vouching, vouched, now, tail } = *check;
     let count = w.count(flexible)?;
     if count > MAX_TOPICS {
         return Ok(false);
     }
     let mut partitions_seen = 0usize;
+    let mut budget = MAX_INFLATED;
     for _ in 0..count {
         let named: Arc<str>;
         let name: &[u8] = if ids {
@@ -213,7 +232,7 @@ fn topics<'a>(
         for _ in 0..partitions {
             let records = partition(w)?;
             if let (Some(allowed), Some(records)) = (allowed, records) {
-                if !records_pass(records, allowed) {
+                if !records_pass(records, allowed, &mut budget, tail) {
                     return Ok(false);
                 }
             }
@@ -223,6 +242,15 @@ fn topics<'a>(
         }
     }
     Ok(true)
+}
+
+/// What a last batch cut short means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// Nothing is read of it (a Fetch answer's): it passes.
+    Dropped,
+    /// It is malformed (a Produce's): nothing passes.
+    Malformed,
 }
 
 /// Offsets in a record batch (magic 2) of what the walk reads.
@@ -236,24 +264,35 @@ const CODEC_MASK: i16 = 0x07;
 const CONTROL: i16 = 0x20;
 
 /// Whether every record of every batch in `records` has a value in Confluent framing
-/// with one of `allowed` (sorted). Control batches carry no user records and pass;
-/// anything compressed, of an older magic, or cut short does not.
-pub fn records_pass(records: &[u8], allowed: &[u32]) -> bool {
+/// with one of `allowed` (sorted). Control batches carry no user records and pass; a
+/// batch of an older magic, cut short, or that does not decompress within `budget`
+/// (charged for what it decompresses) does not.
+///
+/// `tail`: a last batch cut short passes (a Fetch answer's: the broker slices the log
+/// by bytes, and consumers drop that batch and fetch it again from its offset, when it
+/// comes whole and is read here).
+pub fn records_pass(records: &[u8], allowed: &[u32], budget: &mut usize, tail: Tail) -> bool {
     let mut pos = 0;
     while pos < records.len() {
-        let Some(header) = records.get(pos..pos + BATCH_HEADER) else { return false };
+        let cut = tail == Tail::Dropped;
+        let Some(header) = records.get(pos..pos + BATCH_HEADER) else { return cut };
         let length = i32::from_be_bytes(header[BATCH_LENGTH_AT..BATCH_LENGTH_AT + 4].try_into().unwrap_or_default());
         let Some(end) = usize::try_from(length).ok().and_then(|l| (pos + 12).checked_add(l)) else { return false };
+        if end > records.len() && header[MAGIC_AT] == 2 && end >= pos + BATCH_HEADER {
+            return cut;
+        }
         if header[MAGIC_AT] != 2 || end > records.len() || end < pos + BATCH_HEADER {
             return false;
         }
         let attributes = i16::from_be_bytes([header[ATTRIBUTES_AT], header[ATTRIBUTES_AT + 1]]);
         if attributes & CONTROL == 0 {
-            if attributes & CODEC_MASK != 0 {
-                return false;
-            }
             let count = i32::from_be_bytes(header[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].try_into().unwrap_or_default());
-            if !batch_records_pass(&records[pos + BATCH_HEADER..end], count, allowed) {
+            let body = &records[pos + BATCH_HEADER..end];
+            let passes = match attributes & CODEC_MASK {
+                0 => batch_records_pass(body, count, allowed),
+                codec => inflate(codec, body, budget).is_some_and(|plain| batch_records_pass(&plain, count, allowed)),
+            };
+            if !passes {
                 return false;
             }
         }
