@@ -249,7 +249,28 @@ class RecordsFilter(RuleSetJudge):
         ctx = self._match_context(header, conn, self._principal(), conn.client_host)
         if header.api_key == ApiKey.PRODUCE:
             return self._produce(records, header, body, conn, ctx)
+        if self._answer_needs_no_stage(records, header, body, ctx):
+            return None
         return self._fetch(records, header, conn, ctx)
+
+    def _answer_needs_no_stage(self, records: RecordEngine, header: kafka_wire.RequestHeader,
+                               body: Body, ctx: MatchContext) -> bool:
+        """Whether a full Fetch names only topics no record rule plans stages for: its
+        answer carries those topics alone, so it need not come back through the chain
+        (it did for every Fetch, whatever its topics, once any consume-time rule existed:
+        a deny rule on Fetch then brought every answer of its topics through Python).
+        An incremental Fetch (KIP-227) is answered for its whole session, and a share
+        fetch for its share session: both always come back; so does a topic id not yet
+        named (the answer withholds it)."""
+        if header.api_key != ApiKey.FETCH:
+            return False
+        if header.api_version >= 7 and body.get("SessionEpoch", -1) not in (0, -1):
+            return False
+        for topic in body.get("Topics") or ():
+            name = topic_name(topic, self._engine.topic_ids)
+            if name is None or records.plan("consume", name, ctx):
+                return False
+        return True
 
     # -- Produce -------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from control_plane.providers import StaticRuleProvider
 from control_plane.topology import SaslPlain
@@ -128,6 +128,35 @@ def test_records_are_masked_on_their_way_to_the_consumer(env: Env) -> None:
     assert all(orjson.loads(v)["email"] != docs[0]["email"] for v in seen), seen
     assert [orjson.loads(v) for v in env.stored(pii)] == docs, "the broker keeps the originals"
     assert sum(env.envoy_stats("keg_kafka.handoff_responses").values()) > 0
+
+
+def test_fetches_a_deny_rule_judges_do_not_bring_their_answers_back(env: Env) -> None:
+    """Regression: with a consume-time record rule in the set (mask-emails), every Fetch
+    the Python chain judged asked for its answer, so each answer of payments.* (which
+    payments-only-alice judges) went through Python and back though no rule reads it."""
+    payments = env.topic("payments.")
+    assert produce(env.client("alice"), [(payments, b"a")] * 3) == [(payments, 0)] * 3
+    requests = sum(env.envoy_stats("keg_kafka.handoff_requests").values())
+    responses = sum(env.envoy_stats("keg_kafka.handoff_responses").values())
+    settings: dict[str, Any] = {"group.id": f"g-{uuid.uuid4().hex[:6]}",
+                                "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest"}
+    consumer = Consumer(env.client("alice", **settings))
+    seen: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(payments, 0, 0)])
+        deadline = time.monotonic() + 3  # then empty fetches, every 50 ms
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                seen.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    assert seen == [b"a"] * 3
+    requests = sum(env.envoy_stats("keg_kafka.handoff_requests").values()) - requests
+    responses = sum(env.envoy_stats("keg_kafka.handoff_responses").values()) - responses
+    # Every Fetch is judged (handed off); only the learners' Metadata answers come back.
+    assert requests >= 10, requests
+    assert responses <= 5, (requests, responses)
 
 
 def test_a_rule_change_reaches_a_live_connection_without_draining(env: Env) -> None:

@@ -280,3 +280,28 @@ def test_ids_only_schema_rules_vouch_for_the_ids_they_passed() -> None:
     finally:
         session.close()
         registry.close()
+
+
+def fetch_named(cid: int, topic: str, epoch: int = -1, version: int = 12) -> bytes:
+    body = {"ReplicaId": -1, "MaxWaitMs": 500, "MinBytes": 1, "MaxBytes": 1 << 20,
+            "IsolationLevel": 0, "SessionId": 0 if epoch <= 0 else 5, "SessionEpoch": epoch,
+            "Topics": [{"Topic": topic, "Partitions": [{"Partition": 0, "FetchOffset": 0}]}],
+            "ForgottenTopicsData": [], "RackId": ""}
+    header = kafka_wire.RequestHeader(ApiKey.FETCH, version, cid, "app", {})
+    return kafka_wire.encode_request(header, body)
+
+
+def test_only_fetches_that_may_get_records_a_rule_reads_bring_their_answer_back() -> None:
+    """Regression: with any consume-time record rule, every Fetch the chain judged asked for
+    its answer, so a deny rule on Fetch brought each answer of its topics (up to 1 MiB a
+    partition) through Python and back, though no rule reads them."""
+    session = FramesSession(CONN, engine(RULES + """
+  - id: deny-nobody
+    match: {apis: [Fetch], topics: {prefix: [audit.]}, principals: {exact: [nobody]}}
+    action: {deny: {}}
+"""))
+    assert not session.request(fetch_named(1, "audit.log")).want_response
+    alice = {"principal": "User:alice", "security_protocol": "SASL_PLAINTEXT"}
+    assert session.request(fetch_named(2, "pii.users"), **alice).want_response
+    # An incremental fetch is answered for its whole session: it comes back.
+    assert session.request(fetch_named(3, "audit.log", epoch=4), **alice).want_response

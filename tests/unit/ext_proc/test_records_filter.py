@@ -138,9 +138,13 @@ def test_a_request_with_nothing_left_is_answered_by_the_gateway() -> None:
     assert verdict.answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"] == 87
 
 
+# A full Fetch of topic d.x (its answer carries d.x alone).
+FETCH_D_X: dict[str, Any] = {"SessionEpoch": -1, "Topics": [{"Topic": "d.x", "Partitions": []}]}
+
+
 def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
     f, _ = records_filter()
-    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), FETCH_D_X, CONN)
     assert verdict is not None and verdict.patch is not None
     stored = json_batch([{"email": "a@x", "kind": "a"}, {"email": "b@x", "kind": "heartbeat"}],
                    base_offset=40)
@@ -214,7 +218,7 @@ def test_a_batch_that_does_not_decode_is_refused_not_forwarded() -> None:
 
 def test_a_fetched_batch_that_does_not_decode_is_withheld() -> None:
     f, _ = records_filter()
-    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), {}, CONN)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), FETCH_D_X, CONN)
     assert verdict is not None and verdict.patch is not None
     response: dict[str, Any] = {"Responses": [{"Topic": "d.x", "Partitions": [
         {"PartitionIndex": 0, "ErrorCode": 0, "HighWatermark": 1, "Records": bomb_batch()}]}]}
