@@ -138,9 +138,9 @@ fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)], e
     encode_response(ApiKey::Fetch, version, correlation_id, &FetchResponse::default().with_responses(responses))
 }
 
-fn vouched(topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
+fn vouched(under: &Arc<Vouching>, topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
     let mut v = Vouched::default();
-    v.learn(vec![Vouch { topic: topic.into(), ids: ids.to_vec(), ttl_ms }], Instant::now());
+    v.learn(vec![Vouch { topic: topic.into(), ids: ids.to_vec(), ttl_ms }], under, Instant::now());
     v
 }
 
@@ -177,7 +177,7 @@ fn a_produce_passes_when_its_vouchable_topics_are_vouched_for_every_version() {
     let v = vouching();
     let now = Instant::now();
     for version in 3..=13 {
-        let known = vouched("s.orders", &[7], 60_000);
+        let known = vouched(&v, "s.orders", &[7], 60_000);
         let frame = produce(version, &[("s.orders", good.clone()), ("logs", bad.clone())]);
         assert!(produce_passes(&frame, version, &v, &known, now), "v{version}: logs is no rule's");
         let frame = produce(version, &[("s.orders", bad.clone())]);
@@ -203,7 +203,7 @@ fn a_fetch_answer_passes_when_every_fetched_record_is_vouched_for() {
     let bad = batch(&[framed(8, b"{}")]);
     let v = vouching();
     let now = Instant::now();
-    let known = vouched("s.orders", &[7], 60_000);
+    let known = vouched(&v, "s.orders", &[7], 60_000);
     for version in 4..=18 {
         let frame = fetch(version, &[("s.orders", good.clone()), ("logs", bad.clone())], true);
         assert!(fetch_passes(&frame, version, &v, &known, now), "v{version}");
@@ -230,9 +230,9 @@ fn vouches_are_bounded_and_capped_in_time() {
     let mut known = Vouched::default();
     let now = Instant::now();
     let many: Vec<Vouch> = (0..1000).map(|i| Vouch { topic: format!("s.t{i}"), ids: (0..500).collect(), ttl_ms: u64::MAX }).collect();
-    known.learn(many, now);
-    let good = batch(&[framed(7, b"{}")]);
     let v = vouching();
+    known.learn(many, &v, now);
+    let good = batch(&[framed(7, b"{}")]);
     let frame = produce(9, &[("s.t999", good.clone())]);
     assert!(produce_passes(&frame, 9, &v, &known, now), "the latest vouches are kept");
     assert!(!produce_passes(&frame, 9, &v, &known, now + Duration::from_secs(6)), "5 s at most, whatever the service says");
@@ -418,4 +418,20 @@ fn a_session_passes_fetch_answers_whose_ids_the_service_vouched_for() {
     let mut out = Output::default();
     s.feed_responses(&answer(23, &[7, 8]), view(&routes), &mut out).unwrap();
     assert_eq!(s.take_handoffs().len(), 1);
+}
+
+#[test]
+fn a_new_interest_table_drops_every_vouch() {
+    let v = vouching();
+    let known = vouched(&v, "s.orders", &[7], 60_000);
+    let frame = produce(9, &[("s.orders", batch(&[framed(7, b"{}")]))]);
+    let now = Instant::now();
+    assert!(produce_passes(&frame, 9, &v, &known, now));
+    // The same selectors in a new table (a rule changed elsewhere): the old rules' word
+    // does not carry over.
+    assert!(!produce_passes(&frame, 9, &vouching(), &known, now));
+    let mut known = known;
+    let newer = vouching();
+    known.learn(vec![Vouch { topic: "s.payments".into(), ids: vec![7], ttl_ms: 60_000 }], &newer, now);
+    assert!(!produce_passes(&frame, 9, &newer, &known, now), "s.orders was vouched under the old table");
 }

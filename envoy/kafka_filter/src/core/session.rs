@@ -697,7 +697,7 @@ impl<P: RequestPolicy> Session<P> {
     /// Whether a collected Produce passes on ids the service vouched for.
     fn vouched_request(&self, c: &Collect) -> bool {
         c.vouching.as_ref().is_some_and(|v| {
-            !self.vouched_requests.is_empty()
+            self.vouched_requests.applies_to(v)
                 && vouch::produce_passes(&c.frame, c.api_version, v, &self.vouched_requests, Instant::now())
         })
     }
@@ -732,7 +732,7 @@ impl<P: RequestPolicy> Session<P> {
             return Ok(());
         };
         let Some(pending) = self.pending.remove(index) else { return Ok(()) };
-        let resolution = self.learn_vouches(pending.direction, resolution);
+        let resolution = self.learn_vouches(&pending, resolution);
         if let Resolution::Failed(_) = resolution {
             self.stats.add(Counter::HandoffFailures, 1);
             if pending.fail_open {
@@ -746,17 +746,19 @@ impl<P: RequestPolicy> Session<P> {
     }
 
     /// Keeps what the service vouched for in its answer (see [`vouch`]).
-    fn learn_vouches(&mut self, direction: Direction, mut resolution: Resolution) -> Resolution {
+    /// Vouches count only for frames of the range (and table) the frame was handed off
+    /// under; a frame handed off without vouching brings none.
+    fn learn_vouches(&mut self, pending: &Pending, mut resolution: Resolution) -> Resolution {
         let vouches = match &mut resolution {
             Resolution::Request { vouched, .. } | Resolution::Response { vouched, .. } => std::mem::take(vouched),
             _ => return resolution,
         };
-        if !vouches.is_empty() {
-            let known = match direction {
+        if let (false, Some(under)) = (vouches.is_empty(), &pending.vouching) {
+            let known = match pending.direction {
                 Direction::Request => &mut self.vouched_requests,
                 Direction::Response => &mut self.vouched_responses,
             };
-            known.learn(vouches, Instant::now());
+            known.learn(vouches, under, Instant::now());
         }
         resolution
     }
@@ -1004,7 +1006,7 @@ impl<P: RequestPolicy> Session<P> {
                 let id = self.next_handoff;
                 self.next_handoff += 1;
                 self.stats.add(Counter::HandoffResponses, 1);
-                self.hand_off(id, Direction::Response, Bytes::from(sent), api_key, api_version, true, h.fail_open, None);
+                self.hand_off(id, Direction::Response, Bytes::from(sent), api_key, api_version, true, h.fail_open, h.vouching);
                 out.pieces.push(Piece::HandOff(id));
             }
         }
@@ -1015,7 +1017,7 @@ impl<P: RequestPolicy> Session<P> {
     /// Whether a Fetch answer the service asked for passes on ids it vouched for.
     fn vouched_response(&self, frame: &[u8], api_version: i16, vouching: Option<&Vouching>) -> bool {
         vouching.is_some_and(|v| {
-            !self.vouched_responses.is_empty()
+            self.vouched_responses.applies_to(v)
                 && vouch::fetch_passes(frame, api_version, v, &self.vouched_responses, Instant::now())
         })
     }

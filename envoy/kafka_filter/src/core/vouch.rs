@@ -61,15 +61,23 @@ struct Entry {
     until: Instant,
 }
 
-/// One connection's vouches, in one direction (records produced, or fetched).
+/// One connection's vouches, in one direction (records produced, or fetched), under one
+/// interest table: a rule change (a new table, new [`Vouching`]s) drops them all, so a
+/// changed rule is never answered with the old rules' word.
 #[derive(Debug, Default)]
 pub struct Vouched {
     topics: HashMap<Box<[u8]>, Entry>,
+    under: Option<Arc<Vouching>>,
 }
 
 impl Vouched {
-    /// Takes the vouches of one reply; each replaces what was known of its topic.
-    pub fn learn(&mut self, vouches: Vec<Vouch>, now: Instant) {
+    /// Takes the vouches of one reply to a frame handed off under `under`; each replaces
+    /// what was known of its topic.
+    pub fn learn(&mut self, vouches: Vec<Vouch>, under: &Arc<Vouching>, now: Instant) {
+        if !self.under.as_ref().is_some_and(|known| Arc::ptr_eq(known, under)) {
+            self.topics.clear();
+            self.under = Some(under.clone());
+        }
         for vouch in vouches {
             if self.topics.len() >= MAX_TOPICS_VOUCHED {
                 self.topics.retain(|_, e| e.until > now);
@@ -85,8 +93,9 @@ impl Vouched {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.topics.is_empty()
+    /// Whether any vouch may apply to a frame of `vouching`'s range (the same table).
+    pub fn applies_to(&self, vouching: &Vouching) -> bool {
+        !self.topics.is_empty() && self.under.as_ref().is_some_and(|known| std::ptr::eq(Arc::as_ptr(known), vouching))
     }
 
     fn ids(&self, topic: &[u8], now: Instant) -> Option<&[u32]> {
@@ -98,7 +107,7 @@ impl Vouched {
 /// record of its vouchable topics carries a vouched id, and it has no other selected
 /// topic.
 pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
-    if !PRODUCE_VERSIONS.contains(&version) || vouched.is_empty() {
+    if !PRODUCE_VERSIONS.contains(&version) || !vouched.applies_to(vouching) {
         return false;
     }
     let flexible = version >= 9;
@@ -128,7 +137,7 @@ pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: 
 /// a hand-off (as [`produce_passes`]; partitions answered with an error carry no
 /// records the service would read).
 pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
-    if !FETCH_VERSIONS.contains(&version) || vouched.is_empty() {
+    if !FETCH_VERSIONS.contains(&version) || !vouched.applies_to(vouching) {
         return false;
     }
     let flexible = version >= 12;
