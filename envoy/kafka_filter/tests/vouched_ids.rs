@@ -17,7 +17,7 @@ use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEnc
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
-use keg_kafka_filter::core::vouch::{fetch_passes, produce_passes, records_pass, Tail, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::vouch::{fetch_passes, fetch_request_passes, produce_passes, records_pass, Tail, Vouch, Vouched, Vouching};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -355,69 +355,155 @@ impl RequestPolicy for FetchSchemas {
 }
 
 fn fetch_request(correlation_id: i32) -> Vec<u8> {
+    fetch_request_of(correlation_id, 12, &["s.orders"])
+}
+
+fn fetch_request_of(correlation_id: i32, version: i16, topics: &[&str]) -> Vec<u8> {
     use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
     use kafka_protocol::messages::FetchRequest;
-    let version = 12;
     let mut buf = BytesMut::new();
     RequestHeader::default().with_request_api_key(1).with_request_api_version(version).with_correlation_id(correlation_id)
         .with_client_id(Some(StrBytes::from_static_str("t")))
         .encode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
-    FetchRequest::default().with_session_epoch(-1).with_topics(vec![FetchTopic::default()
-        .with_topic(TopicName(StrBytes::from_static_str("s.orders")))
-        .with_partitions(vec![FetchPartition::default().with_partition(0)])])
-        .encode(&mut buf, version).unwrap();
+    let topics = topics.iter().map(|name| {
+        let topic = FetchTopic::default().with_partitions(vec![FetchPartition::default().with_partition(0),
+                                                               FetchPartition::default().with_partition(1)]);
+        if version >= 13 {
+            topic.with_topic_id(topic_id(name))
+        } else {
+            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
+        }
+    }).collect();
+    FetchRequest::default().with_session_epoch(-1).with_topics(topics).encode(&mut buf, version).unwrap();
     sized(&buf)
 }
 
-/// Feeds one Fetch request; its hand-off is answered "forward, and hand me the answer".
-fn fetch_round(s: &mut Session<FetchSchemas>, correlation_id: i32) {
+#[test]
+fn a_fetch_request_passes_when_every_selected_topic_is_vouched_for_every_version() {
+    let v = vouching();
+    let known = vouched(&v, "s.orders", &[7], 60_000);
+    let now = Instant::now();
+    for version in 4..=18 {
+        let passes = |topics: &[&str]| fetch_request_passes(&fetch_request_of(1, version, topics), version, &v, &known, now);
+        assert!(passes(&["s.orders"]), "v{version}");
+        assert!(passes(&["logs", "s.orders"]), "v{version}: logs is no rule's");
+        assert!(!passes(&["s.orders", "s.payments"]), "v{version}: nothing vouched for s.payments");
+        assert!(!passes(&["s.masked"]), "v{version}: another rule acts on s.masked");
+        let frame = fetch_request_of(1, version, &["s.orders"]);
+        assert!(!fetch_request_passes(&frame, version, &v, &known, now + Duration::from_secs(61)), "v{version}: expired");
+        assert!(!fetch_request_passes(&frame, version, &vouching(), &known, now), "v{version}: another table");
+        // Cut inside its topics (what follows them, forgotten topics and rack id, at most
+        // 6 bytes here, is not read).
+        for cut in 0..frame.len() - 6 {
+            assert!(!fetch_request_passes(&frame[..cut], version, &v, &known, now), "v{version} cut at {cut}");
+        }
+    }
+}
+
+/// Feeds one Fetch request and returns what reached the broker; a hand-off of it is
+/// answered "forward, and hand me the answer". Whether it was handed off.
+fn fetch_round(s: &mut Session<FetchSchemas>, correlation_id: i32) -> bool {
     let request = fetch_request(correlation_id);
     let mut out = Output::default();
     s.feed_requests(&request, &mut out).unwrap();
+    let mut forwarded = bytes_of(&request, &out);
     let handoffs = s.take_handoffs();
-    assert_eq!(handoffs.len(), 1, "the service still judges each Fetch request");
-    s.resolve(handoffs[0].id, Resolution::Request { forward: request.clone(), answer: None, want_response: true, vouched: vec![] })
-        .unwrap();
+    for h in &handoffs {
+        s.resolve(h.id, Resolution::Request { forward: request.clone(), answer: None, want_response: true, vouched: vec![] })
+            .unwrap();
+        let mut out = Output::default();
+        s.ready_requests(&mut out);
+        forwarded.extend(bytes_of(&[], &out));
+    }
+    assert_eq!(forwarded, request, "the request reaches the broker once, unchanged");
+    !handoffs.is_empty()
+}
+
+fn fetch_answer_of(correlation_id: i32, ids: &[u32]) -> Vec<u8> {
+    let values: Vec<_> = ids.iter().map(|&id| framed(id, b"{}")).collect();
+    fetch_answer(correlation_id, 12, &[("s.orders", batch(&values))], false)
+}
+
+/// Feeds a broker answer; returns what reached the client at once, and the hand-offs.
+fn answer_round(s: &mut Session<FetchSchemas>, answer: &[u8]) -> (Vec<u8>, Vec<keg_kafka_filter::core::HandOff>) {
+    let routes = routes();
     let mut out = Output::default();
-    s.ready_requests(&mut out);
-    assert_eq!(bytes_of(&[], &out), request);
+    s.feed_responses(answer, view(&routes), &mut out).unwrap();
+    (bytes_of(answer, &out), s.take_handoffs())
+}
+
+fn drain_responses(s: &mut Session<FetchSchemas>) -> Vec<u8> {
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    bytes_of(&[], &out)
 }
 
 #[test]
-fn a_session_passes_fetch_answers_whose_ids_the_service_vouched_for() {
+fn a_session_passes_fetches_and_answers_whose_ids_the_service_vouched_for() {
     let mut s = Session::with_policy(SessionLimits::default(), FetchSchemas(vouching()));
-    let routes = routes();
-    let answer = |cid, ids: &[u32]| {
-        let values: Vec<_> = ids.iter().map(|&id| framed(id, b"{}")).collect();
-        fetch_answer(cid, 12, &[("s.orders", batch(&values))], false)
-    };
-    // First answer: handed off; the service vouches for id 7 in its reply.
-    fetch_round(&mut s, 21);
-    let first = answer(21, &[7, 7]);
-    let mut out = Output::default();
-    s.feed_responses(&first, view(&routes), &mut out).unwrap();
-    let handoffs = s.take_handoffs();
+    // First: the request and its answer go to the service, which vouches for id 7.
+    assert!(fetch_round(&mut s, 21));
+    let first = fetch_answer_of(21, &[7, 7]);
+    let (now, handoffs) = answer_round(&mut s, &first);
+    assert!(now.is_empty());
     assert_eq!(handoffs.len(), 1);
     assert_eq!(handoffs[0].direction, Direction::Response);
     s.resolve(handoffs[0].id, Resolution::Response {
         answer: first.clone(), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
     }).unwrap();
-    let mut out = Output::default();
-    s.ready_responses(&mut out);
-    assert_eq!(bytes_of(&[], &out), first);
-    // Second: passes in the module, as the broker sent it.
-    fetch_round(&mut s, 22);
-    let second = answer(22, &[7]);
-    let mut out = Output::default();
-    s.feed_responses(&second, view(&routes), &mut out).unwrap();
+    assert_eq!(drain_responses(&mut s), first);
+    // Second: neither the request nor its answer leaves Envoy.
+    assert!(!fetch_round(&mut s, 22), "a Fetch of vouched topics goes to the broker at once");
+    let second = fetch_answer_of(22, &[7]);
+    let (now, handoffs) = answer_round(&mut s, &second);
+    assert!(handoffs.is_empty());
+    assert_eq!(now, second);
+    assert_eq!(s.stats.get(Counter::HandoffVouched), 2);
+}
+
+#[test]
+fn an_answer_that_does_not_pass_goes_to_the_service_after_its_replayed_request() {
+    let mut s = Session::with_policy(SessionLimits::default(), FetchSchemas(vouching()));
+    assert!(fetch_round(&mut s, 1));
+    let (_, handoffs) = answer_round(&mut s, &fetch_answer_of(1, &[7]));
+    s.resolve(handoffs[0].id, Resolution::Response {
+        answer: fetch_answer_of(1, &[7]), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+    }).unwrap();
+    drain_responses(&mut s);
+    let replayed = |s: &mut Session<FetchSchemas>, cid: i32| {
+        assert!(!fetch_round(s, cid));
+        let (now, handoffs) = answer_round(s, &fetch_answer_of(cid, &[7, 8]));
+        assert!(now.is_empty(), "the answer keeps its place");
+        assert_eq!(handoffs.len(), 1, "the request first");
+        assert_eq!(handoffs[0].direction, Direction::Request);
+        assert_eq!(&handoffs[0].frame[..], &fetch_request(cid)[..]);
+        handoffs[0].id
+    };
+    // The reply asks for the answer: it is handed off, and the service's goes out.
+    let id = replayed(&mut s, 2);
+    s.resolve(id, Resolution::Request { forward: fetch_request(2), answer: None, want_response: true, vouched: vec![] }).unwrap();
+    let handoffs = s.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].direction, Direction::Response);
+    assert_eq!(&handoffs[0].frame[..], &fetch_answer_of(2, &[7, 8])[..]);
+    assert!(drain_responses(&mut s).is_empty());
+    let filtered = fetch_answer_of(2, &[7]);
+    s.resolve(handoffs[0].id, Resolution::Response { answer: filtered.clone(), vouched: vec![] }).unwrap();
+    assert_eq!(drain_responses(&mut s), filtered);
+    // The reply does not ask for it (the rules changed): the broker's answer goes as it came.
+    let id = replayed(&mut s, 3);
+    s.resolve(id, Resolution::Request { forward: fetch_request(3), answer: None, want_response: false, vouched: vec![] }).unwrap();
     assert!(s.take_handoffs().is_empty());
-    assert_eq!(bytes_of(&second, &out), second);
-    assert_eq!(s.stats.get(Counter::HandoffVouched), 1);
-    // Third, with another id: handed off again.
-    fetch_round(&mut s, 23);
-    let mut out = Output::default();
-    s.feed_responses(&answer(23, &[7, 8]), view(&routes), &mut out).unwrap();
-    assert_eq!(s.take_handoffs().len(), 1);
+    assert_eq!(drain_responses(&mut s), fetch_answer_of(3, &[7, 8]));
+    // The service answers the request itself (a rule refuses it now): that answer goes.
+    let id = replayed(&mut s, 4);
+    let own = fetch_answer(4, 12, &[], false);
+    s.resolve(id, Resolution::Request { forward: vec![], answer: Some(own.clone()), want_response: false, vouched: vec![] }).unwrap();
+    assert_eq!(drain_responses(&mut s), own);
+    assert_eq!(s.in_flight(), 0);
+    // No reply, fail-closed: the connection closes.
+    let id = replayed(&mut s, 5);
+    assert!(s.resolve(id, Resolution::Failed(keg_kafka_filter::core::handoff::Failure::Timeout)).is_err());
 }
 
 #[test]

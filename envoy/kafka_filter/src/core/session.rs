@@ -127,12 +127,23 @@ struct InFlight {
     reply: Reply,
 }
 
-/// An answer the Python service asked for: what its failure means, and whether vouched
-/// ids may let it pass instead.
+/// An answer the Python service asked for (or may ask for): what its failure means,
+/// whether vouched ids may let it pass instead, and `replay`: the request, when it went
+/// to the broker on vouched ids without the service seeing it. Such an answer that does
+/// not pass on vouched ids is handed off after its request ([`Session::resolve`]).
 #[derive(Debug, Clone)]
 struct ResponseHandOff {
     fail_open: bool,
     vouching: Option<Arc<Vouching>>,
+    replay: Option<Bytes>,
+}
+
+/// A broker answer waiting for the service's reply to its replayed request: its place in
+/// the response stream is hand-off `id`.
+#[derive(Debug)]
+struct Replayed {
+    id: u64,
+    frame: Bytes,
 }
 
 /// A request collected whole to be handed off.
@@ -194,6 +205,8 @@ struct Pending {
     expects_response: bool,
     fail_open: bool,
     vouching: Option<Arc<Vouching>>,
+    /// A replayed request: the answer that waits for its reply.
+    then_response: Option<Replayed>,
 }
 
 pub struct Session<P: RequestPolicy = ForwardAll> {
@@ -313,7 +326,8 @@ impl<P: RequestPolicy> Session<P> {
     /// and what is queued behind them; not the frame still being read (collected to be
     /// handed off, or read for its topics), which only more reading can complete.
     pub fn handoff_bytes_awaiting_answers(&self) -> usize {
-        let pending: usize = self.pending.iter().map(|p| p.frame.len()).sum();
+        let pending: usize = self.pending.iter()
+            .map(|p| p.frame.len() + p.then_response.as_ref().map_or(0, |r| r.frame.len())).sum();
         pending + self.requests_out.bytes() + self.responses_out.bytes()
     }
 
@@ -680,6 +694,18 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
+        if c.api_key == FETCH && c.expects_response && self.vouched_fetch(&c) {
+            // Its answer is read for vouched ids; one that does not pass goes to the
+            // service after this request, replayed (held_response).
+            let plan = self.response_plan(c.api_key, c.api_version);
+            let replay = Some(Bytes::from(c.frame.clone()));
+            if let Some(entry) = self.in_flight.back_mut() {
+                entry.reply = Reply::Broker { plan, handoff: Some(ResponseHandOff { fail_open: c.fail_open, vouching: c.vouching, replay }) };
+            }
+            self.stats.add(Counter::HandoffVouched, 1);
+            out.owned(c.frame);
+            return;
+        }
         let id = self.next_handoff;
         self.next_handoff += 1;
         if c.expects_response {
@@ -692,6 +718,15 @@ impl<P: RequestPolicy> Session<P> {
         self.stats.add(Counter::HandoffRequests, 1);
         self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open, c.vouching);
         out.pieces.push(Piece::HandOff(id));
+    }
+
+    /// Whether a collected Fetch may go to the broker without the service: every topic of
+    /// it a rule selects is vouched for (its answer is then read for vouched ids).
+    fn vouched_fetch(&self, c: &Collect) -> bool {
+        c.vouching.as_ref().is_some_and(|v| {
+            self.vouched_responses.applies_to(v)
+                && vouch::fetch_request_passes(&c.frame, c.api_version, v, &self.vouched_responses, Instant::now())
+        })
     }
 
     /// Whether a collected Produce passes on ids the service vouched for.
@@ -714,7 +749,9 @@ impl<P: RequestPolicy> Session<P> {
             principal: self.identity.known_principal(),
             security_protocol: self.identity.security_protocol(),
         });
-        self.pending.push_back(Pending { id, direction, frame, api_key, api_version, expects_response, fail_open, vouching });
+        self.pending.push_back(Pending {
+            id, direction, frame, api_key, api_version, expects_response, fail_open, vouching, then_response: None,
+        });
     }
 
     /// Requests that may go to the broker now, after answers came back.
@@ -740,9 +777,43 @@ impl<P: RequestPolicy> Session<P> {
             }
         }
         match pending.direction {
+            Direction::Request if pending.then_response.is_some() => self.resolve_replay(pending, resolution),
             Direction::Request => self.resolve_request(pending, resolution),
             Direction::Response => self.resolve_response(pending, resolution),
         }
+    }
+
+    /// The reply to a replayed request (it went to the broker already): its answer goes
+    /// to the service if the reply asks for it, else to the client as it came; a gateway
+    /// answer (a rule refusing it now) takes the answer's place.
+    fn resolve_replay(&mut self, mut p: Pending, resolution: Resolution) -> Result<(), ProtocolError> {
+        let Some(answer) = p.then_response.take() else { return Ok(()) };
+        let api = api_name(p.api_key);
+        match resolution {
+            Resolution::Request { answer: Some(own), .. } => {
+                if correlation_id(&own, 4) != correlation_id(&p.frame, 8) {
+                    return Err(ProtocolError::HandOff(format!("the service's answer to a {api} request has another correlation id")));
+                }
+                self.stats.add(Counter::HandoffAnswers, 1);
+                self.responses_out.fill(answer.id, own);
+            }
+            Resolution::Request { want_response: true, .. } => {
+                self.stats.add(Counter::HandoffResponses, 1);
+                self.hand_off(answer.id, Direction::Response, answer.frame, p.api_key, p.api_version, true, p.fail_open, p.vouching);
+            }
+            Resolution::Request { .. } => {
+                self.responses_out.fill(answer.id, answer.frame.to_vec());
+            }
+            Resolution::Failed(_) if p.fail_open => {
+                self.responses_out.fill(answer.id, answer.frame.to_vec());
+            }
+            Resolution::Failed(failure) => {
+                return Err(ProtocolError::HandOff(format!("no answer from the service for a {api} request ({failure:?}): fail-closed")))
+            }
+            Resolution::Close => return Err(ProtocolError::HandOff(format!("the service closed the connection at a {api} request"))),
+            Resolution::Response { .. } => return Err(ProtocolError::HandOff(format!("a response's answer to a {api} request"))),
+        }
+        Ok(())
     }
 
     /// Keeps what the service vouched for in its answer (see [`vouch`]).
@@ -782,7 +853,7 @@ impl<P: RequestPolicy> Session<P> {
             }
             Resolution::Request { forward, answer: None, want_response, .. } if !forward.is_empty() => {
                 let plan = self.response_plan(p.api_key, p.api_version);
-                let handoff = want_response.then(|| ResponseHandOff { fail_open: p.fail_open, vouching: p.vouching.clone() });
+                let handoff = want_response.then(|| ResponseHandOff { fail_open: p.fail_open, vouching: p.vouching.clone(), replay: None });
                 (forward, p.expects_response.then_some(Reply::Broker { plan, handoff }))
             }
             Resolution::Request { .. } => {
@@ -1001,6 +1072,19 @@ impl<P: RequestPolicy> Session<P> {
             Some(h) if api_key == FETCH && self.vouched_response(&sent, api_version, h.vouching.as_deref()) => {
                 self.stats.add(Counter::HandoffVouched, 1);
                 out.owned(sent);
+            }
+            Some(ResponseHandOff { fail_open, vouching, replay: Some(request) }) => {
+                // The service has not seen the request: it goes first, then (if its reply
+                // asks for it) this answer, which keeps its place meanwhile.
+                let response_id = self.next_handoff;
+                let request_id = response_id + 1;
+                self.next_handoff += 2;
+                self.stats.add(Counter::HandoffRequests, 1);
+                self.hand_off(request_id, Direction::Request, request, api_key, api_version, true, fail_open, vouching);
+                if let Some(p) = self.pending.back_mut() {
+                    p.then_response = Some(Replayed { id: response_id, frame: Bytes::from(sent) });
+                }
+                out.pieces.push(Piece::HandOff(response_id));
             }
             Some(h) => {
                 let id = self.next_handoff;

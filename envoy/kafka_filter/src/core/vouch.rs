@@ -177,6 +177,63 @@ pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &V
     matches!(walk(), Ok(true)) && w.pos == frame.len()
 }
 
+/// Whether a whole Fetch request may go to the broker without a hand-off: every topic
+/// of it the range's selector selects is vouchable and has live vouched ids (so its
+/// answer will likely pass on them; one that does not is handed off after the request).
+pub fn fetch_request_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
+    if !FETCH_VERSIONS.contains(&version) || !vouched.applies_to(vouching) {
+        return false;
+    }
+    let flexible = version >= 12;
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Result<bool, Stop> {
+        w.header(flexible)?;
+        if version <= 14 {
+            w.take(4)?; // replica_id
+        }
+        w.take(4 + 4 + 4 + 1)?; // max_wait_ms, min_bytes, max_bytes, isolation_level
+        if version >= 7 {
+            w.take(4 + 4)?; // session_id, session_epoch
+        }
+        let count = w.count(flexible)?;
+        if count > MAX_TOPICS {
+            return Ok(false);
+        }
+        let partition_size = 4 + if version >= 9 { 4 } else { 0 } + 8
+            + if version >= 12 { 4 } else { 0 } + if version >= 5 { 8 } else { 0 } + 4;
+        for _ in 0..count {
+            let named: Arc<str>;
+            let name: &[u8] = if version >= 13 {
+                let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
+                named = topic_name(&id).ok_or(Stop::HandOff)?;
+                named.as_bytes()
+            } else {
+                w.string(flexible)?.ok_or(Stop::HandOff)?
+            };
+            if vouching.selector.selects(name)
+                && (vouching.unvouched.selects(name) || vouched.ids(name, now).is_none_or(|ids| ids.is_empty()))
+            {
+                return Ok(false);
+            }
+            let partitions = w.count(flexible)?;
+            if partitions > MAX_PARTITIONS {
+                return Ok(false);
+            }
+            for _ in 0..partitions {
+                w.take(partition_size)?;
+                if flexible {
+                    w.tagged_fields()?;
+                }
+            }
+            if flexible {
+                w.tagged_fields()?;
+            }
+        }
+        Ok(true)
+    };
+    matches!(walk(), Ok(true))
+}
+
 /// What a frame's records are checked against.
 #[derive(Clone, Copy)]
 struct Check<'v> {

@@ -595,6 +595,8 @@ impl Filter {
         for (id, resolution) in answers {
             self.session.resolve(id, resolution)?;
         }
+        // An answer may make a hand-off (the broker's answer to a replayed request).
+        self.dispatch(envoy, cb)?;
         let late = handoff::LATE_ANSWERS.swap(0, Ordering::Relaxed);
         if late > 0 {
             self.count(envoy, cb, Event::LateAnswers, late);
