@@ -16,7 +16,9 @@ the chain holds only the filters that judge or learn (`frames_filters`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import contextlib
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -78,6 +80,7 @@ class FramesSession:
                  meter: ConnectionMeter | None = None) -> None:
         self.conn = conn
         self.identity = identity or IdentityTracker()
+        self._topic_ids = engine.topic_ids
         self._vouches: list[Vouch] = []
         self.chain = FilterChain(frames_filters(engine, self.identity, self._vouches))
         self._meter = meter
@@ -87,9 +90,16 @@ class FramesSession:
         self._patches: dict[int, tuple[ResponsePatch | None, RequestAudit]] = {}
 
     def request(self, raw: bytes, principal: str | None = None,
-                security_protocol: str | None = None) -> RequestReply:
-        """One whole request frame (size prefix included)."""
+                security_protocol: str | None = None,
+                topic_ids: Mapping[str, str] | None = None) -> RequestReply:
+        """One whole request frame (size prefix included). `topic_ids`: the names of the
+        topic ids it carries, as the module knows them (hex id -> name): the Metadata
+        answer that named them may have gone to another worker of the pool."""
         _check_whole(raw, REQUEST_HEAD_SIZE)
+        for topic_id, name in (topic_ids or {}).items():
+            with contextlib.suppress(ValueError, TypeError):
+                if isinstance(name, str):
+                    self._topic_ids.add(uuid.UUID(hex=topic_id), name)
         head = parse_request_head(raw)
         if self._meter is not None:
             body = memoryview(raw)[REQUEST_HEAD_SIZE:]

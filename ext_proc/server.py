@@ -375,7 +375,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 if request.HasField("read_data"):
                     reply = await self._run(partial(
                         session.request, principal=keg.get("principal"),
-                        security_protocol=keg.get("security_protocol")), request.read_data.data)
+                        security_protocol=keg.get("security_protocol"),
+                        topic_ids=keg.get("topic_ids")), request.read_data.data)
                     response = pb.ProcessingResponse(
                         read_data=pb.Data(data=reply.to_broker))
                     if reply.answer is not None:

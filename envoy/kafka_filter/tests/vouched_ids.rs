@@ -521,3 +521,42 @@ fn a_new_interest_table_drops_every_vouch() {
     known.learn(vec![Vouch { topic: "s.payments".into(), ids: vec![7], ttl_ms: 60_000 }], &newer, now);
     assert!(!produce_passes(&frame, 9, &newer, &known, now), "s.orders was vouched under the old table");
 }
+
+#[test]
+fn hand_off_messages_name_topic_ids_and_replies_carry_vouches() {
+    use keg_kafka_filter::handoff::proto::{message, resolution, ProcessingResponse, NAMESPACE};
+    use prost_types::value::Kind;
+    use prost_types::{ListValue, Struct, Value};
+    let id = topic_id("s.named");
+    for (api_key, frame) in [(0, produce(13, &[("s.named", batch(&[framed(7, b"{}")]))])),
+                             (1, fetch_request_of(1, 13, &["s.named", "logs"]))] {
+        let h = keg_kafka_filter::core::HandOff {
+            id: 1, direction: Direction::Request, frame: Bytes::from(frame), api_key, api_version: 13,
+            principal: None, security_protocol: "PLAINTEXT",
+        };
+        let m = message(&h);
+        let keg = &m.metadata.unwrap().filter_metadata[NAMESPACE];
+        let Some(Kind::StructValue(ids)) = &keg.fields["topic_ids"].kind else { panic!("{keg:?}") };
+        let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(ids.fields[&hex].kind, Some(Kind::StringValue("s.named".into())), "api {api_key}");
+    }
+    // keg.vouched in a reply: well-formed entries kept, the others left out.
+    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.into())) };
+    let number = |n: f64| Value { kind: Some(Kind::NumberValue(n)) };
+    let list = |v: Vec<Value>| Value { kind: Some(Kind::ListValue(ListValue { values: v })) };
+    let object = |f: Vec<(&str, Value)>| Value { kind: Some(Kind::StructValue(Struct {
+        fields: f.into_iter().map(|(k, v)| (k.to_string(), v)).collect() })) };
+    let vouched = list(vec![
+        object(vec![("topic", text("s.a")), ("ids", list(vec![number(7.0), number(9.0)])), ("ttl_ms", number(800.0))]),
+        object(vec![("topic", text("s.b")), ("ids", list(vec![number(-1.0)])), ("ttl_ms", number(800.0))]),
+        object(vec![("topic", text("s.c")), ("ids", list(vec![number(1.5)])), ("ttl_ms", number(800.0))]),
+        object(vec![("topic", text("s.d")), ("ttl_ms", number(800.0))]),
+        text("not an object"),
+    ]);
+    let reply = ProcessingResponse {
+        dynamic_metadata: Some(Struct { fields: [(NAMESPACE.to_string(), object(vec![("vouched", vouched)]))].into_iter().collect() }),
+        ..Default::default()
+    };
+    let Resolution::Response { vouched, .. } = resolution(Direction::Response, reply) else { panic!() };
+    assert_eq!(vouched, vec![Vouch { topic: "s.a".into(), ids: vec![7, 9], ttl_ms: 800 }]);
+}

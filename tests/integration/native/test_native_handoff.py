@@ -9,6 +9,7 @@ itself and hands the principal over with every frame.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -157,6 +158,55 @@ def test_fetches_a_deny_rule_judges_do_not_bring_their_answers_back(env: Env) ->
     # Every Fetch is judged (handed off); only the learners' Metadata answers come back.
     assert requests >= 10, requests
     assert responses <= 5, (requests, responses)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_every_worker_of_the_pool_knows_the_topic_ids_the_module_learned(
+        kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Regression: each ext_proc worker learned topic ids only from the Metadata answers it
+    saw, so a consumer whose Metadata request went to one worker and whose Fetch (v13+,
+    by topic id) went to another got UNKNOWN_TOPIC_ID and backed off 500 ms (librdkafka's
+    debug log says so). The module now names the ids of each frame it hands over."""
+    pii = create_topic(kafka.bootstrap, name=f"pii.{uuid.uuid4().hex[:8]}")
+    assert deliver(Producer({"bootstrap.servers": kafka.bootstrap}), pii, b'{"email": "a@x"}') == 0
+    rules = StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1")
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.bootstrap, listen_port_base=0, rules_provider=rules,
+        work_dir=tmp_path_factory.mktemp("native-pool"), ext_proc_log_level="WARNING",
+        data_path="native", ext_proc_workers=2)
+    unknown: list[str] = []
+    with Gateway(settings) as gateway:
+        # Connections are spread over the two workers by hash: six consumers (a dozen
+        # connections) meet both.
+        for _ in range(6):
+            lines = _Lines()
+            logger = logging.getLogger(f"rdkafka-{uuid.uuid4().hex[:6]}")
+            logger.addHandler(lines)
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False
+            consumer = Consumer({"bootstrap.servers": gateway.bootstrap, "debug": "fetch",
+                                 "group.id": f"g-{uuid.uuid4().hex[:6]}"}, logger=logger)
+            try:
+                consumer.assign([TopicPartition(pii, 0, 0)])
+                value = None
+                deadline = time.monotonic() + 20
+                while value is None and time.monotonic() < deadline:
+                    msg = consumer.poll(0.2)
+                    if msg is not None and msg.error() is None:
+                        value = msg.value()
+            finally:
+                consumer.close()
+            assert value is not None and orjson.loads(value) == {"email": "****"}, value
+            unknown += [line for line in lines.lines if "UNKNOWN_TOPIC_ID" in line.upper()]
+    assert unknown == []
 
 
 def test_a_rule_change_reaches_a_live_connection_without_draining(env: Env) -> None:

@@ -301,7 +301,26 @@ def test_only_fetches_that_may_get_records_a_rule_reads_bring_their_answer_back(
     action: {deny: {}}
 """))
     assert not session.request(fetch_named(1, "audit.log")).want_response
-    alice = {"principal": "User:alice", "security_protocol": "SASL_PLAINTEXT"}
-    assert session.request(fetch_named(2, "pii.users"), **alice).want_response
+    assert session.request(fetch_named(2, "pii.users"), principal="User:alice",
+                            security_protocol="SASL_PLAINTEXT").want_response
     # An incremental fetch is answered for its whole session: it comes back.
-    assert session.request(fetch_named(3, "audit.log", epoch=4), **alice).want_response
+    assert session.request(fetch_named(3, "audit.log", epoch=4), principal="User:alice",
+                            security_protocol="SASL_PLAINTEXT").want_response
+
+
+def test_topic_ids_the_module_names_are_known_without_a_metadata_answer() -> None:
+    """Regression: each worker of the pool learned topic ids only from the Metadata answers
+    it saw; a consumer whose Metadata went to another worker got UNKNOWN_TOPIC_ID for its
+    first Fetch (v13+) and backed off 500 ms. The module now names the ids it hands over."""
+    pii = uuid.uuid4()
+    unknown = FramesSession(CONN, engine()).request(fetch(1, pii), principal="User:alice",
+                            security_protocol="SASL_PLAINTEXT")
+    assert unknown.to_broker == b"" and unknown.answer is not None  # UNKNOWN_TOPIC_ID
+    session = FramesSession(CONN, engine())
+    named = session.request(fetch(2, pii), topic_ids={pii.hex: "pii.users", "zz": "bad"},
+                            principal="User:alice", security_protocol="SASL_PLAINTEXT")
+    assert named.want_response
+    out = session.response(fetch_answer(2, pii, json_batch([{"email": "a@x"}])), ApiKey.FETCH, 16)
+    _, body = kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)
+    assert fetched_values(body) == [{"email": "****"}]
+    assert body["Responses"][0]["Partitions"][0]["ErrorCode"] == 0

@@ -434,6 +434,61 @@ impl<'a> Walk<'a> {
     }
 }
 
+/// The topic ids a whole Produce (v13+) or Fetch (v13+) request names that the module
+/// knows by name: handed to the Python service with the frame, since the Metadata
+/// answer that taught them may have gone to another worker of its pool (each learns
+/// ids only from the answers it sees; without this, a consumer's first Fetch on a
+/// connection served by another worker got UNKNOWN_TOPIC_ID and backed off 500 ms).
+/// At most [`MAX_TOPICS`]; an unreadable frame names none.
+pub fn named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
+    let mut named = Vec::new();
+    if api_version < 13 || !readable(api_key, api_version) {
+        return named;
+    }
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Step<()> {
+        w.header(true)?;
+        let partition_size = if api_key == PRODUCE {
+            w.string(true)?; // transactional_id
+            w.take(2 + 4)?; // acks, timeout_ms
+            None
+        } else {
+            if api_version <= 14 {
+                w.take(4)?; // replica_id
+            }
+            w.take(4 + 4 + 4 + 1 + 4 + 4)?; // max_wait_ms .. isolation_level, session id, epoch
+            Some(4 + 4 + 8 + 4 + 8 + 4)
+        };
+        let topics = w.count(true)?.min(MAX_TOPICS);
+        for _ in 0..topics {
+            let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
+            if let Some(name) = topic_name(&id) {
+                named.push((id, name));
+            }
+            let partitions = w.count(true)?;
+            if partitions > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                match partition_size {
+                    Some(size) => {
+                        w.take(size)?;
+                    }
+                    None => {
+                        w.take(4)?; // index
+                        w.skip_bytes(true)?; // records
+                    }
+                }
+                w.tagged_fields()?;
+            }
+            w.tagged_fields()?;
+        }
+        Ok(())
+    };
+    let _ = walk(); // what was read before a malformed part still names its topics
+    named
+}
+
 /// Whether a whole Produce request frame has at most [`MAX_TOPICS`] topics and
 /// [`MAX_PARTITIONS`] partitions, all within the frame: what must hold before
 /// kafka-protocol decodes a client's request (it reserves room for as many entries as a

@@ -10,6 +10,7 @@ use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 
 use crate::core::handoff::{Direction, HandOff, Resolution};
+use crate::core::topics;
 use crate::core::vouch::Vouch;
 
 pub const PROCESS: &str = "/envoy.service.network_ext_proc.v3.NetworkExternalProcessor/Process";
@@ -76,12 +77,25 @@ pub fn message(handoff: &HandOff) -> ProcessingRequest {
     if let Some(principal) = &handoff.principal {
         fields.insert("principal".to_string(), string(principal.clone()));
     }
+    if handoff.direction == Direction::Request {
+        // The names of the topic ids it carries (v13+), as this module learned them: the
+        // worker that gets the frame may not have seen the Metadata answer.
+        let named = topics::named_ids(handoff.api_key, handoff.api_version, &handoff.frame);
+        if !named.is_empty() {
+            let ids = named.into_iter().map(|(id, name)| (hex(&id), string(name.as_ref()))).collect();
+            fields.insert("topic_ids".to_string(), Value { kind: Some(Kind::StructValue(Struct { fields: ids })) });
+        }
+    }
     let metadata = Metadata { filter_metadata: HashMap::from([(NAMESPACE.to_string(), Struct { fields })]) };
     let data = Some(Data { data: handoff.frame.clone(), end_of_stream: false });
     match handoff.direction {
         Direction::Request => ProcessingRequest { read_data: data, write_data: None, metadata: Some(metadata) },
         Direction::Response => ProcessingRequest { read_data: None, write_data: data, metadata: Some(metadata) },
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn keg(metadata: Option<&Struct>) -> Option<&Struct> {
