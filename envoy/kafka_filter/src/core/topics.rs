@@ -63,6 +63,28 @@ const MAX_PATTERN_LENGTH: usize = 4096;
 /// Compiled size allowed per pattern and per set (the crate's default is 10 MiB).
 const REGEX_SIZE_LIMIT: usize = 32 << 20;
 
+/// A topic as a frame names it: its name as read, or the name its id is known by.
+pub(super) enum Named<'a> {
+    Read(&'a [u8]),
+    Known(Arc<str>),
+}
+
+impl Named<'_> {
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Named::Read(name) => name,
+            Named::Known(name) => name.as_bytes(),
+        }
+    }
+}
+
+/// The fixed size of one partition of a Fetch request (its tagged fields aside):
+/// partition, [current_leader_epoch: v9+], fetch_offset, [last_fetched_epoch: v12+],
+/// [log_start_offset: v5+], partition_max_bytes.
+pub(super) fn fetch_partition_size(version: i16) -> usize {
+    4 + if version >= 9 { 4 } else { 0 } + 8 + if version >= 12 { 4 } else { 0 } + if version >= 5 { 8 } else { 0 } + 4
+}
+
 /// Whether the walk reads this request's topics (other versions are handed off whole).
 pub fn readable(api_key: i16, api_version: i16) -> bool {
     match api_key {
@@ -340,15 +362,19 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
-    /// One topic's name or id: selected? An id never seen named is handed off.
-    fn topic(&mut self, ids: bool, compact: bool, selector: &TopicSelector) -> Step<bool> {
+    /// One topic's name, or its id named from the Metadata answers: an id never seen
+    /// named, or a null name, is [`Stop::HandOff`].
+    pub(super) fn topic_name(&mut self, ids: bool, compact: bool) -> Step<Named<'a>> {
         if ids {
             let id: [u8; 16] = self.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
-            let name = topic_name(&id).ok_or(Stop::HandOff)?;
-            return Ok(selector.selects(name.as_bytes()));
+            return topic_name(&id).map(Named::Known).ok_or(Stop::HandOff);
         }
-        let name = self.string(compact)?.ok_or(Stop::HandOff)?;
-        Ok(selector.selects(name))
+        self.string(compact)?.map(Named::Read).ok_or(Stop::HandOff)
+    }
+
+    /// One topic's name or id: selected?
+    fn topic(&mut self, ids: bool, compact: bool, selector: &TopicSelector) -> Step<bool> {
+        Ok(selector.selects(self.topic_name(ids, compact)?.as_bytes()))
     }
 
     /// true: a topic is selected; false: every topic was read, none is.
@@ -405,8 +431,7 @@ impl<'a> Walk<'a> {
         if topics > MAX_TOPICS {
             return Err(Stop::HandOff);
         }
-        let partition_size = 4 + if version >= 9 { 4 } else { 0 } + 8
-            + if version >= 12 { 4 } else { 0 } + if version >= 5 { 8 } else { 0 } + 4;
+        let partition_size = fetch_partition_size(version);
         let mut partitions_seen = 0usize;
         for i in 0..topics {
             if self.topic(version >= 13, flexible, selector)? {
@@ -457,7 +482,7 @@ pub fn named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16],
                 w.take(4)?; // replica_id
             }
             w.take(4 + 4 + 4 + 1 + 4 + 4)?; // max_wait_ms .. isolation_level, session id, epoch
-            Some(4 + 4 + 8 + 4 + 8 + 4)
+            Some(fetch_partition_size(api_version))
         };
         let topics = w.count(true)?.min(MAX_TOPICS);
         for _ in 0..topics {

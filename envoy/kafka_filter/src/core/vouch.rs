@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::head::PRODUCE;
 use super::inflate::inflate;
-use super::topics::{topic_name, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
+use super::topics::{fetch_partition_size, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
 
 /// Topics a connection remembers vouches for, per direction, and ids per topic.
 pub const MAX_TOPICS_VOUCHED: usize = 256;
@@ -199,17 +199,10 @@ pub fn fetch_request_passes(frame: &[u8], version: i16, vouching: &Vouching, vou
         if count > MAX_TOPICS {
             return Ok(false);
         }
-        let partition_size = 4 + if version >= 9 { 4 } else { 0 } + 8
-            + if version >= 12 { 4 } else { 0 } + if version >= 5 { 8 } else { 0 } + 4;
+        let partition_size = fetch_partition_size(version);
         for _ in 0..count {
-            let named: Arc<str>;
-            let name: &[u8] = if version >= 13 {
-                let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
-                named = topic_name(&id).ok_or(Stop::HandOff)?;
-                named.as_bytes()
-            } else {
-                w.string(flexible)?.ok_or(Stop::HandOff)?
-            };
+            let named = w.topic_name(version >= 13, flexible)?;
+            let name = named.as_bytes();
             if vouching.selector.selects(name)
                 && (vouching.unvouched.selects(name) || vouched.ids(name, now).is_none_or(|ids| ids.is_empty()))
             {
@@ -277,14 +270,8 @@ fn topics<'a>(
     let mut partitions_seen = 0usize;
     let mut budget = MAX_INFLATED;
     for _ in 0..count {
-        let named: Arc<str>;
-        let name: &[u8] = if ids {
-            let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
-            named = topic_name(&id).ok_or(Stop::HandOff)?;
-            named.as_bytes()
-        } else {
-            w.string(flexible)?.ok_or(Stop::HandOff)?
-        };
+        let named = w.topic_name(ids, flexible)?;
+        let name = named.as_bytes();
         let checked = vouching.selector.selects(name);
         if checked && vouching.unvouched.selects(name) {
             return Ok(false);
