@@ -52,11 +52,16 @@ class LocalCluster:
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def alive_workers(self) -> int:
+        """Workers the Master counts alive; 0 while its web UI is not up yet.
+
+        While the UI starts, Jetty may serve `/json/` from the page handler attached
+        first (an HTML page): that answer means "not yet", like a refused connection.
+        """
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/",
                                         timeout=2) as response:
                 return int(json.loads(response.read()).get("aliveworkers", 0))
-        except OSError:
+        except (OSError, ValueError, AttributeError):
             return 0
 
     def logs(self) -> str:
