@@ -74,7 +74,8 @@ class RegisteredSchema:
     refused with that reason (the registry will not change what the id means).
     """
 
-    __slots__ = ("_avro", "_json", "_proto", "error", "id", "record_name", "type")
+    __slots__ = ("_avro", "_json", "_proto", "error", "id", "native_json", "record_name",
+                 "type")
 
     def __init__(self, schema_id: int, schema_type: SchemaType, text: str,
                  references: list[tuple[Reference, SchemaType, str]]) -> None:
@@ -82,6 +83,9 @@ class RegisteredSchema:
         self.type: SchemaType = schema_type
         self.error: str | None = None
         self.record_name: str | None = None
+        # The JSON Schema keg's Kafka filter may check payloads against itself (a JSON
+        # Schema without references, within `native_subset`), as text; else None.
+        self.native_json: str | None = None
         self._avro: AvroCodec | None = None
         self._json: Any = None
         self._proto: ProtobufSchema | None = None
@@ -109,7 +113,7 @@ class RegisteredSchema:
 
     def _compile_json(self, text: str, references: list[tuple[Reference, SchemaType, str]]
                       ) -> None:
-        from interceptors.json_schema import JsonSchemaCheck
+        from interceptors.json_schema import JsonSchemaCheck, native_subset
 
         doc = _json_doc(text)
         registry = None
@@ -122,6 +126,8 @@ class RegisteredSchema:
                                                   default_specification=DRAFT202012))
                 for ref, _kind, ref_text in references)
         self._json = JsonSchemaCheck(doc, registry)
+        if registry is None and native_subset(doc):
+            self.native_json = orjson.dumps(doc).decode()
         title = doc.get("title") if isinstance(doc, dict) else None
         self.record_name = title if isinstance(title, str) else None
 

@@ -45,6 +45,7 @@ from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
 from filter_rules.compiled import RECORD_APIS, CompiledRule
 from filter_rules.record_actions import SchemaSpec
+from interceptors.builtin.schema import Passing
 from interceptors.engine import (
     REFUSING,
     BatchOutcome,
@@ -76,42 +77,59 @@ MAX_VOUCHED_IDS: Final = 64
 @dataclass(frozen=True, slots=True)
 class Vouch:
     """Records of `topic` whose value carries one of `ids` (Confluent framing) pass every
-    record rule that applies to the topic on this connection, for `ttl_ms`."""
+    record rule that applies to the topic on this connection, for `ttl_ms`; those of an
+    id in `json_schemas` when their payload is valid for that JSON Schema (text) too."""
 
     topic: str
     ids: tuple[int, ...]
     ttl_ms: int
+    json_schemas: tuple[tuple[int, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "ids": list(self.ids), "ttl_ms": self.ttl_ms}
+        body: dict[str, Any] = {"topic": self.topic, "ids": list(self.ids),
+                                "ttl_ms": self.ttl_ms}
+        if self.json_schemas:
+            body["json_schemas"] = {str(i): text for i, text in self.json_schemas}
+        return body
 
 
 def vouchable(rule: CompiledRule) -> bool:
     """Whether the Kafka filter may apply `rule` itself from vouched ids: an enforced
-    schema rule that reads values' schema ids alone (no payload validation). Whether
-    an id passes is still decided here, with the registry; the filter only remembers."""
+    schema rule on values (with `validate_payload`, for ids whose JSON Schema the filter
+    checks itself). Whether an id passes is still decided here, with the registry; the
+    filter only remembers, and checks payloads as this service would."""
     spec = rule.action.spec
     if not isinstance(spec, SchemaSpec) or rule.dry_run:
         return False
-    return spec.target == "value" and not spec.validate_payload
+    return spec.target == "value"
 
 
 def vouch_for(topic: str, stages: tuple[Stage, ...]) -> Vouch | None:
-    """The ids every stage of `topic` passes now (None: none, or a stage not vouchable)."""
+    """The ids every stage of `topic` passes now (None: none, or a stage not vouchable).
+    An id two stages pass with different schemas is left out."""
     if not stages or not all(vouchable(stage.rule) for stage in stages):
         return None
     now = time.monotonic()
-    ids: dict[int, float] | None = None
+    ids: dict[int, Passing] | None = None
     for stage in stages:
-        passing: dict[int, float] = stage.interceptor.passing(topic, now)  # type: ignore[attr-defined]
+        passing: dict[int, Passing] = stage.interceptor.passing(topic, now)  # type: ignore[attr-defined]
         ids = dict(passing) if ids is None else {
-            i: min(expiry, passing[i]) for i, expiry in ids.items() if i in passing}
+            i: both for i, known in ids.items() if i in passing
+            and (both := _both(known, passing[i])) is not None}
         if not ids:
             return None
     assert ids is not None
-    chosen = sorted(ids, key=ids.__getitem__, reverse=True)[:MAX_VOUCHED_IDS]
-    ttl_ms = int((min(ids[i] for i in chosen) - now) * 1000)
-    return Vouch(topic, tuple(sorted(chosen)), ttl_ms) if ttl_ms > 0 else None
+    chosen = sorted(ids, key=lambda i: ids[i].expiry, reverse=True)[:MAX_VOUCHED_IDS]
+    ttl_ms = int((min(ids[i].expiry for i in chosen) - now) * 1000)
+    schemas = tuple((i, text) for i in sorted(chosen) if (text := ids[i].json_schema))
+    return Vouch(topic, tuple(sorted(chosen)), ttl_ms, schemas) if ttl_ms > 0 else None
+
+
+def _both(one: Passing, other: Passing) -> Passing | None:
+    """What two stages' passing of an id means together (None: no single schema)."""
+    if one.json_schema and other.json_schema and one.json_schema != other.json_schema:
+        return None
+    return Passing(min(one.expiry, other.expiry), one.json_schema or other.json_schema)
 
 
 def _success(index: int) -> Body:

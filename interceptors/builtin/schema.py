@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from filter_rules.record_actions import SchemaSpec
 from interceptors.contract import (
@@ -52,6 +52,15 @@ _MEMO_ENTRIES: Final = 4096
 Verdict = tuple[RegisteredSchema | None, str | None, frozenset[str] | None, float]
 
 
+class Passing(NamedTuple):
+    """Records of an id pass this rule until `expiry`; with `validate_payload`, those
+    whose payload is valid for `json_schema` (a JSON Schema keg's Kafka filter checks
+    itself, `RegisteredSchema.native_json`)."""
+
+    expiry: float
+    json_schema: str | None = None
+
+
 class SchemaInterceptor:
     __slots__ = ("_fail_open", "_memo", "_passing", "_rechecked", "_registry",
                  "_require_subject", "_strategy", "_validate", "allow_null", "target")
@@ -65,9 +74,9 @@ class SchemaInterceptor:
         self._validate = spec.validate_payload
         self._fail_open = spec.on_unavailable == "pass"
         self._memo: dict[tuple[str, int], Verdict] = {}
-        # topic -> id -> expiry: the memo's passing verdicts that hold for any record
-        # with that id (what keg's Kafka filter may be told, `passing`).
-        self._passing: dict[str, dict[int, float]] = {}
+        # topic -> id -> Passing: the memo's passing verdicts that hold for any record
+        # with that id (and, validating, a payload keg's filter can check), `passing`.
+        self._passing: dict[str, dict[int, Passing]] = {}
         self._rechecked: dict[tuple[int, str | None], float] = {}
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -80,15 +89,14 @@ class SchemaInterceptor:
             raise RecordRejected(reason)
         return record
 
-    def passing(self, topic: str, now: float) -> dict[int, float]:
-        """The ids whose records of `topic` this rule passes until the expiry given (ids
-        alone: with `validate_payload` a record's payload decides too, so none)."""
-        if self._validate:
-            return {}
+    def passing(self, topic: str, now: float) -> dict[int, Passing]:
+        """The ids whose records of `topic` this rule passes until their expiry (with
+        `validate_payload`: only ids of JSON Schemas keg's filter checks itself, which
+        a record's payload must then meet)."""
         known = self._passing.get(topic)
         if not known:
             return {}
-        return {schema_id: expiry for schema_id, expiry in known.items() if expiry > now}
+        return {schema_id: p for schema_id, p in known.items() if p.expiry > now}
 
     def check_batch(self, topic: str, data: Sequence[bytes | memoryview | None]
                     ) -> list[tuple[int, str, str]]:
@@ -183,8 +191,11 @@ class SchemaInterceptor:
             self._passing.clear()
         self._memo[(topic, schema_id)] = verdict
         passing = self._passing.setdefault(topic, {})
-        if schema is not None and reason is None and subjects is None:
-            passing[schema_id] = verdict[3]
+        if schema is not None and reason is None and subjects is None and not self._validate:
+            passing[schema_id] = Passing(verdict[3])
+        elif (schema is not None and reason is None and subjects is None
+              and schema.error is None and schema.native_json is not None):
+            passing[schema_id] = Passing(verdict[3], schema.native_json)
         else:
             passing.pop(schema_id, None)
         return verdict

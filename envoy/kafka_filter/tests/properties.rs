@@ -15,6 +15,7 @@ use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::meter::Meter;
 use keg_kafka_filter::core::rewrite::Routes;
 use keg_kafka_filter::core::topics::TopicSelector;
+use keg_kafka_filter::core::payload::PayloadSchema;
 use keg_kafka_filter::core::vouch::{Vouch, Vouching};
 use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 use proptest::prelude::*;
@@ -115,12 +116,19 @@ fn vouching() -> std::sync::Arc<Vouching> {
 }
 
 /// Vouches for the topics the random frames name (ids 0-3, small and large ttls).
+fn object_schema() -> std::sync::Arc<PayloadSchema> {
+    static SCHEMA: std::sync::OnceLock<std::sync::Arc<PayloadSchema>> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| std::sync::Arc::new(PayloadSchema::compile(r#"{"type": "object"}"#).unwrap())).clone()
+}
+
 fn vouches(pick: u8) -> Vec<Vouch> {
     if pick & 16 == 0 {
         return Vec::new();
     }
     ["orders", "x1", "x-other"].iter().map(|topic| Vouch {
         topic: topic.to_string(), ids: vec![0, 1, 2, u32::from(pick & 3)], ttl_ms: if pick & 32 == 0 { 1 } else { 60_000 },
+        // Sometimes payloads of id 0 are checked too (any JSON object passes).
+        schemas: if pick & 64 == 0 { vec![] } else { vec![(0, object_schema())] },
     }).collect()
 }
 

@@ -17,7 +17,8 @@ use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEnc
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
-use keg_kafka_filter::core::vouch::{fetch_passes, fetch_request_passes, produce_passes, records_pass, Tail, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
+use keg_kafka_filter::core::vouch::{fetch_passes, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -75,8 +76,8 @@ fn last_batch(records: &[u8]) -> usize {
     last
 }
 
-fn budget() -> usize {
-    keg_kafka_filter::core::vouch::MAX_INFLATED
+fn budget() -> Budget {
+    Budget::frame()
 }
 
 fn control_batch() -> Vec<u8> {
@@ -140,34 +141,87 @@ fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)], e
 
 fn vouched(under: &Arc<Vouching>, topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
     let mut v = Vouched::default();
-    v.learn(vec![Vouch { topic: topic.into(), ids: ids.to_vec(), ttl_ms }], under, Instant::now());
+    v.learn(vec![Vouch { topic: topic.into(), ids: ids.to_vec(), ttl_ms, schemas: vec![] }], under, Instant::now());
     v
 }
 
 #[test]
 fn records_pass_only_with_every_value_framed_with_a_vouched_id() {
     let good = batch(&[framed(7, b"{}"), framed(7, b"{\"a\":1}"), framed(3, b"")]);
-    assert!(records_pass(&good, &[3, 7], &mut budget(), Tail::Malformed));
-    assert!(records_pass(&[good.clone(), control_batch(), good.clone()].concat(), &[3, 7], &mut budget(), Tail::Malformed));
-    assert!(!records_pass(&good, &[7], &mut budget(), Tail::Malformed), "id 3 was not vouched for");
+    assert!(records_pass(&good, &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed));
+    assert!(records_pass(&[good.clone(), control_batch(), good.clone()].concat(), &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&good, &Allowed::ids(&[7]), &mut budget(), Tail::Malformed), "id 3 was not vouched for");
     for bad in [None, Some(Bytes::from_static(b"{}")), Some(Bytes::from_static(&[0, 0, 0, 7])),
                 Some(Bytes::from_static(&[1, 0, 0, 0, 7, b'x']))] {
         let mixed = batch(&[framed(7, b"{}"), bad.clone()]);
-        assert!(!records_pass(&mixed, &[7], &mut budget(), Tail::Malformed), "{bad:?}");
+        assert!(!records_pass(&mixed, &Allowed::ids(&[7]), &mut budget(), Tail::Malformed), "{bad:?}");
     }
     let mut compressed = good.clone();
     compressed[22] |= 0x03; // attributes: lz4, but the records are not
-    assert!(!records_pass(&compressed, &[3, 7], &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&compressed, &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed));
     let mut old_magic = good.clone();
     old_magic[16] = 1;
-    assert!(!records_pass(&old_magic, &[3, 7], &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&old_magic, &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed));
     let first = 12 + i32::from_be_bytes(good[8..12].try_into().unwrap()) as usize;
     for cut in 1..first {
-        assert!(!records_pass(&good[..cut], &[3, 7], &mut budget(), Tail::Malformed), "cut at {cut}");
+        assert!(!records_pass(&good[..cut], &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed), "cut at {cut}");
     }
     let mut more = good.clone();
     more[60] += 1; // records_count one more than the batch holds
-    assert!(!records_pass(&more, &[3, 7], &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&more, &Allowed::ids(&[3, 7]), &mut budget(), Tail::Malformed));
+}
+
+const ORDER: &str = r#"{"type": "object", "required": ["id"], "properties": {"id": {"type": "integer", "minimum": 1}}}"#;
+
+fn order_schema() -> Arc<PayloadSchema> {
+    Arc::new(PayloadSchema::compile(ORDER).unwrap())
+}
+
+#[test]
+fn records_of_an_id_vouched_with_its_schema_pass_when_every_payload_is_valid() {
+    let allowed = Allowed::of(vec![(7, Some(order_schema())), (3, None)]);
+    let good = batch(&[framed(7, br#"{"id": 1}"#), framed(3, b"anything"), framed(7, br#"{"id": 2, "x": []}"#)]);
+    assert!(records_pass(&good, &allowed, &mut budget(), Tail::Malformed));
+    for codec in [Compression::Lz4, Compression::Zstd, Compression::Snappy, Compression::Gzip] {
+        let compressed = batch_with(&[framed(7, br#"{"id": 1}"#), framed(7, br#"{"id": 5}"#)], codec);
+        assert!(records_pass(&compressed, &allowed, &mut budget(), Tail::Malformed), "{codec:?}");
+        let bad = batch_with(&[framed(7, br#"{"id": 1}"#), framed(7, br#"{"id": 0}"#)], codec);
+        assert!(!records_pass(&bad, &allowed, &mut budget(), Tail::Malformed), "{codec:?}: id 0 is below the minimum");
+    }
+    for bad in [framed(7, br#"{"id": 0}"#), framed(7, br#"{}"#), framed(7, br#"{"id": "1"}"#), framed(7, b"{\"id\": 1"),
+                framed(7, b""), framed(7, b"\xff\xfe"), framed(8, br#"{"id": 1}"#), None] {
+        let mixed = batch(&[framed(7, br#"{"id": 1}"#), bad.clone()]);
+        assert!(!records_pass(&mixed, &allowed, &mut budget(), Tail::Malformed), "{bad:?}");
+    }
+    // The bytes validated are charged: past MAX_VALIDATED the frame is handed off.
+    let mut left = budget();
+    assert!(records_pass(&good, &allowed, &mut left, Tail::Malformed));
+    assert_eq!(budget().validated - left.validated, br#"{"id": 1}"#.len() + br#"{"id": 2, "x": []}"#.len());
+    let big = format!(r#"{{"id": 1, "pad": "{}"}}"#, "x".repeat(1 << 20));
+    let many: Vec<Option<Bytes>> = (0..=MAX_VALIDATED >> 20).map(|_| framed(7, big.as_bytes())).collect();
+    assert!(!records_pass(&batch(&many), &allowed, &mut budget(), Tail::Malformed));
+    assert!(records_pass(&batch(&many[..4]), &allowed, &mut budget(), Tail::Malformed));
+}
+
+#[test]
+fn a_produce_passes_on_a_vouch_with_a_schema_only_when_its_payloads_are_valid() {
+    let under = vouching();
+    let mut known = Vouched::default();
+    known.learn(vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![(7, order_schema())] }],
+                &under, Instant::now());
+    for version in [3, 9, 13] {
+        let good = produce(version, &[("s.orders", batch(&[framed(7, br#"{"id": 1}"#)]))]);
+        assert!(produce_passes(&good, version, &under, &known, Instant::now()), "v{version}");
+        let bad = produce(version, &[("s.orders", batch(&[framed(7, br#"{"id": -1}"#)]))]);
+        assert!(!produce_passes(&bad, version, &under, &known, Instant::now()), "v{version}");
+        let good_answer = fetch(version + 4, &[("s.orders", batch(&[framed(7, br#"{"id": 1}"#)]))], false);
+        let mut answers = Vouched::default();
+        answers.learn(vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![(7, order_schema())] }],
+                      &under, Instant::now());
+        assert!(fetch_passes(&good_answer, version + 4, &under, &answers, Instant::now()), "fetch v{}", version + 4);
+        let bad_answer = fetch(version + 4, &[("s.orders", batch(&[framed(7, b"[]")]))], false);
+        assert!(!fetch_passes(&bad_answer, version + 4, &under, &answers, Instant::now()), "fetch v{}", version + 4);
+    }
 }
 
 #[test]
@@ -229,7 +283,7 @@ fn a_fetch_answer_passes_when_every_fetched_record_is_vouched_for() {
 fn vouches_are_bounded_and_capped_in_time() {
     let mut known = Vouched::default();
     let now = Instant::now();
-    let many: Vec<Vouch> = (0..1000).map(|i| Vouch { topic: format!("s.t{i}"), ids: (0..500).collect(), ttl_ms: u64::MAX }).collect();
+    let many: Vec<Vouch> = (0..1000).map(|i| Vouch { topic: format!("s.t{i}"), ids: (0..500).collect(), ttl_ms: u64::MAX, schemas: vec![] }).collect();
     let v = vouching();
     known.learn(many, &v, now);
     let good = batch(&[framed(7, b"{}")]);
@@ -266,7 +320,7 @@ fn a_session_hands_off_until_the_service_vouches_then_forwards_what_it_vouched_f
     assert_eq!(handoffs[0].direction, Direction::Request);
     s.resolve(handoffs[0].id, Resolution::Request {
         forward: good.clone(), answer: None, want_response: false,
-        vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+        vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![] }],
     }).unwrap();
     let mut out = Output::default();
     s.ready_requests(&mut out);
@@ -300,17 +354,17 @@ fn compressed_batches_are_read_with_every_codec_within_the_budget() {
         let good = batch_with(&values, codec);
         assert_eq!(good[22] & 7, codec as u8, "{codec:?}");
         let mut left = budget();
-        assert!(records_pass(&good, &[7], &mut left, Tail::Malformed), "{codec:?}");
-        assert!(left < budget(), "{codec:?}: the budget pays for what was decompressed");
-        assert!(!records_pass(&batch_with(&bad, codec), &[7], &mut budget(), Tail::Malformed), "{codec:?}: id 8");
-        assert!(!records_pass(&good, &[7], &mut 100, Tail::Malformed), "{codec:?}: past the budget");
+        assert!(records_pass(&good, &Allowed::ids(&[7]), &mut left, Tail::Malformed), "{codec:?}");
+        assert!(left.inflated < budget().inflated, "{codec:?}: the budget pays for what was decompressed");
+        assert!(!records_pass(&batch_with(&bad, codec), &Allowed::ids(&[7]), &mut budget(), Tail::Malformed), "{codec:?}: id 8");
+        assert!(!records_pass(&good, &Allowed::ids(&[7]), &mut Budget { inflated: 100, ..Budget::frame() }, Tail::Malformed), "{codec:?}: past the budget");
         let mut corrupt = good.clone();
         let last = corrupt.len() - 3;
         corrupt[last] ^= 0x55;
         corrupt[70] ^= 0x55;
         // A payload that does not decompress is not read (gzip checks a CRC); one that
         // decompresses to other bytes is read as those (the broker checks the batch CRC).
-        let read = records_pass(&corrupt, &[7], &mut budget(), Tail::Malformed);
+        let read = records_pass(&corrupt, &Allowed::ids(&[7]), &mut budget(), Tail::Malformed);
         assert!(!read || codec != Compression::Gzip, "{codec:?}: corrupt");
         // The last batch's payload cut short (its length says so): not read.
         let last = last_batch(&good);
@@ -318,7 +372,7 @@ fn compressed_batches_are_read_with_every_codec_within_the_budget() {
         cut.truncate(good.len() - 20);
         let length = (cut.len() - last - 12) as i32;
         cut[last + 8..last + 12].copy_from_slice(&length.to_be_bytes());
-        assert!(!records_pass(&cut, &[7], &mut budget(), Tail::Malformed), "{codec:?}: cut short");
+        assert!(!records_pass(&cut, &Allowed::ids(&[7]), &mut budget(), Tail::Malformed), "{codec:?}: cut short");
     }
     // Raw snappy (librdkafka's framing; kafka-protocol writes xerial's).
     let plain = batch(&values);
@@ -328,17 +382,17 @@ fn compressed_batches_are_read_with_every_codec_within_the_budget() {
     librdkafka.extend(raw);
     let length = (librdkafka.len() - 12) as i32;
     librdkafka[8..12].copy_from_slice(&length.to_be_bytes());
-    assert!(records_pass(&librdkafka, &[7], &mut budget(), Tail::Malformed));
+    assert!(records_pass(&librdkafka, &Allowed::ids(&[7]), &mut budget(), Tail::Malformed));
 }
 
 #[test]
 fn a_decompression_bomb_costs_the_budget_and_is_handed_off() {
     // One record whose value is zeros past the budget: magic 0, schema id 0, then zeros.
-    let bomb = batch_with(&[Some(Bytes::from(vec![0u8; budget() + (1 << 20)]))], Compression::Zstd);
+    let bomb = batch_with(&[Some(Bytes::from(vec![0u8; budget().inflated + (1 << 20)]))], Compression::Zstd);
     assert!(bomb.len() < 100_000, "{} bytes", bomb.len());
-    assert!(!records_pass(&bomb, &[0], &mut budget(), Tail::Malformed));
+    assert!(!records_pass(&bomb, &Allowed::ids(&[0]), &mut budget(), Tail::Malformed));
     let small = batch_with(&[Some(Bytes::from(vec![0u8; 1 << 20]))], Compression::Zstd);
-    assert!(records_pass(&small, &[0], &mut budget(), Tail::Malformed));
+    assert!(records_pass(&small, &Allowed::ids(&[0]), &mut budget(), Tail::Malformed));
 }
 
 /// Fetch of `s.*`: selected, with vouching.
@@ -449,7 +503,7 @@ fn a_session_passes_fetches_and_answers_whose_ids_the_service_vouched_for() {
     assert_eq!(handoffs.len(), 1);
     assert_eq!(handoffs[0].direction, Direction::Response);
     s.resolve(handoffs[0].id, Resolution::Response {
-        answer: first.clone(), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+        answer: first.clone(), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![] }],
     }).unwrap();
     assert_eq!(drain_responses(&mut s), first);
     // Second: neither the request nor its answer leaves Envoy.
@@ -467,7 +521,7 @@ fn an_answer_that_does_not_pass_goes_to_the_service_after_its_replayed_request()
     assert!(fetch_round(&mut s, 1));
     let (_, handoffs) = answer_round(&mut s, &fetch_answer_of(1, &[7]));
     s.resolve(handoffs[0].id, Resolution::Response {
-        answer: fetch_answer_of(1, &[7]), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000 }],
+        answer: fetch_answer_of(1, &[7]), vouched: vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![] }],
     }).unwrap();
     drain_responses(&mut s);
     let replayed = |s: &mut Session<FetchSchemas>, cid: i32| {
@@ -518,7 +572,7 @@ fn a_new_interest_table_drops_every_vouch() {
     assert!(!produce_passes(&frame, 9, &vouching(), &known, now));
     let mut known = known;
     let newer = vouching();
-    known.learn(vec![Vouch { topic: "s.payments".into(), ids: vec![7], ttl_ms: 60_000 }], &newer, now);
+    known.learn(vec![Vouch { topic: "s.payments".into(), ids: vec![7], ttl_ms: 60_000, schemas: vec![] }], &newer, now);
     assert!(!produce_passes(&frame, 9, &newer, &known, now), "s.orders was vouched under the old table");
 }
 
@@ -551,6 +605,8 @@ fn hand_off_messages_name_topic_ids_and_replies_carry_vouches() {
         object(vec![("topic", text("s.b")), ("ids", list(vec![number(-1.0)])), ("ttl_ms", number(800.0))]),
         object(vec![("topic", text("s.c")), ("ids", list(vec![number(1.5)])), ("ttl_ms", number(800.0))]),
         object(vec![("topic", text("s.d")), ("ttl_ms", number(800.0))]),
+        object(vec![("topic", text("s.e")), ("ids", list(vec![number(7.0), number(8.0), number(9.0)])), ("ttl_ms", number(800.0)),
+                    ("json_schemas", object(vec![("7", text(ORDER)), ("8", text(r#"{"type": 5}"#)), ("x", text(ORDER))]))]),
         text("not an object"),
     ]);
     let reply = ProcessingResponse {
@@ -558,5 +614,9 @@ fn hand_off_messages_name_topic_ids_and_replies_carry_vouches() {
         ..Default::default()
     };
     let Resolution::Response { vouched, .. } = resolution(Direction::Response, reply) else { panic!() };
-    assert_eq!(vouched, vec![Vouch { topic: "s.a".into(), ids: vec![7, 9], ttl_ms: 800 }]);
+    assert_eq!(vouched, vec![
+        Vouch { topic: "s.a".into(), ids: vec![7, 9], ttl_ms: 800, schemas: vec![] },
+        // Id 8's schema does not compile: the id is left out, not passed on its id alone.
+        Vouch { topic: "s.e".into(), ids: vec![7, 9], ttl_ms: 800, schemas: vec![(7, order_schema())] },
+    ]);
 }

@@ -253,31 +253,45 @@ def vouched_passes(env: Env) -> int:
     return total
 
 
-def test_vouched_ids_pass_and_every_other_record_still_meets_the_rule(env: Env) -> None:
+@pytest.mark.parametrize("prefix", ["sr.id.", "sr.valid."])
+def test_vouched_ids_pass_and_every_other_record_still_meets_the_rule(
+        env: Env, prefix: str) -> None:
     """One producer connection: the first record's id is judged by the rule (and, on
-    the native path, vouched for); the next records of that id pass in keg's filter;
-    an unregistered id and an unframed value on the same connection are still refused."""
-    topic = env.topic("sr.id.")
+    the native path, vouched for, with its JSON Schema where the rule validates
+    payloads); the next records of that id pass in keg's filter; an unregistered id, an
+    unframed value and (validating) an invalid payload of the vouched id on the same
+    connection are still refused."""
+    topic = env.topic(prefix)
     good = serialized(env, topic, "JSON", ORDERS[:3])
+    bad = [framed(987654, b"{}"), b'{"id": 1}']
+    if prefix == "sr.valid.":
+        schema_id = int.from_bytes(good[0][1:5], "big")
+        bad += [framed(schema_id, b'{"id": 1, "amount": -1}'), framed(schema_id, b"{")]
     before = vouched_passes(env)
     errors: list[str | None] = []
     producer = Producer({"bootstrap.servers": env.gateway.bootstrap, "linger.ms": 0,
                          "retries": 10, "acks": "all"})
-    for value in [*good, framed(987654, b"{}"), b'{"id": 1}']:
+    for value in [*good, *bad]:
         producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(
             None if err is None else err.name()))
         producer.flush(30)
-    assert errors == [None, None, None, "INVALID_RECORD", "INVALID_RECORD"]
+    assert errors == [None] * len(good) + ["INVALID_RECORD"] * len(bad)
     assert stored(env, topic) == good
     if DATA_PATH == NATIVE:
         assert vouched_passes(env) - before >= 2, "the second and third records"
 
 
-def test_vouched_ids_at_fetch_time_withhold_the_rest(env: Env) -> None:
-    """One consumer: fetched records of a vouched id pass in keg's filter; a record of
-    another id stored later still reaches the rule and is withheld."""
-    topic = env.topic("sr.fetchid.")
+@pytest.mark.parametrize("prefix", ["sr.fetchid.", "sr.fetch."])
+def test_vouched_ids_at_fetch_time_withhold_the_rest(env: Env, prefix: str) -> None:
+    """One consumer: fetched records of a vouched id (valid payloads, where the rule
+    validates them) pass in keg's filter; a record of another id, or (validating) of
+    that id with an invalid payload, stored later still reaches the rule and is
+    withheld."""
+    topic = env.topic(prefix)
     good = serialized(env, topic, "JSON", ORDERS[:3])
+    later = [framed(987654, b"{}")]
+    if prefix == "sr.fetch.":
+        later.append(framed(int.from_bytes(good[0][1:5], "big"), b'{"id": 1, "amount": -1}'))
     produce(env.kafka.bootstrap, topic, list(good[:2]))  # directly
     before = vouched_passes(env)
     consumer = Consumer({"bootstrap.servers": env.gateway.bootstrap, "group.id": uuid.uuid4().hex,
@@ -295,7 +309,8 @@ def test_vouched_ids_at_fetch_time_withhold_the_rest(env: Env) -> None:
 
     try:
         read_until(2)
-        produce(env.kafka.bootstrap, topic, [framed(987654, b"{}")])
+        for value in later:
+            produce(env.kafka.bootstrap, topic, [value])
         produce(env.kafka.bootstrap, topic, list(good[2:]))
         read_until(3)
     finally:

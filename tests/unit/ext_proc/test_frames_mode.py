@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import orjson
 import pytest
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2_grpc as pb_grpc
@@ -250,6 +251,36 @@ def produce_records(cid: int, topic: str, records: bytes) -> bytes:
         {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
     return kafka_wire.encode_request(
         kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "app", {}), body)
+
+
+def test_validating_schema_rules_vouch_with_the_json_schemas_the_filter_checks() -> None:
+    registry = Registry()
+    email = {"type": "object", "required": ["email"],
+             "properties": {"email": {"type": "string"}}}
+    registry.add(1, email, "JSON", ["orders-value"])
+    registry.add(2, {"type": "object", "properties": {"email": {"pattern": "@"}}}, "JSON",
+                 ["orders-value"])
+    registry.add(3, {"type": "record", "name": "R", "fields": []}, None, ["orders-value"])
+    rules = f"""
+rules:
+  - id: ids
+    match: {{topics: {{exact: [orders]}}}}
+    action: {{schema: {{registry: {{url: "{registry.url}"}}, validate_payload: true}}}}
+"""
+    session = FramesSession(CONN, engine(rules))
+    try:
+        reply = session.request(produce_records(1, "orders", framed_batch(1, 2)))
+        assert reply.to_broker and reply.answer is None
+        # Id 2's schema has a pattern (two regex dialects): checked here, never vouched.
+        (vouch,) = reply.vouched
+        assert vouch.ids == (1,)
+        assert vouch.to_json()["json_schemas"] == {"1": orjson.dumps(email).decode()}
+        avro = session.request(produce_records(2, "orders", framed_batch(3)))
+        assert avro.answer is not None  # its payload is not Avro: refused, and not vouched
+        assert [v.ids for v in avro.vouched] == [(1,)]
+    finally:
+        session.close()
+        registry.close()
 
 
 def test_ids_only_schema_rules_vouch_for_the_ids_they_passed() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+import orjson
 import pytest
 
 from filter_rules import CompiledRuleSet, MatchContext, load_rule_text
@@ -395,13 +396,18 @@ def test_passing_ids_are_the_verdicts_that_hold_for_any_record_of_the_id(
     assert verdict(check, framed(99, b"")) == "schema id 99 is not registered"
     passing = check.passing("orders", time.monotonic())
     assert set(passing) == {1}
-    assert 0 < passing[1] - now <= MEMO_S + 0.5
+    assert 0 < passing[1].expiry - now <= MEMO_S + 0.5
+    assert passing[1].json_schema is None, "ids alone"
     assert check.passing("orders", now + MEMO_S + 1) == {}, "a verdict expires"
     assert check.passing("payments", now) == {}
-    # Payload validation: each record's bytes decide, so no id is passing as such.
+    # Payload validation: each record's payload decides. An Avro id is never passing as
+    # such; a JSON Schema keg's filter checks itself is, with that schema.
     validating = interceptor(registry, validate_payload=True)
     assert verdict(validating, framed(1, avro_body({"id": 1, "sku": "a"}))) is None
-    assert validating.passing("orders", time.monotonic()) == {}
+    assert verdict(validating, framed(2, b'{"id": 1}')) is None
+    (json_id,) = validating.passing("orders", time.monotonic()).items()
+    assert json_id[0] == 2 and json_id[1].json_schema is not None
+    assert orjson.loads(json_id[1].json_schema) == ORDER_JSON
     # Protobuf under record_name: the subject depends on each record's message indexes.
     by_record = interceptor(registry, subject="record_name")
     assert verdict(by_record, framed(4, b"\x02\x02")) is None

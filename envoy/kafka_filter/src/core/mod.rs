@@ -12,6 +12,7 @@ pub mod tls_principal;
 pub mod interest;
 pub mod meter;
 pub mod outbox;
+pub mod payload;
 pub mod rewrite;
 pub mod session;
 pub mod skim;

@@ -7,7 +7,9 @@
 //! reply, a second at most). A connection keeps them ([`Vouched`]); a later Produce
 //! (Fetch answer) whose selected topics are all vouchable and whose every record of
 //! those topics carries, in Confluent framing (magic byte 0, 4-byte id), a vouched id
-//! is forwarded without a hand-off. Anything else (another id, a null or short value,
+//! is forwarded without a hand-off. Where the rule also checks payloads, the service
+//! sends the id's JSON Schema with it and each payload is checked here too
+//! ([`super::payload`]). Anything else (another id, a null or short value,
 //! a compressed or control batch, an old magic, a frame the walk cannot read) is
 //! handed off as before, so the service stays the one who refuses: a pass here only
 //! repeats a verdict the service gave, never invents one.
@@ -27,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::head::PRODUCE;
 use super::inflate::inflate;
+use super::payload::{PayloadSchema, MAX_VALIDATED};
 use super::topics::{fetch_partition_size, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
 
 /// Topics a connection remembers vouches for, per direction, and ids per topic.
@@ -40,12 +43,83 @@ pub const MAX_TTL: Duration = Duration::from_secs(5);
 /// (`examples/inflate_cost.rs`): see docs/native.md. Gzip is weighted ([`super::inflate`]).
 pub const MAX_INFLATED: usize = 32 << 20;
 
-/// The service's word on one topic: records whose value carries one of `ids` pass.
+/// The service's word on one topic: records whose value carries one of `ids` pass,
+/// those of an id in `schemas` when their payload is valid for its JSON Schema too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vouch {
     pub topic: String,
     pub ids: Vec<u32>,
     pub ttl_ms: u64,
+    pub schemas: Vec<(u32, Arc<PayloadSchema>)>,
+}
+
+/// The ids a topic's records may carry (sorted), each with the schema its payload must
+/// meet, if any.
+#[derive(Debug, Clone, Default)]
+pub struct Allowed {
+    ids: Vec<u32>,
+    schemas: Vec<Option<Arc<PayloadSchema>>>,
+}
+
+impl Allowed {
+    /// Ids alone (no payload checks).
+    pub fn ids(ids: &[u32]) -> Self {
+        Self::of(ids.iter().map(|&id| (id, None)).collect())
+    }
+
+    /// At most [`MAX_IDS`] ids, each with its schema, if any.
+    pub fn of(mut pairs: Vec<(u32, Option<Arc<PayloadSchema>>)>) -> Self {
+        pairs.truncate(MAX_IDS);
+        pairs.sort_unstable_by_key(|(id, _)| *id);
+        pairs.dedup_by_key(|(id, _)| *id);
+        let (ids, schemas) = pairs.into_iter().unzip();
+        Self { ids, schemas }
+    }
+
+    fn from_vouch(vouch: Vouch) -> Self {
+        let Vouch { ids, schemas, .. } = vouch;
+        let schema_of = |id: u32| schemas.iter().find(|(i, _)| *i == id).map(|(_, s)| s.clone());
+        Self::of(ids.into_iter().map(|id| (id, schema_of(id))).collect())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Whether some id's payloads are checked against a schema.
+    fn validates(&self) -> bool {
+        self.schemas.iter().any(Option::is_some)
+    }
+
+    /// Whether a value (Confluent prefix included) passes: its id is allowed and its
+    /// payload meets that id's schema, if any (within `budget`'s bytes to validate).
+    fn passes(&self, value: &[u8], budget: &mut Budget) -> bool {
+        let Some([0, a, b, c, d]) = value.get(..5) else { return false };
+        let Ok(at) = self.ids.binary_search(&u32::from_be_bytes([*a, *b, *c, *d])) else { return false };
+        match &self.schemas[at] {
+            None => true,
+            Some(schema) => {
+                let payload = &value[5..];
+                let Some(left) = budget.validated.checked_sub(payload.len()) else { return false };
+                budget.validated = left;
+                schema.accepts(payload)
+            }
+        }
+    }
+}
+
+/// What one frame's walk may spend: bytes of compressed batches it decompresses, and of
+/// payloads it validates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub inflated: usize,
+    pub validated: usize,
+}
+
+impl Budget {
+    pub fn frame() -> Self {
+        Self { inflated: MAX_INFLATED, validated: MAX_VALIDATED }
+    }
 }
 
 /// Where a range's vouches apply: its selected topics that `unvouched` does not select.
@@ -57,7 +131,7 @@ pub struct Vouching {
 
 #[derive(Debug)]
 struct Entry {
-    ids: Vec<u32>,
+    allowed: Allowed,
     until: Instant,
 }
 
@@ -85,11 +159,9 @@ impl Vouched {
                     self.topics.clear();
                 }
             }
-            let mut ids = vouch.ids;
-            ids.truncate(MAX_IDS);
-            ids.sort_unstable();
             let until = now + Duration::from_millis(vouch.ttl_ms).min(MAX_TTL);
-            self.topics.insert(vouch.topic.into_bytes().into_boxed_slice(), Entry { ids, until });
+            let topic = vouch.topic.clone().into_bytes().into_boxed_slice();
+            self.topics.insert(topic, Entry { allowed: Allowed::from_vouch(vouch), until });
         }
     }
 
@@ -98,8 +170,8 @@ impl Vouched {
         !self.topics.is_empty() && self.under.as_ref().is_some_and(|known| std::ptr::eq(Arc::as_ptr(known), vouching))
     }
 
-    fn ids(&self, topic: &[u8], now: Instant) -> Option<&[u32]> {
-        self.topics.get(topic).filter(|e| e.until > now).map(|e| e.ids.as_slice())
+    fn allowed(&self, topic: &[u8], now: Instant) -> Option<&Allowed> {
+        self.topics.get(topic).filter(|e| e.until > now).map(|e| &e.allowed)
     }
 }
 
@@ -204,7 +276,7 @@ pub fn fetch_request_passes(frame: &[u8], version: i16, vouching: &Vouching, vou
             let named = w.topic_name(version >= 13, flexible)?;
             let name = named.as_bytes();
             if vouching.selector.selects(name)
-                && (vouching.unvouched.selects(name) || vouched.ids(name, now).is_none_or(|ids| ids.is_empty()))
+                && (vouching.unvouched.selects(name) || vouched.allowed(name, now).is_none_or(Allowed::is_empty))
             {
                 return Ok(false);
             }
@@ -268,7 +340,7 @@ fn topics<'a>(
         return Ok(false);
     }
     let mut partitions_seen = 0usize;
-    let mut budget = MAX_INFLATED;
+    let mut budget = Budget::frame();
     for _ in 0..count {
         let named = w.topic_name(ids, flexible)?;
         let name = named.as_bytes();
@@ -276,7 +348,7 @@ fn topics<'a>(
         if checked && vouching.unvouched.selects(name) {
             return Ok(false);
         }
-        let allowed = if checked { Some(vouched.ids(name, now).ok_or(Stop::HandOff)?) } else { None };
+        let allowed = if checked { Some(vouched.allowed(name, now).ok_or(Stop::HandOff)?) } else { None };
         let partitions = w.count(flexible)?;
         partitions_seen += partitions;
         if partitions_seen > MAX_PARTITIONS {
@@ -317,14 +389,15 @@ const CODEC_MASK: i16 = 0x07;
 const CONTROL: i16 = 0x20;
 
 /// Whether every record of every batch in `records` has a value in Confluent framing
-/// with one of `allowed` (sorted). Control batches carry no user records and pass; a
-/// batch of an older magic, cut short, or that does not decompress within `budget`
-/// (charged for what it decompresses) does not.
+/// with one of `allowed`'s ids (and a payload its schema accepts, if any). Control
+/// batches carry no user records and pass; a batch of an older magic, cut short, or
+/// that does not decompress (validate) within `budget`, charged for what it
+/// decompresses (validates), does not.
 ///
 /// `tail`: a last batch cut short passes (a Fetch answer's: the broker slices the log
 /// by bytes, and consumers drop that batch and fetch it again from its offset, when it
 /// comes whole and is read here).
-pub fn records_pass(records: &[u8], allowed: &[u32], budget: &mut usize, tail: Tail) -> bool {
+pub fn records_pass(records: &[u8], allowed: &Allowed, budget: &mut Budget, tail: Tail) -> bool {
     let mut pos = 0;
     while pos < records.len() {
         let cut = tail == Tail::Dropped;
@@ -342,8 +415,13 @@ pub fn records_pass(records: &[u8], allowed: &[u32], budget: &mut usize, tail: T
             let count = i32::from_be_bytes(header[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].try_into().unwrap_or_default());
             let body = &records[pos + BATCH_HEADER..end];
             let passes = match attributes & CODEC_MASK {
-                0 => batch_records_pass(body, count, allowed),
-                codec => inflate(codec, body, budget).is_some_and(|plain| batch_records_pass(&plain, count, allowed)),
+                0 => batch_records_pass(body, count, allowed, budget),
+                // A batch whose records alone would outrun what is left to validate is
+                // handed off before any of its payloads is parsed (no work wasted).
+                codec => inflate(codec, body, &mut budget.inflated).is_some_and(|plain| {
+                    (!allowed.validates() || plain.len() <= budget.validated)
+                        && batch_records_pass(&plain, count, allowed, budget)
+                }),
             };
             if !passes {
                 return false;
@@ -354,7 +432,7 @@ pub fn records_pass(records: &[u8], allowed: &[u32], budget: &mut usize, tail: T
     true
 }
 
-fn batch_records_pass(mut body: &[u8], count: i32, allowed: &[u32]) -> bool {
+fn batch_records_pass(mut body: &[u8], count: i32, allowed: &Allowed, budget: &mut Budget) -> bool {
     if count < 0 {
         return false;
     }
@@ -362,7 +440,7 @@ fn batch_records_pass(mut body: &[u8], count: i32, allowed: &[u32]) -> bool {
         let mut pos = 0;
         let Some(length) = varint(body, &mut pos).and_then(|l| usize::try_from(l).ok()) else { return false };
         let Some(record) = body.get(pos..pos.saturating_add(length)) else { return false };
-        if !record_passes(record, allowed) {
+        if !record_passes(record, allowed, budget) {
             return false;
         }
         body = &body[pos + length..];
@@ -371,21 +449,17 @@ fn batch_records_pass(mut body: &[u8], count: i32, allowed: &[u32]) -> bool {
 }
 
 /// One record (after its length): attributes, timestamp delta, offset delta, key, value.
-fn record_passes(record: &[u8], allowed: &[u32]) -> bool {
+fn record_passes(record: &[u8], allowed: &Allowed, budget: &mut Budget) -> bool {
     let mut pos = 1; // attributes
     let skipped = varint(record, &mut pos).and(varint(record, &mut pos)); // timestamp, offset deltas
     let Some(key_len) = skipped.and_then(|_| varint(record, &mut pos)) else { return false };
     if key_len > 0 {
         pos = pos.saturating_add(key_len as usize);
     }
-    let Some(value_len) = varint(record, &mut pos) else { return false };
-    if value_len < 5 {
-        return false; // null, or too short for the framing
-    }
-    match pos.checked_add(5).and_then(|end| record.get(pos..end)) {
-        Some([0, a, b, c, d]) => allowed.binary_search(&u32::from_be_bytes([*a, *b, *c, *d])).is_ok(),
-        _ => false,
-    }
+    let Some(value_len) = varint(record, &mut pos).and_then(|l| usize::try_from(l).ok()) else {
+        return false; // null
+    };
+    pos.checked_add(value_len).and_then(|end| record.get(pos..end)).is_some_and(|value| allowed.passes(value, budget))
 }
 
 /// A zigzag varint of at most 10 bytes (a varlong), as records encode their fields.

@@ -4,6 +4,7 @@
 //! `api/envoy/config/core/v3/base.proto`): no protoc, no generated code.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use prost_types::value::Kind;
@@ -11,6 +12,7 @@ use prost_types::{Struct, Value};
 
 use crate::core::handoff::{Direction, HandOff, Resolution};
 use crate::core::topics;
+use crate::core::payload::PayloadSchema;
 use crate::core::vouch::Vouch;
 
 pub const PROCESS: &str = "/envoy.service.network_ext_proc.v3.NetworkExternalProcessor/Process";
@@ -109,8 +111,10 @@ fn want_response(metadata: Option<&Struct>) -> bool {
     matches!(keg(metadata).and_then(|s| s.fields.get("want_response")).and_then(|v| v.kind.as_ref()), Some(Kind::BoolValue(true)))
 }
 
-/// `keg.vouched`: `[{"topic": ..., "ids": [...], "ttl_ms": ...}]`. Entries that are not
-/// of that shape are left out (a vouch missed costs a hand-off, never a bypass).
+/// `keg.vouched`: `[{"topic": ..., "ids": [...], "ttl_ms": ..., "json_schemas": {"<id>":
+/// "<JSON Schema>"}}]` (`json_schemas`: ids whose payloads must meet a schema, optional).
+/// Entries that are not of that shape are left out, and so is an id whose schema does
+/// not compile (a vouch missed costs a hand-off, never a bypass).
 fn vouched(metadata: Option<&Struct>) -> Vec<Vouch> {
     let Some(Kind::ListValue(list)) = keg(metadata).and_then(|s| s.fields.get("vouched")).and_then(|v| v.kind.as_ref()) else {
         return Vec::new();
@@ -125,8 +129,37 @@ fn vouched(metadata: Option<&Struct>) -> Vec<Vouch> {
         let Some(Kind::ListValue(ids)) = fields.fields.get("ids").and_then(|v| v.kind.as_ref()) else { return None };
         let ids: Option<Vec<u32>> = ids.values.iter().map(whole).collect();
         let ttl_ms = fields.fields.get("ttl_ms").and_then(whole)?;
-        Some(Vouch { topic: topic.clone(), ids: ids?, ttl_ms: u64::from(ttl_ms) })
+        let mut ids = ids?;
+        let mut schemas = Vec::new();
+        if let Some(Kind::StructValue(texts)) = fields.fields.get("json_schemas").and_then(|v| v.kind.as_ref()) {
+            for (id, text) in &texts.fields {
+                let (Ok(id), Some(Kind::StringValue(text))) = (id.parse::<u32>(), text.kind.as_ref()) else { continue };
+                match compiled(text) {
+                    Some(schema) => schemas.push((id, schema)),
+                    None => ids.retain(|&i| i != id),
+                }
+            }
+        }
+        Some(Vouch { topic: topic.clone(), ids, ttl_ms: u64::from(ttl_ms), schemas })
     }).collect()
+}
+
+/// Schemas compiled, by text: a reply carries its vouched ids' schemas each time, a
+/// schema is compiled once (on the hand-off thread, never an Envoy worker).
+static COMPILED: Mutex<Vec<Arc<PayloadSchema>>> = Mutex::new(Vec::new());
+const COMPILED_KEPT: usize = 64;
+
+fn compiled(text: &str) -> Option<Arc<PayloadSchema>> {
+    let mut known = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(schema) = known.iter().find(|s| s.text() == text) {
+        return Some(schema.clone());
+    }
+    let schema = Arc::new(PayloadSchema::compile(text).ok()?);
+    if known.len() >= COMPILED_KEPT {
+        known.remove(0);
+    }
+    known.push(schema.clone());
+    Some(schema)
 }
 
 /// What the service's reply to a message of `direction` means.
