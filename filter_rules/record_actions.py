@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
 from filter_rules._base import KindAction, PositiveInt, StringMatch, _Model, _OneOf
+from filter_rules.json_schemas import schema_problem
 
 # `$.a.b`, `$.items[*].sku`, `$.lines[0].price`, `$['odd key']`: the subset of JSONPath
 # that names fields (no filters, no recursion), so a path is a fixed walk.
@@ -243,8 +244,18 @@ class DecryptSpec(_Model):
         return self
 
 
+def _usable_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An inline schema is checked where the rule is (keg validate, the API), not only
+    when the gateway builds the rule."""
+    problem = None if schema is None else schema_problem(schema)
+    if problem is not None:
+        raise ValueError(problem)
+    return schema
+
+
 class ValidateSpec(_OneOf, one_of=("json_schema", "json_schema_file", "avro_schema")):
-    json_schema: dict[str, JsonValue] | None = None
+    json_schema: Annotated[dict[str, JsonValue] | None,
+                           AfterValidator(_usable_json_schema)] = None
     json_schema_file: str | None = None
     avro_schema: AvroSchemaRef | None = None
     target: Literal["value", "key"] = "value"

@@ -18,6 +18,7 @@ import orjson
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
+from filter_rules.json_schemas import RECURSIVE, remote_refs, schema_problem
 from interceptors.contract import InterceptorConfigError
 
 MAX_REASON: Final = 200  # reasons travel in ProduceResponse record_errors
@@ -43,6 +44,14 @@ class JsonSchemaCheck:
         self._fast = _fast_validator(schema) if registry is None else None
 
     def reason(self, doc: Any) -> str | None:
+        try:
+            return self._reason(doc)
+        except RecursionError:
+            # A `$ref` cycle that reads nothing ({"$ref": "#"}: refused when built; one
+            # only some documents reach, here): no such document is ever valid.
+            return RECURSIVE
+
+    def _reason(self, doc: Any) -> str | None:
         if self._fast is not None:
             try:
                 self._fast(doc)
@@ -56,15 +65,10 @@ class JsonSchemaCheck:
 
 
 def _json_validator(schema: Any, registry: Any = None) -> Any:
-    if not isinstance(schema, (dict, bool)):
-        raise InterceptorConfigError("a JSON Schema is an object (or true/false)")
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise InterceptorConfigError(problem)
     cls = validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except schema_errors.SchemaError as exc:
-        raise InterceptorConfigError(
-            f"invalid JSON Schema at {exc.json_path}: {short_reason(exc.message)}"
-        ) from None
     return cls(schema) if registry is None else cls(schema, registry=registry)
 
 
@@ -72,23 +76,12 @@ def _fast_validator(schema: Any) -> Any:
     """fastjsonschema's compiled check (about 12x faster than jsonschema on a 1 KiB
     order, docs/dependencies.md), or None where it might judge differently."""
     text = orjson.dumps(schema).decode()
-    if any(keyword in text for keyword in _NEWER_KEYWORDS) or _remote_refs(schema):
+    if any(keyword in text for keyword in _NEWER_KEYWORDS) or remote_refs(schema):
         return None  # (fastjsonschema would fetch remote references)
     try:
         return fastjsonschema.compile(schema, use_default=False)
     except (fastjsonschema.JsonSchemaDefinitionException, ValueError, TypeError):
         return None
-
-
-def _remote_refs(node: Any) -> bool:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            return True
-        return any(_remote_refs(value) for value in node.values())
-    if isinstance(node, list):
-        return any(_remote_refs(value) for value in node)
-    return False
 
 
 # --- the subset keg's Kafka filter checks itself ----------------------------------------

@@ -230,6 +230,21 @@ def test_unregistered_id_wrong_subject_invalid_payload_are_refused(env: Env) -> 
     assert stored(env, topic) == [good]
 
 
+def test_a_registered_schema_whose_refs_recurse_refuses_its_records(env: Env) -> None:
+    """A JSON Schema registered as `{"$ref": "#"}` (valid JSON Schema syntax, a `$ref`
+    cycle that reads nothing): its records are invalid, with that reason. Before, each
+    recursed to Python's limit and failed its batch as an interceptor error
+    (UNKNOWN_SERVER_ERROR, a server fault, not the record's)."""
+    topic = env.topic("sr.valid.")
+    schema_id = env.register(f"{topic}-value", json.dumps(
+        {"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#"}), "JSON")
+    assert produce(env.gateway.bootstrap, topic, [framed(schema_id, b"{}")],
+                   retries=10) == ["INVALID_RECORD"]
+    event = env.audit.wait_for(topic, "rejected")
+    assert "recurse without reading the document" in event["reason"], event
+    assert stored(env, topic) == []
+
+
 def test_at_fetch_time_records_without_a_valid_schema_are_withheld(env: Env) -> None:
     topic = env.topic("sr.fetch.")
     good = serialized(env, topic, "JSON", ORDERS[:2])

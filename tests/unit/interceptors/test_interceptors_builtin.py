@@ -660,16 +660,21 @@ def test_validate_honours_the_schema_draft(ctx: BuildContext) -> None:
         v.intercept(rec(0))
 
 
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ({"json_schema": {"type": "objekt"}}, r"invalid JSON Schema at \$.type"),
-        ({"json_schema_file": "none.json"}, "cannot read JSON Schema"),
-    ],
-)
-def test_validate_config_errors(ctx: BuildContext, spec: dict[str, Any], message: str) -> None:
-    with pytest.raises(InterceptorConfigError, match=message):
-        build("validate", spec, ctx)
+def test_validate_config_errors(ctx: BuildContext) -> None:
+    with pytest.raises(InterceptorConfigError, match="cannot read JSON Schema"):
+        build("validate", {"json_schema_file": "none.json"}, ctx)
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "objekt"}, r"invalid JSON Schema at \$.type"),
+    ({"$ref": "#"}, r"the schema's \$refs recurse without reading the document"),
+])
+def test_an_inline_schema_that_cannot_be_used_is_refused_with_the_rule(
+        schema: dict[str, Any], message: str) -> None:
+    """Where the rule is read (keg validate, the API: file:line), not first when the
+    gateway builds it."""
+    with pytest.raises(ValueError, match=message):
+        ValidateSpec.model_validate({"json_schema": schema})
 
 
 def test_validate_schema_file_not_json(ctx: BuildContext, tmp_path: Path) -> None:

@@ -51,3 +51,27 @@ def test_newer_keywords_are_enforced() -> None:
     assert verdict(v, [1]) is None
     assert verdict(v, ["x"]) is not None
     assert verdict(v, [1, 2]) is not None  # items: false after the prefix
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    {"allOf": [{"$ref": "#"}]},
+])
+def test_a_ref_cycle_that_reads_nothing_is_refused_when_built(schema: dict[str, Any]) -> None:
+    """Before: every record recursed to Python's limit and failed its batch as an
+    interceptor error (UNKNOWN_SERVER_ERROR), never as the invalid record it is."""
+    from interceptors.contract import InterceptorConfigError
+    from interceptors.json_schema import RECURSIVE, JsonSchemaCheck
+
+    with pytest.raises(InterceptorConfigError, match=RECURSIVE.replace("$", r"\$")):
+        JsonSchemaCheck(schema)
+
+
+def test_a_ref_cycle_only_some_documents_reach_refuses_those() -> None:
+    from interceptors.json_schema import RECURSIVE, JsonSchemaCheck
+
+    check = JsonSchemaCheck({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                             "properties": {"x": {"$ref": "#/$defs/a"}}})
+    assert check.reason({"y": 1}) is None
+    assert check.reason({"x": 1}) == RECURSIVE
