@@ -18,7 +18,7 @@ use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
 use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
-use keg_kafka_filter::core::vouch::{fetch_passes, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::vouch::{fetch_passes, fetch_verdict, FetchVerdict, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -222,6 +222,68 @@ fn a_produce_passes_on_a_vouch_with_a_schema_only_when_its_payloads_are_valid() 
         let bad_answer = fetch(version + 4, &[("s.orders", batch(&[framed(7, b"[]")]))], false);
         assert!(!fetch_passes(&bad_answer, version + 4, &under, &answers, Instant::now()), "fetch v{}", version + 4);
     }
+}
+
+/// The records of each topic's partition 0 in a Fetch answer (size prefix included).
+fn fetched_records(frame: &[u8], version: i16) -> Vec<(String, Vec<u8>)> {
+    use kafka_protocol::protocol::Decodable;
+    let mut body = Bytes::copy_from_slice(&frame[4..]);
+    let header_version = ApiKey::Fetch.response_header_version(version);
+    kafka_protocol::messages::ResponseHeader::decode(&mut body, header_version).unwrap();
+    let answer = FetchResponse::decode(&mut body, version).unwrap();
+    assert!(body.is_empty(), "the whole frame is one answer");
+    answer.responses.iter().map(|t| {
+        let name = if version >= 13 { format!("{}", t.topic_id) } else { t.topic.0.to_string() };
+        (name, t.partitions[0].records.clone().unwrap_or_default().to_vec())
+    }).collect()
+}
+
+#[test]
+fn a_fetch_answer_past_what_a_frame_may_validate_is_cut_at_a_batch_boundary() {
+    let under = vouching();
+    let mut known = Vouched::default();
+    let schema = vec![(7, order_schema())];
+    known.learn(vec![Vouch { topic: "s.orders".into(), ids: vec![7], ttl_ms: 60_000, schemas: schema.clone() },
+                     Vouch { topic: "s.more".into(), ids: vec![7], ttl_ms: 60_000, schemas: schema }],
+                &under, Instant::now());
+    // Batches of one 1 MiB valid order each: twelve of them are past the 8 MiB.
+    let big = |id: u32| framed(7, format!(r#"{{"id": {id}, "pad": "{}"}}"#, "x".repeat(1 << 20)).as_bytes());
+    let one: Vec<Vec<u8>> = (1..=12).map(|i| batch(&[big(i)])).collect();
+    let mut last = one.clone();
+    last[11] = batch(&[framed(7, br#"{"id": -1}"#)]); // invalid, but past the cut: not read
+    for version in [11, 12, 17] {
+        let records = last.concat();
+        let answer = fetch(version, &[("s.orders", records.clone()), ("logs", one[0].clone()), ("s.more", one[0].clone())], false);
+        let FetchVerdict::Cut(shorter) = fetch_verdict(&answer, version, &under, &known, Instant::now()) else {
+            panic!("v{version}: cut expected")
+        };
+        let got = fetched_records(&shorter, version);
+        let kept = &got[0].1;
+        let whole = (1..12).find(|&n| kept.len() == one[..n].concat().len()).expect("whole batches kept");
+        assert!((4..=8).contains(&whole), "v{version}: {whole} batches of 1 MiB within 8 MiB");
+        assert_eq!(kept, &records[..kept.len()]);
+        assert_eq!(got[1].1, one[0], "v{version}: an unchecked topic keeps its records");
+        assert!(got[2].1.is_empty(), "v{version}: a checked partition after the cut waits for the next fetch");
+        assert_eq!(fetch_verdict(&shorter, version, &under, &known, Instant::now()), FetchVerdict::Pass, "v{version}");
+        // What comes next (the consumer fetches from the cut) is read the same way, and
+        // the invalid record then goes to the service.
+        let rest = fetch(version, &[("s.orders", records[kept.len()..].to_vec())], false);
+        assert_ne!(fetch_verdict(&rest, version, &under, &known, Instant::now()), FetchVerdict::Pass, "v{version}");
+        let valid_rest = fetch(version, &[("s.orders", one[whole..11].concat())], false);
+        assert_eq!(fetch_verdict(&valid_rest, version, &under, &known, Instant::now()), FetchVerdict::Pass, "v{version}");
+        // An invalid record before the cut: the service reads the answer.
+        let mut early = one.clone();
+        early[0] = batch(&[framed(7, br#"{"id": 0}"#)]);
+        let answer = fetch(version, &[("s.orders", early.concat())], false);
+        assert_eq!(fetch_verdict(&answer, version, &under, &known, Instant::now()), FetchVerdict::HandOff, "v{version}");
+    }
+    // A first batch alone past the budget: cut there, the consumer would never get on.
+    let huge = batch(&[framed(7, format!(r#"{{"id": 1, "pad": "{}"}}"#, "x".repeat(MAX_VALIDATED)).as_bytes())]);
+    let answer = fetch(12, &[("s.orders", huge)], false);
+    assert_eq!(fetch_verdict(&answer, 12, &under, &known, Instant::now()), FetchVerdict::HandOff);
+    // A Produce is never cut.
+    let produce = produce(9, &[("s.orders", one.concat())]);
+    assert!(!produce_passes(&produce, 9, &under, &known, Instant::now()));
 }
 
 #[test]

@@ -43,7 +43,7 @@ from tests.integration.conftest import (
     gateway_settings,
     rule_dir,
 )
-from tests.integration.rules.records_io import AuditLog, consume, produce, values
+from tests.integration.rules.records_io import AuditLog, consume, consume_records, produce, values
 
 pytestmark = pytest.mark.integration
 
@@ -258,12 +258,17 @@ def test_at_fetch_time_records_without_a_valid_schema_are_withheld(env: Env) -> 
 
 def vouched_passes(env: Env) -> int:
     """Frames keg's Kafka filter let through on vouched schema ids (0 on ext_proc)."""
+    return vouched_counter(env, "handoff_vouched")
+
+
+def vouched_counter(env: Env, counter: str) -> int:
+    """keg_kafka.<counter>, summed over Envoy's workers (0 on ext_proc)."""
     if env.gateway.envoy is None or DATA_PATH != NATIVE:
         return 0
     total = 0
     for line in env.gateway.envoy.admin("/stats").splitlines():
         name, _, value = line.partition(": ")
-        if name.endswith("keg_kafka.handoff_vouched") and value.isdigit():
+        if name.endswith(f"keg_kafka.{counter}") and value.isdigit():
             total += int(value)
     return total
 
@@ -335,6 +340,30 @@ def test_vouched_ids_at_fetch_time_withhold_the_rest(env: Env, prefix: str) -> N
         # The consumer's long polls between the two productions: empty answers, or the
         # vouched records, none handed off.
         assert vouched_passes(env) - before >= 1
+
+
+def test_fetch_answers_past_what_a_frame_may_validate_reach_the_consumer_whole(
+        env: Env) -> None:
+    """48 MiB of valid JSON orders, read by a consumer that fetches up to 16 MiB per
+    partition: more than keg's filter validates per frame (8 MiB), so on the native path
+    it cuts such answers at a batch boundary and the consumer fetches the rest. Every
+    record arrives, once, in order."""
+    topic = env.topic("sr.fetch.")
+    docs = [{"id": i, "amount": i % 500, "note": "x" * 8000} for i in range(6000)]
+    good = serialized(env, topic, "JSON", docs)
+    producer = Producer({"bootstrap.servers": env.kafka.bootstrap, "linger.ms": 20,
+                         "batch.size": 1 << 20})
+    for value in good:
+        producer.produce(topic, value)
+    assert producer.flush(60) == 0
+    del producer
+    before = vouched_counter(env, "handoff_vouched_cut")
+    got = consume_records({"bootstrap.servers": env.gateway.bootstrap,
+                           "max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20,
+                           "receive.message.max.bytes": 70 << 20}, topic, timeout=120)
+    assert [value for _key, value, _headers in got] == good
+    if DATA_PATH == NATIVE:
+        assert vouched_counter(env, "handoff_vouched_cut") > before
 
 
 # --- the registry down or stalled: the declared policy -----------------------------------

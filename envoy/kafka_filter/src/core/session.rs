@@ -48,7 +48,7 @@ use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
 use super::topics::{self, Selection, TopicSelector, FETCH};
-use super::vouch::{self, Vouched, Vouching};
+use super::vouch::{self, FetchVerdict, Vouched, Vouching};
 use super::{Output, Piece, ProtocolError};
 
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
@@ -1066,13 +1066,20 @@ impl<P: RequestPolicy> Session<P> {
         if identity::observes(api_key) {
             self.identity.observe_response(api_key, api_version, &frame);
         }
-        let sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
+        let mut sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
+        if let Some(h) = handoff.as_ref().filter(|_| api_key == FETCH) {
+            match self.vouched_response(sent, api_version, h.vouching.as_deref()) {
+                Ok(bytes) => {
+                    self.stats.add(Counter::HandoffVouched, 1);
+                    out.owned(bytes);
+                    self.response_done(api_key, api_version, out);
+                    return Ok(());
+                }
+                Err(frame) => sent = frame,
+            }
+        }
         match handoff {
             None => out.owned(sent),
-            Some(h) if api_key == FETCH && self.vouched_response(&sent, api_version, h.vouching.as_deref()) => {
-                self.stats.add(Counter::HandoffVouched, 1);
-                out.owned(sent);
-            }
             Some(ResponseHandOff { fail_open, vouching, replay: Some(request) }) => {
                 // The service has not seen the request: it goes first, then (if its reply
                 // asks for it) this answer, which keeps its place meanwhile.
@@ -1098,12 +1105,18 @@ impl<P: RequestPolicy> Session<P> {
         Ok(())
     }
 
-    /// Whether a Fetch answer the service asked for passes on ids it vouched for.
-    fn vouched_response(&self, frame: &[u8], api_version: i16, vouching: Option<&Vouching>) -> bool {
-        vouching.is_some_and(|v| {
-            self.vouched_responses.applies_to(v)
-                && vouch::fetch_passes(frame, api_version, v, &self.vouched_responses, Instant::now())
-        })
+    /// A Fetch answer the service asked for, read for ids it vouched for: Ok with the
+    /// bytes to send (the answer, or the answer cut short), else Err with it back.
+    fn vouched_response(&mut self, frame: Vec<u8>, api_version: i16, vouching: Option<&Vouching>) -> Result<Vec<u8>, Vec<u8>> {
+        let Some(v) = vouching.filter(|v| self.vouched_responses.applies_to(v)) else { return Err(frame) };
+        match vouch::fetch_verdict(&frame, api_version, v, &self.vouched_responses, Instant::now()) {
+            FetchVerdict::Pass => Ok(frame),
+            FetchVerdict::Cut(shorter) => {
+                self.stats.add(Counter::HandoffVouchedCut, 1);
+                Ok(shorter)
+            }
+            FetchVerdict::HandOff => Err(frame),
+        }
     }
 
     /// A complete held response: the bytes to send in its place.

@@ -52,9 +52,12 @@ pub enum Counter {
     /// Produce requests and Fetch answers a rule selected that went on without a
     /// hand-off: every record carried a schema id the service vouched for (`core::vouch`).
     HandoffVouched,
+    /// Of those, Fetch answers cut short at a batch boundary: past what one frame may
+    /// validate, the rest of the records go in later answers (`core::vouch::fetch_verdict`).
+    HandoffVouchedCut,
 }
 
-pub const COUNTERS: [Counter; 16] = [
+pub const COUNTERS: [Counter; 17] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -71,6 +74,7 @@ pub const COUNTERS: [Counter; 16] = [
     Counter::HandoffRetriableErrors,
     Counter::HandoffNotSelected,
     Counter::HandoffVouched,
+    Counter::HandoffVouchedCut,
 ];
 
 #[derive(Debug, Clone)]

@@ -184,12 +184,12 @@ pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: 
     }
     let flexible = version >= 9;
     let mut w = Walk { buf: frame, pos: 0 };
-    let mut walk = || -> Result<bool, Stop> {
+    let mut walk = || -> Result<Walked, Stop> {
         w.header(flexible)?;
         w.string(flexible)?; // transactional_id
         w.take(2 + 4)?; // acks, timeout_ms
         let check = Check { vouching, vouched, now, tail: Tail::Malformed };
-        let passes = topics(&mut w, version >= 13, flexible, &check, |w| {
+        let walked = topics(&mut w, version >= 13, flexible, &check, |w| {
             w.take(4)?; // index
             let records = w.bytes(flexible)?;
             if flexible {
@@ -200,21 +200,42 @@ pub fn produce_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: 
         if flexible {
             w.tagged_fields()?;
         }
-        Ok(passes)
+        Ok(walked)
     };
-    matches!(walk(), Ok(true)) && w.pos == frame.len()
+    // A Produce is never cut (Tail::Malformed): it passes whole or not at all.
+    matches!(walk(), Ok(Walked::Pass { .. })) && w.pos == frame.len()
+}
+
+/// What becomes of a Fetch answer read for vouched ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchVerdict {
+    /// Every record it carries passes: it goes to the client as it came.
+    Pass,
+    /// Its records pass up to a batch boundary where what one frame may validate
+    /// ([`Budget`]) ran out: these bytes go instead, the same answer with the later
+    /// batches of that partition, and the records of the checked partitions after it,
+    /// left out. The consumer fetches them again from where it stopped, as after a
+    /// broker's answer cut by its byte limits; the next answer is read the same way.
+    Cut(Vec<u8>),
+    /// The service reads it.
+    HandOff,
 }
 
 /// Whether a whole Fetch response (size prefix included) may go to the client without
 /// a hand-off (as [`produce_passes`]; partitions answered with an error carry no
 /// records the service would read).
 pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> bool {
+    fetch_verdict(frame, version, vouching, vouched, now) == FetchVerdict::Pass
+}
+
+/// What becomes of a whole Fetch response (size prefix included): see [`FetchVerdict`].
+pub fn fetch_verdict(frame: &[u8], version: i16, vouching: &Vouching, vouched: &Vouched, now: Instant) -> FetchVerdict {
     if !FETCH_VERSIONS.contains(&version) || !vouched.applies_to(vouching) {
-        return false;
+        return FetchVerdict::HandOff;
     }
     let flexible = version >= 12;
     let mut w = Walk { buf: frame, pos: 0 };
-    let mut walk = || -> Result<bool, Stop> {
+    let mut walk = || -> Result<Walked, Stop> {
         w.take(4 + 4)?; // size, correlation_id
         if flexible {
             w.tagged_fields()?; // response header v1
@@ -224,7 +245,7 @@ pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &V
             w.take(2 + 4)?; // error_code, session_id
         }
         let check = Check { vouching, vouched, now, tail: Tail::Dropped };
-        let passes = topics(&mut w, version >= 13, flexible, &check, |w| {
+        let walked = topics(&mut w, version >= 13, flexible, &check, |w| {
             w.take(4)?; // partition_index
             let error = w.i16()?;
             w.take(8 + 8)?; // high_watermark, last_stable_offset
@@ -244,9 +265,76 @@ pub fn fetch_passes(frame: &[u8], version: i16, vouching: &Vouching, vouched: &V
         if flexible {
             w.tagged_fields()?;
         }
-        Ok(passes)
+        Ok(walked)
     };
-    matches!(walk(), Ok(true)) && w.pos == frame.len()
+    match walk() {
+        Ok(Walked::Pass { cuts }) if w.pos == frame.len() => {
+            if cuts.is_empty() {
+                FetchVerdict::Pass
+            } else {
+                cut(frame, &cuts, flexible).map_or(FetchVerdict::HandOff, FetchVerdict::Cut)
+            }
+        }
+        _ => FetchVerdict::HandOff,
+    }
+}
+
+/// A checked partition's records (at `at` in the frame, `len` bytes) of which only the
+/// first `keep` bytes (whole batches) go on.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    at: usize,
+    len: usize,
+    keep: usize,
+}
+
+/// The frame with each cut partition's records shortened (its length field rewritten)
+/// and the size prefix set again; None if a length field is not where it should be.
+fn cut(frame: &[u8], cuts: &[Cut], flexible: bool) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(frame.len());
+    let mut pos = 0;
+    for c in cuts {
+        let field = if flexible { uvarint_len(c.len as u64 + 1) } else { 4 };
+        let start = c.at.checked_sub(field)?;
+        let written = frame.get(start..c.at)?;
+        let mut expected = Vec::with_capacity(5);
+        put_length(&mut expected, c.len, flexible)?;
+        if start < pos || written != expected.as_slice() {
+            return None; // not the minimal encoding the walk assumed
+        }
+        out.extend_from_slice(&frame[pos..start]);
+        put_length(&mut out, c.keep, flexible)?;
+        out.extend_from_slice(frame.get(c.at..c.at + c.keep)?);
+        pos = c.at + c.len;
+    }
+    out.extend_from_slice(frame.get(pos..)?);
+    let size = i32::try_from(out.len() - 4).ok()?;
+    out[..4].copy_from_slice(&size.to_be_bytes());
+    Some(out)
+}
+
+fn uvarint_len(mut value: u64) -> usize {
+    let mut len = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        len += 1;
+    }
+    len
+}
+
+/// A records length: compact (unsigned varint of length + 1) or an i32.
+fn put_length(out: &mut Vec<u8>, len: usize, flexible: bool) -> Option<()> {
+    if flexible {
+        let mut value = u32::try_from(len).ok()?.checked_add(1)?;
+        while value >= 0x80 {
+            out.push((value as u8 & 0x7f) | 0x80);
+            value >>= 7;
+        }
+        out.push(value as u8);
+    } else {
+        out.extend_from_slice(&i32::try_from(len).ok()?.to_be_bytes());
+    }
+    Some(())
 }
 
 /// Whether a whole Fetch request may go to the broker without a hand-off: every topic
@@ -324,21 +412,34 @@ fn aborted_transactions(w: &mut Walk<'_>, flexible: bool) -> Result<(), Stop> {
     Ok(())
 }
 
-/// The topics array of a Produce request or Fetch response: true when each topic is
-/// unselected or vouchable with every record vouched. `partition` reads one partition
-/// entry and returns its records.
+/// What the walk of a frame's topics found.
+enum Walked {
+    /// Each topic is unselected or vouchable with every record vouched, up to `cuts`
+    /// (a Fetch answer's only: [`FetchVerdict::Cut`]).
+    Pass { cuts: Vec<Cut> },
+    Fail,
+}
+
+/// The topics array of a Produce request or Fetch response. `partition` reads one
+/// partition entry and returns its records.
 fn topics<'a>(
     w: &mut Walk<'a>,
     ids: bool,
     flexible: bool,
     check: &Check<'_>,
     partition: impl Fn(&mut Walk<'a>) -> Result<Option<&'a [u8]>, Stop>,
-) -> Result<bool, Stop> {
+) -> Result<Walked, Stop> {
     let Check { vouching, vouched, now, tail } = *check;
+    let base = w.buf.as_ptr() as usize;
     let count = w.count(flexible)?;
     if count > MAX_TOPICS {
-        return Ok(false);
+        return Ok(Walked::Fail);
     }
+    let mut cuts = Vec::new();
+    // Whether a checked partition with records was read whole: a cut before the first
+    // one's first batch would leave the consumer nothing to go on with, answer after
+    // answer, so such an answer goes to the service instead.
+    let mut read_some = false;
     let mut partitions_seen = 0usize;
     let mut budget = Budget::frame();
     for _ in 0..count {
@@ -346,19 +447,33 @@ fn topics<'a>(
         let name = named.as_bytes();
         let checked = vouching.selector.selects(name);
         if checked && vouching.unvouched.selects(name) {
-            return Ok(false);
+            return Ok(Walked::Fail);
         }
         let allowed = if checked { Some(vouched.allowed(name, now).ok_or(Stop::HandOff)?) } else { None };
         let partitions = w.count(flexible)?;
         partitions_seen += partitions;
         if partitions_seen > MAX_PARTITIONS {
-            return Ok(false);
+            return Ok(Walked::Fail);
         }
         for _ in 0..partitions {
             let records = partition(w)?;
-            if let (Some(allowed), Some(records)) = (allowed, records) {
-                if !records_pass(records, allowed, &mut budget, tail) {
-                    return Ok(false);
+            let (Some(allowed), Some(records)) = (allowed, records) else { continue };
+            if records.is_empty() {
+                continue;
+            }
+            let at = records.as_ptr() as usize - base;
+            if !cuts.is_empty() {
+                cuts.push(Cut { at, len: records.len(), keep: 0 }); // the budget is spent
+                continue;
+            }
+            match records_walk(records, allowed, &mut budget, tail) {
+                Reach::All => read_some = true,
+                Reach::Fail => return Ok(Walked::Fail),
+                Reach::Upto(keep) => {
+                    if tail == Tail::Malformed || (keep == 0 && !read_some) {
+                        return Ok(Walked::Fail);
+                    }
+                    cuts.push(Cut { at, len: records.len(), keep });
                 }
             }
         }
@@ -366,7 +481,7 @@ fn topics<'a>(
             w.tagged_fields()?;
         }
     }
-    Ok(true)
+    Ok(Walked::Pass { cuts })
 }
 
 /// What a last batch cut short means.
@@ -398,38 +513,54 @@ const CONTROL: i16 = 0x20;
 /// by bytes, and consumers drop that batch and fetch it again from its offset, when it
 /// comes whole and is read here).
 pub fn records_pass(records: &[u8], allowed: &Allowed, budget: &mut Budget, tail: Tail) -> bool {
+    matches!(records_walk(records, allowed, budget, tail), Reach::All)
+}
+
+/// How far a partition's records pass.
+enum Reach {
+    All,
+    /// Every batch before this offset passes; the next would outrun what is left to
+    /// validate (nothing of it was parsed).
+    Upto(usize),
+    Fail,
+}
+
+fn records_walk(records: &[u8], allowed: &Allowed, budget: &mut Budget, tail: Tail) -> Reach {
+    let cut = if tail == Tail::Dropped { Reach::All } else { Reach::Fail };
     let mut pos = 0;
     while pos < records.len() {
-        let cut = tail == Tail::Dropped;
         let Some(header) = records.get(pos..pos + BATCH_HEADER) else { return cut };
         let length = i32::from_be_bytes(header[BATCH_LENGTH_AT..BATCH_LENGTH_AT + 4].try_into().unwrap_or_default());
-        let Some(end) = usize::try_from(length).ok().and_then(|l| (pos + 12).checked_add(l)) else { return false };
+        let Some(end) = usize::try_from(length).ok().and_then(|l| (pos + 12).checked_add(l)) else { return Reach::Fail };
         if end > records.len() && header[MAGIC_AT] == 2 && end >= pos + BATCH_HEADER {
             return cut;
         }
         if header[MAGIC_AT] != 2 || end > records.len() || end < pos + BATCH_HEADER {
-            return false;
+            return Reach::Fail;
         }
         let attributes = i16::from_be_bytes([header[ATTRIBUTES_AT], header[ATTRIBUTES_AT + 1]]);
         if attributes & CONTROL == 0 {
             let count = i32::from_be_bytes(header[RECORDS_COUNT_AT..RECORDS_COUNT_AT + 4].try_into().unwrap_or_default());
             let body = &records[pos + BATCH_HEADER..end];
+            // A batch whose records alone would outrun what is left to validate stops
+            // the walk before any of its payloads is parsed (no work wasted).
+            let fits = |plain: &[u8], budget: &Budget| !allowed.validates() || plain.len() <= budget.validated;
             let passes = match attributes & CODEC_MASK {
+                0 if !fits(body, budget) => return Reach::Upto(pos),
                 0 => batch_records_pass(body, count, allowed, budget),
-                // A batch whose records alone would outrun what is left to validate is
-                // handed off before any of its payloads is parsed (no work wasted).
-                codec => inflate(codec, body, &mut budget.inflated).is_some_and(|plain| {
-                    (!allowed.validates() || plain.len() <= budget.validated)
-                        && batch_records_pass(&plain, count, allowed, budget)
-                }),
+                codec => match inflate(codec, body, &mut budget.inflated) {
+                    Some(plain) if !fits(&plain, budget) => return Reach::Upto(pos),
+                    Some(plain) => batch_records_pass(&plain, count, allowed, budget),
+                    None => false,
+                },
             };
             if !passes {
-                return false;
+                return Reach::Fail;
             }
         }
         pos = end;
     }
-    true
+    Reach::All
 }
 
 fn batch_records_pass(mut body: &[u8], count: i32, allowed: &Allowed, budget: &mut Budget) -> bool {
