@@ -191,10 +191,13 @@ class SchemaInterceptor:
             self._passing.clear()
         self._memo[(topic, schema_id)] = verdict
         passing = self._passing.setdefault(topic, {})
-        if schema is not None and reason is None and subjects is None and not self._validate:
+        # Passing for any record of the id: with payload validation, only where keg's
+        # filter can check the payload itself (a usable JSON Schema of its subset).
+        if schema is None or reason is not None or subjects is not None:
+            passing.pop(schema_id, None)
+        elif not self._validate:
             passing[schema_id] = Passing(verdict[3])
-        elif (schema is not None and reason is None and subjects is None
-              and schema.error is None and schema.native_json is not None):
+        elif schema.error is None and schema.native_json is not None:
             passing[schema_id] = Passing(verdict[3], schema.native_json)
         else:
             passing.pop(schema_id, None)

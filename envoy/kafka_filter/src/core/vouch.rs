@@ -59,6 +59,8 @@ pub struct Vouch {
 pub struct Allowed {
     ids: Vec<u32>,
     schemas: Vec<Option<Arc<PayloadSchema>>>,
+    /// Whether some id's payloads are checked against a schema (read per batch).
+    validates: bool,
 }
 
 impl Allowed {
@@ -72,23 +74,18 @@ impl Allowed {
         pairs.truncate(MAX_IDS);
         pairs.sort_unstable_by_key(|(id, _)| *id);
         pairs.dedup_by_key(|(id, _)| *id);
-        let (ids, schemas) = pairs.into_iter().unzip();
-        Self { ids, schemas }
+        let (ids, schemas): (Vec<u32>, Vec<_>) = pairs.into_iter().unzip();
+        let validates = schemas.iter().any(Option::is_some);
+        Self { ids, schemas, validates }
     }
 
-    fn from_vouch(vouch: Vouch) -> Self {
-        let Vouch { ids, schemas, .. } = vouch;
+    fn from_vouch(ids: Vec<u32>, schemas: Vec<(u32, Arc<PayloadSchema>)>) -> Self {
         let schema_of = |id: u32| schemas.iter().find(|(i, _)| *i == id).map(|(_, s)| s.clone());
         Self::of(ids.into_iter().map(|id| (id, schema_of(id))).collect())
     }
 
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
-    }
-
-    /// Whether some id's payloads are checked against a schema.
-    fn validates(&self) -> bool {
-        self.schemas.iter().any(Option::is_some)
     }
 
     /// Whether a value (Confluent prefix included) passes: its id is allowed and its
@@ -160,8 +157,9 @@ impl Vouched {
                 }
             }
             let until = now + Duration::from_millis(vouch.ttl_ms).min(MAX_TTL);
-            let topic = vouch.topic.clone().into_bytes().into_boxed_slice();
-            self.topics.insert(topic, Entry { allowed: Allowed::from_vouch(vouch), until });
+            let Vouch { topic, ids, schemas, .. } = vouch;
+            let allowed = Allowed::from_vouch(ids, schemas);
+            self.topics.insert(topic.into_bytes().into_boxed_slice(), Entry { allowed, until });
         }
     }
 
@@ -313,6 +311,7 @@ fn cut(frame: &[u8], cuts: &[Cut], flexible: bool) -> Option<Vec<u8>> {
     Some(out)
 }
 
+// (kafka-protocol 0.18's varint encoder is behind a private trait: written out here.)
 fn uvarint_len(mut value: u64) -> usize {
     let mut len = 1;
     while value >= 0x80 {
@@ -544,7 +543,7 @@ fn records_walk(records: &[u8], allowed: &Allowed, budget: &mut Budget, tail: Ta
             let body = &records[pos + BATCH_HEADER..end];
             // A batch whose records alone would outrun what is left to validate stops
             // the walk before any of its payloads is parsed (no work wasted).
-            let fits = |plain: &[u8], budget: &Budget| !allowed.validates() || plain.len() <= budget.validated;
+            let fits = |plain: &[u8], budget: &Budget| !allowed.validates || plain.len() <= budget.validated;
             let passes = match attributes & CODEC_MASK {
                 0 if !fits(body, budget) => return Reach::Upto(pos),
                 0 => batch_records_pass(body, count, allowed, budget),
