@@ -96,10 +96,7 @@ class FramesSession:
         topic ids it carries, as the module knows them (hex id -> name): the Metadata
         answer that named them may have gone to another worker of the pool."""
         _check_whole(raw, REQUEST_HEAD_SIZE)
-        for topic_id, name in (topic_ids or {}).items():
-            with contextlib.suppress(ValueError, TypeError):
-                if isinstance(name, str):
-                    self._topic_ids.add(uuid.UUID(hex=topic_id), name)
+        self._learn_ids(topic_ids)
         head = parse_request_head(raw)
         if self._meter is not None:
             body = memoryview(raw)[REQUEST_HEAD_SIZE:]
@@ -120,9 +117,13 @@ class FramesSession:
         return RequestReply(judged.to_broker, judged.answer, judged.want_response,
                             self.take_vouched())
 
-    def response(self, raw: bytes, api_key: int, api_version: int) -> bytes:
-        """One whole response frame this session asked for; the bytes for the client."""
+    def response(self, raw: bytes, api_key: int, api_version: int,
+                 topic_ids: Mapping[str, str] | None = None) -> bytes:
+        """One whole response frame this session asked for; the bytes for the client.
+        `topic_ids` as for `request`: an answer to an incremental Fetch carries topics
+        of its session its request did not name."""
         _check_whole(raw, RESPONSE_HEAD_SIZE)
+        self._learn_ids(topic_ids)
         correlation_id = int.from_bytes(raw[4:8], "big", signed=True)
         if correlation_id not in self._patches:
             raise FrameError(f"response {correlation_id} was not asked for")
@@ -133,6 +134,14 @@ class FramesSession:
             out = self.chain.filter_response_frame(raw, api_key, api_version, self.conn, patch)
         audit.finish()
         return out
+
+    def _learn_ids(self, topic_ids: Mapping[str, str] | None) -> None:
+        """The names the module gave for topic ids (hex id -> name); malformed entries
+        are ignored (the frame's own checks decide what an unnamed id means)."""
+        for topic_id, name in (topic_ids or {}).items():
+            with contextlib.suppress(ValueError, TypeError):
+                if isinstance(name, str):
+                    self._topic_ids.add(uuid.UUID(hex=topic_id), name)
 
     def take_vouched(self) -> tuple[Vouch, ...]:
         """What the last frame's record rules vouched for (`Vouch`), once."""

@@ -388,7 +388,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                 elif request.HasField("write_data"):
                     out = await self._run(partial(
                         session.response, api_key=int(keg["api_key"]),
-                        api_version=int(keg["api_version"])), request.write_data.data)
+                        api_version=int(keg["api_version"]), topic_ids=keg.get("topic_ids")),
+                        request.write_data.data)
                     response = pb.ProcessingResponse(write_data=pb.Data(data=out))
                     vouched = session.take_vouched()
                     if vouched:

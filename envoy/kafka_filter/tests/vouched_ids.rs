@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::*;
-use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, FetchResponse, ProduceRequest, RequestHeader, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
-use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
+use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
 use keg_kafka_filter::core::vouch::{fetch_passes, fetch_verdict, FetchVerdict, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
@@ -107,36 +106,8 @@ fn produce(version: i16, topics: &[(&str, Vec<u8>)]) -> Vec<u8> {
     sized(&buf)
 }
 
-/// A topic id, learned as the module learns it from Metadata answers.
-fn topic_id(name: &str) -> uuid::Uuid {
-    let mut bytes = [7u8; 16];
-    bytes[..name.len().min(16)].copy_from_slice(&name.as_bytes()[..name.len().min(16)]);
-    learn_topic_id(bytes, name);
-    uuid::Uuid::from_bytes(bytes)
-}
-
 fn fetch(version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
     fetch_answer(11, version, topics, error_partition)
-}
-
-fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
-    let responses = topics.iter().map(|(name, records)| {
-        let mut partitions = vec![PartitionData::default().with_partition_index(0).with_high_watermark(10)
-            .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(9)).with_first_offset(0)]))
-            .with_records(Some(Bytes::from(records.clone())))];
-        if error_partition {
-            // An error answer: its records are not read (none reach the consumer).
-            partitions.push(PartitionData::default().with_partition_index(1).with_error_code(6)
-                .with_records(Some(Bytes::from_static(b"not records"))));
-        }
-        let topic = FetchableTopicResponse::default().with_partitions(partitions);
-        if version >= 13 {
-            topic.with_topic_id(topic_id(name))
-        } else {
-            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
-        }
-    }).collect();
-    encode_response(ApiKey::Fetch, version, correlation_id, &FetchResponse::default().with_responses(responses))
 }
 
 fn vouched(under: &Arc<Vouching>, topic: &str, ids: &[u32], ttl_ms: u64) -> Vouched {
@@ -470,28 +441,12 @@ impl RequestPolicy for FetchSchemas {
     }
 }
 
-fn fetch_request(correlation_id: i32) -> Vec<u8> {
-    fetch_request_of(correlation_id, 12, &["s.orders"])
+fn fetch_request_of(correlation_id: i32, version: i16, topics: &[&str]) -> Vec<u8> {
+    fetch_request_in(correlation_id, version, -1, topics)
 }
 
-fn fetch_request_of(correlation_id: i32, version: i16, topics: &[&str]) -> Vec<u8> {
-    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-    use kafka_protocol::messages::FetchRequest;
-    let mut buf = BytesMut::new();
-    RequestHeader::default().with_request_api_key(1).with_request_api_version(version).with_correlation_id(correlation_id)
-        .with_client_id(Some(StrBytes::from_static_str("t")))
-        .encode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
-    let topics = topics.iter().map(|name| {
-        let topic = FetchTopic::default().with_partitions(vec![FetchPartition::default().with_partition(0),
-                                                               FetchPartition::default().with_partition(1)]);
-        if version >= 13 {
-            topic.with_topic_id(topic_id(name))
-        } else {
-            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
-        }
-    }).collect();
-    FetchRequest::default().with_session_epoch(-1).with_topics(topics).encode(&mut buf, version).unwrap();
-    sized(&buf)
+fn fetch_request(correlation_id: i32) -> Vec<u8> {
+    fetch_request_of(correlation_id, 12, &["s.orders"])
 }
 
 #[test]

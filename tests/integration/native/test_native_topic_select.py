@@ -35,6 +35,9 @@ rules:
   - id: no-secrets
     match: {apis: [Produce], topics: {prefix: [secret.]}}
     action: {deny: {}}
+  - id: mask-on-read
+    match: {direction: response, topics: {prefix: [read.]}}
+    action: {mask: {fields: [$.card]}}
 """
 CARD = b'{"card": "4111111111111111", "n": 1}'
 
@@ -59,14 +62,18 @@ def counter(gateway: Gateway, name: str) -> int:
     return total
 
 
-def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> float:
-    """Produce requests (of `version`) the Python service saw (handed off to it)."""
+def seen_by_python(gateway: Gateway, api: str = "Produce", version: int | None = None) -> float:
+    """Requests of `api` (and `version`) the Python service saw (handed off to it)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
                                 timeout=10) as response:
         text = response.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("keg_handed_off_requests_total{") and 'api="Produce"' in line
+               if line.startswith("keg_handed_off_requests_total{") and f'api="{api}"' in line
                and (version is None or f'version="{version}"' in line))
+
+
+def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> float:
+    return seen_by_python(gateway, "Produce", version)
 
 
 def stored(kafka: EmbeddedKafka, topic: str, expected: int) -> list[bytes]:
@@ -179,3 +186,43 @@ def test_a_record_larger_than_the_hand_off_bound_goes_through(gateway: Gateway,
     stored_values = stored(kafka, topic, 3)
     assert len(stored_values) == 3
     assert len(stored_values[1]) > big and b"4111111111111111" not in stored_values[1]
+
+
+def test_a_java_consumers_incremental_fetches_are_judged_by_their_answers(
+        gateway: Gateway, kafka: EmbeddedKafka) -> None:
+    """Kafka's Java consumer fetches in a session (KIP-227): after its first Fetch every
+    one is incremental, naming only what changed, and its answer carries records of any
+    partition of the session. Such a Fetch was always handed off once a consume-time rule
+    existed, so a Java consumer of a topic no rule names went through Python for every
+    fetch. Now it goes to the broker at once and its answer decides: one naming no ruled
+    topic goes to the consumer as it came; one naming a ruled topic goes to the Python
+    chain after its request (masked here)."""
+    plain = create_topic(kafka.bootstrap, name=f"plain.{uuid.uuid4().hex[:8]}")
+    read = create_topic(kafka.bootstrap, name=f"read.{uuid.uuid4().hex[:8]}")
+    count = 120
+    direct = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 0})
+    for topic in (plain, read):
+        for _batch in range(count // 10):  # small batches: many fetches of 2 KiB each
+            for _ in range(10):
+                direct.produce(topic, CARD)
+            direct.flush(30)
+
+    def java_consume(topic: str) -> list[str]:
+        done = run_java_tool(
+            "console-consumer", "--bootstrap-server", gateway.bootstrap, "--topic", topic,
+            "--from-beginning", "--max-messages", str(count), "--timeout-ms", "60000",
+            "--consumer-property", "max.partition.fetch.bytes=2048",
+            "--consumer-property", "fetch.max.bytes=2048", timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()
+
+    fetches, judged = seen_by_python(gateway, "Fetch"), counter(gateway, "handoff_by_answer")
+    passed = counter(gateway, "handoff_answer_not_selected")
+    assert java_consume(plain) == [CARD.decode()] * count
+    assert seen_by_python(gateway, "Fetch") == fetches, "no Fetch of the plain topic went"
+    assert counter(gateway, "handoff_by_answer") > judged, "incremental fetches were sent"
+    assert counter(gateway, "handoff_answer_not_selected") > passed, "their answers passed"
+
+    values = java_consume(read)
+    assert len(values) == count and all(masked(v.encode()) for v in values), values[:3]
+    assert seen_by_python(gateway, "Fetch") > fetches, "the ruled topic's answers went"

@@ -355,3 +355,33 @@ def test_topic_ids_the_module_names_are_known_without_a_metadata_answer() -> Non
     _, body = kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)
     assert fetched_values(body) == [{"email": "****"}]
     assert body["Responses"][0]["Partitions"][0]["ErrorCode"] == 0
+
+
+def test_an_incremental_fetchs_answer_is_read_with_the_topic_ids_the_module_names() -> None:
+    """An incremental Fetch (KIP-227) that names nothing is answered with records of its
+    session's partitions: the worker reading the answer may never have seen their ids
+    named (the full Fetch that named them passed natively). The module names the ids the
+    answer carries with the answer, as it does with requests."""
+    pii = uuid.uuid4()
+    records = json_batch([{"email": "a@x"}])
+
+    def answered(topic_ids: dict[str, str] | None) -> dict[str, Any]:
+        session = FramesSession(CONN, engine())
+        header = kafka_wire.RequestHeader(ApiKey.FETCH, 16, 1, "app", {})
+        incremental = kafka_wire.encode_request(header, {
+            "ReplicaId": -1, "MaxWaitMs": 500, "MinBytes": 1, "MaxBytes": 1 << 20,
+            "IsolationLevel": 0, "SessionId": 5, "SessionEpoch": 3, "Topics": [],
+            "ForgottenTopicsData": [], "RackId": ""})
+        assert session.request(incremental, principal="User:alice",
+                               security_protocol="SASL_PLAINTEXT").want_response
+        out = session.response(fetch_answer(1, pii, records), ApiKey.FETCH, 16,
+                               topic_ids=topic_ids)
+        return kafka_wire.decode_response(out[4:], ApiKey.FETCH, 16)[1]
+
+    named = answered({pii.hex: "pii.users"})
+    assert fetched_values(named) == [{"email": "****"}]
+    assert named["Responses"][0]["Partitions"][0]["ErrorCode"] == 0
+    # Not named: its records are withheld (never unmasked), the consumer is told why.
+    unnamed = answered(None)
+    assert unnamed["Responses"][0]["Partitions"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
+    assert fetched_values(unnamed) == []

@@ -136,6 +136,9 @@ struct ResponseHandOff {
     fail_open: bool,
     vouching: Option<Arc<Vouching>>,
     replay: Option<Bytes>,
+    /// A [`Selection::ByAnswer`] request's: an answer naming no topic it selects goes to
+    /// the client as it came.
+    selector: Option<Arc<TopicSelector>>,
 }
 
 /// A broker answer waiting for the service's reply to its replayed request: its place in
@@ -155,6 +158,8 @@ struct Collect {
     expects_response: bool,
     fail_open: bool,
     vouching: Option<Arc<Vouching>>,
+    /// [`Selection::ByAnswer`]: it goes to the broker, its answer is judged by `selector`.
+    by_answer: Option<Arc<TopicSelector>>,
     frame: Vec<u8>,
 }
 
@@ -543,16 +548,18 @@ impl<P: RequestPolicy> Session<P> {
                 if let HeadBytes::Input(start, end) = head_bytes {
                     // Decided from this chunk alone: no byte is copied.
                     let here = &input[start..input.len().min(start + frame_len)];
-                    match topics::select(head.api_key, head.api_version, here, frame_len, &selector) {
+                    let decision = topics::select(head.api_key, head.api_version, here, frame_len, &selector);
+                    match decision {
                         Selection::Pass => {
                             self.not_selected(head.api_key, head.api_version, head.expects_response());
                             out.pass(start..end);
                             self.request_continues(remaining, false);
                             return;
                         }
-                        Selection::HandOff => {
+                        Selection::HandOff | Selection::ByAnswer => {
                             let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                            self.collect(&head, fail_open, vouching, remaining, frame, out);
+                            let by_answer = (decision == Selection::ByAnswer).then_some(selector);
+                            self.collect(&head, fail_open, vouching, by_answer, remaining, frame, out);
                             return;
                         }
                         Selection::NeedMore => {}
@@ -577,15 +584,16 @@ impl<P: RequestPolicy> Session<P> {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
                 let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.collect(&head, fail_open, None, remaining, frame, out);
+                self.collect(&head, fail_open, None, None, remaining, frame, out);
             }
         }
     }
 
     /// Collects a request to hand it off (`frame`: its bytes so far, `remaining` to come);
     /// handed off at once when it is whole.
-    fn collect(&mut self, head: &RequestHead, fail_open: bool, vouching: Option<Arc<Vouching>>, remaining: usize,
-               frame: Vec<u8>, out: &mut Output) {
+    #[allow(clippy::too_many_arguments)]
+    fn collect(&mut self, head: &RequestHead, fail_open: bool, vouching: Option<Arc<Vouching>>,
+               by_answer: Option<Arc<TopicSelector>>, remaining: usize, frame: Vec<u8>, out: &mut Output) {
         self.request = RequestState::Collect(Collect {
             remaining,
             api_key: head.api_key,
@@ -593,6 +601,7 @@ impl<P: RequestPolicy> Session<P> {
             expects_response: head.expects_response(),
             fail_open,
             vouching,
+            by_answer,
             frame,
         });
         if remaining == 0 {
@@ -615,7 +624,7 @@ impl<P: RequestPolicy> Session<P> {
                 out.owned(s.frame);
                 self.request_continues(s.remaining, false);
             }
-            Selection::HandOff => {
+            Selection::HandOff | Selection::ByAnswer => {
                 self.request = RequestState::Collect(Collect {
                     remaining: s.remaining,
                     api_key: s.api_key,
@@ -623,6 +632,7 @@ impl<P: RequestPolicy> Session<P> {
                     expects_response: s.expects_response,
                     fail_open: s.fail_open,
                     vouching: s.vouching,
+                    by_answer: (decision == Selection::ByAnswer).then_some(s.selector),
                     frame: s.frame,
                 });
                 if s.remaining == 0 {
@@ -694,15 +704,17 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
-        if c.api_key == FETCH && c.expects_response && self.vouched_fetch(&c) {
-            // Its answer is read for vouched ids; one that does not pass goes to the
-            // service after this request, replayed (held_response).
+        let by_answer = c.api_key == FETCH && c.expects_response && c.by_answer.is_some();
+        if by_answer || (c.api_key == FETCH && c.expects_response && self.vouched_fetch(&c)) {
+            // Its answer is read for selected topics and vouched ids; one that does not
+            // pass goes to the service after this request, replayed (held_response).
             let plan = self.response_plan(c.api_key, c.api_version);
             let replay = Some(Bytes::from(c.frame.clone()));
+            let handoff = ResponseHandOff { fail_open: c.fail_open, vouching: c.vouching, replay, selector: c.by_answer };
             if let Some(entry) = self.in_flight.back_mut() {
-                entry.reply = Reply::Broker { plan, handoff: Some(ResponseHandOff { fail_open: c.fail_open, vouching: c.vouching, replay }) };
+                entry.reply = Reply::Broker { plan, handoff: Some(handoff) };
             }
-            self.stats.add(Counter::HandoffVouched, 1);
+            self.stats.add(if by_answer { Counter::HandoffByAnswer } else { Counter::HandoffVouched }, 1);
             out.owned(c.frame);
             return;
         }
@@ -853,7 +865,9 @@ impl<P: RequestPolicy> Session<P> {
             }
             Resolution::Request { forward, answer: None, want_response, .. } if !forward.is_empty() => {
                 let plan = self.response_plan(p.api_key, p.api_version);
-                let handoff = want_response.then(|| ResponseHandOff { fail_open: p.fail_open, vouching: p.vouching.clone(), replay: None });
+                let handoff = want_response.then(|| ResponseHandOff {
+                    fail_open: p.fail_open, vouching: p.vouching.clone(), replay: None, selector: None,
+                });
                 (forward, p.expects_response.then_some(Reply::Broker { plan, handoff }))
             }
             Resolution::Request { .. } => {
@@ -1068,6 +1082,12 @@ impl<P: RequestPolicy> Session<P> {
         }
         let mut sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
         if let Some(h) = handoff.as_ref().filter(|_| api_key == FETCH) {
+            if h.selector.as_ref().is_some_and(|s| vouch::fetch_answer_unselected(&sent, api_version, s)) {
+                self.stats.add(Counter::HandoffAnswerNotSelected, 1);
+                out.owned(sent);
+                self.response_done(api_key, api_version, out);
+                return Ok(());
+            }
             match self.vouched_response(sent, api_version, h.vouching.as_deref()) {
                 Ok(bytes) => {
                     self.stats.add(Counter::HandoffVouched, 1);
@@ -1080,7 +1100,7 @@ impl<P: RequestPolicy> Session<P> {
         }
         match handoff {
             None => out.owned(sent),
-            Some(ResponseHandOff { fail_open, vouching, replay: Some(request) }) => {
+            Some(ResponseHandOff { fail_open, vouching, replay: Some(request), .. }) => {
                 // The service has not seen the request: it goes first, then (if its reply
                 // asks for it) this answer, which keeps its place meanwhile.
                 let response_id = self.next_handoff;

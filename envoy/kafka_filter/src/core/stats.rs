@@ -55,9 +55,14 @@ pub enum Counter {
     /// Of those, Fetch answers cut short at a batch boundary: past what one frame may
     /// validate, the rest of the records go in later answers (`core::vouch::fetch_verdict`).
     HandoffVouchedCut,
+    /// Incremental Fetch requests naming no selected topic, forwarded with their answer
+    /// to be read for topics (`core::topics::Selection::ByAnswer`).
+    HandoffByAnswer,
+    /// Of their answers, those naming no selected topic (they went on as they came).
+    HandoffAnswerNotSelected,
 }
 
-pub const COUNTERS: [Counter; 17] = [
+pub const COUNTERS: [Counter; 19] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -75,6 +80,8 @@ pub const COUNTERS: [Counter; 17] = [
     Counter::HandoffNotSelected,
     Counter::HandoffVouched,
     Counter::HandoffVouchedCut,
+    Counter::HandoffByAnswer,
+    Counter::HandoffAnswerNotSelected,
 ];
 
 #[derive(Debug, Clone)]

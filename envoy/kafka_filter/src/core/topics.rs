@@ -33,8 +33,13 @@
 //!
 //! Fetch sessions (KIP-227): an incremental Fetch (session epoch > 0) names only the
 //! partitions that changed, while its answer carries records of every partition of the
-//! session. Its topics say nothing about its answer's, so it is always handed off; a
-//! full Fetch (epoch 0 or -1, or v4-6) is answered for exactly the partitions it names.
+//! session. One naming a selected topic is handed off; one naming none is
+//! [`Selection::ByAnswer`]: it goes to the broker and its answer is read for topics
+//! before any byte of it reaches the client (`vouch::fetch_answer_unselected`): an answer
+//! naming a selected topic (or one the walk cannot vouch for) goes to the Python chain
+//! after the request, replayed. The answer, not the module's idea of the session, is what
+//! is judged: a session is the broker's, and another connection may change it. A full
+//! Fetch (epoch 0 or -1, or v4-6) is answered for exactly the partitions it names.
 //!
 //! Topic ids (Produce v13+, Fetch v13+) are named by a process-wide map learned from the
 //! Metadata answers the module rewrites anyway ([`learn_topic_id`]); an id it has not
@@ -207,6 +212,9 @@ pub enum Selection {
     Pass,
     /// The topics read so far select nothing; more of the frame is needed.
     NeedMore,
+    /// An incremental Fetch naming no selected topic: it goes to the broker, and its
+    /// answer decides (see the module's documentation).
+    ByAnswer,
 }
 
 /// Decides a Produce or Fetch request from `buf`, its first bytes (from the size prefix;
@@ -220,12 +228,21 @@ pub fn select(api_key: i16, api_version: i16, buf: &[u8], frame_len: usize, sele
         _ => Err(Stop::HandOff),
     };
     match result {
-        Ok(false) => Selection::Pass,
-        Ok(true) | Err(Stop::HandOff) => Selection::HandOff,
+        Ok(Found::Nothing) => Selection::Pass,
+        Ok(Found::NothingInSession) => Selection::ByAnswer,
+        Ok(Found::Selected) | Err(Stop::HandOff) => Selection::HandOff,
         // Short of a complete frame: malformed, the Python side judges it.
         Err(Stop::Short) if complete => Selection::HandOff,
         Err(Stop::Short) => Selection::NeedMore,
     }
+}
+
+/// What the walk of a request's topics found.
+enum Found {
+    Selected,
+    Nothing,
+    /// Nothing, in an incremental Fetch: its answer may carry other topics.
+    NothingInSession,
 }
 
 pub(super) enum Stop {
@@ -377,8 +394,12 @@ impl<'a> Walk<'a> {
         Ok(selector.selects(self.topic_name(ids, compact)?.as_bytes()))
     }
 
+    fn produce(&mut self, version: i16, selector: &TopicSelector) -> Step<Found> {
+        Ok(if self.produce_selects(version, selector)? { Found::Selected } else { Found::Nothing })
+    }
+
     /// true: a topic is selected; false: every topic was read, none is.
-    fn produce(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
+    fn produce_selects(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
         let flexible = version >= 9;
         self.header(flexible)?;
         self.string(flexible)?; // transactional_id
@@ -414,19 +435,28 @@ impl<'a> Walk<'a> {
         Ok(false)
     }
 
-    fn fetch(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
+    fn fetch(&mut self, version: i16, selector: &TopicSelector) -> Step<Found> {
         let flexible = version >= 12;
         self.header(flexible)?;
         if version <= 14 {
             self.take(4)?; // replica_id
         }
         self.take(4 + 4 + 4 + 1)?; // max_wait_ms, min_bytes, max_bytes, isolation_level
-        if version >= 7 {
+        // Incremental (KIP-227): its answer is not bounded by the topics it names.
+        let incremental = version >= 7 && {
             self.take(4)?; // session_id
-            if !matches!(self.i32()?, 0 | -1) {
-                return Err(Stop::HandOff); // incremental: its answer is not bounded by it
-            }
-        }
+            !matches!(self.i32()?, 0 | -1)
+        };
+        Ok(match self.fetch_selects(version, selector)? {
+            true => Found::Selected,
+            false if incremental => Found::NothingInSession,
+            false => Found::Nothing,
+        })
+    }
+
+    /// The topics of a Fetch request (from its topics array): as [`Walk::produce_selects`].
+    fn fetch_selects(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
+        let flexible = version >= 12;
         let topics = self.count(flexible)?;
         if topics > MAX_TOPICS {
             return Err(Stop::HandOff);
@@ -459,6 +489,49 @@ impl<'a> Walk<'a> {
     }
 }
 
+/// A Fetch response through its top-level fields before the topics: size, correlation
+/// id, [header tags: v12+], throttle_time_ms, [error_code, session_id: v7+].
+pub(super) fn fetch_answer_head(w: &mut Walk<'_>, version: i16) -> Step<()> {
+    w.take(4 + 4)?; // size, correlation_id
+    if version >= 12 {
+        w.tagged_fields()?; // response header v1
+    }
+    w.take(4)?; // throttle_time_ms
+    if version >= 7 {
+        w.take(2 + 4)?; // error_code, session_id
+    }
+    Ok(())
+}
+
+/// One partition of a Fetch response: its error code and records (None when null).
+/// partition_index, error_code, high_watermark, last_stable_offset, [log_start_offset:
+/// v5+], aborted_transactions, [preferred_read_replica: v11+], records, [tags].
+pub(super) fn fetch_answer_partition<'a>(w: &mut Walk<'a>, version: i16) -> Step<(i16, Option<&'a [u8]>)> {
+    let flexible = version >= 12;
+    w.take(4)?; // partition_index
+    let error = w.i16()?;
+    w.take(8 + 8)?; // high_watermark, last_stable_offset
+    if version >= 5 {
+        w.take(8)?; // log_start_offset
+    }
+    // aborted_transactions: a nullable array of (producer_id, first_offset)
+    let aborted = if flexible { (w.uvarint()? as usize).saturating_sub(1) } else { usize::try_from(w.i32()?).unwrap_or(0) };
+    for _ in 0..aborted {
+        w.take(8 + 8)?;
+        if flexible {
+            w.tagged_fields()?;
+        }
+    }
+    if version >= 11 {
+        w.take(4)?; // preferred_read_replica
+    }
+    let records = w.bytes(flexible)?;
+    if flexible {
+        w.tagged_fields()?;
+    }
+    Ok((error, records))
+}
+
 /// The topic ids a whole Produce (v13+) or Fetch (v13+) request names that the module
 /// knows by name: handed to the Python service with the frame, since the Metadata
 /// answer that taught them may have gone to another worker of its pool (each learns
@@ -484,34 +557,60 @@ pub fn named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16],
             w.take(4 + 4 + 4 + 1 + 4 + 4)?; // max_wait_ms .. isolation_level, session id, epoch
             Some(fetch_partition_size(api_version))
         };
-        let topics = w.count(true)?.min(MAX_TOPICS);
-        for _ in 0..topics {
-            let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
-            if let Some(name) = topic_name(&id) {
-                named.push((id, name));
-            }
-            let partitions = w.count(true)?;
-            if partitions > MAX_PARTITIONS {
-                return Err(Stop::HandOff);
-            }
-            for _ in 0..partitions {
-                match partition_size {
-                    Some(size) => {
-                        w.take(size)?;
-                    }
-                    None => {
-                        w.take(4)?; // index
-                        w.skip_bytes(true)?; // records
-                    }
+        known_ids(&mut w, &mut named, |w| {
+            match partition_size {
+                Some(size) => {
+                    w.take(size)?;
                 }
-                w.tagged_fields()?;
+                None => {
+                    w.take(4)?; // index
+                    w.skip_bytes(true)?; // records
+                }
             }
-            w.tagged_fields()?;
-        }
-        Ok(())
+            w.tagged_fields()
+        })
     };
     let _ = walk(); // what was read before a malformed part still names its topics
     named
+}
+
+/// The topic ids a whole Fetch response (v13+) names that the module knows by name (as
+/// [`named_ids`]): an answer to an incremental Fetch carries partitions its request did
+/// not name, and the worker that reads it may never have seen them named.
+pub fn answer_named_ids(api_version: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
+    let mut named = Vec::new();
+    if !(13..=*FETCH_VERSIONS.end()).contains(&api_version) {
+        return named;
+    }
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Step<()> {
+        fetch_answer_head(&mut w, api_version)?;
+        known_ids(&mut w, &mut named, |w| fetch_answer_partition(w, api_version).map(|_| ()))
+    };
+    let _ = walk(); // as named_ids: what was read names its topics
+    named
+}
+
+/// The topics array of a v13+ (flexible) frame: the ids it names that the module knows
+/// go to `named`; `partition` reads one partition entry (its tagged fields included).
+fn known_ids<'a>(w: &mut Walk<'a>, named: &mut Vec<([u8; 16], Arc<str>)>,
+                 partition: impl Fn(&mut Walk<'a>) -> Step<()>) -> Step<()> {
+    let topics = w.count(true)?.min(MAX_TOPICS);
+    for _ in 0..topics {
+        let id: [u8; 16] = w.take(16)?.try_into().map_err(|_| Stop::HandOff)?;
+        if let Some(name) = topic_name(&id) {
+            named.push((id, name));
+        }
+        let partitions = w.count(true)?;
+        if partitions > MAX_PARTITIONS {
+            return Err(Stop::HandOff);
+        }
+        for _ in 0..partitions {
+            partition(w)?;
+        }
+        w.tagged_fields()?;
+    }
+    Ok(())
 }
 
 /// Whether a whole Produce request frame has at most [`MAX_TOPICS`] topics and

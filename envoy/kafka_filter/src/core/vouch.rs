@@ -30,7 +30,10 @@ use std::time::{Duration, Instant};
 use super::head::PRODUCE;
 use super::inflate::inflate;
 use super::payload::{PayloadSchema, MAX_VALIDATED};
-use super::topics::{fetch_partition_size, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
+use super::topics::{
+    fetch_answer_head, fetch_answer_partition, fetch_partition_size, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS,
+    MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS,
+};
 
 /// Topics a connection remembers vouches for, per direction, and ids per topic.
 pub const MAX_TOPICS_VOUCHED: usize = 256;
@@ -231,33 +234,32 @@ pub fn fetch_verdict(frame: &[u8], version: i16, vouching: &Vouching, vouched: &
     if !FETCH_VERSIONS.contains(&version) || !vouched.applies_to(vouching) {
         return FetchVerdict::HandOff;
     }
+    fetch_walk(frame, version, &Check { vouching, vouched, now, tail: Tail::Dropped })
+}
+
+/// Whether a whole Fetch response names no topic `selector` selects: every topic read
+/// (by name, or by an id the module knows), none selected. Anything else (a selected
+/// topic, an unknown id, a frame the walk cannot read whole) is false: the service
+/// reads it. What a [`Selection::ByAnswer`](super::topics::Selection) request's answer is
+/// judged by.
+pub fn fetch_answer_unselected(frame: &[u8], version: i16, selector: &Arc<TopicSelector>) -> bool {
+    if !FETCH_VERSIONS.contains(&version) {
+        return false;
+    }
+    // Every selected topic is "unvouched", and nothing is vouched for: the walk passes
+    // only an answer whose topics are all unselected.
+    let vouching = Vouching { selector: selector.clone(), unvouched: selector.clone() };
+    let check = Check { vouching: &vouching, vouched: &Vouched::default(), now: Instant::now(), tail: Tail::Dropped };
+    fetch_walk(frame, version, &check) == FetchVerdict::Pass
+}
+
+fn fetch_walk(frame: &[u8], version: i16, check: &Check<'_>) -> FetchVerdict {
     let flexible = version >= 12;
     let mut w = Walk { buf: frame, pos: 0 };
     let mut walk = || -> Result<Walked, Stop> {
-        w.take(4 + 4)?; // size, correlation_id
-        if flexible {
-            w.tagged_fields()?; // response header v1
-        }
-        w.take(4)?; // throttle_time_ms
-        if version >= 7 {
-            w.take(2 + 4)?; // error_code, session_id
-        }
-        let check = Check { vouching, vouched, now, tail: Tail::Dropped };
-        let walked = topics(&mut w, version >= 13, flexible, &check, |w| {
-            w.take(4)?; // partition_index
-            let error = w.i16()?;
-            w.take(8 + 8)?; // high_watermark, last_stable_offset
-            if version >= 5 {
-                w.take(8)?; // log_start_offset
-            }
-            aborted_transactions(w, flexible)?;
-            if version >= 11 {
-                w.take(4)?; // preferred_read_replica
-            }
-            let records = w.bytes(flexible)?;
-            if flexible {
-                w.tagged_fields()?;
-            }
+        fetch_answer_head(&mut w, version)?;
+        let walked = topics(&mut w, version >= 13, flexible, check, |w| {
+            let (error, records) = fetch_answer_partition(w, version)?;
             Ok(if error == 0 { records } else { None })
         })?;
         if flexible {
@@ -393,22 +395,6 @@ struct Check<'v> {
     vouched: &'v Vouched,
     now: Instant,
     tail: Tail,
-}
-
-/// A nullable array of (producer_id, first_offset), skipped.
-fn aborted_transactions(w: &mut Walk<'_>, flexible: bool) -> Result<(), Stop> {
-    let count = if flexible {
-        (w.uvarint()? as usize).saturating_sub(1)
-    } else {
-        usize::try_from(w.i32()?).unwrap_or(0)
-    };
-    for _ in 0..count {
-        w.take(8 + 8)?;
-        if flexible {
-            w.tagged_fields()?;
-        }
-    }
-    Ok(())
 }
 
 /// What the walk of a frame's topics found.

@@ -79,14 +79,16 @@ pub fn message(handoff: &HandOff) -> ProcessingRequest {
     if let Some(principal) = &handoff.principal {
         fields.insert("principal".to_string(), string(principal.clone()));
     }
-    if handoff.direction == Direction::Request {
-        // The names of the topic ids it carries (v13+), as this module learned them: the
-        // worker that gets the frame may not have seen the Metadata answer.
-        let named = topics::named_ids(handoff.api_key, handoff.api_version, &handoff.frame);
-        if !named.is_empty() {
-            let ids = named.into_iter().map(|(id, name)| (hex(&id), string(name.as_ref()))).collect();
-            fields.insert("topic_ids".to_string(), Value { kind: Some(Kind::StructValue(Struct { fields: ids })) });
-        }
+    // The names of the topic ids it carries (v13+), as this module learned them: the
+    // worker that gets the frame may not have seen the Metadata answer.
+    let named = match handoff.direction {
+        Direction::Request => topics::named_ids(handoff.api_key, handoff.api_version, &handoff.frame),
+        Direction::Response if handoff.api_key == topics::FETCH => topics::answer_named_ids(handoff.api_version, &handoff.frame),
+        Direction::Response => Vec::new(),
+    };
+    if !named.is_empty() {
+        let ids = named.into_iter().map(|(id, name)| (hex(&id), string(name.as_ref()))).collect();
+        fields.insert("topic_ids".to_string(), Value { kind: Some(Kind::StructValue(Struct { fields: ids })) });
     }
     let metadata = Metadata { filter_metadata: HashMap::from([(NAMESPACE.to_string(), Struct { fields })]) };
     let data = Some(Data { data: handoff.frame.clone(), end_of_stream: false });

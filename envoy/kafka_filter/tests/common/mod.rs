@@ -2,8 +2,11 @@
 #![allow(dead_code)]
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, BrokerId, ResponseHeader};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use keg_kafka_filter::core::topics::learn_topic_id;
 use keg_kafka_filter::core::rewrite::{Endpoint, RouteView, Routes};
 use keg_kafka_filter::core::{Output, Piece};
 
@@ -112,4 +115,54 @@ pub fn frames(stream: &[u8]) -> Vec<Vec<u8>> {
         pos += 4 + size;
     }
     out
+}
+
+/// A topic id, learned as the module learns it from Metadata answers.
+pub fn topic_id(name: &str) -> uuid::Uuid {
+    let mut bytes = [7u8; 16];
+    bytes[..name.len().min(16)].copy_from_slice(&name.as_bytes()[..name.len().min(16)]);
+    learn_topic_id(bytes, name);
+    uuid::Uuid::from_bytes(bytes)
+}
+
+/// A Fetch answer: partition 0 of each topic (by id from v13) with `records`, and with
+/// `error_partition` a partition 1 answered with an error.
+pub fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)], error_partition: bool) -> Vec<u8> {
+    let responses = topics.iter().map(|(name, records)| {
+        let mut partitions = vec![PartitionData::default().with_partition_index(0).with_high_watermark(10)
+            .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(9)).with_first_offset(0)]))
+            .with_records(Some(Bytes::from(records.clone())))];
+        if error_partition {
+            // An error answer: its records are not read (none reach the consumer).
+            partitions.push(PartitionData::default().with_partition_index(1).with_error_code(6)
+                .with_records(Some(Bytes::from_static(b"not records"))));
+        }
+        let topic = FetchableTopicResponse::default().with_partitions(partitions);
+        if version >= 13 {
+            topic.with_topic_id(topic_id(name))
+        } else {
+            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
+        }
+    }).collect();
+    encode_response(ApiKey::Fetch, version, correlation_id, &FetchResponse::default().with_responses(responses))
+}
+
+/// A Fetch request of partitions 0 and 1 of `topics` (by id from v13) in session epoch
+/// `epoch` (-1: no session; above 0: incremental, session 42).
+pub fn fetch_request_in(correlation_id: i32, version: i16, epoch: i32, topics: &[&str]) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    RequestHeader::default().with_request_api_key(1).with_request_api_version(version).with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("t")))
+        .encode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
+    let topics = topics.iter().map(|name| {
+        let topic = FetchTopic::default().with_partitions(vec![FetchPartition::default().with_partition(0),
+                                                               FetchPartition::default().with_partition(1)]);
+        if version >= 13 {
+            topic.with_topic_id(topic_id(name))
+        } else {
+            topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
+        }
+    }).collect();
+    FetchRequest::default().with_session_id(if epoch > 0 { 42 } else { 0 }).with_session_epoch(epoch).with_topics(topics).encode(&mut buf, version).unwrap();
+    sized(&buf)
 }

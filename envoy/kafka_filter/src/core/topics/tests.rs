@@ -134,7 +134,7 @@ fn produce_v13_names_topics_by_the_ids_metadata_taught() {
 }
 
 #[test]
-fn fetch_requests_are_selected_only_when_full() {
+fn fetch_requests_pass_when_full_and_are_judged_by_their_answer_when_incremental() {
     let s = payments();
     let (orders, pay) = (known("orders"), known("payments"));
     for version in 4..=18 {
@@ -143,9 +143,11 @@ fn fetch_requests_are_selected_only_when_full() {
         assert_eq!(decide(1, version, &fetch(version, -1, &[o, p]), &s), Selection::HandOff, "v{version}");
         if version >= 7 {
             assert_eq!(decide(1, version, &fetch(version, 0, &[o]), &s), Selection::Pass, "v{version}: a new session");
-            // An incremental fetch is answered with records of partitions it need not name.
-            assert_eq!(decide(1, version, &fetch(version, 3, &[o]), &s), Selection::HandOff, "v{version}");
-            assert_eq!(decide(1, version, &fetch(version, 3, &[]), &s), Selection::HandOff, "v{version}");
+            // An incremental fetch is answered with records of partitions it need not
+            // name: one naming no selected topic goes on, and its answer decides.
+            assert_eq!(decide(1, version, &fetch(version, 3, &[o]), &s), Selection::ByAnswer, "v{version}");
+            assert_eq!(decide(1, version, &fetch(version, 3, &[]), &s), Selection::ByAnswer, "v{version}");
+            assert_eq!(decide(1, version, &fetch(version, 3, &[o, p]), &s), Selection::HandOff, "v{version}");
         }
     }
     assert_eq!(decide(1, 13, &fetch(13, -1, &[("", fresh_id())]), &s), Selection::HandOff);
@@ -173,6 +175,8 @@ fn a_frame_split_anywhere_needs_more_until_it_can_decide_and_never_passes_early(
         (0, 13, produce(13, &ids), Selection::HandOff),
         (1, 12, fetch(12, -1, &[("orders", Uuid::nil()), ("logs", Uuid::nil())]), Selection::Pass),
         (1, 16, fetch(16, 0, &ids), Selection::HandOff),
+        (1, 17, fetch(17, 5, &[("", known("orders")), ("", known("logs"))]), Selection::ByAnswer),
+        (1, 11, fetch(11, 5, &[("orders", Uuid::nil()), ("logs", Uuid::nil())]), Selection::ByAnswer),
     ];
     for (key, version, frame, whole) in cases {
         assert_eq!(decide(key, version, &frame, &s), whole);

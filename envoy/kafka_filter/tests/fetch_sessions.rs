@@ -1,0 +1,159 @@
+//! Incremental Fetch requests (KIP-227 sessions) in the core: one naming no selected
+//! topic goes to the broker at once, and its answer decides: an answer naming no
+//! selected topic goes to the client as it came; one naming a selected topic (or an id
+//! the module cannot name) goes to the service after its request, replayed.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::stats::Counter;
+use keg_kafka_filter::core::topics::TopicSelector;
+use keg_kafka_filter::core::vouch::fetch_answer_unselected;
+use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Resolution, Session, SessionLimits};
+
+/// Fetch: by topic (`s.*` selected, e.g. a consume-time mask rule).
+struct SelectS(Arc<TopicSelector>);
+
+impl RequestPolicy for SelectS {
+    fn decide(&mut self, head: &RequestHead) -> Disposition {
+        if head.api_key == 1 {
+            Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+fn selector() -> Arc<TopicSelector> {
+    Arc::new(TopicSelector::parse(serde_json::json!({"prefix": ["s."]})).unwrap())
+}
+
+fn session() -> Session<SelectS> {
+    Session::with_policy(SessionLimits::default(), SelectS(selector()))
+}
+
+/// Feeds a request: what reached the broker at once, and the hand-offs.
+fn request_round(s: &mut Session<SelectS>, request: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
+    let mut out = Output::default();
+    s.feed_requests(request, &mut out).unwrap();
+    (bytes_of(request, &out), s.take_handoffs())
+}
+
+/// Feeds a broker answer: what reached the client at once, and the hand-offs.
+fn answer_round(s: &mut Session<SelectS>, answer: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
+    let routes = routes();
+    let mut out = Output::default();
+    s.feed_responses(answer, view(&routes), &mut out).unwrap();
+    (bytes_of(answer, &out), s.take_handoffs())
+}
+
+fn drain_responses(s: &mut Session<SelectS>) -> Vec<u8> {
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    bytes_of(&[], &out)
+}
+
+fn answer(correlation_id: i32, version: i16, topics: &[&str]) -> Vec<u8> {
+    let topics: Vec<(&str, Vec<u8>)> = topics.iter().map(|t| (*t, b"records".to_vec())).collect();
+    fetch_answer(correlation_id, version, &topics, false)
+}
+
+#[test]
+fn an_incremental_fetch_naming_no_selected_topic_goes_on_and_its_answer_decides() {
+    for version in [7, 11, 12, 13, 15, 16, 17, 18] {
+        let mut s = session();
+        // Naming only an unselected topic, or nothing (nothing changed in the session):
+        // forwarded whole at once, the service never sees it; its answer of unselected
+        // topics goes to the client as it came.
+        for (cid, named) in [(1, vec!["logs"]), (2, vec![])] {
+            let request = fetch_request_in(cid, version, 3, &named);
+            let (forwarded, handoffs) = request_round(&mut s, &request);
+            assert_eq!(forwarded, request, "v{version}");
+            assert!(handoffs.is_empty(), "v{version}");
+            let broker = answer(cid, version, &["logs", "audit"]);
+            let (sent, handoffs) = answer_round(&mut s, &broker);
+            assert_eq!(sent, broker, "v{version}: the answer goes as it came");
+            assert!(handoffs.is_empty());
+        }
+        assert_eq!(s.stats.get(Counter::HandoffByAnswer), 2, "v{version}");
+        assert_eq!(s.stats.get(Counter::HandoffAnswerNotSelected), 2, "v{version}");
+
+        // Its answer carries records of a selected topic the request did not name (the
+        // session's): the request goes to the service first, replayed, then the answer.
+        let request = fetch_request_in(3, version, 4, &["logs"]);
+        assert!(request_round(&mut s, &request).1.is_empty());
+        let broker = answer(3, version, &["logs", "s.cards"]);
+        let (sent, handoffs) = answer_round(&mut s, &broker);
+        assert!(sent.is_empty(), "v{version}: the answer keeps its place");
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!((handoffs[0].direction, &handoffs[0].frame[..]), (Direction::Request, &request[..]));
+        s.resolve(handoffs[0].id, Resolution::Request { forward: request.clone(), answer: None, want_response: true, vouched: vec![] })
+            .unwrap();
+        let handoffs = s.take_handoffs();
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!((handoffs[0].direction, &handoffs[0].frame[..]), (Direction::Response, &broker[..]));
+        let masked = answer(3, version, &["logs"]);
+        s.resolve(handoffs[0].id, Resolution::Response { answer: masked.clone(), vouched: vec![] }).unwrap();
+        assert_eq!(drain_responses(&mut s), masked, "v{version}: the service's answer goes out");
+
+        // Naming a selected topic: handed off before the broker sees it, as a full one.
+        let request = fetch_request_in(4, version, 5, &["logs", "s.cards"]);
+        let (forwarded, handoffs) = request_round(&mut s, &request);
+        assert!(forwarded.is_empty(), "v{version}");
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!(s.stats.get(Counter::HandoffByAnswer), 3);
+        assert_eq!(s.in_flight(), 1);
+    }
+}
+
+#[test]
+fn an_answer_the_walk_cannot_vouch_for_goes_to_the_service() {
+    let s = selector();
+    for version in [7, 12, 13, 17] {
+        let whole = answer(1, version, &["logs", "audit"]);
+        assert!(fetch_answer_unselected(&whole, version, &s), "v{version}");
+        for cut in 0..whole.len() {
+            let mut short = whole[..cut].to_vec();
+            if short.len() >= 4 {
+                let size = (short.len() - 4) as i32;
+                short[..4].copy_from_slice(&size.to_be_bytes());
+            }
+            assert!(!fetch_answer_unselected(&short, version, &s), "v{version} cut at {cut}");
+        }
+        let mut longer = whole.clone();
+        longer.push(0);
+        assert!(!fetch_answer_unselected(&longer, version, &s), "v{version}: trailing bytes");
+        assert!(!fetch_answer_unselected(&answer(1, version, &["s.x"]), version, &s), "v{version}");
+    }
+    // A topic id the module never saw named: nobody can tell what it is.
+    let unknown = {
+        let mut frame = answer(1, 17, &["logs"]);
+        let id = topic_id("logs");
+        let at = frame.windows(16).position(|w| w == id.as_bytes()).unwrap();
+        frame[at] ^= 0xff;
+        frame
+    };
+    assert!(!fetch_answer_unselected(&unknown, 17, &s));
+    assert!(!fetch_answer_unselected(&answer(1, 18, &["logs"]), 19, &s), "a version the walk does not know");
+}
+
+#[test]
+fn an_answer_handed_off_names_the_topic_ids_it_carries() {
+    use keg_kafka_filter::handoff::proto::{message, NAMESPACE};
+    use prost_types::value::Kind;
+    let id = topic_id("s.answered");
+    let h = HandOff {
+        id: 1, direction: Direction::Response, frame: Bytes::from(answer(1, 17, &["logs", "s.answered"])),
+        api_key: 1, api_version: 17, principal: None, security_protocol: "PLAINTEXT",
+    };
+    let m = message(&h);
+    let keg = &m.metadata.unwrap().filter_metadata[NAMESPACE];
+    let Some(Kind::StructValue(ids)) = &keg.fields["topic_ids"].kind else { panic!("{keg:?}") };
+    let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(ids.fields[&hex].kind, Some(Kind::StringValue("s.answered".into())));
+    assert_eq!(ids.fields.len(), 2, "logs too");
+}
