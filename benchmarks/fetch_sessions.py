@@ -98,7 +98,8 @@ def module_dir_set(directory: Path | None) -> Any:
             os.environ[MODULE_DIR_ENV] = old
 
 
-def run(records: int, repeat: int, baseline: Path | None = None) -> dict[str, Any]:
+def run(records: int, repeat: int, baseline: Path | None = None,
+        warmup_rounds: int = 1) -> dict[str, Any]:
     from keg.embedded.kafka import EmbeddedKafka, ensure_kafka
 
     values = [record_rules.order_value(i) for i in range(records)]
@@ -120,16 +121,19 @@ def run(records: int, repeat: int, baseline: Path | None = None) -> dict[str, An
                     metrics_port=0))
         before = {name: (fetches_seen_by_python(gw),
                          envoy_counter(gw, "handoff_by_answer")) for name, gw in gateways.items()}
-        for number in range(repeat):
+        for number in range(warmup_rounds + repeat):
             topic = f"bench.{uuid.uuid4().hex[:8]}"
             create_topics(kafka.bootstrap, [topic], 1)
             record_rules.produce(kafka.bootstrap, topic, values, "none")
             paths = {"direct": kafka.bootstrap,
                      **{name: gw.bootstrap for name, gw in gateways.items()}}
-            for path, bootstrap in paths.items():
-                sample = java_consume(bootstrap, topic, params)
-                rates.setdefault(path, []).append(sample["records_per_s"])
-            log.info("round %d: %s", number + 1, {p: round(r[-1]) for p, r in rates.items()})
+            round_rates = {path: java_consume(bootstrap, topic, params)["records_per_s"]
+                           for path, bootstrap in paths.items()}
+            log.info("round %d%s: %s", number + 1, " (warm-up)" if number < warmup_rounds else "",
+                     {p: round(r) for p, r in round_rates.items()})
+            if number >= warmup_rounds:  # the first rounds warm JVMs, caches and pools up
+                for path, rate in round_rates.items():
+                    rates.setdefault(path, []).append(rate)
         handed = {name: {"fetches_handed_off": fetches_seen_by_python(gw)
                          - before[name][0],
                          "judged_by_answer": envoy_counter(gw, "handoff_by_answer")
@@ -139,14 +143,16 @@ def run(records: int, repeat: int, baseline: Path | None = None) -> dict[str, An
                         "rounds": [round(x) for x in r],
                         "ratio": round(statistics.median(r) / direct, 3)}
                  for path, r in rates.items()}
-    return {"records": records, "record_bytes": 1024, "repeat": repeat, "commit": git_commit(),
+    return {"records": records, "record_bytes": 1024, "repeat": repeat,
+            "warmup_rounds": warmup_rounds, "commit": git_commit(),
             "baseline_module": str(baseline) if baseline is not None else None,
             "machine": machine_info(), "paths": paths_out, "hand_offs": handed}
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Java ConsumerPerformance, {result['records']:,} x 1 KiB, one partition, median "
-             f"of {result['repeat']} (commit {result['commit']})", "",
+             f"of {result['repeat']} after {result.get('warmup_rounds', 0)} warm-up round(s) "
+             f"(commit {result['commit']})", "",
              "| path | records/s | ratio to direct | rounds | Fetches handed to Python | "
              "incremental Fetches judged by answer |",
              "|---|---:|---:|---|---:|---:|"]
@@ -162,6 +168,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="unrecorded rounds first")
     parser.add_argument("--baseline-module-dir", type=Path, default=None,
                         help="a directory with another build of the module, measured as "
                              f"{BASELINE} in the same rounds")
@@ -169,7 +177,7 @@ def main() -> int:
                         help="results file name (benchmarks/results/<output>.json and .md)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    result = run(args.records, args.repeat, args.baseline_module_dir)
+    result = run(args.records, args.repeat, args.baseline_module_dir, args.warmup_rounds)
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"{args.output}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
