@@ -14,7 +14,10 @@
 //!   hand, nothing is copied; otherwise its bytes are kept until the topics decide (the
 //!   last topic name, at worst the whole frame). Not selected: it is forwarded as a
 //!   Forward request is (what was kept, then the rest as it arrives); selected, or not
-//!   readable: it is handed off.
+//!   readable: it is handed off. An incremental Fetch naming no selected topic
+//!   ([`Selection::ByAnswer`]) is collected whole and forwarded; its answer is held and
+//!   passes if it names no selected topic, else the request is handed off (replayed: the
+//!   broker has it already) and the answer after it, as for vouched Fetches.
 //! - Hand-off ([`Disposition::HandOff`]): the whole request is collected and becomes a
 //!   [`HandOff`] ([`Session::take_handoffs`]); its place in the request stream, and its
 //!   slot, wait for its [`Resolution`] ([`Session::resolve`]). Requests after it are
