@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 from confluent_kafka import Producer
+from kafka import KafkaConsumer
 
 from control_plane.providers import StaticRuleProvider
 from filter_rules import load_rule_text
@@ -188,15 +189,42 @@ def test_a_record_larger_than_the_hand_off_bound_goes_through(gateway: Gateway,
     assert len(stored_values[1]) > big and b"4111111111111111" not in stored_values[1]
 
 
-def test_a_java_consumers_incremental_fetches_are_judged_by_their_answers(
-        gateway: Gateway, kafka: EmbeddedKafka) -> None:
-    """Kafka's Java consumer fetches in a session (KIP-227): after its first Fetch every
-    one is incremental, naming only what changed, and its answer carries records of any
-    partition of the session. Such a Fetch was always handed off once a consume-time rule
-    existed, so a Java consumer of a topic no rule names went through Python for every
-    fetch. Now it goes to the broker at once and its answer decides: one naming no ruled
-    topic goes to the consumer as it came; one naming a ruled topic goes to the Python
-    chain after its request (masked here)."""
+def consume_in_session(client: str, bootstrap: str, topic: str, count: int) -> list[bytes]:
+    """`count` values of `topic` read from its start through `bootstrap` by a client that
+    fetches in a KIP-227 session, 2 KiB per fetch (so most fetches are incremental):
+    Kafka's Java console consumer, or kafka-python (Fetch v12, topics by name)."""
+    if client == "java":
+        done = run_java_tool(
+            "console-consumer", "--bootstrap-server", bootstrap, "--topic", topic,
+            "--from-beginning", "--max-messages", str(count), "--timeout-ms", "60000",
+            "--consumer-property", "max.partition.fetch.bytes=2048",
+            "--consumer-property", "fetch.max.bytes=2048", timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [line.encode() for line in done.stdout.splitlines()]
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             group_id=None, max_partition_fetch_bytes=2048,
+                             fetch_max_bytes=2048, consumer_timeout_ms=30_000)
+    try:
+        values = []
+        for message in consumer:
+            values.append(message.value)
+            if len(values) == count:
+                break
+        return values
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("client", ["java", "kafka-python"])
+def test_incremental_fetches_are_judged_by_their_answers(
+        gateway: Gateway, kafka: EmbeddedKafka, client: str) -> None:
+    """Kafka's Java consumer and kafka-python fetch in a session (KIP-227): after the first
+    Fetch every one is incremental, naming only what changed, and its answer carries
+    records of any partition of the session. Such a Fetch was always handed off once a
+    consume-time rule existed, so a consumer of a topic no rule names went through Python
+    for every fetch. Now it goes to the broker at once and its answer decides: one naming
+    no ruled topic goes to the consumer as it came; one naming a ruled topic goes to the
+    Python chain after its request (masked here)."""
     plain = create_topic(kafka.bootstrap, name=f"plain.{uuid.uuid4().hex[:8]}")
     read = create_topic(kafka.bootstrap, name=f"read.{uuid.uuid4().hex[:8]}")
     count = 120
@@ -205,24 +233,15 @@ def test_a_java_consumers_incremental_fetches_are_judged_by_their_answers(
         for _batch in range(count // 10):  # small batches: many fetches of 2 KiB each
             for _ in range(10):
                 direct.produce(topic, CARD)
-            direct.flush(30)
-
-    def java_consume(topic: str) -> list[str]:
-        done = run_java_tool(
-            "console-consumer", "--bootstrap-server", gateway.bootstrap, "--topic", topic,
-            "--from-beginning", "--max-messages", str(count), "--timeout-ms", "60000",
-            "--consumer-property", "max.partition.fetch.bytes=2048",
-            "--consumer-property", "fetch.max.bytes=2048", timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout.splitlines()
+            assert direct.flush(30) == 0
 
     fetches, judged = seen_by_python(gateway, "Fetch"), counter(gateway, "handoff_by_answer")
     passed = counter(gateway, "handoff_answer_not_selected")
-    assert java_consume(plain) == [CARD.decode()] * count
+    assert consume_in_session(client, gateway.bootstrap, plain, count) == [CARD] * count
     assert seen_by_python(gateway, "Fetch") == fetches, "no Fetch of the plain topic went"
     assert counter(gateway, "handoff_by_answer") > judged, "incremental fetches were sent"
     assert counter(gateway, "handoff_answer_not_selected") > passed, "their answers passed"
 
-    values = java_consume(read)
-    assert len(values) == count and all(masked(v.encode()) for v in values), values[:3]
+    values = consume_in_session(client, gateway.bootstrap, read, count)
+    assert len(values) == count and all(masked(v) for v in values), values[:3]
     assert seen_by_python(gateway, "Fetch") > fetches, "the ruled topic's answers went"
