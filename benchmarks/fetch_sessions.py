@@ -32,7 +32,6 @@ import logging
 import os
 import statistics
 import tempfile
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -59,25 +58,6 @@ rules:
 """
 GATEWAYS = {"native": NO_RULES, "native_other_consume": OTHER_CONSUME_RULES}
 BASELINE = "baseline_other_consume"
-
-
-def fetches_seen_by_python(gateway: Any) -> float:
-    """Fetch requests the gateway's Python service was handed (its /metrics)."""
-    url = f"http://127.0.0.1:{gateway.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("keg_handed_off_requests_total{") and 'api="Fetch"' in line)
-
-
-def envoy_counter(gateway: Any, name: str) -> int:
-    """The sum of Envoy's `keg_kafka.<name>` counters."""
-    total = 0
-    for line in gateway.envoy.admin("/stats").splitlines():
-        stat, _, value = line.partition(": ")
-        if stat.endswith(f"keg_kafka.{name}") and value.isdigit():
-            total += int(value)
-    return total
 
 
 @contextlib.contextmanager
@@ -119,8 +99,9 @@ def run(records: int, repeat: int, baseline: Path | None = None,
                 gateways[name] = stack.enter_context(gateway_with_rules(
                     kafka.bootstrap, work, "bench.yaml", rules, data_path="native",
                     metrics_port=0))
-        before = {name: (fetches_seen_by_python(gw),
-                         envoy_counter(gw, "handoff_by_answer")) for name, gw in gateways.items()}
+        before = {name: (gw.handed_off_requests("Fetch"),
+                         gw.module_counter("handoff_by_answer"))
+                  for name, gw in gateways.items()}
         for number in range(warmup_rounds + repeat):
             topic = f"bench.{uuid.uuid4().hex[:8]}"
             create_topics(kafka.bootstrap, [topic], 1)
@@ -134,9 +115,9 @@ def run(records: int, repeat: int, baseline: Path | None = None,
             if number >= warmup_rounds:  # the first rounds warm JVMs, caches and pools up
                 for path, rate in round_rates.items():
                     rates.setdefault(path, []).append(rate)
-        handed = {name: {"fetches_handed_off": fetches_seen_by_python(gw)
+        handed = {name: {"fetches_handed_off": gw.handed_off_requests("Fetch")
                          - before[name][0],
-                         "judged_by_answer": envoy_counter(gw, "handoff_by_answer")
+                         "judged_by_answer": gw.module_counter("handoff_by_answer")
                          - before[name][1]} for name, gw in gateways.items()}
     direct = statistics.median(rates["direct"])
     paths_out = {path: {"records_per_s": round(statistics.median(r)),

@@ -31,7 +31,10 @@ runs a mask rule on ANOTHER topic (``other.*``) than the one produced to, so the
 lets every Produce pass natively; ``native_other_unselected`` runs the same rule written
 so the module cannot read its topics (``(?s)`` is outside the pattern subset the module
 is given), which hands every Produce to the Python chain: what any record rule cost
-before topic selectors.
+before topic selectors. Who-selective hand-off: ``native_other_network`` runs a deny on
+Produce for another network than the clients', which the module lets pass natively;
+``native_handoff`` the same deny naming a client id instead (every Produce handed off,
+what a rule naming a principal, network or listener cost before who-selectors).
 """
 
 from __future__ import annotations
@@ -85,16 +88,18 @@ SUMMARY_KEYS = (
 
 NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK = "native_handoff", "native_mask", "ext_proc_mask"
 NATIVE_OTHER, NATIVE_OTHER_UNSELECTED = "native_other_topic", "native_other_unselected"
-HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_OTHER, NATIVE_OTHER_UNSELECTED, NATIVE_HANDOFF,
-                 NATIVE_MASK, EXT_PROC_MASK)
+NATIVE_OTHER_NETWORK = "native_other_network"
+HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_OTHER, NATIVE_OTHER_UNSELECTED, NATIVE_OTHER_NETWORK,
+                 NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
 HANDOFF_KEYS = ("produce_records_per_s", "consume_records_per_s")
-# A rule that matches no request the benchmark sends but names no topic: every Produce
-# request is handed to the Python chain (a topic rule would let the module pass them:
-# topic selectors), which forwards it unchanged.
+# A rule that matches no request the benchmark sends but names no topic, principal,
+# network or listener: every Produce request is handed to the Python chain (a topic or
+# principal would let the module pass them: topic and who selectors), which forwards it
+# unchanged. Client ids are not read by the module before it decides.
 HANDOFF_RULES = """
 rules:
   - id: judge-every-produce
-    match: {apis: [Produce], principals: {exact: [User:nobody]}}
+    match: {apis: [Produce], client_ids: {exact: [nobody]}}
     action: {deny: {}}
 """
 # A record rule on a topic the benchmark does not produce to: with its topic selector
@@ -113,6 +118,15 @@ rules:
     match: {topics: {regex: ['(?s)other\\..*']}}
     action: {mask: {fields: [$.customer.email, $.card.number]}}
 """
+# A deny rule on Produce for clients of a network the benchmark's clients are not in:
+# with its who-selector the module passes their Produce requests natively (compare
+# `native_handoff`, the same deny naming a client id, which the module does not read).
+OTHER_NETWORK_RULES = """
+rules:
+  - id: nothing-from-far-away
+    match: {apis: [Produce], client_addresses: ["10.0.0.0/8"]}
+    action: {deny: {}}
+"""
 # Every record masked on its way in (topics p.*) and on its way out (topics c.*).
 MASK_RULES = """
 rules:
@@ -125,6 +139,7 @@ rules:
 """
 HANDOFF_GATEWAYS = {NATIVE_OTHER: ("native", OTHER_TOPIC_RULES),
                     NATIVE_OTHER_UNSELECTED: ("native", OTHER_TOPIC_UNSELECTED_RULES),
+                    NATIVE_OTHER_NETWORK: ("native", OTHER_NETWORK_RULES),
                     NATIVE_HANDOFF: ("native", HANDOFF_RULES),
                     NATIVE_MASK: ("native", MASK_RULES),
                     EXT_PROC_MASK: ("ext-proc", MASK_RULES)}

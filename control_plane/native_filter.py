@@ -30,7 +30,6 @@ from typing import Any
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
 import kafka_wire
-from ext_proc.filters import TopicSelector
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import MAX_VERSION, InterestRange, handed_off_ranges, interest_table
 from ext_proc.tls_principal import SUBJECT
@@ -144,7 +143,7 @@ Range = InterestRange
 def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     """The requests the module hands to the Python chain for `ruleset`, as (api key,
     min version, max version) ranges (`handed_off` without the selectors)."""
-    return [(key, low, high) for key, low, high, _, _ in handed_off(ruleset)[0]]
+    return [(r.api_key, r.low, r.high) for r in handed_off(ruleset)[0]]
 
 
 def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]]]:
@@ -160,7 +159,7 @@ def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]
     except RuleSetInvalid as err:
         log.warning("interest table from the rules alone (the control plane cannot build "
                     "their actions: %s)", err)
-        return [(key, low, high, None, None) for key, low, high in _superset(ruleset)], []
+        return [Range(key, low, high, None, None) for key, low, high in _superset(ruleset)], []
     try:
         return handed_off_ranges(engine)
     finally:
@@ -180,13 +179,17 @@ def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     return [(key, 0, MAX_VERSION) for key in sorted(wanted)]
 
 
-def _range_json(key: int, low: int, high: int, selector: TopicSelector | None,
-                unvouched: TopicSelector | None) -> list[Any]:
-    if selector is None:
-        return [key, low, high]
-    if unvouched is None:
-        return [key, low, high, selector.to_json()]
-    return [key, low, high, selector.to_json(), {"unvouched": unvouched.to_json()}]
+def _range_json(r: Range) -> list[Any]:
+    extra: dict[str, Any] = {}
+    if r.unvouched is not None:
+        extra["unvouched"] = r.unvouched.to_json()
+    if r.who is not None:
+        extra["who"] = sorted((clause.to_json() for clause in r.who),
+                              key=lambda c: json.dumps(c, sort_keys=True))
+    head: list[Any] = [r.api_key, r.low, r.high]
+    if not extra:
+        return head if r.selector is None else [*head, r.selector.to_json()]
+    return [*head, None if r.selector is None else r.selector.to_json(), extra]
 
 
 def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]:
@@ -198,8 +201,9 @@ def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]
         # [api key, min, max] hands off every such request; a fourth element, a topic
         # selector, only those naming a selected topic; a fifth, {"unvouched": selector},
         # lets the module pass the other selected topics' batches whose schema ids the
-        # service vouched for (docs/native.md).
-        "requests": [_range_json(*r) for r in ranges],
+        # service vouched for (docs/native.md); {"who": [clause, ...]} hands off only
+        # requests of connections a clause admits (principals, networks, listeners).
+        "requests": [_range_json(r) for r in ranges],
         "failure_mode_allow": handoff.failure_mode_allow,
         # Requests only learners want: forwarded when the service cannot take them.
         "fail_open": [list(r) for r in fail_open],

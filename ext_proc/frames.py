@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import groupby
+from typing import NamedTuple
 
 import kafka_wire
 from ext_proc.audit import RequestAudit, auditing
@@ -32,8 +33,11 @@ from ext_proc.filters import (
     Filter,
     ResponsePatch,
     TopicSelector,
+    WhoScope,
     topic_scope,
     union_scope,
+    union_who,
+    who_scope,
 )
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.order import rule_filters
@@ -174,9 +178,15 @@ def interest_table(engine: RuleEngine) -> list[tuple[int, int, int]]:
     return list(_ranges((w.api_key, w.version) for w in _wanted(engine)))
 
 
-# (api key, min version, max version, topic selector, vouch exception); see
-# `interest_ranges` and `_Wanted`.
-InterestRange = tuple[int, int, int, TopicSelector | None, TopicSelector | None]
+class InterestRange(NamedTuple):
+    """Versions `low`..`high` of an API the chain wants (see `interest_ranges`)."""
+
+    api_key: int
+    low: int
+    high: int
+    selector: TopicSelector | None  # None: whatever its topics
+    unvouched: TopicSelector | None  # the vouch exception (see `_Wanted`)
+    who: WhoScope | None = None  # None: whoever sends it
 
 
 def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
@@ -191,7 +201,10 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     The fifth element, when some `vouchable` schema rule may act on the range: the
     topics anything else may act on. Of a Produce's (a Fetch answer's) selected topics,
     those it does not select need only the ids the service vouched for (docs/native.md,
-    vouched schema ids)."""
+    vouched schema ids).
+
+    `who`: the connections anything that wants the range may act for (the union of
+    the `who_scope`s); a request from any other passes natively. None: anyone."""
     return handed_off_ranges(engine)[0]
 
 
@@ -209,10 +222,11 @@ def handed_off_ranges(engine: RuleEngine) -> tuple[
     """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
     wanted = list(_wanted(engine))
     ranges: list[InterestRange] = []
-    for (_, selector, unvouched), group in groupby(
-            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched)):
+    for (_, selector, unvouched, who), group in groupby(
+            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched, w.who)):
         versions = [(w.api_key, w.version) for w in group]
-        ranges += [(k, low, high, selector, unvouched) for k, low, high in _ranges(versions)]
+        ranges += [InterestRange(k, low, high, selector, unvouched, who)
+                   for k, low, high in _ranges(versions)]
     fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
     return ranges, fail_open
 
@@ -226,6 +240,7 @@ class _Wanted:
     # The selected topics something other than a vouchable schema rule may act on;
     # None: no vouching (no such rule, or anything may act on any topic).
     unvouched: TopicSelector | None = None
+    who: WhoScope | None = None  # None: whoever sends it
 
 
 def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
@@ -260,13 +275,19 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                     scopes.append(topic_scope(f, api_key, version, direction))
         return union_scope(scopes) if some else None
 
+    def who(api_key: int, version: int) -> WhoScope | None:
+        return union_who(who_scope(f, api_key, version, direction)
+                         for direction in (REQUEST, RESPONSE)
+                         for f in chain.interested(api_key, version, direction))
+
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
         for v in range(low, high + 1):
             filters = interested(api_key, v)
             if filters:
                 yield _Wanted(api_key, v, scope(api_key, v),
-                              all(f.may_miss_frames for f in filters), unvouched(api_key, v))
+                              all(f.may_miss_frames for f in filters), unvouched(api_key, v),
+                              who(api_key, v))
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

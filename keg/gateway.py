@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -461,6 +462,27 @@ class Gateway(Service):
     def metrics_port(self) -> int | None:
         """The first worker's /metrics port (each worker serves its own)."""
         return self.workers[0].metrics_port
+
+    def module_counter(self, name: str) -> int:
+        """keg's module counter `keg_kafka.<name>` over Envoy's listeners (0 without
+        the module)."""
+        return 0 if self.envoy is None else self.envoy.module_counter(name)
+
+    def handed_off_requests(self, api: str, version: int | None = None) -> float:
+        """Requests of `api` (and `version`) the Python workers were handed by keg's
+        module (their `keg_handed_off_requests_total`), summed over the pool."""
+        total = 0.0
+        for worker in self.workers:
+            if worker.metrics_port is None:
+                continue
+            url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+            total += sum(float(line.split()[-1]) for line in text.splitlines()
+                         if line.startswith("keg_handed_off_requests_total{")
+                         and f'api="{api}"' in line
+                         and (version is None or f'version="{version}"' in line))
+        return total
 
     @property
     def audit_logs(self) -> tuple[Path, ...]:

@@ -26,6 +26,11 @@ context for each frame it asked for:
   filter that wants it, and every frame when one of them says None
   (`ext_proc.frames.interest_ranges`). A scope must be a necessary condition: a topic
   outside it never makes the filter act. When unsure, say None.
+- `who_scope(api_key, api_version, direction)`: the same for who sends the frame (a
+  set of `WhoClause`s: principals, client networks, listeners): the module hands a
+  frame to the chain only when its connection is admitted by a clause of every
+  wanting filter's scope (`ext_proc.frames.interest_ranges`). None (the default):
+  anyone.
 - `stream_response(api_key, api_version)`: a filter that wants a response may offer
   to do its work on the bytes as they pass instead (an `Inspector` factory, see
   kafka_wire.framing): when every filter that wants a response offers one, the
@@ -40,6 +45,7 @@ the data path's sinks (see `ext_proc.filters.rules.RuleEngine.sink`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,7 +53,8 @@ from typing import Any, ClassVar, Final, Literal, Protocol
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from filter_rules import StringMatch
+from filter_rules import Match, StringMatch
+from filter_rules.context import normalize_principal
 from kafka_wire.framing import Inspector
 
 Direction = Literal["request", "response"]
@@ -262,6 +269,63 @@ def match_scope(match: StringMatch | None) -> TopicSelector | None:
                          frozenset(match.regex))
 
 
+@dataclass(frozen=True)
+class WhoClause:
+    """Who a rule may apply to, from its top-level identity matchers: a connection is
+    admitted when every matcher given admits it (None: that matcher is absent, or one
+    the module cannot apply). Principals as Kafka names them ("User:alice", the
+    rule's exact names and prefixes normalized as its matcher does), client networks
+    in their canonical form, listeners as the module names its own ("host:port")."""
+
+    principals: TopicSelector | None = None
+    client_addresses: frozenset[str] | None = None
+    listeners: frozenset[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The module's form (envoy/kafka_filter/src/core/who.rs), sorted."""
+        clause: dict[str, Any] = {}
+        if self.principals is not None:
+            clause["principals"] = self.principals.to_json()
+        if self.client_addresses is not None:
+            clause["client_addresses"] = sorted(self.client_addresses)
+        if self.listeners is not None:
+            clause["listeners"] = sorted(self.listeners)
+        return clause
+
+
+# Who may make a filter act: a connection any of the clauses admits.
+WhoScope = frozenset[WhoClause]
+
+
+def match_who(match: Match) -> WhoClause | None:
+    """The clause of a rule's top-level match (a `not` only narrows it, so it is left
+    out: the clause stays a necessary condition); None when it names no one."""
+    principals = None
+    if match.principals is not None and all(portable_regex(p) for p in match.principals.regex):
+        principals = TopicSelector(
+            frozenset(normalize_principal(v) if v else v for v in match.principals.exact),
+            frozenset(normalize_principal(v) if v else v for v in match.principals.prefix),
+            frozenset(match.principals.regex))
+    networks = None
+    if match.client_addresses is not None:
+        networks = frozenset(str(ipaddress.ip_network(cidr, strict=False))
+                             for cidr in match.client_addresses)
+    listeners = frozenset(match.listeners) if match.listeners is not None else None
+    if principals is None and networks is None and listeners is None:
+        return None
+    return WhoClause(principals, networks, listeners)
+
+
+def who_scope(f: Filter, api_key: int, api_version: int,
+              direction: Direction) -> WhoScope | None:
+    """`f`'s who-scope for a frame it wants; None for a filter that does not say."""
+    scope = getattr(f, "who_scope", None)
+    if scope is None:
+        return None
+    result = scope(api_key, api_version, direction)
+    return result if isinstance(result, frozenset) else None
+
+
 # Past this many names and patterns a selector is not made (every frame of the range is
 # handed off): the module would compare each topic with all of them, and a rule set of
 # 100,000 topic rules must not cost a quadratic union here either.
@@ -283,6 +347,19 @@ def union_scope(scopes: Iterable[TopicSelector | None]) -> TopicSelector | None:
         if len(exact) + len(prefix) + len(regex) > MAX_SELECTOR_ENTRIES:
             return None
     return TopicSelector(frozenset(exact), frozenset(prefix), frozenset(regex))
+
+
+def union_who(scopes: Iterable[WhoScope | None]) -> WhoScope | None:
+    """The union of who-scopes; None (anyone) as soon as one is None, or past
+    MAX_SELECTOR_ENTRIES clauses."""
+    clauses: set[WhoClause] = set()
+    for scope in scopes:
+        if scope is None:
+            return None
+        clauses |= scope
+        if len(clauses) > MAX_SELECTOR_ENTRIES:
+            return None
+    return frozenset(clauses)
 
 
 def topic_scope(f: Filter, api_key: int, api_version: int,
@@ -334,6 +411,11 @@ class BaseFilter:
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
         """Any topic: a filter narrows this only when it knows (see the docstring)."""
+        return None
+
+    def who_scope(self, api_key: int, api_version: int,
+                  direction: Direction) -> WhoScope | None:
+        """Anyone: a filter narrows this only when it knows (see the docstring)."""
         return None
 
     def stream_response(self, api_key: int, api_version: int

@@ -38,8 +38,8 @@ from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
-from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector
-from ext_proc.filters.rules import RuleDecision, RuleEngine, RuleSetJudge, rules_scope
+from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector, WhoScope
+from ext_proc.filters.rules import RuleDecision, RuleEngine, RuleSetJudge, rules_scope, rules_who
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
@@ -241,6 +241,13 @@ class RecordsFilter(RuleSetJudge):
         if direction != REQUEST or api_key not in RECORD_APIS:
             return None
         return rules_scope(self._candidates(api_key, api_version))
+
+    def who_scope(self, api_key: int, api_version: int,
+                  direction: Direction) -> WhoScope | None:
+        """Who a record rule may act for."""
+        if direction != REQUEST or api_key not in RECORD_APIS:
+            return None
+        return rules_who(self._candidates(api_key, api_version))
 
     def unvouchable_scope(self, api_key: int, api_version: int
                           ) -> tuple[bool, TopicSelector | None]:

@@ -37,8 +37,11 @@ from ext_proc.filters import (
     RequestJudge,
     RequestVerdict,
     TopicSelector,
+    WhoScope,
     match_scope,
+    match_who,
     union_scope,
+    union_who,
 )
 from ext_proc.filters.safeguards import (
     RateLimiter,
@@ -236,6 +239,16 @@ class RulesFilter(RuleSetJudge):
         if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
             return None
         return rules_scope(self._engine.requests.candidates(api_key, api_version, "request"))
+
+    def who_scope(self, api_key: int, api_version: int,
+                  direction: Direction) -> WhoScope | None:
+        """Who the rules that may judge the request (or its answer) may apply to. An
+        Envelope carries another client's request, judged as that client's: anyone."""
+        if direction != REQUEST or api_key == ApiKey.ENVELOPE:
+            return None
+        compiled = self._engine.requests
+        return rules_who((*compiled.candidates(api_key, api_version, "request"),
+                          *compiled.candidates(api_key, api_version, "response")))
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo
@@ -522,6 +535,16 @@ def rules_scope(rules: Iterable[CompiledRule]) -> TopicSelector | None:
     topic matchers (a rule matches a topic only if that matcher does, whatever else it
     says); None when one of them has none."""
     return union_scope(match_scope(rule.rule.match.topics) for rule in rules)
+
+
+def rules_who(rules: Iterable[CompiledRule]) -> WhoScope | None:
+    """Who can make any of `rules` trigger: a clause per rule from its top-level
+    identity matchers (`match_who`); None when one of them names no one."""
+    def scope(rule: CompiledRule) -> WhoScope | None:
+        clause = match_who(rule.rule.match)
+        return None if clause is None else frozenset((clause,))
+
+    return union_who(scope(rule) for rule in rules)
 
 
 def produce_volumes(body: dict[str, Any], topic_ids: TopicIds) -> dict[str, tuple[int, int]]:

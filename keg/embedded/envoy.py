@@ -204,6 +204,15 @@ class EmbeddedEnvoy(Service):
         with urllib.request.urlopen(f"http://{self.admin_address}{path}", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def module_counter(self, name: str) -> int:
+        """The sum of keg's module counter `keg_kafka.<name>` over every listener."""
+        total = 0
+        for line in self.admin("/stats").splitlines():
+            stat, _, value = line.partition(": ")
+            if stat.endswith(f"keg_kafka.{name}") and value.isdigit():
+                total += int(value)
+        return total
+
     def listener_names(self) -> list[str]:
         data = json.loads(self.admin("/listeners?format=json"))
         return [entry["name"] for entry in data.get("listener_statuses", [])]

@@ -7,7 +7,7 @@ use kafka_protocol::messages::metadata_response::MetadataResponse;
 use kafka_protocol::messages::ApiKey;
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
-use keg_kafka_filter::core::{Disposition, Output, ProtocolError, RequestPolicy, Session, SessionLimits};
+use keg_kafka_filter::core::{Disposition, Output, ProtocolError, RequestPolicy, Requester, Session, SessionLimits};
 
 /// Answers ApiVersions (18) itself, with a canned frame naming the correlation id.
 struct AnswerApiVersions;
@@ -17,7 +17,7 @@ fn local_answer(correlation_id: i32) -> Vec<u8> {
 }
 
 impl RequestPolicy for AnswerApiVersions {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 18 {
             Disposition::Answer(local_answer(head.correlation_id))
         } else {

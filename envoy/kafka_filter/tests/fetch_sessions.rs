@@ -13,13 +13,13 @@ use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::vouch::fetch_answer_unselected;
-use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Fetch: by topic (`s.*` selected, e.g. a consume-time mask rule).
 struct SelectS(Arc<TopicSelector>);
 
 impl RequestPolicy for SelectS {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 1 {
             Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
         } else {

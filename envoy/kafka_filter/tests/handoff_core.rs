@@ -12,7 +12,7 @@ use kafka_protocol::protocol::{Encodable, StrBytes};
 use keg_kafka_filter::core::handoff::{Failure, REQUEST_TIMED_OUT};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
-use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, ProtocolError, RequestPolicy, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, ProtocolError, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Hands off Produce (0), forwards everything else.
 struct HandOffProduce {
@@ -20,7 +20,7 @@ struct HandOffProduce {
 }
 
 impl RequestPolicy for HandOffProduce {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 0 {
             Disposition::HandOff { fail_open: self.fail_open }
         } else {
@@ -247,7 +247,7 @@ fn fail_closed_answers_produce_with_a_retriable_error_and_closes_otherwise() {
     // A request the module cannot answer: the connection closes.
     struct HandOffMetadata;
     impl RequestPolicy for HandOffMetadata {
-        fn decide(&mut self, _: &RequestHead) -> Disposition {
+        fn decide(&mut self, _: &RequestHead, _: &Requester<'_>) -> Disposition {
             Disposition::HandOff { fail_open: false }
         }
     }

@@ -17,7 +17,7 @@ use keg_kafka_filter::core::rewrite::Routes;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::payload::PayloadSchema;
 use keg_kafka_filter::core::vouch::{Vouch, Vouching};
-use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 use proptest::prelude::*;
 
 /// Requests whose responses the core examines, and a few it passes.
@@ -96,7 +96,7 @@ fn selector() -> std::sync::Arc<TopicSelector> {
 }
 
 impl RequestPolicy for HandOffSome {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if (self.0 >> head.api_key.rem_euclid(64)) & 1 == 1 {
             if (0..=1).contains(&head.api_key) && (self.0 >> 62) & 1 == 1 {
                 // Bit 61: the selected topics' records may pass on vouched schema ids.

@@ -15,13 +15,13 @@ use kafka_protocol::protocol::{Encodable, StrBytes};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
-use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Produce: by topic (`payments` selected); everything else forwarded.
 struct SelectPayments(Arc<TopicSelector>);
 
 impl RequestPolicy for SelectPayments {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 0 {
             Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
         } else {

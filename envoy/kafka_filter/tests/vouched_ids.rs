@@ -18,7 +18,7 @@ use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
 use keg_kafka_filter::core::vouch::{fetch_passes, fetch_verdict, FetchVerdict, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
-use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
 fn vouching() -> Arc<Vouching> {
@@ -331,7 +331,7 @@ fn vouches_are_bounded_and_capped_in_time() {
 struct Schemas(Arc<Vouching>);
 
 impl RequestPolicy for Schemas {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 0 {
             Disposition::Select { fail_open: false, selector: self.0.selector.clone(), vouching: Some(self.0.clone()) }
         } else {
@@ -432,7 +432,7 @@ fn a_decompression_bomb_costs_the_budget_and_is_handed_off() {
 struct FetchSchemas(Arc<Vouching>);
 
 impl RequestPolicy for FetchSchemas {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if head.api_key == 1 {
             Disposition::Select { fail_open: false, selector: self.0.selector.clone(), vouching: Some(self.0.clone()) }
         } else {

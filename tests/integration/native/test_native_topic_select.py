@@ -7,7 +7,6 @@ Java producer, Produce v13: the module names the id from the Metadata answers it
 
 from __future__ import annotations
 
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -54,23 +53,12 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def counter(gateway: Gateway, name: str) -> int:
     """The sum of Envoy's `keg_kafka.<name>` counters (every listener)."""
-    assert gateway.envoy is not None
-    total = 0
-    for line in gateway.envoy.admin("/stats").splitlines():
-        stat, _, value = line.partition(": ")
-        if stat.endswith(f"keg_kafka.{name}") and value.isdigit():
-            total += int(value)
-    return total
+    return gateway.module_counter(name)
 
 
 def seen_by_python(gateway: Gateway, api: str = "Produce", version: int | None = None) -> float:
     """Requests of `api` (and `version`) the Python service saw (handed off to it)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-                                timeout=10) as response:
-        text = response.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("keg_handed_off_requests_total{") and f'api="{api}"' in line
-               and (version is None or f'version="{version}"' in line))
+    return gateway.handed_off_requests(api, version)
 
 
 def produce_seen_by_python(gateway: Gateway, version: int | None = None) -> float:

@@ -265,12 +265,7 @@ def vouched_counter(env: Env, counter: str) -> int:
     """keg_kafka.<counter>, summed over Envoy's workers (0 on ext_proc)."""
     if env.gateway.envoy is None or DATA_PATH != NATIVE:
         return 0
-    total = 0
-    for line in env.gateway.envoy.admin("/stats").splitlines():
-        name, _, value = line.partition(": ")
-        if name.endswith(f"keg_kafka.{counter}") and value.isdigit():
-            total += int(value)
-    return total
+    return env.gateway.envoy.module_counter(counter)
 
 
 @pytest.mark.parametrize("prefix", ["sr.id.", "sr.valid."])

@@ -22,7 +22,7 @@ def ranges(rules: str) -> dict[int, list[tuple[int, int, TopicSelector | None]]]
     engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
     try:
         found: dict[int, list[tuple[int, int, TopicSelector | None]]] = {}
-        for key, low, high, selector, _ in interest_ranges(engine):
+        for key, low, high, selector, _, _ in interest_ranges(engine):
             found.setdefault(key, []).append((low, high, selector))
         return found
     finally:
@@ -162,11 +162,11 @@ rules:
 """, "r.yaml")))
     table = interest_table(engine)
     assert (ApiKey.PRODUCE, 0, MAX_VERSION) in table
-    assert [(k, lo, hi) for k, lo, hi, _, _ in interest_ranges(engine)] != table, \
+    assert [(k, lo, hi) for k, lo, hi, _, _, _ in interest_ranges(engine)] != table, \
         "Produce split where its selector ends"
     engine.records.close()
     assert interest_table(RuleEngine(CompiledRuleSet(RuleSet()))) == [
-        (k, lo, hi) for k, lo, hi, _, _ in interest_ranges(RuleEngine(CompiledRuleSet(RuleSet())))]
+        (r.api_key, r.low, r.high) for r in interest_ranges(RuleEngine(CompiledRuleSet(RuleSet())))]
 
 
 @pytest.mark.parametrize(("pattern", "portable"), [
@@ -202,7 +202,7 @@ def unvouched(rules: str) -> dict[int, TopicSelector | None]:
     """Per API, the unvouched selector of the range of versions keg reads."""
     engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
     try:
-        return {key: extra for key, low, _high, _selector, extra in interest_ranges(engine)
+        return {key: extra for key, low, _high, _selector, extra, _ in interest_ranges(engine)
                 if key in (ApiKey.PRODUCE, ApiKey.FETCH) and low == 0}
     finally:
         engine.records.close()

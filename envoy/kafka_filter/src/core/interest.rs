@@ -12,7 +12,10 @@
 //! (`[0, 0, 13, {"exact": ["payments"], "prefix": [], "regex": []}]`, Produce and Fetch
 //! only): a request of that range is handed off only when one of its topics is selected
 //! ([`super::topics`]); versions whose topics the module cannot read are handed off
-//! whatever their topics. Responses are handed off only when the Python service's
+//! whatever their topics. The fifth element, an object, may say `"unvouched"` (a topic
+//! selector, [`super::vouch`]) and `"who"` (a who-selector, [`super::who`]: only requests
+//! of connections it admits are handed off; the topic selector may then be `null`, and
+//! any API may have one). Responses are handed off only when the Python service's
 //! reply to their request asked for them (`want_response`). `fail_open` lists ranges
 //! (`[api_key, min, max]`) whose failed hand-off forwards the request (and its answer)
 //! even when `failure_mode_allow` is false: those only the service's learners want.
@@ -25,6 +28,7 @@ use super::head::PRODUCE;
 use super::stats::{api_slot, OTHER_API};
 use super::topics::{self, SelectorReading, TopicSelector, FETCH};
 use super::vouch::Vouching;
+use super::who::{Requester, WhoSelector};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,9 +63,17 @@ fn default_max_bytes() -> usize {
     256 << 20
 }
 
-/// Versions min..=max of an API, their topic selector (None: every request), and where
-/// vouched schema ids apply ([`super::vouch`]; None: nowhere).
-type Range = (i16, i16, Option<Arc<TopicSelector>>, Option<Arc<Vouching>>);
+/// Versions min..=max of an API, their topic selector (None: every request), where
+/// vouched schema ids apply ([`super::vouch`]; None: nowhere), and who sends the
+/// requests handed off ([`super::who`]; None: anyone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Range {
+    min: i16,
+    max: i16,
+    selector: Option<Arc<TopicSelector>>,
+    vouching: Option<Arc<Vouching>>,
+    who: Option<Arc<WhoSelector>>,
+}
 
 /// The interest of one rule-set version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,7 +130,16 @@ impl Interest {
             ..Interest::default()
         };
         for entry in raw.requests {
-            let (api_key, min, max, selection, unvouched) = parse_range(entry)?;
+            let ParsedRange { api_key, min, max, topics: selection, unvouched, who } = parse_range(entry)?;
+            let who = match who {
+                None => None,
+                Some(Ok(who)) => Some(Arc::new(who)),
+                Some(Err(reason)) => {
+                    interest.warnings.push(format!(
+                        "interest: request range [{api_key}, {min}, {max}]: {reason}; requests of the range are handed off whoever sends them"));
+                    None
+                }
+            };
             let selector = match selection {
                 None => None,
                 Some(SelectorReading::Topics(selector)) => Some(Arc::new(selector)),
@@ -139,12 +160,12 @@ impl Interest {
                 }
                 _ => None,
             };
-            interest.ranges[api_slot(api_key)].push((min, max, selector, vouching));
+            interest.ranges[api_slot(api_key)].push(Range { min, max, selector, vouching, who });
         }
         for entry in raw.fail_open {
-            let (api_key, min, max, selection, _) = parse_range(entry)?;
-            if selection.is_some() {
-                return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector"));
+            let ParsedRange { api_key, min, max, topics, unvouched, who } = parse_range(entry)?;
+            if topics.is_some() || unvouched.is_some() || who.is_some() {
+                return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector or options"));
             }
             interest.fail_open[api_slot(api_key)].push((min, max));
         }
@@ -162,24 +183,44 @@ impl Interest {
         self.want(api_key, api_version) != Want::No
     }
 
-    /// Which requests of this API and version go to the Python service.
+    /// Which requests of this API and version go to the Python service, whoever sends
+    /// them.
     pub fn want(&self, api_key: i16, api_version: i16) -> Want {
+        self.want_of(api_key, api_version, None)
+    }
+
+    /// Which requests of this API and version from `from` go to the Python service.
+    pub fn want_from(&self, api_key: i16, api_version: i16, from: &Requester<'_>) -> Want {
+        self.want_of(api_key, api_version, Some(from))
+    }
+
+    fn want_of(&self, api_key: i16, api_version: i16, from: Option<&Requester<'_>>) -> Want {
         // Keys above the table's bound share the "other" slot: only exact matches count.
         let slot = api_slot(api_key);
         if slot == OTHER_API {
             return Want::No;
         }
         let mut found = Want::No;
-        for (min, max, selector, vouching) in &self.ranges[slot] {
-            if !(*min <= api_version && api_version <= *max) {
+        let mut ranges = 0;
+        let mut admitted = true;
+        for range in &self.ranges[slot] {
+            if !(range.min <= api_version && api_version <= range.max) {
                 continue;
             }
-            found = match (found, selector) {
+            ranges += 1;
+            if let (Some(who), Some(from)) = (&range.who, from) {
+                admitted = who.admits(from);
+            }
+            found = match (found, &range.selector) {
                 // A version whose topics the module cannot read: every request of it.
-                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), vouching.clone()),
+                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), range.vouching.clone()),
                 // Two ranges for one version (Python makes none): the safe side.
                 _ => Want::All,
             };
+        }
+        // No rule of the range may act for this connection (two ranges: the safe side).
+        if ranges == 1 && !admitted {
+            return Want::No;
         }
         found
     }
@@ -212,14 +253,25 @@ pub enum Want {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawVouching {
-    unvouched: serde_json::Value,
+struct RawOptions {
+    #[serde(default)]
+    unvouched: Option<serde_json::Value>,
+    #[serde(default)]
+    who: Option<serde_json::Value>,
 }
 
-type ParsedRange = (i16, i16, i16, Option<SelectorReading>, Option<SelectorReading>);
+struct ParsedRange {
+    api_key: i16,
+    min: i16,
+    max: i16,
+    topics: Option<SelectorReading>,
+    unvouched: Option<SelectorReading>,
+    /// Err: a selector this module cannot apply, with the reason.
+    who: Option<Result<WhoSelector, String>>,
+}
 
-/// `[api_key, min, max]`, `[api_key, min, max, selector]` or `[api_key, min, max,
-/// selector, {"unvouched": selector}]`.
+/// `[api_key, min, max]`, `[api_key, min, max, topics]` or `[api_key, min, max, topics
+/// or null, {"unvouched": selector, "who": clauses}]`.
 fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
     let text = entry.to_string();
     let serde_json::Value::Array(mut items) = entry else {
@@ -229,7 +281,7 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         return Err(format!(
             "interest: request range {text} is not [api_key, min, max], [api_key, min, max, topics] or [api_key, min, max, topics, vouching]"));
     }
-    let vouching = if items.len() == 5 { items.pop() } else { None };
+    let options = if items.len() == 5 { items.pop() } else { None };
     let selector = if items.len() == 4 { items.pop() } else { None };
     let number = |v: &serde_json::Value| v.as_i64().and_then(|n| i16::try_from(n).ok());
     let (Some(api_key), Some(min), Some(max)) = (number(&items[0]), number(&items[1]), number(&items[2])) else {
@@ -239,22 +291,22 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         return Err(format!("interest: request range [{api_key}, {min}, {max}] is not an API key with min <= max"));
     }
     let selector = match selector {
-        None => None,
+        None | Some(serde_json::Value::Null) => None,
         Some(_) if api_key != PRODUCE && api_key != FETCH => {
             return Err(format!("interest: request range {text}: topic selectors are read for Produce and Fetch only"));
         }
         Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
-    let unvouched = match vouching {
-        None => None,
-        Some(value) => {
-            let raw: RawVouching = serde_json::from_value(value)
-                .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: vouching: {e}"))?;
-            Some(TopicSelector::read(raw.unvouched)
-                .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: unvouched {e}"))?)
-        }
+    let RawOptions { unvouched, who } = match options {
+        None => RawOptions { unvouched: None, who: None },
+        Some(value) => serde_json::from_value(value)
+            .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: options: {e}"))?,
     };
-    Ok((api_key, min, max, selector, unvouched))
+    let unvouched = unvouched.map(TopicSelector::read).transpose()
+        .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: unvouched {e}"))?;
+    let who = who.map(WhoSelector::read).transpose()
+        .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?;
+    Ok(ParsedRange { api_key, min, max, topics: selector, unvouched, who })
 }
 
 #[cfg(test)]
@@ -298,7 +350,9 @@ mod tests {
         for (bad, says) in [
             (serde_json::json!([0, 0]), "is not [api_key"),
             (serde_json::json!([0, 0, 1, {}, {}, 5]), "is not [api_key"),
-            (serde_json::json!([0, 0, 1, {}, 5]), "vouching: invalid type"),
+            (serde_json::json!([0, 0, 1, {}, 5]), "options: invalid type"),
+            (serde_json::json!([0, 0, 1, {}, {"whom": []}]), "unknown field"),
+            (serde_json::json!([3, 0, 1, null, {"who": [{}]}]), "names no principals"),
             (serde_json::json!([0, 0, 1, {}, {"unvouched": {"regex": 5}}]), "unvouched topic selector"),
             (serde_json::json!([0, "0", 1]), "int16"),
             (serde_json::json!([0, 0, 40000]), "int16"),
@@ -309,6 +363,34 @@ mod tests {
             let err = Interest::parse(serde_json::json!({"requests": [bad], "endpoints": ["h:1"]})).unwrap_err();
             assert!(err.contains(says), "{err} (expected {says:?})");
         }
+    }
+
+    #[test]
+    fn a_range_with_a_who_selector_hands_off_only_what_its_clauses_admit() {
+        use crate::core::identity::Identity;
+        use crate::core::who::{Peer, Requester};
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"exact": ["payments"]}, {"who": [{"listeners": ["127.0.0.1:19092"]}]}],
+                         [11, 0, 9, null, {"who": [{"client_addresses": ["10.0.0.0/8"]}]}],
+                         [11, 5, 9, null, {"who": [{"listeners": ["127.0.0.1:29092"]}]}],
+                         [12, 0, 4, null, {"who": [{"principals": {"regex": ["("]}}]}]],
+            "endpoints": ["h:1"]})).unwrap();
+        let identity = Identity::default();
+        let on = |host: &str, listener: &str| Peer::new(Some(host), Some(listener.to_string()));
+        let (ours, other) = (on("10.1.2.3", "127.0.0.1:19092"), on("192.168.1.1", "127.0.0.1:29092"));
+        let want = |key, version, peer: &Peer| interest.want_from(key, version, &Requester { identity: &identity, peer });
+        assert!(matches!(want(0, 9, &ours), Want::Topics(_, _)), "admitted: its topics decide");
+        assert_eq!(want(0, 9, &other), Want::No, "another listener: no rule may act for it");
+        assert_eq!(want(11, 3, &ours), Want::All);
+        assert_eq!(want(11, 3, &other), Want::No);
+        assert_eq!(want(11, 7, &other), Want::All, "two ranges for one version: the safe side");
+        assert_eq!(want(12, 1, &other), Want::All, "a pattern the module cannot compile admits everyone");
+        assert!(interest.warnings.iter().any(|w| w.contains("whoever sends them")), "{:?}", interest.warnings);
+        assert!(matches!(interest.want(0, 9), Want::Topics(_, _)), "whoever sends it");
+        let err = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13]], "fail_open": [[3, 0, 13, null, {"who": [{"listeners": ["a:1"]}]}]],
+            "endpoints": ["h:1"]})).unwrap_err();
+        assert!(err.contains("takes no topic selector"), "{err}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod skim;
 pub mod stats;
 pub mod topics;
 pub mod vouch;
+pub mod who;
 pub mod wire;
 
 use std::fmt;
@@ -26,6 +27,7 @@ use std::ops::Range;
 
 pub use handoff::{Direction, HandOff, Resolution};
 pub use session::{Disposition, ForwardAll, RequestPolicy, Session, SessionLimits};
+pub use who::{Peer, Requester};
 
 /// The peer broke the protocol (or the gateway cannot serve it): close the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -52,6 +52,7 @@ use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
 use super::topics::{self, Selection, TopicSelector, FETCH};
 use super::vouch::{self, FetchVerdict, Vouched, Vouching};
+use super::who::{Peer, Requester};
 use super::{Output, Piece, ProtocolError};
 
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
@@ -92,7 +93,8 @@ pub enum Disposition {
 }
 
 pub trait RequestPolicy {
-    fn decide(&mut self, head: &RequestHead) -> Disposition;
+    /// What to do with a request, from its head and who sends it.
+    fn decide(&mut self, head: &RequestHead, from: &Requester<'_>) -> Disposition;
 }
 
 /// Phase 1's policy: every request goes to the broker.
@@ -100,14 +102,14 @@ pub trait RequestPolicy {
 pub struct ForwardAll;
 
 impl RequestPolicy for ForwardAll {
-    fn decide(&mut self, _: &RequestHead) -> Disposition {
+    fn decide(&mut self, _: &RequestHead, _: &Requester<'_>) -> Disposition {
         Disposition::Forward
     }
 }
 
 impl RequestPolicy for Box<dyn RequestPolicy + Send> {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
-        (**self).decide(head)
+    fn decide(&mut self, head: &RequestHead, from: &Requester<'_>) -> Disposition {
+        (**self).decide(head, from)
     }
 }
 
@@ -236,6 +238,8 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     requests_out: Outbox,
     responses_out: Outbox,
     pub identity: Identity,
+    /// The client's address and listener, as rules match them (set by the filter).
+    pub peer: Peer,
     pub stats: Stats,
     /// Labelled counts (None: the configuration asks for none, nothing is read for them).
     pub meter: Option<Meter>,
@@ -296,6 +300,7 @@ impl<P: RequestPolicy> Session<P> {
             requests_out: Outbox::default(),
             responses_out: Outbox::default(),
             identity: Identity::default(),
+            peer: Peer::default(),
             stats: Stats::default(),
             meter: None,
         }
@@ -517,7 +522,8 @@ impl<P: RequestPolicy> Session<P> {
         if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
             self.requests_turn_opaque = true;
         }
-        match self.policy.decide(&head) {
+        let from = Requester { identity: &self.identity, peer: &self.peer };
+        match self.policy.decide(&head, &from) {
             Disposition::Forward => {
                 if head.expects_response() {
                     let plan = self.response_plan(head.api_key, head.api_version);
@@ -707,8 +713,10 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
-        let by_answer = c.api_key == FETCH && c.expects_response && c.by_answer.is_some();
-        if by_answer || (c.api_key == FETCH && c.expects_response && self.vouched_fetch(&c)) {
+        // A Fetch's answer can be read before it leaves (an acks=0 Produce has none).
+        let answer_read = c.api_key == FETCH && c.expects_response;
+        let by_answer = answer_read && c.by_answer.is_some();
+        if by_answer || (answer_read && self.vouched_fetch(&c)) {
             // Its answer is read for selected topics and vouched ids; one that does not
             // pass goes to the service after this request, replayed (held_response).
             let plan = self.response_plan(c.api_key, c.api_version);

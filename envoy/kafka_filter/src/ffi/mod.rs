@@ -47,7 +47,7 @@ use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::meter::Meter;
 use crate::core::tls_principal::certificate_name;
 use crate::core::stats::{ApiCounter, API_COUNTERS, COUNTERS, OTHER_API};
-use crate::core::{Disposition, Output, ProtocolError, RequestPolicy, Resolution, Session};
+use crate::core::{Disposition, Output, Peer, ProtocolError, RequestPolicy, Requester, Resolution, Session};
 use crate::handoff::{self, proto, Connection, Link, Outgoing, Wake};
 use crate::metrics::ConnectionCounters;
 
@@ -101,11 +101,11 @@ struct InterestPolicy {
 }
 
 impl RequestPolicy for InterestPolicy {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, from: &Requester<'_>) -> Disposition {
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
         // The failure mode only matters for what is handed off: most requests pass.
         let fail_open = || table.interest.fails_open(head.api_key, head.api_version);
-        match table.interest.want(head.api_key, head.api_version) {
+        match table.interest.want_from(head.api_key, head.api_version, from) {
             Want::No => Disposition::Forward,
             Want::All => Disposition::HandOff { fail_open: fail_open() },
             Want::Topics(selector, vouching) => Disposition::Select { fail_open: fail_open(), selector, vouching },
@@ -535,8 +535,9 @@ impl Filter {
         if let Some(client) = &self.facts.client {
             metadata.push((CLIENT_ADDRESS.to_string(), client.clone()));
         }
-        if let Some(own) = &self.own_listener {
-            metadata.push((GATEWAY_ADDRESS.to_string(), format!("{}:{}", own.host, own.port)));
+        if let Some(listener) = &self.session.peer.listener {
+            // The name rules match listeners by (core::who reads the same).
+            metadata.push((GATEWAY_ADDRESS.to_string(), listener.clone()));
         }
         let port = self.facts.local_port;
         if let Some((node, _)) = routes.gateway.iter().find(|(_, e)| Some(e.port) == port) {
@@ -779,7 +780,10 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(envoy: F
                 .or(Some(Endpoint { host, port }));
             filter.facts.local_port = Some(port);
         }
-        filter.facts.client = address(envoy, cb.remote_address)
+        let client = address(envoy, cb.remote_address);
+        let listener = filter.own_listener.as_ref().map(|own| format!("{}:{}", own.host, own.port));
+        filter.session.peer = Peer::new(client.as_ref().map(|(host, _)| host.as_str()), listener);
+        filter.facts.client = client
             .map(|(host, port)| if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
         // SAFETY: a live filter.
         filter.facts.connection_id = unsafe { (cb.connection_id)(envoy) };

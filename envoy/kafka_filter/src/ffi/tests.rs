@@ -227,7 +227,7 @@ fn pass_through_stays_in_envoys_buffers() {
 struct PanicOnMetadata;
 
 impl RequestPolicy for PanicOnMetadata {
-    fn decide(&mut self, head: &RequestHead) -> Disposition {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         assert_ne!(head.api_key, 3, "a bug in the core");
         Disposition::Forward
     }
