@@ -55,7 +55,11 @@ METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] ke
 MAX_VERSION = 0x7FFF  # Kafka versions are int16
 # The APIs whose requests the module reads topics from (docs/native.md, the interest
 # table): a selector on any other would not be applied.
-_SELECTED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH})
+# The APIs whose topics keg's module reads (topic selectors), and those of them whose
+# batches it may pass on vouched schema ids.
+_SELECTED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH,
+                            kafka_wire.ApiKey.SHARE_FETCH})
+_VOUCHED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH})
 
 
 def frames_filters(engine: RuleEngine, identity: IdentityTracker,
@@ -195,7 +199,7 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     request does. The selector is the union of the `topic_scope`s of every filter
     that wants the request or its answer (`ext_proc.filters`), so any filter that may
     act whatever the topics (virtual topics, a rule without topics, a filter that does
-    not say) leaves the range unselected. Only Produce and Fetch get selectors (the
+    not say) leaves the range unselected. Only Produce, Fetch and ShareFetch get selectors (the
     module reads their topics; docs/native.md says which versions).
 
     The fifth element, when some `vouchable` schema rule may act on the range: the
@@ -261,7 +265,7 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                            for f in chain.interested(api_key, version, direction))
 
     def unvouched(api_key: int, version: int) -> TopicSelector | None:
-        if api_key not in _SELECTED_APIS:
+        if api_key not in _VOUCHED_APIS:
             return None
         some = False
         scopes: list[TopicSelector | None] = []

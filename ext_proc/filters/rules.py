@@ -233,10 +233,12 @@ class RulesFilter(RuleSetJudge):
 
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
-        """Produce and Fetch: the topics of every rule that may judge them (a rule
-        without a topic matcher, or whose topics only a `not` names, opens it to all).
-        Other APIs: any (a Metadata for all topics names none, yet rules hide some)."""
-        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH):
+        """Produce, Fetch and ShareFetch: the topics of every rule that may judge them
+        (a rule without a topic matcher, or whose topics only a `not` names, opens it
+        to all). Other APIs: any (a Metadata for all topics names none, yet rules hide
+        some)."""
+        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH,
+                                                   ApiKey.SHARE_FETCH):
             return None
         return rules_scope(self._engine.requests.candidates(api_key, api_version, "request"))
 

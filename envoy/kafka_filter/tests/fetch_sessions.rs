@@ -12,7 +12,7 @@ use common::*;
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
-use keg_kafka_filter::core::vouch::fetch_answer_unselected;
+use keg_kafka_filter::core::vouch::answer_unselected;
 use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Fetch: by topic (`s.*` selected, e.g. a consume-time mask rule).
@@ -115,19 +115,19 @@ fn an_answer_the_walk_cannot_vouch_for_goes_to_the_service() {
     let s = selector();
     for version in [7, 12, 13, 17] {
         let whole = answer(1, version, &["logs", "audit"]);
-        assert!(fetch_answer_unselected(&whole, version, &s), "v{version}");
+        assert!(answer_unselected(1, &whole, version, &s), "v{version}");
         for cut in 0..whole.len() {
             let mut short = whole[..cut].to_vec();
             if short.len() >= 4 {
                 let size = (short.len() - 4) as i32;
                 short[..4].copy_from_slice(&size.to_be_bytes());
             }
-            assert!(!fetch_answer_unselected(&short, version, &s), "v{version} cut at {cut}");
+            assert!(!answer_unselected(1, &short, version, &s), "v{version} cut at {cut}");
         }
         let mut longer = whole.clone();
         longer.push(0);
-        assert!(!fetch_answer_unselected(&longer, version, &s), "v{version}: trailing bytes");
-        assert!(!fetch_answer_unselected(&answer(1, version, &["s.x"]), version, &s), "v{version}");
+        assert!(!answer_unselected(1, &longer, version, &s), "v{version}: trailing bytes");
+        assert!(!answer_unselected(1, &answer(1, version, &["s.x"]), version, &s), "v{version}");
     }
     // A topic id the module never saw named: nobody can tell what it is.
     let unknown = {
@@ -137,8 +137,8 @@ fn an_answer_the_walk_cannot_vouch_for_goes_to_the_service() {
         frame[at] ^= 0xff;
         frame
     };
-    assert!(!fetch_answer_unselected(&unknown, 17, &s));
-    assert!(!fetch_answer_unselected(&answer(1, 18, &["logs"]), 19, &s), "a version the walk does not know");
+    assert!(!answer_unselected(1, &unknown, 17, &s));
+    assert!(!answer_unselected(1, &answer(1, 18, &["logs"]), 19, &s), "a version the walk does not know");
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use common::*;
-use kafka_protocol::messages::{describe_configs_response as cfg, fetch_response as fr, ApiKey, BrokerId};
+use kafka_protocol::messages::{describe_configs_response as cfg, fetch_response as fr, share_fetch_response as sfr, ApiKey, BrokerId};
 use kafka_protocol::protocol::StrBytes;
 use keg_kafka_filter::core::handoff::Failure;
 use keg_kafka_filter::core::head::RequestHead;
@@ -32,12 +32,34 @@ fn valid_responses() -> Vec<Vec<u8>> {
     let configs = cfg::DescribeConfigsResponse::default().with_results(vec![cfg::DescribeConfigsResult::default()
         .with_resource_type(4).with_configs(vec![cfg::DescribeConfigsResourceResult::default()
             .with_name(s("advertised.listeners")).with_value(Some(s("PLAINTEXT://kafka-1:9092")))])]);
+    let share = sfr::ShareFetchResponse::default()
+        .with_responses(vec![sfr::ShareFetchableTopicResponse::default().with_topic_id(topic_id("logs")).with_partitions(vec![
+            sfr::PartitionData::default().with_records(Some(vec![1u8; 64].into()))
+                .with_acquired_records(vec![sfr::AcquiredRecords::default().with_last_offset(3)])])])
+        .with_node_endpoints(vec![sfr::NodeEndpoint::default().with_node_id(BrokerId(1)).with_host(s("kafka-1")).with_port(9092)]);
     vec![
         metadata_response(12, 1),
+        // As the answer to `share_request` (correlation id 1 too).
+        encode_response(ApiKey::ShareFetch, 1, 1, &share),
         encode_response(ApiKey::Fetch, 16, 2, &fetch),
         encode_response(ApiKey::Fetch, 17, 3, &fetch),
         encode_response(ApiKey::DescribeConfigs, 4, 4, &configs),
     ]
+}
+
+/// A ShareFetch in a share session (epoch 3) naming an unselected topic: with a
+/// selector, its answer (the mutated response) is judged by the module.
+fn share_request() -> Vec<u8> {
+    use kafka_protocol::messages::share_fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{RequestHeader, ShareFetchRequest};
+    use kafka_protocol::protocol::Encodable;
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default().with_request_api_key(78).with_request_api_version(1).with_correlation_id(1)
+        .encode(&mut buf, ApiKey::ShareFetch.request_header_version(1)).unwrap();
+    ShareFetchRequest::default().with_share_session_epoch(3).with_topics(vec![FetchTopic::default()
+        .with_topic_id(topic_id("logs")).with_partitions(vec![FetchPartition::default()])])
+        .encode(&mut buf, 1).unwrap();
+    sized(&buf)
 }
 
 fn asked_requests() -> Vec<u8> {
@@ -87,8 +109,8 @@ fn passing_request() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// Hands off the APIs whose bit is set in the mask; with bit 62 set, Produce and Fetch
-/// by their topics (the random frames' topics, read or not, decide).
+/// Hands off the APIs whose bit is set in the mask (the key modulo 64); with bit 62 set,
+/// Produce, Fetch and ShareFetch by their topics (the random frames' topics, read or not, decide).
 struct HandOffSome(u64);
 
 fn selector() -> std::sync::Arc<TopicSelector> {
@@ -98,7 +120,7 @@ fn selector() -> std::sync::Arc<TopicSelector> {
 impl RequestPolicy for HandOffSome {
     fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
         if (self.0 >> head.api_key.rem_euclid(64)) & 1 == 1 {
-            if (0..=1).contains(&head.api_key) && (self.0 >> 62) & 1 == 1 {
+            if matches!(head.api_key, 0 | 1 | 78) && (self.0 >> 62) & 1 == 1 {
                 // Bit 61: the selected topics' records may pass on vouched schema ids.
                 let vouching = ((self.0 >> 61) & 1 == 1).then(vouching);
                 return Disposition::Select { fail_open: self.0 & 1 == 0, selector: selector(), vouching };
@@ -314,7 +336,7 @@ impl Rng {
 
 /// One generated input: random bytes, a mutated valid response, or a valid stream with
 /// mutated sizes; fed in both directions with random cuts. Returns whether it panicked.
-fn one_input(rng: &mut Rng, routes: &Routes, valid: &[Vec<u8>], asked: &[u8]) -> bool {
+fn one_input(rng: &mut Rng, routes: &Routes, valid: &[Vec<u8>], asked: &[u8], share: &[u8]) -> bool {
     let kind = rng.below(3);
     let mut data: Vec<u8> = match kind {
         0 => (0..rng.below(400)).map(|_| rng.next() as u8).collect(),
@@ -336,6 +358,8 @@ fn one_input(rng: &mut Rng, routes: &Routes, valid: &[Vec<u8>], asked: &[u8]) ->
         let _ = drive(asked, &data, &cuts, routes);
         let _ = drive_handoffs(mask, &data, &[], &cuts, &picks, eager, routes);
         let _ = drive_handoffs(mask, asked, &data, &cuts, &picks, eager, routes);
+        // The answer to a ShareFetch in a session, judged by the module (key 78: bit 14).
+        let _ = drive_handoffs(mask | 1 << 62 | 1 << 14, share, &data, &cuts, &picks, eager, routes);
     }))
     .is_err()
 }
@@ -344,8 +368,9 @@ fn campaign(inputs: usize, seed: u64) -> usize {
     let routes = routes();
     let valid = valid_responses();
     let asked = asked_requests();
+    let share = share_request();
     let mut rng = Rng(seed);
-    (0..inputs).filter(|_| one_input(&mut rng, &routes, &valid, &asked)).count()
+    (0..inputs).filter(|_| one_input(&mut rng, &routes, &valid, &asked, &share)).count()
 }
 
 #[test]

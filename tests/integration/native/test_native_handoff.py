@@ -24,7 +24,7 @@ from control_plane.topology import SaslPlain
 from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import SASL_USERS, create_topic, deliver
+from tests.integration.conftest import SASL_USERS, create_topic, deliver, share_console_consume
 from tests.integration.native.conftest import consume
 from tests.integration.rules.test_rules_enforcement import produce
 
@@ -96,7 +96,7 @@ def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Itera
     settings = GatewaySettings(
         bootstrap_servers=kafka.sasl_bootstrap, listen_port_base=0,
         sasl=SaslPlain("keg", SASL_USERS["keg"]), rules_provider=rules,
-        work_dir=base, ext_proc_log_level="WARNING", data_path="native")
+        work_dir=base, ext_proc_log_level="WARNING", data_path="native", metrics_port=0)
     with Gateway(settings) as gateway:
         yield Env(kafka, gateway, rules)
 
@@ -300,3 +300,31 @@ def test_without_the_service_new_clients_connect_and_groups_form(env: Env) -> No
     finally:
         env.gateway.start_ext_proc()
         env.gateway.wait_for_rules()
+
+
+def test_a_share_consumer_of_an_unruled_topic_stays_in_envoy(env: Env) -> None:
+    """KIP-932 share consumers read with ShareFetch: one opening its share session names
+    its topics (decided by them), the next ones are judged by their answers. Before, a
+    consume-time rule on any topic sent every ShareFetch of every share consumer through
+    Python."""
+    plain, pii = env.topic("plain."), env.topic("pii.")
+    docs = [{"email": f"user{i}@example.com", "n": i} for i in range(30)]
+    values = [orjson.dumps(d) for d in docs]
+    for at in range(0, 30, 5):  # six batches, read five records at a time: a session
+        assert produce(env.client("alice"), [(plain, v) for v in values[at:at + 5]]) == [
+            (plain, 0)] * 5
+    before = env.gateway.handed_off_requests("ShareFetch")
+    done = share_console_consume(env.kafka, env.gateway.bootstrap, plain, 30,
+                                 "--consumer-property", "max.poll.records=5")
+    assert sorted(done.stdout.split()) == sorted(v.decode() for v in values), done.stderr[-2000:]
+    assert env.gateway.handed_off_requests("ShareFetch") == before, \
+        "no rule names the topic: no ShareFetch went to Python"
+    assert env.gateway.module_counter("handoff_answer_not_selected") > 0
+
+    # A ruled topic's records still come masked to the share consumer.
+    assert produce(env.client("alice"), [(pii, v) for v in values[:5]]) == [(pii, 0)] * 5
+    done = share_console_consume(env.kafka, env.gateway.bootstrap, pii, 5)
+    seen = [orjson.loads(line) for line in done.stdout.split()]
+    assert sorted(d["n"] for d in seen) == list(range(5)), done.stderr[-2000:]
+    assert all(d["email"] != docs[d["n"]]["email"] for d in seen), seen
+    assert env.gateway.handed_off_requests("ShareFetch") > before

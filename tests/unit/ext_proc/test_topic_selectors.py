@@ -145,6 +145,10 @@ rules:
     fetch = found[ApiKey.FETCH]
     assert fetch[0][2] == TopicSelector(frozenset({"pii"}))
     assert fetch[0][1] == FETCH_HIGH and fetch[-1] == (FETCH_HIGH + 1, MAX_VERSION, None)
+    # Share groups read with ShareFetch: selected the same way (the module reads v1).
+    share = found[ApiKey.SHARE_FETCH]
+    assert share[0] == (0, 1, TopicSelector(frozenset({"pii"})))
+    assert share[-1] == (2, MAX_VERSION, None)
 
 
 def test_without_rules_nothing_is_selected_and_learning_apis_stay_whole() -> None:

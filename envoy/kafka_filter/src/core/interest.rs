@@ -9,8 +9,8 @@
 //!
 //! A request whose (api_key, version) is in `requests` is handed off; everything else
 //! passes natively. A range may carry a fourth element, a topic selector
-//! (`[0, 0, 13, {"exact": ["payments"], "prefix": [], "regex": []}]`, Produce and Fetch
-//! only): a request of that range is handed off only when one of its topics is selected
+//! (`[0, 0, 13, {"exact": ["payments"], "prefix": [], "regex": []}]`, Produce, Fetch and
+//! ShareFetch only): a request of that range is handed off only when one of its topics is selected
 //! ([`super::topics`]); versions whose topics the module cannot read are handed off
 //! whatever their topics. The fifth element, an object, may say `"unvouched"` (a topic
 //! selector, [`super::vouch`]) and `"who"` (a who-selector, [`super::who`]: only requests
@@ -24,9 +24,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::head::PRODUCE;
 use super::stats::{api_slot, OTHER_API};
-use super::topics::{self, SelectorReading, TopicSelector, FETCH};
+use super::topics::{self, SelectorReading, TopicSelector};
 use super::vouch::Vouching;
 use super::who::{Requester, WhoSelector};
 
@@ -292,8 +291,8 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
     }
     let selector = match selector {
         None | Some(serde_json::Value::Null) => None,
-        Some(_) if api_key != PRODUCE && api_key != FETCH => {
-            return Err(format!("interest: request range {text}: topic selectors are read for Produce and Fetch only"));
+        Some(_) if !topics::selects_topics(api_key) => {
+            return Err(format!("interest: request range {text}: topic selectors are read for Produce, Fetch and ShareFetch only"));
         }
         Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
@@ -357,7 +356,7 @@ mod tests {
             (serde_json::json!([0, "0", 1]), "int16"),
             (serde_json::json!([0, 0, 40000]), "int16"),
             (serde_json::json!(7), "not a list"),
-            (serde_json::json!([3, 0, 12, {"exact": ["t"]}]), "Produce and Fetch only"),
+            (serde_json::json!([3, 0, 12, {"exact": ["t"]}]), "Produce, Fetch and ShareFetch only"),
             (serde_json::json!([0, 0, 13, {"names": ["a"]}]), "unknown field"),
         ] {
             let err = Interest::parse(serde_json::json!({"requests": [bad], "endpoints": ["h:1"]})).unwrap_err();

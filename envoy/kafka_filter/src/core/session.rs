@@ -713,10 +713,10 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
-        // A Fetch's answer can be read before it leaves (an acks=0 Produce has none).
-        let answer_read = c.api_key == FETCH && c.expects_response;
+        // A Fetch's (ShareFetch's) answer can be read before it leaves.
+        let answer_read = topics::judged_by_answer(c.api_key) && c.expects_response;
         let by_answer = answer_read && c.by_answer.is_some();
-        if by_answer || (answer_read && self.vouched_fetch(&c)) {
+        if by_answer || (answer_read && c.api_key == FETCH && self.vouched_fetch(&c)) {
             // Its answer is read for selected topics and vouched ids; one that does not
             // pass goes to the service after this request, replayed (held_response).
             let plan = self.response_plan(c.api_key, c.api_version);
@@ -1092,8 +1092,8 @@ impl<P: RequestPolicy> Session<P> {
             self.identity.observe_response(api_key, api_version, &frame);
         }
         let mut sent = if plan == Plan::Pass { frame } else { self.examine(api_key, api_version, plan, frame, view)? };
-        if let Some(h) = handoff.as_ref().filter(|_| api_key == FETCH) {
-            if h.selector.as_ref().is_some_and(|s| vouch::fetch_answer_unselected(&sent, api_version, s)) {
+        if let Some(h) = handoff.as_ref().filter(|_| topics::judged_by_answer(api_key)) {
+            if h.selector.as_ref().is_some_and(|s| vouch::answer_unselected(api_key, &sent, api_version, s)) {
                 self.stats.add(Counter::HandoffAnswerNotSelected, 1);
                 out.owned(sent);
                 self.response_done(api_key, api_version, out);

@@ -1,4 +1,4 @@
-//! Topic-selective hand-off: which topics a Produce or Fetch request names, read without
+//! Topic-selective hand-off: which topics a Produce, Fetch or ShareFetch request names, read without
 //! decoding it, and whether the interest table's topic selector wants one of them.
 //!
 //! The Python side computes, per interest range, the union of the topic matchers of
@@ -29,13 +29,26 @@
 //!                | fetch_offset int64 | [last_fetched_epoch int32: v12+]
 //!                | [log_start_offset int64: v5+] | partition_max_bytes int32 | [tags]
 //!              [tags]
+//! ShareFetch v1 (flexible): group_id nullable string | member_id nullable string
+//!          | share_session_epoch int32 | max_wait_ms int32 | min_bytes int32
+//!          | max_bytes int32 | max_records int32 | batch_size int32 | topics:
+//!          array of topic_id uuid | partitions: array of partition_index int32
+//!            | acknowledgement_batches: array of
+//!            (first_offset int64 | last_offset int64 | acknowledge_types int8 array
+//!            | [tags]) | [tags]
+//!          [tags] | forgotten_topics_data (not read)
 //! ```
+//!
+//! Share sessions (KIP-932) are judged like fetch sessions: a ShareFetch opening one
+//! (epoch 0) by the topics it names, its answer carries those alone; one in a session
+//! (any other epoch) naming no selected topic by its answer
+//! (`vouch::answer_unselected`).
 //!
 //! Fetch sessions (KIP-227): an incremental Fetch (session epoch > 0) names only the
 //! partitions that changed, while its answer carries records of every partition of the
 //! session. One naming a selected topic is handed off; one naming none is
 //! [`Selection::ByAnswer`]: it goes to the broker and its answer is read for topics
-//! before any byte of it reaches the client (`vouch::fetch_answer_unselected`): an answer
+//! before any byte of it reaches the client (`vouch::answer_unselected`): an answer
 //! naming a selected topic (or one the walk cannot vouch for) goes to the Python chain
 //! after the request, replayed. The answer, not the module's idea of the session, is what
 //! is judged: a session is the broker's, and another connection may change it. A full
@@ -54,9 +67,22 @@ use serde::Deserialize;
 use super::head::PRODUCE;
 
 pub const FETCH: i16 = 1;
-/// The versions whose layout the walk knows (Kafka 4.1's valid versions).
+pub const SHARE_FETCH: i16 = 78;
+/// The versions whose layout the walk knows (Kafka 4.1's valid versions; ShareFetch v0,
+/// Kafka 4.0's early access, is handed off whole).
 pub(super) const PRODUCE_VERSIONS: std::ops::RangeInclusive<i16> = 3..=13;
 pub(super) const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=18;
+pub(super) const SHARE_FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 1..=1;
+
+/// The APIs whose requests may carry topic selectors.
+pub fn selects_topics(api_key: i16) -> bool {
+    matches!(api_key, PRODUCE | FETCH | SHARE_FETCH)
+}
+
+/// The APIs a request of which may be judged by its answer (sessions: Fetch, ShareFetch).
+pub fn judged_by_answer(api_key: i16) -> bool {
+    matches!(api_key, FETCH | SHARE_FETCH)
+}
 /// Beyond this many topics, or partitions in all, a request is handed off instead of
 /// walked (a bound on the work per request; clients name a few).
 pub const MAX_TOPICS: usize = 1000;
@@ -95,6 +121,7 @@ pub fn readable(api_key: i16, api_version: i16) -> bool {
     match api_key {
         PRODUCE => PRODUCE_VERSIONS.contains(&api_version),
         FETCH => FETCH_VERSIONS.contains(&api_version),
+        SHARE_FETCH => SHARE_FETCH_VERSIONS.contains(&api_version),
         _ => false,
     }
 }
@@ -225,6 +252,7 @@ pub fn select(api_key: i16, api_version: i16, buf: &[u8], frame_len: usize, sele
     let result = match api_key {
         PRODUCE if PRODUCE_VERSIONS.contains(&api_version) => walk.produce(api_version, selector),
         FETCH if FETCH_VERSIONS.contains(&api_version) => walk.fetch(api_version, selector),
+        SHARE_FETCH if SHARE_FETCH_VERSIONS.contains(&api_version) => walk.share_fetch(selector),
         _ => Err(Stop::HandOff),
     };
     match result {
@@ -489,6 +517,114 @@ impl<'a> Walk<'a> {
     }
 }
 
+impl Walk<'_> {
+    fn share_fetch(&mut self, selector: &TopicSelector) -> Step<Found> {
+        let epoch = share_fetch_head(self)?;
+        let topics = self.count(true)?;
+        if topics > MAX_TOPICS {
+            return Err(Stop::HandOff);
+        }
+        let mut selected = false;
+        let mut partitions_seen = 0usize;
+        for i in 0..topics {
+            if self.topic(true, true, selector)? {
+                selected = true;
+                break;
+            }
+            if i + 1 == topics {
+                break; // the last id: what follows cannot select
+            }
+            let partitions = self.count(true)?;
+            partitions_seen += partitions;
+            if partitions_seen > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                share_fetch_partition(self)?;
+            }
+            self.tagged_fields()?;
+        }
+        // A share session's answer (epoch other than 0) is not bounded by the topics
+        // its request names.
+        Ok(match selected {
+            true => Found::Selected,
+            false if epoch != 0 => Found::NothingInSession,
+            false => Found::Nothing,
+        })
+    }
+}
+
+/// A ShareFetch request (v1) through its fields before the topics; its share session
+/// epoch.
+fn share_fetch_head(w: &mut Walk<'_>) -> Step<i32> {
+    w.header(true)?;
+    w.string(true)?; // group_id
+    w.string(true)?; // member_id
+    let epoch = w.i32()?;
+    w.take(4 + 4 + 4 + 4 + 4)?; // max_wait_ms, min_bytes, max_bytes, max_records, batch_size
+    Ok(epoch)
+}
+
+/// One partition of a ShareFetch request, its acknowledgements and tags included.
+fn share_fetch_partition(w: &mut Walk<'_>) -> Step<()> {
+    w.take(4)?; // partition_index
+    let batches = w.count(true)?;
+    for _ in 0..batches {
+        w.take(8 + 8)?; // first_offset, last_offset
+        let types = w.count(true)?;
+        w.take(types)?; // acknowledge_types
+        w.tagged_fields()?;
+    }
+    w.tagged_fields()
+}
+
+/// A ShareFetch response (v1) through its top-level fields before the topics: size,
+/// correlation id, header tags, throttle_time_ms, error_code, error_message,
+/// acquisition_lock_timeout_ms.
+pub(super) fn share_fetch_answer_head(w: &mut Walk<'_>) -> Step<()> {
+    w.take(4 + 4)?; // size, correlation_id
+    w.tagged_fields()?; // response header v1
+    w.take(4 + 2)?; // throttle_time_ms, error_code
+    w.string(true)?; // error_message
+    w.take(4)?; // acquisition_lock_timeout_ms
+    Ok(())
+}
+
+/// One partition of a ShareFetch response: its error code and records (None when null).
+/// partition_index, error_code, error_message, acknowledge_error_code,
+/// acknowledge_error_message, current_leader (leader_id, leader_epoch, tags), records,
+/// acquired_records (first_offset, last_offset, delivery_count, tags), tags.
+pub(super) fn share_fetch_answer_partition<'a>(w: &mut Walk<'a>) -> Step<(i16, Option<&'a [u8]>)> {
+    w.take(4)?; // partition_index
+    let error = w.i16()?;
+    w.string(true)?; // error_message
+    w.take(2)?; // acknowledge_error_code
+    w.string(true)?; // acknowledge_error_message
+    w.take(4 + 4)?; // current_leader
+    w.tagged_fields()?;
+    let records = w.bytes(true)?;
+    let acquired = w.count(true)?;
+    for _ in 0..acquired {
+        w.take(8 + 8 + 2)?;
+        w.tagged_fields()?;
+    }
+    w.tagged_fields()?;
+    Ok((error, records))
+}
+
+/// A ShareFetch response's node_endpoints and top-level tags (after its topics).
+pub(super) fn share_fetch_answer_tail(w: &mut Walk<'_>) -> Step<()> {
+    let nodes = w.count(true)?;
+    for _ in 0..nodes {
+        w.take(4)?; // node_id
+        w.string(true)?; // host
+        w.take(4)?; // port
+        w.string(true)?; // rack
+        w.tagged_fields()?;
+    }
+    w.tagged_fields()
+}
+
 /// A Fetch response through its top-level fields before the topics: size, correlation
 /// id, [header tags: v12+], throttle_time_ms, [error_code, session_id: v7+].
 pub(super) fn fetch_answer_head(w: &mut Walk<'_>, version: i16) -> Step<()> {
@@ -540,6 +676,15 @@ pub(super) fn fetch_answer_partition<'a>(w: &mut Walk<'a>, version: i16) -> Step
 /// At most [`MAX_TOPICS`]; an unreadable frame names none.
 pub fn named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
     let mut named = Vec::new();
+    if api_key == SHARE_FETCH && readable(api_key, api_version) {
+        let mut w = Walk { buf: frame, pos: 0 };
+        let mut walk = || -> Step<()> {
+            share_fetch_head(&mut w)?;
+            known_ids(&mut w, &mut named, share_fetch_partition)
+        };
+        let _ = walk(); // what was read before a malformed part still names its topics
+        return named;
+    }
     if api_version < 13 || !readable(api_key, api_version) {
         return named;
     }
@@ -574,16 +719,23 @@ pub fn named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16],
     named
 }
 
-/// The topic ids a whole Fetch response (v13+) names that the module knows by name (as
-/// [`named_ids`]): an answer to an incremental Fetch carries partitions its request did
-/// not name, and the worker that reads it may never have seen them named.
-pub fn answer_named_ids(api_version: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
+/// The topic ids a whole Fetch (v13+) or ShareFetch response names that the module
+/// knows by name (as [`named_ids`]): an answer in a fetch or share session carries
+/// partitions its request did not name, and the worker that reads it may never have
+/// seen them named.
+pub fn answer_named_ids(api_key: i16, api_version: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
     let mut named = Vec::new();
-    if !(13..=*FETCH_VERSIONS.end()).contains(&api_version) {
+    let share = api_key == SHARE_FETCH && SHARE_FETCH_VERSIONS.contains(&api_version);
+    let fetch = api_key == FETCH && (13..=*FETCH_VERSIONS.end()).contains(&api_version);
+    if !(share || fetch) {
         return named;
     }
     let mut w = Walk { buf: frame, pos: 0 };
     let mut walk = || -> Step<()> {
+        if share {
+            share_fetch_answer_head(&mut w)?;
+            return known_ids(&mut w, &mut named, |w| share_fetch_answer_partition(w).map(|_| ()));
+        }
         fetch_answer_head(&mut w, api_version)?;
         known_ids(&mut w, &mut named, |w| fetch_answer_partition(w, api_version).map(|_| ()))
     };

@@ -31,7 +31,8 @@ use super::head::PRODUCE;
 use super::inflate::inflate;
 use super::payload::{PayloadSchema, MAX_VALIDATED};
 use super::topics::{
-    fetch_answer_head, fetch_answer_partition, fetch_partition_size, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS,
+    fetch_answer_head, fetch_answer_partition, fetch_partition_size, share_fetch_answer_head, share_fetch_answer_partition,
+    share_fetch_answer_tail, Stop, TopicSelector, Walk, FETCH, FETCH_VERSIONS, SHARE_FETCH, SHARE_FETCH_VERSIONS,
     MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS,
 };
 
@@ -242,15 +243,30 @@ pub fn fetch_verdict(frame: &[u8], version: i16, vouching: &Vouching, vouched: &
 /// topic, an unknown id, a frame the walk cannot read whole) is false: the service
 /// reads it. What a [`Selection::ByAnswer`](super::topics::Selection) request's answer is
 /// judged by.
-pub fn fetch_answer_unselected(frame: &[u8], version: i16, selector: &Arc<TopicSelector>) -> bool {
-    if !FETCH_VERSIONS.contains(&version) {
-        return false;
-    }
+/// A ShareFetch response is read the same way (its records are not checked: no
+/// vouching applies to share groups).
+pub fn answer_unselected(api_key: i16, frame: &[u8], version: i16, selector: &Arc<TopicSelector>) -> bool {
     // Every selected topic is "unvouched", and nothing is vouched for: the walk passes
     // only an answer whose topics are all unselected.
     let vouching = Vouching { selector: selector.clone(), unvouched: selector.clone() };
     let check = Check { vouching: &vouching, vouched: &Vouched::default(), now: Instant::now(), tail: Tail::Dropped };
-    fetch_walk(frame, version, &check) == FetchVerdict::Pass
+    match api_key {
+        FETCH if FETCH_VERSIONS.contains(&version) => fetch_walk(frame, version, &check) == FetchVerdict::Pass,
+        SHARE_FETCH if SHARE_FETCH_VERSIONS.contains(&version) => share_fetch_walk(frame, &check),
+        _ => false,
+    }
+}
+
+/// Whether a whole ShareFetch response passes `check` (read whole, nothing after it).
+fn share_fetch_walk(frame: &[u8], check: &Check<'_>) -> bool {
+    let mut w = Walk { buf: frame, pos: 0 };
+    let mut walk = || -> Result<Walked, Stop> {
+        share_fetch_answer_head(&mut w)?;
+        let walked = topics(&mut w, true, true, check, |w| share_fetch_answer_partition(w).map(|_| None))?;
+        share_fetch_answer_tail(&mut w)?;
+        Ok(walked)
+    };
+    matches!(walk(), Ok(Walked::Pass { .. })) && w.pos == frame.len()
 }
 
 fn fetch_walk(frame: &[u8], version: i16, check: &Check<'_>) -> FetchVerdict {

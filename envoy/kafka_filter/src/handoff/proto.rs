@@ -83,7 +83,7 @@ pub fn message(handoff: &HandOff) -> ProcessingRequest {
     // worker that gets the frame may not have seen the Metadata answer.
     let named = match handoff.direction {
         Direction::Request => topics::named_ids(handoff.api_key, handoff.api_version, &handoff.frame),
-        Direction::Response if handoff.api_key == topics::FETCH => topics::answer_named_ids(handoff.api_version, &handoff.frame),
+        Direction::Response if topics::judged_by_answer(handoff.api_key) => topics::answer_named_ids(handoff.api_key, handoff.api_version, &handoff.frame),
         Direction::Response => Vec::new(),
     };
     if !named.is_empty() {
