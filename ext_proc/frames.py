@@ -30,6 +30,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import (
     REQUEST,
     RESPONSE,
+    SELECTED_APIS,
     Filter,
     ResponsePatch,
     TopicSelector,
@@ -55,10 +56,8 @@ METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] ke
 MAX_VERSION = 0x7FFF  # Kafka versions are int16
 # The APIs whose requests the module reads topics from (docs/native.md, the interest
 # table): a selector on any other would not be applied.
-# The APIs whose topics keg's module reads (topic selectors), and those of them whose
-# batches it may pass on vouched schema ids.
-_SELECTED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH,
-                            kafka_wire.ApiKey.SHARE_FETCH})
+# Of the APIs with topic selectors (SELECTED_APIS), those whose batches keg's module may
+# pass on vouched schema ids.
 _VOUCHED_APIS = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH})
 
 
@@ -258,7 +257,7 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                 for f in chain.interested(api_key, version, direction)]
 
     def scope(api_key: int, version: int) -> TopicSelector | None:
-        if api_key not in _SELECTED_APIS:
+        if api_key not in SELECTED_APIS:
             return None
         return union_scope(topic_scope(f, api_key, version, direction)
                            for direction in (REQUEST, RESPONSE)

@@ -136,7 +136,9 @@ class NetworkMatcher:
         return verdict
 
 
-def _principal_pattern(value: str) -> str:
+def principal_pattern(value: str) -> str:
+    """A principal matcher's exact name or prefix as it is compared: "alice" ->
+    "User:alice" (an empty one stays empty)."""
     return normalize_principal(value) if value else value
 
 
@@ -167,7 +169,7 @@ class _Predicate:
             listeners = frozenset(match.listeners)
             checks.append(lambda ctx, t, g: ctx.listener in listeners)
         if match.principals is not None:
-            principals = StringMatcher(match.principals, _principal_pattern)
+            principals = StringMatcher(match.principals, principal_pattern)
             checks.append(lambda ctx, t, g: ctx.principal is not None and principals(ctx.principal))
         if match.client_ids is not None:
             client_ids = StringMatcher(match.client_ids)

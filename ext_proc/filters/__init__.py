@@ -54,7 +54,7 @@ from typing import Any, ClassVar, Final, Literal, Protocol
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from filter_rules import Match, StringMatch
-from filter_rules.context import normalize_principal
+from filter_rules.compiled import principal_pattern
 from kafka_wire.framing import Inspector
 
 Direction = Literal["request", "response"]
@@ -300,12 +300,11 @@ WhoScope = frozenset[WhoClause]
 def match_who(match: Match) -> WhoClause | None:
     """The clause of a rule's top-level match (a `not` only narrows it, so it is left
     out: the clause stays a necessary condition); None when it names no one."""
-    principals = None
-    if match.principals is not None and all(portable_regex(p) for p in match.principals.regex):
-        principals = TopicSelector(
-            frozenset(normalize_principal(v) if v else v for v in match.principals.exact),
-            frozenset(normalize_principal(v) if v else v for v in match.principals.prefix),
-            frozenset(match.principals.regex))
+    principals = match_scope(match.principals)
+    if principals is not None:  # compared as the rule's principal matcher compares them
+        principals = TopicSelector(frozenset(map(principal_pattern, principals.exact)),
+                                   frozenset(map(principal_pattern, principals.prefix)),
+                                   principals.regex)
     networks = None
     if match.client_addresses is not None:
         networks = frozenset(str(ipaddress.ip_network(cidr, strict=False))
@@ -324,6 +323,11 @@ def who_scope(f: Filter, api_key: int, api_version: int,
         return None
     result = scope(api_key, api_version, direction)
     return result if isinstance(result, frozenset) else None
+
+
+# The APIs whose requests keg's module reads topics of (topic selectors).
+SELECTED_APIS: Final = frozenset({kafka_wire.ApiKey.PRODUCE, kafka_wire.ApiKey.FETCH,
+                                  kafka_wire.ApiKey.SHARE_FETCH})
 
 
 # Past this many names and patterns a selector is not made (every frame of the range is

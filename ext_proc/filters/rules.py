@@ -33,6 +33,7 @@ import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import (
     REQUEST,
+    SELECTED_APIS,
     Direction,
     RequestJudge,
     RequestVerdict,
@@ -237,8 +238,7 @@ class RulesFilter(RuleSetJudge):
         (a rule without a topic matcher, or whose topics only a `not` names, opens it
         to all). Other APIs: any (a Metadata for all topics names none, yet rules hide
         some)."""
-        if direction != REQUEST or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH,
-                                                   ApiKey.SHARE_FETCH):
+        if direction != REQUEST or api_key not in SELECTED_APIS:
             return None
         return rules_scope(self._engine.requests.candidates(api_key, api_version, "request"))
 

@@ -9,46 +9,18 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::vouch::answer_unselected;
-use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, HandOff, Output, Resolution, Session, SessionLimits};
 
-/// Fetch: by topic (`s.*` selected, e.g. a consume-time mask rule).
-struct SelectS(Arc<TopicSelector>);
-
-impl RequestPolicy for SelectS {
-    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
-        if head.api_key == 1 {
-            Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
-        } else {
-            Disposition::Forward
-        }
-    }
+/// Fetch by topic (`s.*` selected).
+fn session() -> Session<SelectS> {
+    Session::with_policy(SessionLimits::default(), SelectS::new(1))
 }
 
 fn selector() -> Arc<TopicSelector> {
-    Arc::new(TopicSelector::parse(serde_json::json!({"prefix": ["s."]})).unwrap())
-}
-
-fn session() -> Session<SelectS> {
-    Session::with_policy(SessionLimits::default(), SelectS(selector()))
-}
-
-/// Feeds a request: what reached the broker at once, and the hand-offs.
-fn request_round(s: &mut Session<SelectS>, request: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
-    let mut out = Output::default();
-    s.feed_requests(request, &mut out).unwrap();
-    (bytes_of(request, &out), s.take_handoffs())
-}
-
-/// Feeds a broker answer: what reached the client at once, and the hand-offs.
-fn answer_round(s: &mut Session<SelectS>, answer: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
-    let routes = routes();
-    let mut out = Output::default();
-    s.feed_responses(answer, view(&routes), &mut out).unwrap();
-    (bytes_of(answer, &out), s.take_handoffs())
+    SelectS::new(1).selector
 }
 
 fn drain_responses(s: &mut Session<SelectS>) -> Vec<u8> {

@@ -14,33 +14,20 @@ use kafka_protocol::messages::share_fetch_response::{
 };
 use kafka_protocol::messages::{ApiKey, BrokerId, GroupId, RequestHeader, ShareFetchRequest, ShareFetchResponse};
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::{answer_named_ids, named_ids, select, Selection, TopicSelector, SHARE_FETCH};
 use keg_kafka_filter::core::vouch::answer_unselected;
-use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, RequestPolicy, Requester, Session, SessionLimits};
+use keg_kafka_filter::core::{Direction, Session, SessionLimits};
 
 const VERSION: i16 = 1;
 
-/// ShareFetch: by topic (`s.*` selected, e.g. a consume-time mask rule).
-struct SelectS(Arc<TopicSelector>);
-
-impl RequestPolicy for SelectS {
-    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
-        if head.api_key == SHARE_FETCH {
-            Disposition::Select { fail_open: false, selector: self.0.clone(), vouching: None }
-        } else {
-            Disposition::Forward
-        }
-    }
+/// ShareFetch by topic (`s.*` selected).
+fn session() -> Session<SelectS> {
+    Session::with_policy(SessionLimits::default(), SelectS::new(SHARE_FETCH))
 }
 
 fn selector() -> Arc<TopicSelector> {
-    Arc::new(TopicSelector::parse(serde_json::json!({"prefix": ["s."]})).unwrap())
-}
-
-fn session() -> Session<SelectS> {
-    Session::with_policy(SessionLimits::default(), SelectS(selector()))
+    SelectS::new(SHARE_FETCH).selector
 }
 
 /// A ShareFetch of partitions 0 and 1 of `topics` in share session epoch `epoch`, with
@@ -84,19 +71,6 @@ fn share_answer(correlation_id: i32, topics: &[&str]) -> Vec<u8> {
 /// The same answer as the client gets it: broker 1's endpoint rewritten to the gateway's.
 fn as_rewritten(correlation_id: i32, topics: &[&str]) -> Vec<u8> {
     share_answer_at(correlation_id, topics, "gateway.test", 19092)
-}
-
-fn request_round(s: &mut Session<SelectS>, request: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
-    let mut out = Output::default();
-    s.feed_requests(request, &mut out).unwrap();
-    (bytes_of(request, &out), s.take_handoffs())
-}
-
-fn answer_round(s: &mut Session<SelectS>, answer: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
-    let routes = routes();
-    let mut out = Output::default();
-    s.feed_responses(answer, view(&routes), &mut out).unwrap();
-    (bytes_of(answer, &out), s.take_handoffs())
 }
 
 #[test]

@@ -199,29 +199,21 @@ impl Interest {
         if slot == OTHER_API {
             return Want::No;
         }
-        let mut found = Want::No;
-        let mut ranges = 0;
-        let mut admitted = true;
-        for range in &self.ranges[slot] {
-            if !(range.min <= api_version && api_version <= range.max) {
-                continue;
-            }
-            ranges += 1;
-            if let (Some(who), Some(from)) = (&range.who, from) {
-                admitted = who.admits(from);
-            }
-            found = match (found, &range.selector) {
-                // A version whose topics the module cannot read: every request of it.
-                (Want::No, Some(s)) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), range.vouching.clone()),
-                // Two ranges for one version (Python makes none): the safe side.
-                _ => Want::All,
-            };
+        let mut matching = self.ranges[slot].iter().filter(|r| r.min <= api_version && api_version <= r.max);
+        let Some(range) = matching.next() else { return Want::No };
+        if matching.next().is_some() {
+            return Want::All; // Two ranges for one version (Python makes none): the safe side.
         }
-        // No rule of the range may act for this connection (two ranges: the safe side).
-        if ranges == 1 && !admitted {
-            return Want::No;
+        if let (Some(who), Some(from)) = (&range.who, from) {
+            if !who.admits(from) {
+                return Want::No; // No rule of the range may act for this connection.
+            }
         }
-        found
+        match &range.selector {
+            Some(s) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), range.vouching.clone()),
+            // No selector, or a version whose topics the module cannot read: every request.
+            _ => Want::All,
+        }
     }
 
     /// Whether a failed hand-off of a request of this API and version forwards it.

@@ -432,35 +432,14 @@ impl<'a> Walk<'a> {
         self.header(flexible)?;
         self.string(flexible)?; // transactional_id
         self.take(2 + 4)?; // acks, timeout_ms
-        let topics = self.count(flexible)?;
-        if topics > MAX_TOPICS {
-            return Err(Stop::HandOff);
-        }
-        let mut partitions_seen = 0usize;
-        for i in 0..topics {
-            if self.topic(version >= 13, flexible, selector)? {
-                return Ok(true);
-            }
-            if i + 1 == topics {
-                return Ok(false); // the last name: what follows cannot select
-            }
-            let partitions = self.count(flexible)?;
-            partitions_seen += partitions;
-            if partitions_seen > MAX_PARTITIONS {
-                return Err(Stop::HandOff);
-            }
-            for _ in 0..partitions {
-                self.take(4)?; // index
-                self.skip_bytes(flexible)?; // records
-                if flexible {
-                    self.tagged_fields()?;
-                }
-            }
+        self.any_selected(version >= 13, flexible, selector, |w| {
+            w.take(4)?; // index
+            w.skip_bytes(flexible)?; // records
             if flexible {
-                self.tagged_fields()?;
+                w.tagged_fields()?;
             }
-        }
-        Ok(false)
+            Ok(())
+        })
     }
 
     fn fetch(&mut self, version: i16, selector: &TopicSelector) -> Step<Found> {
@@ -475,28 +454,40 @@ impl<'a> Walk<'a> {
             self.take(4)?; // session_id
             !matches!(self.i32()?, 0 | -1)
         };
-        Ok(match self.fetch_selects(version, selector)? {
-            true => Found::Selected,
-            false if incremental => Found::NothingInSession,
-            false => Found::Nothing,
-        })
+        let partition_size = fetch_partition_size(version);
+        let selected = self.any_selected(version >= 13, flexible, selector, |w| {
+            w.take(partition_size)?;
+            if flexible {
+                w.tagged_fields()?;
+            }
+            Ok(())
+        })?;
+        Ok(found(selected, incremental))
     }
 
-    /// The topics of a Fetch request (from its topics array): as [`Walk::produce_selects`].
-    fn fetch_selects(&mut self, version: i16, selector: &TopicSelector) -> Step<bool> {
-        let flexible = version >= 12;
+    fn share_fetch(&mut self, selector: &TopicSelector) -> Step<Found> {
+        let epoch = share_fetch_head(self)?;
+        let selected = self.any_selected(true, true, selector, share_fetch_partition)?;
+        // A share session's answer (epoch other than 0) is not bounded by the topics
+        // its request names.
+        Ok(found(selected, epoch != 0))
+    }
+
+    /// A request's topics array: true when a topic is selected; false when every topic
+    /// was read and none is. `partition` reads one partition entry (its tags included).
+    fn any_selected(&mut self, ids: bool, flexible: bool, selector: &TopicSelector,
+                    partition: impl Fn(&mut Self) -> Step<()>) -> Step<bool> {
         let topics = self.count(flexible)?;
         if topics > MAX_TOPICS {
             return Err(Stop::HandOff);
         }
-        let partition_size = fetch_partition_size(version);
         let mut partitions_seen = 0usize;
         for i in 0..topics {
-            if self.topic(version >= 13, flexible, selector)? {
+            if self.topic(ids, flexible, selector)? {
                 return Ok(true);
             }
             if i + 1 == topics {
-                return Ok(false);
+                return Ok(false); // the last name: what follows cannot select
             }
             let partitions = self.count(flexible)?;
             partitions_seen += partitions;
@@ -504,10 +495,7 @@ impl<'a> Walk<'a> {
                 return Err(Stop::HandOff);
             }
             for _ in 0..partitions {
-                self.take(partition_size)?;
-                if flexible {
-                    self.tagged_fields()?;
-                }
+                partition(self)?;
             }
             if flexible {
                 self.tagged_fields()?;
@@ -517,40 +505,13 @@ impl<'a> Walk<'a> {
     }
 }
 
-impl Walk<'_> {
-    fn share_fetch(&mut self, selector: &TopicSelector) -> Step<Found> {
-        let epoch = share_fetch_head(self)?;
-        let topics = self.count(true)?;
-        if topics > MAX_TOPICS {
-            return Err(Stop::HandOff);
-        }
-        let mut selected = false;
-        let mut partitions_seen = 0usize;
-        for i in 0..topics {
-            if self.topic(true, true, selector)? {
-                selected = true;
-                break;
-            }
-            if i + 1 == topics {
-                break; // the last id: what follows cannot select
-            }
-            let partitions = self.count(true)?;
-            partitions_seen += partitions;
-            if partitions_seen > MAX_PARTITIONS {
-                return Err(Stop::HandOff);
-            }
-            for _ in 0..partitions {
-                share_fetch_partition(self)?;
-            }
-            self.tagged_fields()?;
-        }
-        // A share session's answer (epoch other than 0) is not bounded by the topics
-        // its request names.
-        Ok(match selected {
-            true => Found::Selected,
-            false if epoch != 0 => Found::NothingInSession,
-            false => Found::Nothing,
-        })
+/// What a request's topics found: in a session (an incremental Fetch, a ShareFetch
+/// after the first), naming nothing selected leaves the answer to decide.
+fn found(selected: bool, in_session: bool) -> Found {
+    match (selected, in_session) {
+        (true, _) => Found::Selected,
+        (false, true) => Found::NothingInSession,
+        (false, false) => Found::Nothing,
     }
 }
 

@@ -111,10 +111,11 @@ struct Clause {
 }
 
 impl Clause {
-    fn admits(&self, from: &Requester<'_>) -> bool {
-        let principal = || {
-            let Some(selector) = &self.principals else { return true };
-            !from.identity.principal_known() || selector.selects(from.identity.principal().as_bytes())
+    /// `principal`: the connection's, None when the module cannot tell it.
+    fn admits(&self, principal: Option<&str>, from: &Requester<'_>) -> bool {
+        let principal = || match (&self.principals, principal) {
+            (Some(selector), Some(principal)) => selector.selects(principal.as_bytes()),
+            _ => true,
         };
         let network = || match (&self.networks, from.peer.client_ip) {
             (Some(networks), Some(ip)) => networks.iter().any(|n| n.contains(ip)),
@@ -132,6 +133,8 @@ impl Clause {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WhoSelector {
     clauses: Vec<Clause>,
+    /// Some clause matches principals (the principal is built for them alone).
+    reads_principals: bool,
 }
 
 impl WhoSelector {
@@ -166,12 +169,15 @@ impl WhoSelector {
         }
         Ok(match unreadable {
             Some(reason) => Err(reason),
-            None => Ok(WhoSelector { clauses }),
+            None => Ok(WhoSelector { reads_principals: clauses.iter().any(|c| c.principals.is_some()), clauses }),
         })
     }
 
     pub fn admits(&self, from: &Requester<'_>) -> bool {
-        self.clauses.iter().any(|c| c.admits(from))
+        // Built once per request, and only when a clause reads it.
+        let principal = (self.reads_principals && from.identity.principal_known())
+            .then(|| from.identity.principal());
+        self.clauses.iter().any(|c| c.admits(principal.as_deref(), from))
     }
 }
 

@@ -6,9 +6,12 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use keg_kafka_filter::core::topics::learn_topic_id;
+use std::sync::Arc;
+
+use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::topics::{learn_topic_id, TopicSelector};
 use keg_kafka_filter::core::rewrite::{Endpoint, RouteView, Routes};
-use keg_kafka_filter::core::{Output, Piece};
+use keg_kafka_filter::core::{Disposition, HandOff, Output, Piece, RequestPolicy, Requester, Session};
 
 pub const GATEWAY_HOST: &str = "gateway.test";
 
@@ -165,4 +168,42 @@ pub fn fetch_request_in(correlation_id: i32, version: i16, epoch: i32, topics: &
     }).collect();
     FetchRequest::default().with_session_id(if epoch > 0 { 42 } else { 0 }).with_session_epoch(epoch).with_topics(topics).encode(&mut buf, version).unwrap();
     sized(&buf)
+}
+
+/// Requests of one API by topic (`s.*` selected, e.g. a consume-time mask rule); the
+/// rest are forwarded.
+pub struct SelectS {
+    pub api_key: i16,
+    pub selector: Arc<TopicSelector>,
+}
+
+impl SelectS {
+    pub fn new(api_key: i16) -> SelectS {
+        SelectS { api_key, selector: Arc::new(TopicSelector::parse(serde_json::json!({"prefix": ["s."]})).unwrap()) }
+    }
+}
+
+impl RequestPolicy for SelectS {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
+        if head.api_key == self.api_key {
+            Disposition::Select { fail_open: false, selector: self.selector.clone(), vouching: None }
+        } else {
+            Disposition::Forward
+        }
+    }
+}
+
+/// Feeds a request: what reached the broker at once, and the hand-offs.
+pub fn request_round<P: RequestPolicy>(s: &mut Session<P>, request: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
+    let mut out = Output::default();
+    s.feed_requests(request, &mut out).unwrap();
+    (bytes_of(request, &out), s.take_handoffs())
+}
+
+/// Feeds a broker answer: what reached the client at once, and the hand-offs.
+pub fn answer_round<P: RequestPolicy>(s: &mut Session<P>, answer: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
+    let routes = routes();
+    let mut out = Output::default();
+    s.feed_responses(answer, view(&routes), &mut out).unwrap();
+    (bytes_of(answer, &out), s.take_handoffs())
 }
