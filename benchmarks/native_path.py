@@ -92,14 +92,15 @@ NATIVE_OTHER_NETWORK = "native_other_network"
 HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_OTHER, NATIVE_OTHER_UNSELECTED, NATIVE_OTHER_NETWORK,
                  NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
 HANDOFF_KEYS = ("produce_records_per_s", "consume_records_per_s")
-# A rule that matches no request the benchmark sends but names no topic, principal,
-# network or listener: every Produce request is handed to the Python chain (a topic or
-# principal would let the module pass them: topic and who selectors), which forwards it
-# unchanged. Client ids are not read by the module before it decides.
+# A rule that matches no request the benchmark sends, its client id written as a
+# pattern the module is not given ((?s) changes nothing for a client id): no
+# who-selector, every Produce request is handed to the Python chain (a topic, principal
+# or client id the module reads would let it pass them: topic and who selectors), which
+# forwards it unchanged.
 HANDOFF_RULES = """
 rules:
   - id: judge-every-produce
-    match: {apis: [Produce], client_ids: {exact: [nobody]}}
+    match: {apis: [Produce], client_ids: {regex: ['(?s)nobody']}}
     action: {deny: {}}
 """
 # A record rule on a topic the benchmark does not produce to: with its topic selector
@@ -120,7 +121,7 @@ rules:
 """
 # A deny rule on Produce for clients of a network the benchmark's clients are not in:
 # with its who-selector the module passes their Produce requests natively (compare
-# `native_handoff`, the same deny naming a client id, which the module does not read).
+# `native_handoff`, the same deny naming a client id by a pattern the module is not given).
 OTHER_NETWORK_RULES = """
 rules:
   - id: nothing-from-far-away

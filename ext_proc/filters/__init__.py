@@ -271,15 +271,17 @@ def match_scope(match: StringMatch | None) -> TopicSelector | None:
 
 @dataclass(frozen=True)
 class WhoClause:
-    """Who a rule may apply to, from its top-level identity matchers: a connection is
+    """Who a rule may apply to, from its top-level identity matchers: a request is
     admitted when every matcher given admits it (None: that matcher is absent, or one
     the module cannot apply). Principals as Kafka names them ("User:alice", the
     rule's exact names and prefixes normalized as its matcher does), client networks
-    in their canonical form, listeners as the module names its own ("host:port")."""
+    in their canonical form, listeners as the module names its own ("host:port"),
+    client ids as the request header carries them (a null one matches none)."""
 
     principals: TopicSelector | None = None
     client_addresses: frozenset[str] | None = None
     listeners: frozenset[str] | None = None
+    client_ids: TopicSelector | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The module's form (envoy/kafka_filter/src/core/who.rs), sorted."""
@@ -290,6 +292,8 @@ class WhoClause:
             clause["client_addresses"] = sorted(self.client_addresses)
         if self.listeners is not None:
             clause["listeners"] = sorted(self.listeners)
+        if self.client_ids is not None:
+            clause["client_ids"] = self.client_ids.to_json()
         return clause
 
 
@@ -310,9 +314,10 @@ def match_who(match: Match) -> WhoClause | None:
         networks = frozenset(str(ipaddress.ip_network(cidr, strict=False))
                              for cidr in match.client_addresses)
     listeners = frozenset(match.listeners) if match.listeners is not None else None
-    if principals is None and networks is None and listeners is None:
+    client_ids = match_scope(match.client_ids)
+    if principals is None and networks is None and listeners is None and client_ids is None:
         return None
-    return WhoClause(principals, networks, listeners)
+    return WhoClause(principals, networks, listeners, client_ids)
 
 
 def who_scope(f: Filter, api_key: int, api_version: int,

@@ -12,6 +12,7 @@ use kafka_protocol::protocol::{Encodable, StrBytes};
 use keg_kafka_filter::core::handoff::{Failure, REQUEST_TIMED_OUT};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
+use keg_kafka_filter::core::who::ClientId;
 use keg_kafka_filter::core::{Direction, Disposition, HandOff, Output, ProtocolError, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Hands off Produce (0), forwards everything else.
@@ -375,4 +376,54 @@ fn handoffs_carry_the_principal_once_authenticated() {
     let (_, _, handed) = run_requests(&mut s, &chunks[stream.len() - produce(3, 1).len()..], true, &masked);
     assert_eq!(handed[0].principal.as_deref(), Some("User:alice"));
     assert_eq!(handed[0].security_protocol, "SASL_PLAINTEXT");
+}
+
+/// Hands off the requests whose client id is "billing" (a who-selector naming it).
+struct HandOffBilling;
+
+impl RequestPolicy for HandOffBilling {
+    fn decide(&mut self, _: &RequestHead, from: &Requester<'_>) -> Disposition {
+        match from.client_id {
+            ClientId::Bytes(b"billing") => Disposition::HandOff { fail_open: false },
+            _ => Disposition::Forward,
+        }
+    }
+}
+
+/// A ListOffsets-shaped request (key 2, v1) with this client id (None: null).
+fn request_from(correlation_id: i32, client_id: Option<&str>) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(2i16.to_be_bytes());
+    b.extend(1i16.to_be_bytes());
+    b.extend(correlation_id.to_be_bytes());
+    match client_id {
+        Some(id) => {
+            b.extend((id.len() as i16).to_be_bytes());
+            b.extend(id.as_bytes());
+        }
+        None => b.extend((-1i16).to_be_bytes()),
+    }
+    b.extend([0u8; 9]);
+    sized(&b)
+}
+
+#[test]
+fn requests_are_decided_by_their_own_client_id_wherever_the_stream_is_cut() {
+    let requests = [request_from(1, Some("etl-loader")), request_from(2, Some("billing")), request_from(3, None),
+                    request_from(4, Some("billing-2")), request_from(5, Some("billing"))];
+    let stream: Vec<u8> = requests.concat();
+    let forwarded_expected: Vec<u8> = [&requests[0], &requests[2], &requests[3]].into_iter().flatten().copied().collect();
+    for cut in 0..=stream.len() {
+        let mut s = Session::with_policy(SessionLimits::default(), HandOffBilling);
+        let (mut forwarded, mut handed) = (Vec::new(), Vec::new());
+        for chunk in [&stream[..cut], &stream[cut..]] {
+            let mut out = Output::default();
+            s.feed_requests(chunk, &mut out).unwrap();
+            forwarded.extend(bytes_of(chunk, &out));
+            handed.extend(s.take_handoffs());
+        }
+        let handed: Vec<&[u8]> = handed.iter().map(|h| &h.frame[..]).collect();
+        assert_eq!(handed, [&requests[1][..], &requests[4][..]], "cut at {cut}");
+        assert_eq!(forwarded, forwarded_expected[..forwarded.len()], "cut at {cut}: forwarded in order");
+    }
 }

@@ -1,10 +1,11 @@
 """Who-selective hand-off through the real Envoy, broker and clients: with rules that
-name principals, client networks or listeners, a request from a connection none of
-them names passes natively (the Python service is not handed it), one they name goes
-to the Python chain and is judged there.
+name principals, client networks, listeners or client ids, a request none of them
+names passes natively (the Python service is not handed it), one they name goes to the
+Python chain and is judged there.
 
 Before who-selectors, one `deny` for bob on Produce sent every Produce of every client
-through Python: a multi-tenant rule set taxed every tenant.
+through Python: a multi-tenant rule set taxed every tenant. Before client ids were read
+by the module, a rule naming one client id did the same.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ rules:
     action: {deny: {}}
   - id: not-on-the-partner-listener
     match: {apis: [Produce, CreatePartitions], listeners: ["127.0.0.1:1"]}
+    action: {deny: {}}
+  - id: legacy-app-retired
+    match: {apis: [Produce], client_ids: {exact: [legacy-app], prefix: [legacy-batch-]}}
     action: {deny: {}}
   - id: no-local-repartitioning
     match: {apis: [CreatePartitions], client_addresses: ["127.0.0.0/8"]}
@@ -110,3 +114,30 @@ def test_a_rule_naming_the_clients_network_is_enforced_in_python(
     assert gateway.handed_off_requests("CreatePartitions") > before
     metadata = AdminClient(direct(kafka)).list_topics(topic, timeout=30)
     assert len(metadata.topics[topic].partitions) == 1, "the broker never saw it"
+
+
+def test_only_the_client_ids_a_rule_names_go_to_python(
+        kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    topic = create_topic(kafka.bootstrap, name=f"who.{uuid.uuid4().hex[:8]}")
+    before = gateway.handed_off_requests("Produce")
+    modern = {**client(gateway, "alice"), "client.id": "modern-app"}
+    assert produce(modern, [(topic, b"m")] * 10) == [(topic, 0)] * 10
+    args = ["--bootstrap-server", gateway.bootstrap, "--topic", topic,
+            "--producer-property", "client.id=legacy-batch"]  # the prefix is "legacy-batch-"
+    for prop in java_sasl("alice"):
+        args += ["--producer-property", prop]
+    done = run_java_tool("console-producer", *args, input="j1\nj2\n")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert gateway.handed_off_requests("Produce") == before, \
+        "no rule names modern-app or legacy-batch: nothing went to Python"
+
+    legacy = {**client(gateway, "alice"), "client.id": "legacy-app"}
+    assert produce(legacy, [(topic, b"l")]) == [(topic, TOPIC_AUTHORIZATION_FAILED)]
+    after_legacy = gateway.handed_off_requests("Produce")
+    assert after_legacy > before
+    args[args.index("client.id=legacy-batch")] = "client.id=legacy-batch-7"
+    refused = run_java_tool("console-producer", *args, input="j3\n")
+    assert "TOPIC_AUTHORIZATION_FAILED" in refused.stderr + refused.stdout or \
+        "TopicAuthorizationException" in refused.stderr + refused.stdout, refused.stderr[-2000:]
+    assert gateway.handed_off_requests("Produce") > after_legacy
+    assert sorted(stored(kafka, topic)) == sorted([b"m"] * 10 + [b"j1", b"j2"])

@@ -1,5 +1,5 @@
 """Who-selectors of the interest table: a request goes to the Python chain only when
-its connection (principal, client network, listener) may make a rule act
+its sender (principal, client network, listener, client id) may make a rule act
 (docs/native.md, the interest table). A who-selector must be a necessary condition:
 a rule without identity matchers, or a filter that does not say, leaves the range
 without one (every such request is handed off)."""
@@ -60,6 +60,28 @@ rules:
     assert clause.client_addresses == frozenset({"10.20.0.0/16", "fd00:20::1/128"})
     assert clause.to_json() == {"client_addresses": ["10.20.0.0/16", "fd00:20::1/128"],
                                 "listeners": ["127.0.0.1:19092"]}
+
+
+def test_client_ids_are_matched_as_the_header_carries_them() -> None:
+    who = first_who("""
+rules:
+  - id: legacy-apps
+    match: {apis: [Produce], client_ids: {exact: [legacy], prefix: [old-], regex: ['etl-[0-9]+']},
+            listeners: ["h:1"]}
+    action: {deny: {}}
+""", ApiKey.PRODUCE)
+    assert who == frozenset({WhoClause(listeners=frozenset({"h:1"}), client_ids=TopicSelector(
+        frozenset({"legacy"}), frozenset({"old-"}), frozenset({"etl-[0-9]+"})))})
+    (clause,) = who
+    assert clause.to_json() == {"listeners": ["h:1"], "client_ids": {
+        "exact": ["legacy"], "prefix": ["old-"], "regex": ["etl-[0-9]+"]}}
+    # A client-id pattern the module cannot read leaves the rule without a clause.
+    assert first_who(r"""
+rules:
+  - id: spaced
+    match: {apis: [Produce], client_ids: {regex: ['a\sb']}}
+    action: {deny: {}}
+""", ApiKey.PRODUCE) is None
 
 
 def test_one_rule_for_anyone_opens_the_range_to_everyone() -> None:

@@ -359,7 +359,7 @@ mod tests {
     #[test]
     fn a_range_with_a_who_selector_hands_off_only_what_its_clauses_admit() {
         use crate::core::identity::Identity;
-        use crate::core::who::{Peer, Requester};
+        use crate::core::who::{ClientId, Peer, Requester};
         let interest = Interest::parse(serde_json::json!({
             "requests": [[0, 0, 13, {"exact": ["payments"]}, {"who": [{"listeners": ["127.0.0.1:19092"]}]}],
                          [11, 0, 9, null, {"who": [{"client_addresses": ["10.0.0.0/8"]}]}],
@@ -369,7 +369,7 @@ mod tests {
         let identity = Identity::default();
         let on = |host: &str, listener: &str| Peer::new(Some(host), Some(listener.to_string()));
         let (ours, other) = (on("10.1.2.3", "127.0.0.1:19092"), on("192.168.1.1", "127.0.0.1:29092"));
-        let want = |key, version, peer: &Peer| interest.want_from(key, version, &Requester { identity: &identity, peer });
+        let want = |key, version, peer: &Peer| interest.want_from(key, version, &Requester { identity: &identity, peer, client_id: ClientId::Null });
         assert!(matches!(want(0, 9, &ours), Want::Topics(_, _)), "admitted: its topics decide");
         assert_eq!(want(0, 9, &other), Want::No, "another listener: no rule may act for it");
         assert_eq!(want(11, 3, &ours), Want::All);

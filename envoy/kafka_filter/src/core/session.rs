@@ -52,7 +52,7 @@ use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
 use super::topics::{self, Selection, TopicSelector, FETCH};
 use super::vouch::{self, FetchVerdict, Vouched, Vouching};
-use super::who::{Peer, Requester};
+use super::who::{ClientId, Peer, Requester};
 use super::{Output, Piece, ProtocolError};
 
 const SASL_HANDSHAKE: i16 = identity::SASL_HANDSHAKE;
@@ -501,13 +501,14 @@ impl<P: RequestPolicy> Session<P> {
             HeadBytes::Kept(std::mem::take(&mut self.request_head))
         };
         let remaining = frame_len - head_bytes.len();
+        // The frame's first bytes, as many as arrived with its head.
+        let prefix = match &head_bytes {
+            HeadBytes::Input(start, _) => &input[*start..],
+            HeadBytes::Kept(kept) => kept.as_slice(),
+        };
         if let Some(meter) = &mut self.meter {
             let identity = &self.identity;
             meter.principal(identity.epoch(), || identity.principal());
-            let prefix = match &head_bytes {
-                HeadBytes::Input(start, _) => &input[*start..],
-                HeadBytes::Kept(kept) => kept.as_slice(),
-            };
             meter.request(head.api_key, head.api_version, prefix, frame_len - head.head_len);
             if let HeadBytes::Kept(kept) = &head_bytes {
                 meter.body(&kept[head.head_len..]); // the rest of the frame's first read
@@ -522,7 +523,8 @@ impl<P: RequestPolicy> Session<P> {
         if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
             self.requests_turn_opaque = true;
         }
-        let from = Requester { identity: &self.identity, peer: &self.peer };
+        let client_id = ClientId::read(head.client_id, prefix);
+        let from = Requester { identity: &self.identity, peer: &self.peer, client_id };
         match self.policy.decide(&head, &from) {
             Disposition::Forward => {
                 if head.expects_response() {

@@ -1,25 +1,29 @@
-//! Who sends a request, as keg's rules match it: the principal, the client's network and
-//! the listener. A range of the interest table may carry a who-selector (computed by
-//! the Python side from the top-level identity matchers of every rule that may act on
-//! the range, `ext_proc.filters.match_who`): a request is handed off only when its
-//! connection is admitted by one of the selector's clauses.
+//! Who sends a request, as keg's rules match it: the principal, the client's network,
+//! the listener, and the request's client id. A range of the interest table may carry a
+//! who-selector (computed by the Python side from the top-level identity matchers of
+//! every rule that may act on the range, `ext_proc.filters.match_who`): a request is
+//! handed off only when one of the selector's clauses admits it.
 //!
 //! ```json
 //! [{"principals": {"exact": ["User:alice"], "prefix": ["User:acme-"], "regex": []},
-//!   "client_addresses": ["10.20.0.0/16", "fd00:20::/32"], "listeners": ["127.0.0.1:19092"]}]
+//!   "client_addresses": ["10.20.0.0/16", "fd00:20::/32"], "listeners": ["127.0.0.1:19092"],
+//!   "client_ids": {"exact": ["billing"], "prefix": ["etl-"], "regex": []}}]
 //! ```
 //!
-//! A clause admits a connection when every matcher it has does. The selector is a
+//! A clause admits a request when every matcher it has does. The selector is a
 //! necessary condition for any of those rules to match, so whatever the module cannot
 //! tell is admitted (handed off, for the Python side to judge): a principal it could not
 //! read (no authentication by a name it read, where the Python side might know more),
-//! a client address that is not an IP address, a listener it does not know.
+//! a client address that is not an IP address, a listener it does not know, a client id
+//! that is not ASCII or runs past its frame (the Python side decodes it, or refuses the
+//! frame). A null client id matches no client-id matcher, as in the rules.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 
 use serde::Deserialize;
 
+use super::head::ClientIdField;
 use super::identity::Identity;
 use super::topics::{SelectorReading, TopicSelector};
 
@@ -46,11 +50,35 @@ impl Peer {
     }
 }
 
-/// Who sends a request: the connection's identity and peer.
+/// A request's client id, from its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientId<'a> {
+    Null,
+    /// Its bytes (a client id that is not ASCII is admitted by every clause, as a name
+    /// the module does not match by pattern).
+    Bytes(&'a [u8]),
+    /// Not read (malformed): admitted by every clause.
+    Unknown,
+}
+
+impl<'a> ClientId<'a> {
+    /// The client id a request head found, in `frame` (the frame's first bytes, as many
+    /// as the head was parsed from).
+    pub fn read(field: ClientIdField, frame: &'a [u8]) -> ClientId<'a> {
+        match field {
+            ClientIdField::Null => ClientId::Null,
+            ClientIdField::Bytes(_) => field.bytes(frame).map_or(ClientId::Unknown, ClientId::Bytes),
+            ClientIdField::Unreadable => ClientId::Unknown,
+        }
+    }
+}
+
+/// Who sends a request: the connection's identity and peer, the request's client id.
 #[derive(Debug, Clone, Copy)]
 pub struct Requester<'a> {
     pub identity: &'a Identity,
     pub peer: &'a Peer,
+    pub client_id: ClientId<'a>,
 }
 
 /// An IP network: an address and a prefix length.
@@ -101,6 +129,8 @@ struct RawClause {
     client_addresses: Option<Vec<String>>,
     #[serde(default)]
     listeners: Option<Vec<String>>,
+    #[serde(default)]
+    client_ids: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +138,7 @@ struct Clause {
     principals: Option<TopicSelector>,
     networks: Option<Vec<Network>>,
     listeners: Option<HashSet<String>>,
+    client_ids: Option<TopicSelector>,
 }
 
 impl Clause {
@@ -125,7 +156,12 @@ impl Clause {
             (Some(listeners), Some(own)) => listeners.contains(own),
             _ => true,
         };
-        network() && listener() && principal()
+        let client_id = || match (&self.client_ids, from.client_id) {
+            (Some(_), ClientId::Null) => false, // the rules' matcher wants a client id
+            (Some(selector), ClientId::Bytes(bytes)) => selector.selects(bytes), // not ASCII: admitted
+            _ => true,
+        };
+        network() && listener() && client_id() && principal()
     }
 }
 
@@ -150,22 +186,28 @@ impl WhoSelector {
         let mut clauses = Vec::with_capacity(raw.len());
         let mut unreadable = None;
         for clause in raw {
-            if clause.principals.is_none() && clause.client_addresses.is_none() && clause.listeners.is_none() {
-                return Err("who: a clause names no principals, client_addresses or listeners".into());
+            if clause.principals.is_none() && clause.client_addresses.is_none() && clause.listeners.is_none()
+                && clause.client_ids.is_none()
+            {
+                return Err("who: a clause names no principals, client_addresses, listeners or client_ids".into());
             }
-            let principals = match clause.principals.map(TopicSelector::read).transpose().map_err(|e| format!("who: principals {e}"))? {
-                None => None,
-                Some(SelectorReading::Topics(selector)) => Some(selector),
-                Some(SelectorReading::Everything(reason)) => {
-                    unreadable = Some(format!("who: principals {reason}"));
-                    None
+            let mut names = |field: &str, value: Option<serde_json::Value>| {
+                match value.map(TopicSelector::read).transpose().map_err(|e| format!("who: {field} {e}"))? {
+                    None => Ok::<_, String>(None),
+                    Some(SelectorReading::Topics(selector)) => Ok(Some(selector)),
+                    Some(SelectorReading::Everything(reason)) => {
+                        unreadable = Some(format!("who: {field} {reason}"));
+                        Ok(None)
+                    }
                 }
             };
+            let principals = names("principals", clause.principals)?;
+            let client_ids = names("client_ids", clause.client_ids)?;
             let networks = clause.client_addresses
                 .map(|list| list.iter().map(|n| Network::parse(n)).collect::<Result<Vec<_>, _>>())
                 .transpose()?;
             let listeners = clause.listeners.map(|list| list.into_iter().collect());
-            clauses.push(Clause { principals, networks, listeners });
+            clauses.push(Clause { principals, networks, listeners, client_ids });
         }
         Ok(match unreadable {
             Some(reason) => Err(reason),
@@ -189,6 +231,8 @@ mod tests {
     fn selector(value: serde_json::Value) -> WhoSelector {
         WhoSelector::read(value).unwrap().unwrap()
     }
+
+    const APP: ClientId<'static> = ClientId::Bytes(b"app");
 
     fn peer(host: &str, listener: &str) -> Peer {
         Peer::new(Some(host), Some(listener.to_string()))
@@ -223,7 +267,7 @@ mod tests {
             {"client_addresses": ["10.20.0.0/16"], "listeners": ["127.0.0.1:19092"]},
             {"listeners": ["127.0.0.1:29092"]}]));
         let anonymous = Identity::default();
-        let from = |p: &Peer| s.admits(&Requester { identity: &anonymous, peer: p });
+        let from = |p: &Peer| s.admits(&Requester { identity: &anonymous, peer: p, client_id: APP });
         assert!(from(&peer("10.20.3.4", "127.0.0.1:19092")));
         assert!(!from(&peer("10.21.3.4", "127.0.0.1:19092")), "the network does not admit it");
         assert!(!from(&peer("10.20.3.4", "127.0.0.1:19093")), "nor does the listener");
@@ -235,9 +279,9 @@ mod tests {
         let s = selector(json!([{"client_addresses": ["10.20.0.0/16"], "listeners": ["127.0.0.1:19092"]}]));
         let anonymous = Identity::default();
         let unknown = Peer::default();
-        assert!(s.admits(&Requester { identity: &anonymous, peer: &unknown }));
+        assert!(s.admits(&Requester { identity: &anonymous, peer: &unknown, client_id: APP }));
         let principals = selector(json!([{"principals": {"exact": ["User:alice"]}}]));
-        assert!(principals.admits(&Requester { identity: &anonymous, peer: &unknown }),
+        assert!(principals.admits(&Requester { identity: &anonymous, peer: &unknown, client_id: APP }),
                 "an unauthenticated principal: the Python side decides");
     }
 
@@ -248,11 +292,41 @@ mod tests {
         let admits = |name: &str| {
             let mut identity = Identity::default();
             identity.on_tls(Some(name.to_string()));
-            s.admits(&Requester { identity: &identity, peer: &Peer::default() })
+            s.admits(&Requester { identity: &identity, peer: &Peer::default(), client_id: APP })
         };
         assert!(admits("User:alice") && admits("User:acme-1") && admits("User:ops-night"));
         assert!(!admits("User:bob") && !admits("User:ops-9") && !admits("User:alice2"));
         assert!(admits("User:\u{e9}t\u{e9}"), "a name the module does not match by pattern: handed off");
+    }
+
+    #[test]
+    fn client_ids_are_matched_per_request_and_a_null_one_matches_none() {
+        let s = selector(json!([{"client_ids": {"exact": ["billing"], "prefix": ["etl-"], "regex": ["ops-[0-9]+"]},
+                                 "listeners": ["127.0.0.1:19092"]}]));
+        let anonymous = Identity::default();
+        let here = peer("10.0.0.1", "127.0.0.1:19092");
+        let admits = |client_id| s.admits(&Requester { identity: &anonymous, peer: &here, client_id });
+        for admitted in [&b"billing"[..], b"etl-7", b"ops-42"] {
+            assert!(admits(ClientId::Bytes(admitted)), "{admitted:?}");
+        }
+        for refused in [&b"billing2"[..], b"etl", b"ops-x", b""] {
+            assert!(!admits(ClientId::Bytes(refused)), "{refused:?}");
+        }
+        assert!(!admits(ClientId::Null), "the rules' client-id matcher wants a client id");
+        assert!(admits(ClientId::Unknown), "an unreadable client id: the Python side decides");
+        assert!(admits(ClientId::Bytes("caf\u{e9}".as_bytes())), "not ASCII: the Python side decides");
+        let elsewhere = peer("10.0.0.1", "127.0.0.1:19093");
+        assert!(!s.admits(&Requester { identity: &anonymous, peer: &elsewhere, client_id: ClientId::Bytes(b"billing") }),
+                "every matcher of the clause must admit");
+    }
+
+    #[test]
+    fn a_client_id_is_read_from_the_frame_as_its_head_found_it() {
+        let frame = [0, 0, 0, 20, 0, 3, 0, 12, 0, 0, 0, 1, 0, 3, b'a', b'p', b'p'];
+        assert_eq!(ClientId::read(ClientIdField::Bytes(3), &frame), ClientId::Bytes(b"app"));
+        assert_eq!(ClientId::read(ClientIdField::Bytes(4), &frame), ClientId::Unknown, "past the bytes at hand");
+        assert_eq!(ClientId::read(ClientIdField::Null, &frame), ClientId::Null);
+        assert_eq!(ClientId::read(ClientIdField::Unreadable, &frame), ClientId::Unknown);
     }
 
     #[test]
@@ -264,12 +338,15 @@ mod tests {
             (json!([{"listeners": "x"}]), "invalid type"),
             (json!([{"principals": {"names": []}}]), "unknown field"),
             (json!([{"groups": ["g"]}]), "unknown field"),
+            (json!([{"client_ids": ["a"]}]), "client_ids"),
         ] {
             let err = WhoSelector::read(bad).unwrap_err();
             assert!(err.contains(says), "{err} (expected {says:?})");
         }
         let unreadable = WhoSelector::read(json!([{"principals": {"regex": ["("]}}])).unwrap().unwrap_err();
         assert!(unreadable.contains("does not compile"), "{unreadable}");
+        let unreadable = WhoSelector::read(json!([{"client_ids": {"regex": ["("]}}])).unwrap().unwrap_err();
+        assert!(unreadable.contains("client_ids") && unreadable.contains("does not compile"), "{unreadable}");
         let many = serde_json::Value::Array(vec![json!({"listeners": ["a:1"]}); MAX_CLAUSES + 1]);
         assert!(WhoSelector::read(many).unwrap().is_err());
     }
