@@ -88,9 +88,9 @@ SUMMARY_KEYS = (
 
 NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK = "native_handoff", "native_mask", "ext_proc_mask"
 NATIVE_OTHER, NATIVE_OTHER_UNSELECTED = "native_other_topic", "native_other_unselected"
-NATIVE_OTHER_NETWORK = "native_other_network"
+NATIVE_OTHER_NETWORK, NATIVE_SAFEGUARD = "native_other_network", "native_safeguard"
 HANDOFF_PATHS = (DIRECT, NATIVE, NATIVE_OTHER, NATIVE_OTHER_UNSELECTED, NATIVE_OTHER_NETWORK,
-                 NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
+                 NATIVE_SAFEGUARD, NATIVE_HANDOFF, NATIVE_MASK, EXT_PROC_MASK)
 HANDOFF_KEYS = ("produce_records_per_s", "consume_records_per_s")
 # A rule that matches no request the benchmark sends, its client id written as a
 # pattern the module is not given ((?s) changes nothing for a client id): no
@@ -128,6 +128,15 @@ rules:
     match: {apis: [Produce], client_addresses: ["10.0.0.0/8"]}
     action: {deny: {}}
 """
+# A producer-hygiene safeguard on the produced topics that the benchmark's producer keeps
+# (acks=all, batches far below the limit): the module checks it on each Produce itself
+# and passes it natively (before: every such Produce was handed off, as native_handoff).
+SAFEGUARD_RULES = """
+rules:
+  - id: producer-hygiene
+    match: {topics: {prefix: [p.]}}
+    action: {safeguard: {forbid_acks_zero: true, max_batch_bytes: 16777216}}
+"""
 # Every record masked on its way in (topics p.*) and on its way out (topics c.*).
 MASK_RULES = """
 rules:
@@ -141,6 +150,7 @@ rules:
 HANDOFF_GATEWAYS = {NATIVE_OTHER: ("native", OTHER_TOPIC_RULES),
                     NATIVE_OTHER_UNSELECTED: ("native", OTHER_TOPIC_UNSELECTED_RULES),
                     NATIVE_OTHER_NETWORK: ("native", OTHER_NETWORK_RULES),
+                    NATIVE_SAFEGUARD: ("native", SAFEGUARD_RULES),
                     NATIVE_HANDOFF: ("native", HANDOFF_RULES),
                     NATIVE_MASK: ("native", MASK_RULES),
                     EXT_PROC_MASK: ("ext-proc", MASK_RULES)}

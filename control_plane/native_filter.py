@@ -186,6 +186,8 @@ def _range_json(r: Range) -> list[Any]:
     if r.who is not None:
         extra["who"] = sorted((clause.to_json() for clause in r.who),
                               key=lambda c: json.dumps(c, sort_keys=True))
+    if r.checks is not None:
+        extra["safeguards"] = r.checks.to_json()
     head: list[Any] = [r.api_key, r.low, r.high]
     if not extra:
         return head if r.selector is None else [*head, r.selector.to_json()]

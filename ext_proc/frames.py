@@ -44,6 +44,7 @@ from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.order import rule_filters
 from ext_proc.filters.records import RecordsFilter, Vouch
 from ext_proc.filters.rules import RuleEngine
+from ext_proc.filters.safeguards import ProduceChecks, safeguard_checks, union_checks
 from ext_proc.filters.topic_ids import TopicIdLearner
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import ConnectionMeter
@@ -190,6 +191,8 @@ class InterestRange(NamedTuple):
     selector: TopicSelector | None  # None: whatever its topics
     unvouched: TopicSelector | None  # the vouch exception (see `_Wanted`)
     who: WhoScope | None = None  # None: whoever sends it
+    # A Produce that keeps these passes (only safeguards may act on it); None: no such.
+    checks: ProduceChecks | None = None
 
 
 def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
@@ -207,7 +210,11 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     vouched schema ids).
 
     `who`: the connections anything that wants the range may act for (the union of
-    the `who_scope`s); a request from any other passes natively. None: anyone."""
+    the `who_scope`s); a request from any other passes natively. None: anyone.
+
+    `checks`: on a Produce range only safeguards act on (every filter that wants it
+    says `safeguard_checks`), what a request must keep for none of them to act: the
+    module passes a request that keeps them natively."""
     return handed_off_ranges(engine)[0]
 
 
@@ -225,10 +232,10 @@ def handed_off_ranges(engine: RuleEngine) -> tuple[
     """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
     wanted = list(_wanted(engine))
     ranges: list[InterestRange] = []
-    for (_, selector, unvouched, who), group in groupby(
-            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched, w.who)):
+    for (_, selector, unvouched, who, checks), group in groupby(
+            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched, w.who, w.checks)):
         versions = [(w.api_key, w.version) for w in group]
-        ranges += [InterestRange(k, low, high, selector, unvouched, who)
+        ranges += [InterestRange(k, low, high, selector, unvouched, who, checks)
                    for k, low, high in _ranges(versions)]
     fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
     return ranges, fail_open
@@ -244,6 +251,7 @@ class _Wanted:
     # None: no vouching (no such rule, or anything may act on any topic).
     unvouched: TopicSelector | None = None
     who: WhoScope | None = None  # None: whoever sends it
+    checks: ProduceChecks | None = None  # see `interest_ranges`
 
 
 def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
@@ -283,6 +291,13 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                          for direction in (REQUEST, RESPONSE)
                          for f in chain.interested(api_key, version, direction))
 
+    def checks(api_key: int, version: int) -> ProduceChecks | None:
+        if api_key != kafka_wire.ApiKey.PRODUCE or chain.interested(api_key, version, RESPONSE):
+            return None
+        found = [safeguard_checks(f, api_key, version, REQUEST)
+                 for f in chain.interested(api_key, version, REQUEST)]
+        return union_checks(found)
+
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
         for v in range(low, high + 1):
@@ -290,7 +305,7 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
             if filters:
                 yield _Wanted(api_key, v, scope(api_key, v),
                               all(f.may_miss_frames for f in filters), unvouched(api_key, v),
-                              who(api_key, v))
+                              who(api_key, v), checks(api_key, v))
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

@@ -13,6 +13,7 @@ one RE2 program of all regexes of the matcher.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
@@ -23,6 +24,7 @@ from filter_rules.apis import resolve_api
 from filter_rules.context import FrameDirection, MatchContext, normalize_principal
 from filter_rules.index import RuleIndex
 from filter_rules.model import (
+    REQUEST_KINDS,
     ActionModel,
     AllowApisAction,
     DenyApisAction,
@@ -30,10 +32,13 @@ from filter_rules.model import (
     Rule,
     RuleSet,
     RuleSource,
+    SafeguardAction,
+    SafeguardSpec,
 )
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
 from kafka_wire import ApiKey
+from kafka_wire.entity_names import GROUP, TOPIC, entity_types, names_topic_ids
 
 # Records travel in Produce requests and in the answers to Fetch and ShareFetch (KIP-932
 # share groups read with ShareFetch: a consume-time rule on Fetch alone let every share
@@ -45,6 +50,50 @@ RECORD_APIS: Final = frozenset({ApiKey.PRODUCE, *CONSUME_APIS})
 # observe or a record rule of Fetch covers ShareFetch. Safeguards and rates read Fetch's
 # own fields.
 READING_KINDS: Final = frozenset({"deny", "observe", *RECORD_KINDS})
+
+
+
+def _safeguarded(spec: SafeguardSpec) -> frozenset[int]:
+    """The APIs a safeguard can act on: Produce (its checks read Produce requests), and
+    Fetch when it caps fetch sizes. On any other API it never triggers: leaving it a
+    candidate there decoded (on the native path: handed off) every request of every
+    API for nothing."""
+    if spec.max_fetch_bytes is not None:
+        return frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
+    return frozenset({ApiKey.PRODUCE})
+
+
+@functools.cache
+def apis_never_naming(entity: str) -> frozenset[int]:
+    """The known APIs no version of whose request or response names `entity` (a topic:
+    by name or by id), as `kafka_wire.entity_names` reads them. A rule whose top-level
+    match names topics (groups) cannot trigger on them: the rules see a frame's topics
+    (groups) through the same reader. An Envelope is never one: it carries another
+    request (KIP-590). Keys the catalog does not know are never excluded."""
+    def names(api_key: int, version: int, kind: str) -> bool:
+        if entity in entity_types(api_key, version, kind):  # type: ignore[arg-type]
+            return True
+        return entity == TOPIC and names_topic_ids(api_key, version, kind)  # type: ignore[arg-type]
+
+    never = set()
+    for api_key in kafka_wire.known_api_keys():
+        low, high = kafka_wire.supported_versions(api_key) or (0, -1)
+        if api_key != ApiKey.ENVELOPE and not any(
+                names(api_key, v, kind) for v in range(low, high + 1)
+                for kind in ("request", "response")):
+            never.add(api_key)
+    return frozenset(never)
+
+
+def _named_entity_exclusions(match: Match) -> frozenset[int]:
+    """The APIs a rule's top-level topic and group matchers rule out (a `not` does not:
+    it matches frames that name none)."""
+    excluded: frozenset[int] = frozenset()
+    if match.topics is not None:
+        excluded |= apis_never_naming(TOPIC)
+    if match.groups is not None:
+        excluded |= apis_never_naming(GROUP)
+    return excluded
 
 
 def _reading(api_keys: frozenset[int]) -> frozenset[int]:
@@ -254,6 +303,11 @@ class CompiledRule:
             excluded = frozenset(resolve_api(ref) for ref in action.allow_apis)
         elif self.kind in RECORD_KINDS:  # records travel in Produce requests, Fetch answers
             api_keys = RECORD_APIS if api_keys is None else api_keys & RECORD_APIS
+        elif isinstance(action, SafeguardAction):
+            guarded = _safeguarded(action.safeguard)
+            api_keys = guarded if api_keys is None else api_keys & guarded
+        if self.kind in REQUEST_KINDS:
+            excluded |= _named_entity_exclusions(rule.match)
         self.api_keys: frozenset[int] | None = api_keys
         self.excluded_api_keys = excluded
         versions = rule.match.versions

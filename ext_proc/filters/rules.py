@@ -45,10 +45,12 @@ from ext_proc.filters import (
     union_who,
 )
 from ext_proc.filters.safeguards import (
+    ProduceChecks,
     RateLimiter,
     clamp_fetch,
     fetch_over_limit,
     produce_bytes,
+    produce_checks,
     produce_violations,
 )
 from ext_proc.identity import IdentityTracker, principal_for_envelope
@@ -251,6 +253,20 @@ class RulesFilter(RuleSetJudge):
         compiled = self._engine.requests
         return rules_who((*compiled.candidates(api_key, api_version, "request"),
                           *compiled.candidates(api_key, api_version, "response")))
+
+    def safeguard_checks(self, api_key: int, api_version: int,
+                         direction: Direction) -> ProduceChecks | None:
+        """A Produce only safeguards may act on: what it must keep for none of them to
+        act (`safeguards.produce_checks`); None when another rule may, or a check the
+        module cannot read."""
+        if direction != REQUEST or api_key != ApiKey.PRODUCE:
+            return None
+        compiled = self._engine.requests
+        rules = compiled.candidates(api_key, api_version, "request")
+        if not rules or compiled.candidates(api_key, api_version, "response") or any(
+                r.kind != "safeguard" for r in rules):
+            return None
+        return produce_checks(r.action.safeguard for r in rules)
 
     def judge(
         self, header: kafka_wire.RequestHeader, body: dict[str, Any], conn: ConnectionInfo

@@ -10,9 +10,9 @@ connection of the process, keyed by rule and principal, client id or topic.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from filter_rules.errors import SAFEGUARD_ERRORS, error_code
 from filter_rules.model import CompressionPolicy, RateSpec, SafeguardSpec
@@ -81,6 +81,98 @@ def produce_violations(spec: SafeguardSpec, body: dict[str, Any], topic: str | N
     except KafkaWireError as err:
         found.append(Violation("records", _error(spec, "max_headers"), f"unreadable batch: {err}"))
     return found
+
+
+# Kafka's codec ids, as record batch attributes carry them.
+CODEC_IDS: Final = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@dataclass(frozen=True)
+class CompressionCheck:
+    """A compression policy as keg's module reads it: the codec ids it refuses, and the
+    size below which an uncompressed batch passes anyway."""
+
+    refused: frozenset[int]
+    uncompressed_below: int
+
+    @classmethod
+    def of(cls, policy: CompressionPolicy) -> CompressionCheck:
+        # A batch too large for the uncompressed allowance: what the codec alone decides.
+        refused = frozenset(codec for name, codec in CODEC_IDS.items()
+                            if policy.refuses(name, 2**31))
+        return cls(refused, policy.allow_uncompressed_below_bytes)
+
+
+@dataclass(frozen=True)
+class ProduceChecks:
+    """What a Produce request must keep for no safeguard of a set to act on it: the
+    union of their checks, applied to every batch whatever its topic (keg's module
+    passes such a request natively, envoy/kafka_filter/src/core/safeguard.rs)."""
+
+    acks_not_zero: bool = False
+    idempotent: bool = False
+    transactional: bool = False
+    max_batch_bytes: int | None = None
+    compression: frozenset[CompressionCheck] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"acks_not_zero": self.acks_not_zero, "idempotent": self.idempotent,
+                "transactional": self.transactional, "max_batch_bytes": self.max_batch_bytes,
+                "compression": sorted(({"refused": sorted(c.refused),
+                                        "uncompressed_below": c.uncompressed_below}
+                                       for c in self.compression),
+                                      key=lambda c: (c["refused"], c["uncompressed_below"]))}
+
+
+# Checks that read records, or refuse whatever a request holds: the module leaves them
+# to the Python chain (every request they may act on is handed off).
+_RECORD_CHECKS: Final = ("max_record_bytes", "max_headers", "require_headers", "read_only")
+
+
+def produce_checks(specs: Iterable[SafeguardSpec]) -> ProduceChecks | None:
+    """The checks of these safeguards a Produce request can be shown to keep from its
+    head and batch headers; None when one of them needs more (records read, or a
+    `read_only` topic: every request to it is refused)."""
+    found: list[ProduceChecks | None] = []
+    for spec in specs:
+        if any(getattr(spec, name) not in (None, False) for name in _RECORD_CHECKS):
+            return None
+        compression = (frozenset({CompressionCheck.of(spec.compression)})
+                       if spec.compression else frozenset[CompressionCheck]())
+        found.append(ProduceChecks(spec.forbid_acks_zero, spec.require_idempotence,
+                                   spec.require_transactions, spec.max_batch_bytes,
+                                   compression))
+    return union_checks(found)
+
+
+def union_checks(found: Iterable[ProduceChecks | None]) -> ProduceChecks | None:
+    """Every check of each (a request must keep them all); None when one is None, or
+    there are none (nothing says what would let a request pass)."""
+    union: ProduceChecks | None = None
+    for checks in found:
+        if checks is None:
+            return None
+        if union is None:
+            union = checks
+            continue
+        limits = [b for b in (union.max_batch_bytes, checks.max_batch_bytes) if b is not None]
+        union = ProduceChecks(union.acks_not_zero or checks.acks_not_zero,
+                              union.idempotent or checks.idempotent,
+                              union.transactional or checks.transactional,
+                              min(limits) if limits else None,
+                              union.compression | checks.compression)
+    return union
+
+
+def safeguard_checks(f: object, api_key: int, api_version: int,
+                     direction: str) -> ProduceChecks | None:
+    """`f`'s `safeguard_checks` for a frame it wants; None for a filter that does not
+    say (it may act on any request)."""
+    method = getattr(f, "safeguard_checks", None)
+    if method is None:
+        return None
+    result = method(api_key, api_version, direction)
+    return result if isinstance(result, ProduceChecks) else None
 
 
 def _compression_reason(policy: CompressionPolicy, codec: str, size: int) -> str:

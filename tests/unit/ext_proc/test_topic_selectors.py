@@ -22,8 +22,8 @@ def ranges(rules: str) -> dict[int, list[tuple[int, int, TopicSelector | None]]]
     engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
     try:
         found: dict[int, list[tuple[int, int, TopicSelector | None]]] = {}
-        for key, low, high, selector, _, _ in interest_ranges(engine):
-            found.setdefault(key, []).append((low, high, selector))
+        for r in interest_ranges(engine):
+            found.setdefault(r.api_key, []).append((r.low, r.high, r.selector))
         return found
     finally:
         engine.records.close()
@@ -166,7 +166,7 @@ rules:
 """, "r.yaml")))
     table = interest_table(engine)
     assert (ApiKey.PRODUCE, 0, MAX_VERSION) in table
-    assert [(k, lo, hi) for k, lo, hi, _, _, _ in interest_ranges(engine)] != table, \
+    assert [(r.api_key, r.low, r.high) for r in interest_ranges(engine)] != table, \
         "Produce split where its selector ends"
     engine.records.close()
     assert interest_table(RuleEngine(CompiledRuleSet(RuleSet()))) == [
@@ -206,8 +206,8 @@ def unvouched(rules: str) -> dict[int, TopicSelector | None]:
     """Per API, the unvouched selector of the range of versions keg reads."""
     engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "r.yaml")))
     try:
-        return {key: extra for key, low, _high, _selector, extra, _ in interest_ranges(engine)
-                if key in (ApiKey.PRODUCE, ApiKey.FETCH) and low == 0}
+        return {r.api_key: r.unvouched for r in interest_ranges(engine)
+                if r.api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and r.low == 0}
     finally:
         engine.records.close()
 

@@ -92,8 +92,10 @@ def test_groups_and_client_ids() -> None:
         rule("c", {"client_ids": {"exact": ["legacy"], "regex": ["rdkafka-.*"]}}),
     )
     g, cl = c.rules
-    assert g.matches(ctx(), group="team-a.etl") and not g.matches(ctx(), group="team-b.etl")
-    assert not g.matches(ctx(), topic="team-a.etl")
+    commit = ctx(ApiKey.OFFSET_COMMIT, 8)
+    assert g.matches(commit, group="team-a.etl") and not g.matches(commit, group="team-b.etl")
+    assert not g.matches(commit, topic="team-a.etl")
+    assert not g.matches(ctx(), group="team-a.etl"), "Produce names no group"
     assert g.uses_groups and not g.uses_topics
     assert cl.matches(ctx(client_id="legacy")) and cl.matches(ctx(client_id="rdkafka-1"))
     assert not cl.matches(ctx(client_id="java")) and not cl.matches(ctx())
@@ -246,6 +248,42 @@ def test_index_returns_only_relevant_rules() -> None:
     assert c.candidates(ApiKey.PRODUCE, 9, "response") == ()
     assert not c.interested(ApiKey.METADATA, 12, "response")
     assert c.interested(ApiKey.PRODUCE, 9, "request")
+
+
+def test_a_rule_naming_topics_or_groups_is_a_candidate_only_for_apis_that_name_them() -> None:
+    c = compiled(
+        rule("topics", {"topics": {"prefix": ["secret."]}}, action={"deny": {}}),
+        rule("groups", {"groups": {"exact": ["g"]}}, action={"deny": {}}),
+        rule("not-topics", {"not": {"topics": {"prefix": ["open."]}}}, action={"deny": {}}),
+    )
+    for api in (ApiKey.HEARTBEAT, ApiKey.API_VERSIONS, ApiKey.SASL_AUTHENTICATE,
+                ApiKey.INIT_PRODUCER_ID):
+        assert ids(c.candidates(api, 0, "request")) == (
+            ["groups", "not-topics"] if api == ApiKey.HEARTBEAT else ["not-topics"]), api
+    assert ids(c.candidates(ApiKey.FIND_COORDINATOR, 4, "request")) == ["groups", "not-topics"]
+    for api in (ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.DELETE_TOPICS, ApiKey.CREATE_ACLS):
+        assert "topics" in ids(c.candidates(api, 0, "request")), api
+    assert ids(c.candidates(ApiKey.OFFSET_COMMIT, 8, "request")) == ["topics", "groups",
+                                                                     "not-topics"]
+    assert ids(c.candidates(ApiKey.ENVELOPE, 0, "request")) == ["topics", "groups",
+                                                                "not-topics"], \
+        "an Envelope carries another request"
+    assert ids(c.candidates(1000, 0, "request")) == ["topics", "groups", "not-topics"], \
+        "an API keg does not know may name anything"
+
+
+def test_a_safeguard_is_a_candidate_only_where_it_can_act() -> None:
+    compress = {"safeguard": {"compression": {"require": ["lz4"]}}}
+    cap = {"safeguard": {"max_fetch_bytes": 1024}}
+    c = compiled(
+        rule("hygiene", {"topics": {"prefix": ["orders."]}}, action=compress),
+        rule("fetch-cap", None, action=cap),
+        rule("metadata-only", {"apis": ["Metadata"]}, action=compress),
+    )
+    assert ids(c.candidates(ApiKey.PRODUCE, 9, "request")) == ["hygiene", "fetch-cap"]
+    assert ids(c.candidates(ApiKey.FETCH, 12, "request")) == ["fetch-cap"]
+    for api in (ApiKey.METADATA, ApiKey.OFFSET_COMMIT, ApiKey.HEARTBEAT, ApiKey.SHARE_FETCH):
+        assert c.candidates(api, 0, "request") == (), api
 
 
 def test_allow_apis_and_deny_apis_apply_where_they_refuse() -> None:

@@ -13,9 +13,10 @@
 //! ShareFetch only): a request of that range is handed off only when one of its topics is selected
 //! ([`super::topics`]); versions whose topics the module cannot read are handed off
 //! whatever their topics. The fifth element, an object, may say `"unvouched"` (a topic
-//! selector, [`super::vouch`]) and `"who"` (a who-selector, [`super::who`]: only requests
-//! of connections it admits are handed off; the topic selector may then be `null`, and
-//! any API may have one). Responses are handed off only when the Python service's
+//! selector, [`super::vouch`]), `"who"` (a who-selector, [`super::who`]: only requests
+//! it admits are handed off; the topic selector may then be `null`, and any API may
+//! have one) and, on a Produce range only safeguards act on, `"safeguards"` (what a
+//! request must keep to pass without a hand-off, [`super::safeguard`]). Responses are handed off only when the Python service's
 //! reply to their request asked for them (`want_response`). `fail_open` lists ranges
 //! (`[api_key, min, max]`) whose failed hand-off forwards the request (and its answer)
 //! even when `failure_mode_allow` is false: those only the service's learners want.
@@ -24,6 +25,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::head::PRODUCE;
+use super::safeguard::ProduceChecks;
 use super::stats::{api_slot, OTHER_API};
 use super::topics::{self, SelectorReading, TopicSelector};
 use super::vouch::Vouching;
@@ -72,6 +75,8 @@ struct Range {
     selector: Option<Arc<TopicSelector>>,
     vouching: Option<Arc<Vouching>>,
     who: Option<Arc<WhoSelector>>,
+    /// Produce requests that keep these pass ([`super::safeguard`]; None: none does).
+    checks: Option<Arc<ProduceChecks>>,
 }
 
 /// The interest of one rule-set version.
@@ -129,7 +134,7 @@ impl Interest {
             ..Interest::default()
         };
         for entry in raw.requests {
-            let ParsedRange { api_key, min, max, topics: selection, unvouched, who } = parse_range(entry)?;
+            let ParsedRange { api_key, min, max, topics: selection, unvouched, who, checks } = parse_range(entry)?;
             let who = match who {
                 None => None,
                 Some(Ok(who)) => Some(Arc::new(who)),
@@ -159,11 +164,12 @@ impl Interest {
                 }
                 _ => None,
             };
-            interest.ranges[api_slot(api_key)].push(Range { min, max, selector, vouching, who });
+            let checks = checks.map(Arc::new);
+            interest.ranges[api_slot(api_key)].push(Range { min, max, selector, vouching, who, checks });
         }
         for entry in raw.fail_open {
-            let ParsedRange { api_key, min, max, topics, unvouched, who } = parse_range(entry)?;
-            if topics.is_some() || unvouched.is_some() || who.is_some() {
+            let ParsedRange { api_key, min, max, topics, unvouched, who, checks } = parse_range(entry)?;
+            if topics.is_some() || unvouched.is_some() || who.is_some() || checks.is_some() {
                 return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector or options"));
             }
             interest.fail_open[api_slot(api_key)].push((min, max));
@@ -209,6 +215,10 @@ impl Interest {
                 return Want::No; // No rule of the range may act for this connection.
             }
         }
+        if let Some(checks) = &range.checks {
+            let selector = range.selector.as_ref().filter(|_| topics::readable(api_key, api_version));
+            return Want::Checked(selector.cloned(), checks.clone());
+        }
         match &range.selector {
             Some(s) if topics::readable(api_key, api_version) => Want::Topics(s.clone(), range.vouching.clone()),
             // No selector, or a version whose topics the module cannot read: every request.
@@ -240,6 +250,9 @@ pub enum Want {
     /// Handed off when one of its topics is selected; the rest of the frame's fate may
     /// be decided by vouched schema ids ([`super::vouch`]).
     Topics(Arc<TopicSelector>, Option<Arc<Vouching>>),
+    /// Handed off (when one of its topics is selected, with a selector) unless it keeps
+    /// every safeguard check ([`super::safeguard`]).
+    Checked(Option<Arc<TopicSelector>>, Arc<ProduceChecks>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,6 +262,8 @@ struct RawOptions {
     unvouched: Option<serde_json::Value>,
     #[serde(default)]
     who: Option<serde_json::Value>,
+    #[serde(default)]
+    safeguards: Option<serde_json::Value>,
 }
 
 struct ParsedRange {
@@ -259,6 +274,7 @@ struct ParsedRange {
     unvouched: Option<SelectorReading>,
     /// Err: a selector this module cannot apply, with the reason.
     who: Option<Result<WhoSelector, String>>,
+    checks: Option<ProduceChecks>,
 }
 
 /// `[api_key, min, max]`, `[api_key, min, max, topics]` or `[api_key, min, max, topics
@@ -288,8 +304,8 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         }
         Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
-    let RawOptions { unvouched, who } = match options {
-        None => RawOptions { unvouched: None, who: None },
+    let RawOptions { unvouched, who, safeguards } = match options {
+        None => RawOptions { unvouched: None, who: None, safeguards: None },
         Some(value) => serde_json::from_value(value)
             .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: options: {e}"))?,
     };
@@ -297,7 +313,14 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: unvouched {e}"))?;
     let who = who.map(WhoSelector::read).transpose()
         .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?;
-    Ok(ParsedRange { api_key, min, max, topics: selector, unvouched, who })
+    let checks = match safeguards {
+        None => None,
+        Some(_) if api_key != PRODUCE || unvouched.is_some() => {
+            return Err(format!("interest: request range {text}: safeguards are read for Produce ranges without vouching only"));
+        }
+        Some(value) => Some(ProduceChecks::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
+    };
+    Ok(ParsedRange { api_key, min, max, topics: selector, unvouched, who, checks })
 }
 
 #[cfg(test)]
@@ -432,5 +455,24 @@ mod tests {
         assert_eq!(interest.warnings.len(), 1);
         assert!(interest.warnings[0].contains("does not compile") && interest.warnings[0].contains("[0, 0, 13]"),
                 "{:?}", interest.warnings);
+    }
+
+    #[test]
+    fn a_range_only_safeguards_act_on_says_what_its_requests_must_keep() {
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"prefix": ["orders."]}, {"safeguards": {"acks_not_zero": true}}],
+                         [0, 14, 32767, null, {"safeguards": {"idempotent": true}}]],
+            "endpoints": ["h:1"]})).unwrap();
+        assert!(matches!(interest.want(0, 9), Want::Checked(Some(s), _) if s.selects(b"orders.1")));
+        assert!(matches!(interest.want(0, 2), Want::Checked(None, _)), "topics not read: every request checked");
+        assert!(matches!(interest.want(0, 14), Want::Checked(None, _)));
+        for (bad, says) in [
+            (serde_json::json!([1, 0, 18, null, {"safeguards": {"acks_not_zero": true}}]), "Produce ranges"),
+            (serde_json::json!([0, 0, 13, {"exact": ["a"]}, {"unvouched": {"exact": []}, "safeguards": {}}]), "without vouching"),
+            (serde_json::json!([0, 0, 13, null, {"safeguards": {"acks": 1}}]), "unknown field"),
+        ] {
+            let err = Interest::parse(serde_json::json!({"requests": [bad], "endpoints": ["h:1"]})).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
     }
 }

@@ -14,6 +14,7 @@ pub mod meter;
 pub mod outbox;
 pub mod payload;
 pub mod rewrite;
+pub mod safeguard;
 pub mod session;
 pub mod skim;
 pub mod stats;

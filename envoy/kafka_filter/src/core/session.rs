@@ -47,6 +47,7 @@ use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, 
 use super::identity::{self, Identity};
 use super::meter::Meter;
 use super::outbox::Outbox;
+use super::safeguard::ProduceChecks;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
@@ -90,6 +91,10 @@ pub enum Disposition {
     /// With `vouching`, a selected Produce (a Fetch's answer) whose records carry ids the
     /// service vouched for is forwarded too ([`vouch`]).
     Select { fail_open: bool, selector: Arc<TopicSelector>, vouching: Option<Arc<Vouching>> },
+    /// A Produce only safeguards may act on: handed off (if one of its topics is
+    /// selected, with a selector) unless it keeps every check ([`ProduceChecks`]); a
+    /// request that does is forwarded whole.
+    Checked { fail_open: bool, selector: Option<Arc<TopicSelector>>, checks: Arc<ProduceChecks> },
 }
 
 pub trait RequestPolicy {
@@ -165,6 +170,8 @@ struct Collect {
     vouching: Option<Arc<Vouching>>,
     /// [`Selection::ByAnswer`]: it goes to the broker, its answer is judged by `selector`.
     by_answer: Option<Arc<TopicSelector>>,
+    /// A Produce that keeps these goes to the broker ([`Disposition::Checked`]).
+    checks: Option<Arc<ProduceChecks>>,
     frame: Vec<u8>,
 }
 
@@ -179,6 +186,7 @@ struct Select {
     fail_open: bool,
     selector: Arc<TopicSelector>,
     vouching: Option<Arc<Vouching>>,
+    checks: Option<Arc<ProduceChecks>>,
     frame: Vec<u8>,
 }
 
@@ -553,58 +561,86 @@ impl<P: RequestPolicy> Session<P> {
                 self.request_continues(remaining, true);
             }
             Disposition::Select { fail_open, selector, vouching } => {
+                self.select_from_head(&head, head_bytes, input, fail_open, selector, vouching, None, out);
+            }
+            Disposition::Checked { fail_open, selector: Some(selector), checks } => {
+                self.select_from_head(&head, head_bytes, input, fail_open, selector, None, Some(checks), out);
+            }
+            Disposition::Checked { fail_open, selector: None, checks } => {
                 if head.expects_response() {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
-                if let HeadBytes::Input(start, end) = head_bytes {
-                    // Decided from this chunk alone: no byte is copied.
-                    let here = &input[start..input.len().min(start + frame_len)];
-                    let decision = topics::select(head.api_key, head.api_version, here, frame_len, &selector);
-                    match decision {
-                        Selection::Pass => {
-                            self.not_selected(head.api_key, head.api_version, head.expects_response());
-                            out.pass(start..end);
-                            self.request_continues(remaining, false);
-                            return;
-                        }
-                        Selection::HandOff | Selection::ByAnswer => {
-                            let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                            let by_answer = (decision == Selection::ByAnswer).then_some(selector);
-                            self.collect(&head, fail_open, vouching, by_answer, remaining, frame, out);
-                            return;
-                        }
-                        Selection::NeedMore => {}
-                    }
-                }
                 let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                let select = Select {
-                    remaining: frame_len - frame.len(),
-                    frame_len,
-                    api_key: head.api_key,
-                    api_version: head.api_version,
-                    expects_response: head.expects_response(),
-                    fail_open,
-                    selector,
-                    vouching,
-                    frame,
-                };
-                self.select(select, out);
+                self.collect(&head, fail_open, None, None, Some(checks), remaining, frame, out);
             }
             Disposition::HandOff { fail_open } => {
                 if head.expects_response() {
                     self.in_flight.push_back(slot(Reply::Collecting));
                 }
                 let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.collect(&head, fail_open, None, None, remaining, frame, out);
+                self.collect(&head, fail_open, None, None, None, remaining, frame, out);
             }
         }
+    }
+
+    /// A request whose topics decide, from its head on: decided at once when the chunk
+    /// at hand holds its topics (nothing is copied), else kept until they arrive.
+    #[allow(clippy::too_many_arguments)]
+    fn select_from_head(&mut self, head: &RequestHead, head_bytes: HeadBytes, input: &[u8], fail_open: bool,
+                        selector: Arc<TopicSelector>, vouching: Option<Arc<Vouching>>,
+                        checks: Option<Arc<ProduceChecks>>, out: &mut Output) {
+        let frame_len = head.frame_len();
+        let remaining = frame_len - head_bytes.len();
+        if head.expects_response() {
+            self.in_flight.push_back(InFlight {
+                correlation_id: head.correlation_id,
+                api_key: head.api_key,
+                api_version: head.api_version,
+                reply: Reply::Collecting,
+            });
+        }
+        if let HeadBytes::Input(start, end) = head_bytes {
+            // Decided from this chunk alone: no byte is copied.
+            let here = &input[start..input.len().min(start + frame_len)];
+            let decision = topics::select(head.api_key, head.api_version, here, frame_len, &selector);
+            match decision {
+                Selection::Pass => {
+                    self.not_selected(head.api_key, head.api_version, head.expects_response());
+                    out.pass(start..end);
+                    self.request_continues(remaining, false);
+                    return;
+                }
+                Selection::HandOff | Selection::ByAnswer => {
+                    let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+                    let by_answer = (decision == Selection::ByAnswer).then_some(selector);
+                    self.collect(head, fail_open, vouching, by_answer, checks, remaining, frame, out);
+                    return;
+                }
+                Selection::NeedMore => {}
+            }
+        }
+        let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+        let select = Select {
+            remaining: frame_len - frame.len(),
+            frame_len,
+            api_key: head.api_key,
+            api_version: head.api_version,
+            expects_response: head.expects_response(),
+            fail_open,
+            selector,
+            vouching,
+            checks,
+            frame,
+        };
+        self.select(select, out);
     }
 
     /// Collects a request to hand it off (`frame`: its bytes so far, `remaining` to come);
     /// handed off at once when it is whole.
     #[allow(clippy::too_many_arguments)]
     fn collect(&mut self, head: &RequestHead, fail_open: bool, vouching: Option<Arc<Vouching>>,
-               by_answer: Option<Arc<TopicSelector>>, remaining: usize, frame: Vec<u8>, out: &mut Output) {
+               by_answer: Option<Arc<TopicSelector>>, checks: Option<Arc<ProduceChecks>>, remaining: usize,
+               frame: Vec<u8>, out: &mut Output) {
         self.request = RequestState::Collect(Collect {
             remaining,
             api_key: head.api_key,
@@ -613,6 +649,7 @@ impl<P: RequestPolicy> Session<P> {
             fail_open,
             vouching,
             by_answer,
+            checks,
             frame,
         });
         if remaining == 0 {
@@ -644,6 +681,7 @@ impl<P: RequestPolicy> Session<P> {
                     fail_open: s.fail_open,
                     vouching: s.vouching,
                     by_answer: (decision == Selection::ByAnswer).then_some(s.selector),
+                    checks: s.checks,
                     frame: s.frame,
                 });
                 if s.remaining == 0 {
@@ -708,6 +746,13 @@ impl<P: RequestPolicy> Session<P> {
         self.request_continues(0, false);
         if identity::observes(c.api_key) {
             self.identity.observe_request(c.api_key, c.api_version, &c.frame);
+        }
+        if c.api_key == PRODUCE && c.checks.as_ref().is_some_and(|checks| checks.passes(&c.frame, c.api_version)) {
+            // Keeps every safeguard: no rule of its range can act on it.
+            self.forwarded_whole(c.api_key, c.api_version, c.expects_response);
+            self.stats.add(Counter::HandoffSafeguardsKept, 1);
+            out.owned(c.frame);
+            return;
         }
         if c.api_key == PRODUCE && self.vouched_request(&c) {
             self.forwarded_whole(c.api_key, c.api_version, c.expects_response);

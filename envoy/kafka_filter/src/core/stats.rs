@@ -60,9 +60,12 @@ pub enum Counter {
     HandoffByAnswer,
     /// Of their answers, those naming no selected topic (they went on as they came).
     HandoffAnswerNotSelected,
+    /// Produce requests only safeguards may act on that kept every check and went on
+    /// without a hand-off (`core::safeguard`).
+    HandoffSafeguardsKept,
 }
 
-pub const COUNTERS: [Counter; 19] = [
+pub const COUNTERS: [Counter; 20] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -82,6 +85,7 @@ pub const COUNTERS: [Counter; 19] = [
     Counter::HandoffVouchedCut,
     Counter::HandoffByAnswer,
     Counter::HandoffAnswerNotSelected,
+    Counter::HandoffSafeguardsKept,
 ];
 
 #[derive(Debug, Clone)]

@@ -109,6 +109,7 @@ impl RequestPolicy for InterestPolicy {
             Want::No => Disposition::Forward,
             Want::All => Disposition::HandOff { fail_open: fail_open() },
             Want::Topics(selector, vouching) => Disposition::Select { fail_open: fail_open(), selector, vouching },
+            Want::Checked(selector, checks) => Disposition::Checked { fail_open: fail_open(), selector, checks },
         }
     }
 }
