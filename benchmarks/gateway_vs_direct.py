@@ -91,6 +91,9 @@ class Params:
         "records of an unrecorded librdkafka warm-up per path and scenario (0: none)")
     linger_ms: int = 5
     step_timeout_s: float = _option(600.0, "--step-timeout", "seconds one step may take")
+    data_path: str = _option(
+        "ext-proc", "--data-path",
+        "the gateway's data path: ext-proc (network ext_proc) or native (keg's module)")
 
 
 # The Params the command line sets: field -> (option, help).
@@ -948,6 +951,7 @@ def run_scenario(
                     rules_dir=setup.rules_dir,
                     audit_log=setup.audit_log,
                     metrics_port=metrics_port,
+                    data_path=params.data_path,
                 )
                 with status(f"[{scenario.name}] starting the gateway"):
                     t0 = time.perf_counter()
