@@ -30,6 +30,7 @@ from typing import Any
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
 import kafka_wire
+from ext_proc.filters import WhoScope
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import MAX_VERSION, InterestRange, handed_off_ranges, interest_table
 from ext_proc.tls_principal import SUBJECT
@@ -179,15 +180,21 @@ def _superset(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     return [(key, 0, MAX_VERSION) for key in sorted(wanted)]
 
 
+def _clauses_json(scope: WhoScope) -> list[dict[str, Any]]:
+    return sorted((clause.to_json() for clause in scope),
+                  key=lambda c: json.dumps(c, sort_keys=True))
+
+
 def _range_json(r: Range) -> list[Any]:
     extra: dict[str, Any] = {}
     if r.unvouched is not None:
         extra["unvouched"] = r.unvouched.to_json()
     if r.who is not None:
-        extra["who"] = sorted((clause.to_json() for clause in r.who),
-                              key=lambda c: json.dumps(c, sort_keys=True))
+        extra["who"] = _clauses_json(r.who)
     if r.checks is not None:
         extra["safeguards"] = r.checks.to_json()
+    if r.whole is not None:
+        extra["whole"] = _clauses_json(r.whole)
     head: list[Any] = [r.api_key, r.low, r.high]
     if not extra:
         return head if r.selector is None else [*head, r.selector.to_json()]

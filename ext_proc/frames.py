@@ -33,12 +33,13 @@ from ext_proc.filters import (
     SELECTED_APIS,
     Filter,
     ResponsePatch,
+    Selection,
     TopicSelector,
     WhoScope,
+    alternatives,
+    select,
     topic_scope,
     union_scope,
-    union_who,
-    who_scope,
 )
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.order import rule_filters
@@ -193,6 +194,8 @@ class InterestRange(NamedTuple):
     who: WhoScope | None = None  # None: whoever sends it
     # A Produce that keeps these passes (only safeguards may act on it); None: no such.
     checks: ProduceChecks | None = None
+    # Requests these admit are needed whatever their topics (None: none by that).
+    whole: WhoScope | None = None
 
 
 def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
@@ -209,8 +212,12 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     those it does not select need only the ids the service vouched for (docs/native.md,
     vouched schema ids).
 
-    `who`: the connections anything that wants the range may act for (the union of
-    the `who_scope`s); a request from any other passes natively. None: anyone.
+    `who`: who anything that wants the range may act for (the union of the `who_scope`s
+    of the filters, of their `alternatives` naming topics when some name none); a request
+    from any other passes natively. None: anyone. `whole`: when alternatives that name
+    topics and alternatives that name none (rules on principals only, say) want a
+    Produce or Fetch range, the latter's who: what they admit is needed whatever its
+    topics, the rest only by the selector (`ext_proc.filters.select`).
 
     `checks`: on a Produce range only safeguards act on (every filter that wants it
     says `safeguard_checks`), what a request must keep for none of them to act: the
@@ -232,10 +239,11 @@ def handed_off_ranges(engine: RuleEngine) -> tuple[
     """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
     wanted = list(_wanted(engine))
     ranges: list[InterestRange] = []
-    for (_, selector, unvouched, who, checks), group in groupby(
-            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched, w.who, w.checks)):
+    for (_, selector, unvouched, who, checks, whole), group in groupby(
+            wanted, key=lambda w: (w.api_key, w.selector, w.unvouched, w.who, w.checks,
+                                   w.whole)):
         versions = [(w.api_key, w.version) for w in group]
-        ranges += [InterestRange(k, low, high, selector, unvouched, who, checks)
+        ranges += [InterestRange(k, low, high, selector, unvouched, who, checks, whole)
                    for k, low, high in _ranges(versions)]
     fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
     return ranges, fail_open
@@ -252,6 +260,7 @@ class _Wanted:
     unvouched: TopicSelector | None = None
     who: WhoScope | None = None  # None: whoever sends it
     checks: ProduceChecks | None = None  # see `interest_ranges`
+    whole: WhoScope | None = None  # see `interest_ranges`
 
 
 def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
@@ -264,12 +273,11 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
         return [f for direction in (REQUEST, RESPONSE)
                 for f in chain.interested(api_key, version, direction)]
 
-    def scope(api_key: int, version: int) -> TopicSelector | None:
-        if api_key not in SELECTED_APIS:
-            return None
-        return union_scope(topic_scope(f, api_key, version, direction)
-                           for direction in (REQUEST, RESPONSE)
-                           for f in chain.interested(api_key, version, direction))
+    def selection(api_key: int, version: int) -> Selection:
+        return select((alt for direction in (REQUEST, RESPONSE)
+                       for f in chain.interested(api_key, version, direction)
+                       for alt in alternatives(f, api_key, version, direction)),
+                      api_key in SELECTED_APIS)
 
     def unvouched(api_key: int, version: int) -> TopicSelector | None:
         if api_key not in _VOUCHED_APIS:
@@ -286,11 +294,6 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                     scopes.append(topic_scope(f, api_key, version, direction))
         return union_scope(scopes) if some else None
 
-    def who(api_key: int, version: int) -> WhoScope | None:
-        return union_who(who_scope(f, api_key, version, direction)
-                         for direction in (REQUEST, RESPONSE)
-                         for f in chain.interested(api_key, version, direction))
-
     def checks(api_key: int, version: int) -> ProduceChecks | None:
         if api_key != kafka_wire.ApiKey.PRODUCE or chain.interested(api_key, version, RESPONSE):
             return None
@@ -303,9 +306,10 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
         for v in range(low, high + 1):
             filters = interested(api_key, v)
             if filters:
-                yield _Wanted(api_key, v, scope(api_key, v),
+                chosen = selection(api_key, v)
+                yield _Wanted(api_key, v, chosen.selector,
                               all(f.may_miss_frames for f in filters), unvouched(api_key, v),
-                              who(api_key, v), checks(api_key, v))
+                              chosen.who, checks(api_key, v), chosen.whole)
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

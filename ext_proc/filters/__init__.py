@@ -382,6 +382,59 @@ def topic_scope(f: Filter, api_key: int, api_version: int,
     return result if isinstance(result, TopicSelector) else None
 
 
+# What may make a filter act on a frame: (its topics, who sends it), each None for
+# "any"; a filter may say several (one per rule), and acts only if one of them admits.
+Alternative = tuple[TopicSelector | None, WhoScope | None]
+
+
+def alternatives(f: Filter, api_key: int, api_version: int,
+                 direction: Direction) -> list[Alternative]:
+    """`f`'s alternatives for a frame it wants: its own `alternatives` if it says them,
+    else the one of its `topic_scope` and `who_scope`."""
+    own = getattr(f, "alternatives", None)
+    said = own(api_key, api_version, direction) if own is not None else None
+    if isinstance(said, list):
+        return said
+    return [(topic_scope(f, api_key, api_version, direction),
+             who_scope(f, api_key, api_version, direction))]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which frames of a range the chain needs: those `whole` admits (None: none by
+    that), and those `who` admits (None: anyone) that name a topic `selector` selects
+    (None: any topic)."""
+
+    selector: TopicSelector | None
+    who: WhoScope | None
+    whole: WhoScope | None = None
+
+
+EVERYTHING: Final = Selection(None, None)
+
+
+def select(alts: Iterable[Alternative], selects_topics: bool) -> Selection:
+    """The selection of a range from every alternative of every filter that wants it: a
+    frame is needed if an alternative admits it. Alternatives that name topics give
+    the selector and its who (unions: a necessary condition); those that name none give
+    `whole` (they act on every frame of whom they name). `selects_topics`: whether the
+    module reads the API's topics (else only who is kept)."""
+    alts = list(alts)
+    if not selects_topics:
+        return Selection(None, union_who(w for _, w in alts))
+    topical = [(t, w) for t, w in alts if t is not None]
+    whole_who = [w for t, w in alts if t is None]
+    selector = union_scope(t for t, _ in topical) if topical else None
+    if selector is None:  # no topics named, or too many: who alone
+        return Selection(None, union_who(w for _, w in alts))
+    if not whole_who:
+        return Selection(selector, union_who(w for _, w in topical))
+    whole = union_who(whole_who)
+    if whole is None:  # an alternative for anyone, whatever the topics
+        return EVERYTHING
+    return Selection(selector, union_who(w for _, w in topical), whole)
+
+
 class Filter(Protocol):
     """See the module docstring."""
 

@@ -34,6 +34,7 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import (
     REQUEST,
     SELECTED_APIS,
+    Alternative,
     Direction,
     RequestJudge,
     RequestVerdict,
@@ -253,6 +254,24 @@ class RulesFilter(RuleSetJudge):
         compiled = self._engine.requests
         return rules_who((*compiled.candidates(api_key, api_version, "request"),
                           *compiled.candidates(api_key, api_version, "response")))
+
+    def alternatives(self, api_key: int, api_version: int,
+                     direction: Direction) -> list[Alternative] | None:
+        """One per rule that may judge the request (or its answer): its topics (Produce,
+        Fetch, ShareFetch requests) and who it names; None where `topic_scope` and
+        `who_scope` say it all (an answer, an Envelope)."""
+        if direction != REQUEST or api_key == ApiKey.ENVELOPE:
+            return None
+        compiled = self._engine.requests
+        selects = api_key in SELECTED_APIS
+
+        def who(rule: CompiledRule) -> WhoScope | None:
+            clause = match_who(rule.rule.match)
+            return None if clause is None else frozenset((clause,))
+
+        return [*((match_scope(r.rule.match.topics) if selects else None, who(r))
+                  for r in compiled.candidates(api_key, api_version, "request")),
+                *((None, who(r)) for r in compiled.candidates(api_key, api_version, "response"))]
 
     def safeguard_checks(self, api_key: int, api_version: int,
                          direction: Direction) -> ProduceChecks | None:

@@ -45,6 +45,9 @@ rules:
   - id: legacy-app-retired
     match: {apis: [Produce], client_ids: {exact: [legacy-app], prefix: [legacy-batch-]}}
     action: {deny: {}}
+  - id: no-secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
   - id: no-local-repartitioning
     match: {apis: [CreatePartitions], client_addresses: ["127.0.0.0/8"]}
     action: {deny: {}}

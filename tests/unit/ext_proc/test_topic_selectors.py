@@ -91,7 +91,7 @@ rules:
     match: {topics: {exact: [payments]}}
     action: {mask: {fields: [$.card]}}
   - id: slow-down
-    match: {apis: [Produce], client_ids: {exact: [loud]}}
+    match: {apis: [Produce]}
     action: {rate: {bytes_per_second: 1000, per: client_id}}
 """, id="a rate rule on every topic"),
     pytest.param("""
@@ -132,6 +132,26 @@ rules:
 ])
 def test_rules_that_may_act_whatever_the_topics_leave_produce_unselected(rules: str) -> None:
     assert produce_selector(rules) is None
+
+
+def test_a_rule_naming_no_topics_but_someone_selects_all_their_requests() -> None:
+    engine = RuleEngine(CompiledRuleSet(load_rule_text("""
+rules:
+  - id: mask-cards
+    match: {topics: {exact: [payments]}}
+    action: {mask: {fields: [$.card]}}
+  - id: slow-down
+    match: {apis: [Produce], client_ids: {exact: [loud]}}
+    action: {rate: {bytes_per_second: 1000, per: client_id}}
+""", "r.yaml")))
+    try:
+        produce = next(r for r in interest_ranges(engine) if r.api_key == ApiKey.PRODUCE)
+    finally:
+        engine.records.close()
+    assert produce.selector == TopicSelector(frozenset({"payments"}))
+    assert produce.whole is not None and [c.to_json() for c in produce.whole] == [
+        {"client_ids": {"exact": ["loud"], "prefix": [], "regex": []}}], \
+        "every Produce of client loud, whatever its topics"
 
 
 def test_response_record_rules_select_fetch_and_leave_produce_alone() -> None:

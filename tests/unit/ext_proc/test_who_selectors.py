@@ -6,7 +6,7 @@ without one (every such request is handed off)."""
 
 from __future__ import annotations
 
-from ext_proc.filters import TopicSelector, WhoClause
+from ext_proc.filters import Selection, TopicSelector, WhoClause, select
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import InterestRange, interest_ranges
 from filter_rules import CompiledRuleSet, load_rule_text
@@ -126,10 +126,12 @@ rules:
     action: {deny: {}}
 """
     produce = ranges_of(rules, ApiKey.PRODUCE)[0]
+    assert produce.selector == TopicSelector(frozenset({"cards"}))
     assert produce.who == frozenset({
-        WhoClause(principals=TopicSelector(frozenset(), frozenset({"User:partner-"}))),
-        WhoClause(principals=TopicSelector(frozenset({"User:partner-x"})))})
-    assert produce.selector is None, "the deny rule names no topics"
+        WhoClause(principals=TopicSelector(frozenset(), frozenset({"User:partner-"})))})
+    assert produce.whole == frozenset({
+        WhoClause(principals=TopicSelector(frozenset({"User:partner-x"})))}), \
+        "the deny rule names no topics: all of partner-x's requests"
 
 
 def test_an_envelope_is_judged_as_the_client_inside_it() -> None:
@@ -140,3 +142,41 @@ rules:
     action: {deny: {}}
 """, ApiKey.ENVELOPE)
     assert envelope and all(r.who is None for r in envelope)
+
+
+def test_rules_naming_no_topics_select_by_who_beside_topic_rules() -> None:
+    rules = """
+rules:
+  - id: no-secrets
+    match: {apis: [Produce, Fetch], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: mallory-is-out
+    match: {apis: [Produce], principals: {exact: [mallory]}}
+    action: {deny: {}}
+"""
+    produce = ranges_of(rules, ApiKey.PRODUCE)[0]
+    assert produce.selector == TopicSelector(frozenset(), frozenset({"secret."}))
+    assert produce.who is None, "the topic rule names no one"
+    assert produce.whole == frozenset({WhoClause(principals=TopicSelector(
+        frozenset({"User:mallory"})))}), "mallory's requests whatever their topics"
+    fetch = ranges_of(rules, ApiKey.FETCH)[0]
+    assert fetch.selector is not None and fetch.whole is None
+    # A rule naming neither topics nor anyone: every request.
+    everyone = rules + """
+  - id: audit-produce
+    match: {apis: [Produce]}
+    action: {observe: {}}
+"""
+    produce = ranges_of(everyone, ApiKey.PRODUCE)[0]
+    assert (produce.selector, produce.who, produce.whole) == (None, None, None)
+
+
+def test_select_keeps_a_necessary_condition() -> None:
+    bob = frozenset({WhoClause(principals=TopicSelector(frozenset({"User:bob"})))})
+    payments = TopicSelector(frozenset({"payments"}))
+    assert select([(payments, bob)], True) == Selection(payments, bob)
+    assert select([(payments, bob), (None, None)], True) == Selection(None, None)
+    assert select([(payments, None), (None, bob)], True) == Selection(payments, None, bob)
+    assert select([(payments, bob), (None, bob)], False) == Selection(None, bob), \
+        "an API whose topics the module does not read: who alone"
+    assert select([], True) == Selection(None, frozenset())

@@ -99,6 +99,12 @@ impl Identity {
         self.authenticated
     }
 
+    /// A plaintext connection that began no SASL exchange: its principal is
+    /// `User:ANONYMOUS` for the broker and for the Python chain alike.
+    pub fn plainly_anonymous(&self) -> bool {
+        !self.handshake_seen && !self.tls
+    }
+
     /// The principal to tell the Python chain: when the broker authenticated a name
     /// the gateway could read (or `User:unknown` for opaque mechanisms), else, without
     /// SASL authentication, the client certificate's; None leaves it to the Python

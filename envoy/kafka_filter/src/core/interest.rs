@@ -77,6 +77,10 @@ struct Range {
     who: Option<Arc<WhoSelector>>,
     /// Produce requests that keep these pass ([`super::safeguard`]; None: none does).
     checks: Option<Arc<ProduceChecks>>,
+    /// Requests these clauses admit are handed off whatever their topics (rules of the
+    /// range that name no topics); `selector` and `who` are then those of the rules that
+    /// name topics.
+    whole: Option<Arc<WhoSelector>>,
 }
 
 /// The interest of one rule-set version.
@@ -134,7 +138,18 @@ impl Interest {
             ..Interest::default()
         };
         for entry in raw.requests {
-            let ParsedRange { api_key, min, max, topics: selection, unvouched, who, checks } = parse_range(entry)?;
+            let ParsedRange { api_key, min, max, topics: selection, unvouched, who, checks, whole } = parse_range(entry)?;
+            let (mut selection, mut who) = (selection, who);
+            let whole = match whole {
+                None => None,
+                Some(Ok(whole)) => Some(Arc::new(whole)),
+                Some(Err(reason)) => {
+                    interest.warnings.push(format!(
+                        "interest: request range [{api_key}, {min}, {max}]: whole: {reason}; every request of the range is handed off"));
+                    (selection, who) = (None, None);
+                    None
+                }
+            };
             let who = match who {
                 None => None,
                 Some(Ok(who)) => Some(Arc::new(who)),
@@ -165,11 +180,11 @@ impl Interest {
                 _ => None,
             };
             let checks = checks.map(Arc::new);
-            interest.ranges[api_slot(api_key)].push(Range { min, max, selector, vouching, who, checks });
+            interest.ranges[api_slot(api_key)].push(Range { min, max, selector, vouching, who, checks, whole });
         }
         for entry in raw.fail_open {
-            let ParsedRange { api_key, min, max, topics, unvouched, who, checks } = parse_range(entry)?;
-            if topics.is_some() || unvouched.is_some() || who.is_some() || checks.is_some() {
+            let ParsedRange { api_key, min, max, topics, unvouched, who, checks, whole } = parse_range(entry)?;
+            if topics.is_some() || unvouched.is_some() || who.is_some() || checks.is_some() || whole.is_some() {
                 return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector or options"));
             }
             interest.fail_open[api_slot(api_key)].push((min, max));
@@ -209,6 +224,14 @@ impl Interest {
         let Some(range) = matching.next() else { return Want::No };
         if matching.next().is_some() {
             return Want::All; // Two ranges for one version (Python makes none): the safe side.
+        }
+        // A rule naming no topics acts on every request of those it names.
+        let whole = range.whole.as_ref().is_some_and(|whole| from.is_none_or(|from| whole.admits(from)));
+        if whole {
+            return match &range.checks {
+                Some(checks) => Want::Checked(None, checks.clone()),
+                None => Want::All,
+            };
         }
         if let (Some(who), Some(from)) = (&range.who, from) {
             if !who.admits(from) {
@@ -264,6 +287,8 @@ struct RawOptions {
     who: Option<serde_json::Value>,
     #[serde(default)]
     safeguards: Option<serde_json::Value>,
+    #[serde(default)]
+    whole: Option<serde_json::Value>,
 }
 
 struct ParsedRange {
@@ -275,6 +300,8 @@ struct ParsedRange {
     /// Err: a selector this module cannot apply, with the reason.
     who: Option<Result<WhoSelector, String>>,
     checks: Option<ProduceChecks>,
+    /// Err: as `who`.
+    whole: Option<Result<WhoSelector, String>>,
 }
 
 /// `[api_key, min, max]`, `[api_key, min, max, topics]` or `[api_key, min, max, topics
@@ -304,8 +331,8 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         }
         Some(value) => Some(TopicSelector::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
-    let RawOptions { unvouched, who, safeguards } = match options {
-        None => RawOptions { unvouched: None, who: None, safeguards: None },
+    let RawOptions { unvouched, who, safeguards, whole } = match options {
+        None => RawOptions { unvouched: None, who: None, safeguards: None, whole: None },
         Some(value) => serde_json::from_value(value)
             .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: options: {e}"))?,
     };
@@ -313,6 +340,8 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: unvouched {e}"))?;
     let who = who.map(WhoSelector::read).transpose()
         .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?;
+    let whole = whole.map(WhoSelector::read).transpose()
+        .map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: whole: {e}"))?;
     let checks = match safeguards {
         None => None,
         Some(_) if api_key != PRODUCE || unvouched.is_some() => {
@@ -320,7 +349,7 @@ fn parse_range(entry: serde_json::Value) -> Result<ParsedRange, String> {
         }
         Some(value) => Some(ProduceChecks::read(value).map_err(|e| format!("interest: request range [{api_key}, {min}, {max}]: {e}"))?),
     };
-    Ok(ParsedRange { api_key, min, max, topics: selector, unvouched, who, checks })
+    Ok(ParsedRange { api_key, min, max, topics: selector, unvouched, who, checks, whole })
 }
 
 #[cfg(test)]
@@ -474,5 +503,25 @@ mod tests {
             let err = Interest::parse(serde_json::json!({"requests": [bad], "endpoints": ["h:1"]})).unwrap_err();
             assert!(err.contains(says), "{err}");
         }
+    }
+
+    #[test]
+    fn rules_naming_no_topics_hand_off_every_request_of_those_they_name() {
+        use crate::core::identity::Identity;
+        use crate::core::who::{ClientId, Peer, Requester};
+        let interest = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13, {"prefix": ["payments."]}, {"whole": [{"listeners": ["127.0.0.1:29092"]}]}],
+                         [1, 0, 18, {"prefix": ["payments."]}, {"whole": [{"principals": {"regex": ["("]}}]}]],
+            "endpoints": ["h:1"]})).unwrap();
+        let identity = Identity::default();
+        let on = |listener: &str| Peer::new(Some("10.0.0.1"), Some(listener.to_string()));
+        let (partner, ours) = (on("127.0.0.1:29092"), on("127.0.0.1:19092"));
+        let want = |peer: &Peer| interest.want_from(0, 9, &Requester { identity: &identity, peer, client_id: ClientId::Null });
+        assert_eq!(want(&partner), Want::All, "a rule naming the listener and no topics");
+        assert!(matches!(want(&ours), Want::Topics(_, _)), "the others: their topics decide");
+        assert_eq!(interest.want(0, 9), Want::All, "whoever sends it");
+        assert_eq!(interest.want_from(1, 9, &Requester { identity: &identity, peer: &ours, client_id: ClientId::Null }),
+                   Want::All, "an unreadable whole: every request");
+        assert!(interest.warnings.iter().any(|w| w.contains("whole")), "{:?}", interest.warnings);
     }
 }

@@ -353,7 +353,7 @@ impl ProduceSkim {
                 };
                 let records = records.unwrap_or(0);
                 if let Some(entry) = self.topic.and_then(|index| topics.get_mut(index)) {
-                    entry.2 += records as u64;
+                    entry.2 = entry.2.saturating_add(records as u64); // a forged length: never an overflow
                 }
                 self.skip = records;
                 let partitions_left = partitions_left - 1;

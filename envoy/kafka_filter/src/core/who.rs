@@ -13,7 +13,8 @@
 //! A clause admits a request when every matcher it has does. The selector is a
 //! necessary condition for any of those rules to match, so whatever the module cannot
 //! tell is admitted (handed off, for the Python side to judge): a principal it could not
-//! read (no authentication by a name it read, where the Python side might know more),
+//! read (an authentication by a name it did not read, where the Python side might know
+//! more; a plaintext connection without SASL is `User:ANONYMOUS`, as for the broker),
 //! a client address that is not an IP address, a listener it does not know, a client id
 //! that is not ASCII or runs past its frame (the Python side decodes it, or refuses the
 //! frame). A null client id matches no client-id matcher, as in the rules.
@@ -217,8 +218,9 @@ impl WhoSelector {
 
     pub fn admits(&self, from: &Requester<'_>) -> bool {
         // Built once per request, and only when a clause reads it.
-        let principal = (self.reads_principals && from.identity.principal_known())
-            .then(|| from.identity.principal());
+        let identity = from.identity;
+        let principal = (self.reads_principals && (identity.principal_known() || identity.plainly_anonymous()))
+            .then(|| identity.principal());
         self.clauses.iter().any(|c| c.admits(principal.as_deref(), from))
     }
 }
@@ -281,8 +283,19 @@ mod tests {
         let unknown = Peer::default();
         assert!(s.admits(&Requester { identity: &anonymous, peer: &unknown, client_id: APP }));
         let principals = selector(json!([{"principals": {"exact": ["User:alice"]}}]));
-        assert!(principals.admits(&Requester { identity: &anonymous, peer: &unknown, client_id: APP }),
-                "an unauthenticated principal: the Python side decides");
+        let mut tls = Identity::default();
+        tls.on_tls(None);
+        assert!(principals.admits(&Requester { identity: &tls, peer: &unknown, client_id: APP }),
+                "TLS without a principal the module mapped: the Python side decides");
+    }
+
+    #[test]
+    fn a_plaintext_connection_without_sasl_is_anonymous() {
+        let alice = selector(json!([{"principals": {"exact": ["User:alice"]}}]));
+        let anonymous = selector(json!([{"principals": {"exact": ["User:ANONYMOUS"]}}]));
+        let plain = Identity::default();
+        let from = Requester { identity: &plain, peer: &Peer::default(), client_id: APP };
+        assert!(!alice.admits(&from) && anonymous.admits(&from));
     }
 
     #[test]
