@@ -38,7 +38,7 @@ from filter_rules.model import (
 from filter_rules.patterns import compile_alternatives, compile_re2
 from filter_rules.record_actions import RECORD_KINDS
 from kafka_wire import ApiKey
-from kafka_wire.entity_names import GROUP, TOPIC, entity_types, names_topic_ids
+from kafka_wire.entity_names import GROUP, TOPIC, MessageKind, entity_types, names_topic_ids
 
 # Records travel in Produce requests and in the answers to Fetch and ShareFetch (KIP-932
 # share groups read with ShareFetch: a consume-time rule on Fetch alone let every share
@@ -70,10 +70,10 @@ def apis_never_naming(entity: str) -> frozenset[int]:
     match names topics (groups) cannot trigger on them: the rules see a frame's topics
     (groups) through the same reader. An Envelope is never one: it carries another
     request (KIP-590). Keys the catalog does not know are never excluded."""
-    def names(api_key: int, version: int, kind: str) -> bool:
-        if entity in entity_types(api_key, version, kind):  # type: ignore[arg-type]
+    def names(api_key: int, version: int, kind: MessageKind) -> bool:
+        if entity in entity_types(api_key, version, kind):
             return True
-        return entity == TOPIC and names_topic_ids(api_key, version, kind)  # type: ignore[arg-type]
+        return entity == TOPIC and names_topic_ids(api_key, version, kind)
 
     never = set()
     for api_key in kafka_wire.known_api_keys():

@@ -264,14 +264,10 @@ class RulesFilter(RuleSetJudge):
             return None
         compiled = self._engine.requests
         selects = api_key in SELECTED_APIS
-
-        def who(rule: CompiledRule) -> WhoScope | None:
-            clause = match_who(rule.rule.match)
-            return None if clause is None else frozenset((clause,))
-
-        return [*((match_scope(r.rule.match.topics) if selects else None, who(r))
+        return [*((match_scope(r.rule.match.topics) if selects else None, rule_who(r))
                   for r in compiled.candidates(api_key, api_version, "request")),
-                *((None, who(r)) for r in compiled.candidates(api_key, api_version, "response"))]
+                *((None, rule_who(r))
+                  for r in compiled.candidates(api_key, api_version, "response"))]
 
     def safeguard_checks(self, api_key: int, api_version: int,
                          direction: Direction) -> ProduceChecks | None:
@@ -574,14 +570,16 @@ def rules_scope(rules: Iterable[CompiledRule]) -> TopicSelector | None:
     return union_scope(match_scope(rule.rule.match.topics) for rule in rules)
 
 
-def rules_who(rules: Iterable[CompiledRule]) -> WhoScope | None:
-    """Who can make any of `rules` trigger: a clause per rule from its top-level
-    identity matchers (`match_who`); None when one of them names no one."""
-    def scope(rule: CompiledRule) -> WhoScope | None:
-        clause = match_who(rule.rule.match)
-        return None if clause is None else frozenset((clause,))
+def rule_who(rule: CompiledRule) -> WhoScope | None:
+    """Who can make `rule` trigger: the clause of its top-level identity matchers
+    (`match_who`); None when it names no one."""
+    clause = match_who(rule.rule.match)
+    return None if clause is None else frozenset((clause,))
 
-    return union_who(scope(rule) for rule in rules)
+
+def rules_who(rules: Iterable[CompiledRule]) -> WhoScope | None:
+    """Who can make any of `rules` trigger; None when one of them names no one."""
+    return union_who(rule_who(rule) for rule in rules)
 
 
 def produce_volumes(body: dict[str, Any], topic_ids: TopicIds) -> dict[str, tuple[int, int]]:

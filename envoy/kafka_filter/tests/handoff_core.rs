@@ -415,13 +415,7 @@ fn requests_are_decided_by_their_own_client_id_wherever_the_stream_is_cut() {
     let forwarded_expected: Vec<u8> = [&requests[0], &requests[2], &requests[3]].into_iter().flatten().copied().collect();
     for cut in 0..=stream.len() {
         let mut s = Session::with_policy(SessionLimits::default(), HandOffBilling);
-        let (mut forwarded, mut handed) = (Vec::new(), Vec::new());
-        for chunk in [&stream[..cut], &stream[cut..]] {
-            let mut out = Output::default();
-            s.feed_requests(chunk, &mut out).unwrap();
-            forwarded.extend(bytes_of(chunk, &out));
-            handed.extend(s.take_handoffs());
-        }
+        let (forwarded, handed) = requests_cut_at(&mut s, &stream, cut);
         let handed: Vec<&[u8]> = handed.iter().map(|h| &h.frame[..]).collect();
         assert_eq!(handed, [&requests[1][..], &requests[4][..]], "cut at {cut}");
         assert_eq!(forwarded, forwarded_expected[..forwarded.len()], "cut at {cut}: forwarded in order");

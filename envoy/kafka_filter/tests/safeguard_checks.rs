@@ -151,13 +151,7 @@ fn only_requests_that_may_break_a_check_are_handed_off_wherever_the_stream_is_cu
     for selector in [None, Some(Arc::new(TopicSelector::parse(json!({"exact": ["orders"]})).unwrap()))] {
         for cut in 0..=stream.len() {
             let mut s = Session::with_policy(SessionLimits::default(), Hygiene { selector: selector.clone() });
-            let (mut forwarded, mut handed) = (Vec::new(), Vec::new());
-            for chunk in [&stream[..cut], &stream[cut..]] {
-                let mut out = Output::default();
-                s.feed_requests(chunk, &mut out).unwrap();
-                forwarded.extend(bytes_of(chunk, &out));
-                handed.extend(s.take_handoffs());
-            }
+            let (forwarded, handed) = requests_cut_at(&mut s, &stream, cut);
             assert_eq!(handed.len(), 1, "cut at {cut}");
             assert_eq!(&handed[0].frame[..], &broken[..], "cut at {cut}");
             assert_eq!(forwarded, kept, "cut at {cut}: the first passes, the third waits behind the hand-off");

@@ -17,7 +17,8 @@
 
 use std::sync::Arc;
 
-use super::head::{PRODUCE, REQUEST_FIXED_HEAD};
+use super::head::PRODUCE;
+use super::who::ClientId;
 use super::wire::{Read, Reader, Short};
 
 /// The longest structure (a topic's name, a header's tagged fields) the skim keeps
@@ -113,12 +114,16 @@ impl Meter {
         }
     }
 
-    /// A request whose first bytes (from its size prefix: the head at least, and as
-    /// many more as arrived with it) are `prefix`, with `body_len` bytes after its head.
-    /// Its client id is read from them when they hold it whole, else the connection's
-    /// previous one stands. The body's bytes come to [`Meter::body`].
-    pub fn request(&mut self, api_key: i16, api_version: i16, prefix: &[u8], body_len: usize) {
-        if let Some(client_id) = client_id(prefix) {
+    /// A request with this client id (as its head read it: a null one is "", an unread
+    /// one leaves the connection's previous one standing) and `body_len` bytes after its
+    /// head. The body's bytes come to [`Meter::body`].
+    pub fn request(&mut self, api_key: i16, api_version: i16, client_id: ClientId<'_>, body_len: usize) {
+        let client_id = match client_id {
+            ClientId::Null => Some(&b""[..]),
+            ClientId::Bytes(bytes) => Some(bytes),
+            ClientId::Unknown => None,
+        };
+        if let Some(client_id) = client_id {
             if client_id != self.who.client_id.as_bytes() {
                 self.who.client_id = Arc::from(String::from_utf8_lossy(client_id));
             }
@@ -178,17 +183,6 @@ fn drain_batch(batch: &Batch, sink: &mut impl MeterSink) {
     for (topic, requests, bytes) in &batch.topics {
         sink.topic(topic, &batch.who.client_id, &batch.who.principal, *requests, *bytes);
     }
-}
-
-/// The client id of a request header (v1+: every API keg sees), when `prefix` holds it
-/// whole; a null one is "".
-pub fn client_id(prefix: &[u8]) -> Option<&[u8]> {
-    let mut r = Reader::new(prefix.get(REQUEST_FIXED_HEAD..)?);
-    let len = r.i16().ok()?;
-    if len < 0 {
-        return Some(b"");
-    }
-    r.take(len as usize).ok()
 }
 
 /// Where a Produce request's body stands.

@@ -24,17 +24,13 @@
 
 use serde::Deserialize;
 
-use super::topics::{Step, Walk, MAX_PARTITIONS, MAX_TOPICS, PRODUCE_VERSIONS};
+use super::topics::{produce_walk, Walk, PRODUCE_VERSIONS};
+use super::vouch::{ATTRIBUTES_AT, BATCH_HEADER, BATCH_LENGTH_AT, CODEC_MASK, MAGIC_AT};
 
-/// Offsets in a record batch (magic 2) of what the checks read.
-const BATCH_LENGTH_AT: usize = 8;
-const MAGIC_AT: usize = 16;
-const ATTRIBUTES_AT: usize = 21;
+/// Where a batch's producer id is (the other offsets are the vouch walk's).
 const PRODUCER_ID_AT: usize = 43;
-const BATCH_HEADER: usize = 61;
 /// baseOffset and batchLength: a batch's bytes are these and its length.
 const LOG_OVERHEAD: usize = 12;
-const CODEC_MASK: i16 = 0x07;
 /// Kafka's codecs: none, gzip, snappy, lz4, zstd.
 const CODECS: u8 = 5;
 
@@ -95,53 +91,15 @@ impl ProduceChecks {
             return false;
         }
         let mut w = Walk { buf: frame, pos: 0 };
-        matches!(self.walk(&mut w, version), Ok(true)) && w.pos == frame.len()
-    }
-
-    fn walk(&self, w: &mut Walk<'_>, version: i16) -> Step<bool> {
+        let kept = produce_walk(&mut w, version,
+                                |transactional_id, acks| {
+                                    let breaks = (self.transactional && transactional_id.is_none())
+                                        || (self.acks_not_zero && acks == 0);
+                                    !breaks
+                                },
+                                |records| self.batches_pass(records));
         let flexible = version >= 9;
-        w.header(flexible)?;
-        let transactional_id = w.string(flexible)?;
-        let acks = w.i16()?;
-        if (self.transactional && transactional_id.is_none()) || (self.acks_not_zero && acks == 0) {
-            return Ok(false);
-        }
-        w.take(4)?; // timeout_ms
-        let topics = w.count(flexible)?;
-        if topics > MAX_TOPICS {
-            return Ok(false);
-        }
-        let mut partitions_seen = 0usize;
-        for _ in 0..topics {
-            if version >= 13 {
-                w.take(16)?; // topic id
-            } else {
-                w.string(flexible)?;
-            }
-            let partitions = w.count(flexible)?;
-            partitions_seen += partitions;
-            if partitions_seen > MAX_PARTITIONS {
-                return Ok(false);
-            }
-            for _ in 0..partitions {
-                w.take(4)?; // index
-                if let Some(records) = w.bytes(flexible)? {
-                    if !self.batches_pass(records) {
-                        return Ok(false);
-                    }
-                }
-                if flexible {
-                    w.tagged_fields()?;
-                }
-            }
-            if flexible {
-                w.tagged_fields()?;
-            }
-        }
-        if flexible {
-            w.tagged_fields()?;
-        }
-        Ok(true)
+        matches!(kept, Ok(true)) && (!flexible || w.tagged_fields().is_ok()) && w.pos == frame.len()
     }
 
     /// Whether every batch of a partition's records keeps the batch checks; a batch the

@@ -137,6 +137,12 @@ struct InFlight {
     reply: Reply,
 }
 
+impl InFlight {
+    fn of(head: &RequestHead, reply: Reply) -> InFlight {
+        InFlight { correlation_id: head.correlation_id, api_key: head.api_key, api_version: head.api_version, reply }
+    }
+}
+
 /// An answer the Python service asked for (or may ask for): what its failure means,
 /// whether vouched ids may let it pass instead, and `replay`: the request, when it went
 /// to the broker on vouched ids without the service seeing it. Such an answer that does
@@ -509,35 +515,28 @@ impl<P: RequestPolicy> Session<P> {
             HeadBytes::Kept(std::mem::take(&mut self.request_head))
         };
         let remaining = frame_len - head_bytes.len();
-        // The frame's first bytes, as many as arrived with its head.
-        let prefix = match &head_bytes {
+        // Read from the frame's first bytes, as many as arrived with its head.
+        let client_id = ClientId::read(head.client_id, match &head_bytes {
             HeadBytes::Input(start, _) => &input[*start..],
             HeadBytes::Kept(kept) => kept.as_slice(),
-        };
+        });
         if let Some(meter) = &mut self.meter {
             let identity = &self.identity;
             meter.principal(identity.epoch(), || identity.principal());
-            meter.request(head.api_key, head.api_version, prefix, frame_len - head.head_len);
+            meter.request(head.api_key, head.api_version, client_id, frame_len - head.head_len);
             if let HeadBytes::Kept(kept) = &head_bytes {
                 meter.body(&kept[head.head_len..]); // the rest of the frame's first read
             }
         }
-        let slot = |reply| InFlight {
-            correlation_id: head.correlation_id,
-            api_key: head.api_key,
-            api_version: head.api_version,
-            reply,
-        };
         if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
             self.requests_turn_opaque = true;
         }
-        let client_id = ClientId::read(head.client_id, prefix);
         let from = Requester { identity: &self.identity, peer: &self.peer, client_id };
         match self.policy.decide(&head, &from) {
             Disposition::Forward => {
                 if head.expects_response() {
                     let plan = self.response_plan(head.api_key, head.api_version);
-                    self.in_flight.push_back(slot(Reply::Broker { plan, handoff: None }));
+                    self.in_flight.push_back(InFlight::of(&head, Reply::Broker { plan, handoff: None }));
                 }
                 if identity::observes(head.api_key) {
                     let frame = head_bytes.to_vec(input, frame_len.min(identity::MAX_AUTH_BYTES));
@@ -556,7 +555,7 @@ impl<P: RequestPolicy> Session<P> {
             Disposition::Answer(response) => {
                 self.stats.add(Counter::LocalAnswers, 1);
                 if head.expects_response() {
-                    self.in_flight.push_back(slot(Reply::Local(response)));
+                    self.in_flight.push_back(InFlight::of(&head, Reply::Local(response)));
                 }
                 self.request_continues(remaining, true);
             }
@@ -567,20 +566,30 @@ impl<P: RequestPolicy> Session<P> {
                 self.select_from_head(&head, head_bytes, input, fail_open, selector, None, Some(checks), out);
             }
             Disposition::Checked { fail_open, selector: None, checks } => {
-                if head.expects_response() {
-                    self.in_flight.push_back(slot(Reply::Collecting));
-                }
-                let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.collect(&head, fail_open, None, None, Some(checks), remaining, frame, out);
+                self.collect_from_head(&head, head_bytes, input, fail_open, Some(checks), out);
             }
             Disposition::HandOff { fail_open } => {
-                if head.expects_response() {
-                    self.in_flight.push_back(slot(Reply::Collecting));
-                }
-                let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
-                self.collect(&head, fail_open, None, None, None, remaining, frame, out);
+                self.collect_from_head(&head, head_bytes, input, fail_open, None, out);
             }
         }
+    }
+
+    /// A request's slot while it is collected or selected (the last: no head is read
+    /// meanwhile).
+    fn reserve_collecting(&mut self, head: &RequestHead) {
+        if head.expects_response() {
+            self.in_flight.push_back(InFlight::of(head, Reply::Collecting));
+        }
+    }
+
+    /// A request to collect whole, from its head on (see [`Session::collect`]).
+    fn collect_from_head(&mut self, head: &RequestHead, head_bytes: HeadBytes, input: &[u8], fail_open: bool,
+                         checks: Option<Arc<ProduceChecks>>, out: &mut Output) {
+        self.reserve_collecting(head);
+        let frame_len = head.frame_len();
+        let remaining = frame_len - head_bytes.len();
+        let frame = head_bytes.to_vec(input, frame_len.min(INITIAL_HOLD_CAPACITY));
+        self.collect(head, fail_open, None, None, checks, remaining, frame, out);
     }
 
     /// A request whose topics decide, from its head on: decided at once when the chunk
@@ -591,14 +600,7 @@ impl<P: RequestPolicy> Session<P> {
                         checks: Option<Arc<ProduceChecks>>, out: &mut Output) {
         let frame_len = head.frame_len();
         let remaining = frame_len - head_bytes.len();
-        if head.expects_response() {
-            self.in_flight.push_back(InFlight {
-                correlation_id: head.correlation_id,
-                api_key: head.api_key,
-                api_version: head.api_version,
-                reply: Reply::Collecting,
-            });
-        }
+        self.reserve_collecting(head);
         if let HeadBytes::Input(start, end) = head_bytes {
             // Decided from this chunk alone: no byte is copied.
             let here = &input[start..input.len().min(start + frame_len)];

@@ -732,48 +732,57 @@ fn known_ids<'a>(w: &mut Walk<'a>, named: &mut Vec<([u8; 16], Arc<str>)>,
 /// count says: a forged count would be an allocation of gigabytes, an abort no
 /// `catch_unwind` stops).
 pub fn produce_is_bounded(frame: &[u8], version: i16) -> bool {
-    if !PRODUCE_VERSIONS.contains(&version) {
-        return false;
-    }
+    PRODUCE_VERSIONS.contains(&version)
+        && matches!(produce_walk(&mut Walk { buf: frame, pos: 0 }, version, |_, _| true, |_| true), Ok(true))
+}
+
+/// Walks a Produce request (`version` one of [`PRODUCE_VERSIONS`]) up to its last
+/// partition, within [`MAX_TOPICS`] topics and [`MAX_PARTITIONS`] partitions: `head` is
+/// given its transactional id and acks, `records` each partition's records (not null);
+/// either stops the walk with false. Beyond the bounds: [`Stop::HandOff`]. The request's
+/// own tagged fields, when flexible, are left to the caller.
+pub(super) fn produce_walk<'a>(w: &mut Walk<'a>, version: i16, head: impl FnOnce(Option<&'a [u8]>, i16) -> bool,
+                               mut records: impl FnMut(&'a [u8]) -> bool) -> Step<bool> {
     let flexible = version >= 9;
-    let mut w = Walk { buf: frame, pos: 0 };
-    let mut walk = || -> Step<()> {
-        w.header(flexible)?;
-        w.string(flexible)?;
-        w.take(2 + 4)?;
-        let topics = w.count(flexible)?;
-        if topics > MAX_TOPICS {
+    w.header(flexible)?;
+    let transactional_id = w.string(flexible)?;
+    let acks = w.i16()?;
+    if !head(transactional_id, acks) {
+        return Ok(false);
+    }
+    w.take(4)?; // timeout_ms
+    let topics = w.count(flexible)?;
+    if topics > MAX_TOPICS {
+        return Err(Stop::HandOff);
+    }
+    let mut partitions_seen = 0usize;
+    for _ in 0..topics {
+        if version >= 13 {
+            w.take(16)?; // topic id
+        } else {
+            w.string(flexible)?;
+        }
+        let partitions = w.count(flexible)?;
+        partitions_seen += partitions;
+        if partitions_seen > MAX_PARTITIONS {
             return Err(Stop::HandOff);
         }
-        let mut partitions_seen = 0usize;
-        for _ in 0..topics {
-            if version >= 13 {
-                w.take(16)?;
-            } else {
-                w.string(flexible)?;
-            }
-            let partitions = w.count(flexible)?;
-            partitions_seen += partitions;
-            if partitions_seen > MAX_PARTITIONS {
-                return Err(Stop::HandOff);
-            }
-            for _ in 0..partitions {
-                w.take(4)?;
-                w.skip_bytes(flexible)?;
-                if w.pos > w.buf.len() {
-                    return Err(Stop::Short);
-                }
-                if flexible {
-                    w.tagged_fields()?;
+        for _ in 0..partitions {
+            w.take(4)?; // index
+            if let Some(bytes) = w.bytes(flexible)? {
+                if !records(bytes) {
+                    return Ok(false);
                 }
             }
             if flexible {
                 w.tagged_fields()?;
             }
         }
-        Ok(())
-    };
-    walk().is_ok()
+        if flexible {
+            w.tagged_fields()?;
+        }
+    }
+    Ok(true)
 }
 
 // -- topic ids ---------------------------------------------------------------------------

@@ -494,14 +494,15 @@ pub enum Tail {
     Malformed,
 }
 
-/// Offsets in a record batch (magic 2) of what the walk reads.
-const BATCH_LENGTH_AT: usize = 8;
-const MAGIC_AT: usize = 16;
-const ATTRIBUTES_AT: usize = 21;
+/// Offsets in a record batch (magic 2) of what the walks read (this one, and
+/// [`super::safeguard`]'s).
+pub(super) const BATCH_LENGTH_AT: usize = 8;
+pub(super) const MAGIC_AT: usize = 16;
+pub(super) const ATTRIBUTES_AT: usize = 21;
 const RECORDS_COUNT_AT: usize = 57;
-const BATCH_HEADER: usize = 61;
+pub(super) const BATCH_HEADER: usize = 61;
 /// Compression codec bits, and the control flag, of a batch's attributes.
-const CODEC_MASK: i16 = 0x07;
+pub(super) const CODEC_MASK: i16 = 0x07;
 const CONTROL: i16 = 0x20;
 
 /// Whether every record of every batch in `records` has a value in Confluent framing

@@ -200,6 +200,15 @@ pub fn request_round<P: RequestPolicy>(s: &mut Session<P>, request: &[u8]) -> (V
     (bytes_of(request, &out), s.take_handoffs())
 }
 
+/// Feeds `stream` in two reads, cut at `cut`: what reached the broker, and the hand-offs.
+pub fn requests_cut_at<P: RequestPolicy>(s: &mut Session<P>, stream: &[u8], cut: usize) -> (Vec<u8>, Vec<HandOff>) {
+    let (mut forwarded, mut handed) = request_round(s, &stream[..cut]);
+    let (later, more) = request_round(s, &stream[cut..]);
+    forwarded.extend(later);
+    handed.extend(more);
+    (forwarded, handed)
+}
+
 /// Feeds a broker answer: what reached the client at once, and the hand-offs.
 pub fn answer_round<P: RequestPolicy>(s: &mut Session<P>, answer: &[u8]) -> (Vec<u8>, Vec<HandOff>) {
     let routes = routes();

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use uuid::Uuid;
 
 use super::*;
-use crate::core::head::{parse_request_head, Parsed};
+use crate::core::head::{parse_request_head, Parsed, RequestHead};
 
 fn frame(key: ApiKey, version: i16, client_id: Option<&'static str>, message: &impl Encodable) -> Vec<u8> {
     let mut buf = BytesMut::new();
@@ -62,11 +62,20 @@ impl MeterSink for Recorded {
     }
 }
 
-fn head_len(frame: &[u8]) -> usize {
+fn head(frame: &[u8]) -> RequestHead {
     match parse_request_head(frame, usize::MAX) {
-        Ok(Parsed::Head(head)) => head.head_len,
+        Ok(Parsed::Head(head)) => head,
         other => panic!("no head: {other:?}"),
     }
+}
+
+fn head_len(frame: &[u8]) -> usize {
+    head(frame).head_len
+}
+
+/// The client id of a request's first bytes, as the session reads it for the meter.
+fn client_id(prefix: &[u8]) -> ClientId<'_> {
+    ClientId::read(head(prefix).client_id, prefix)
 }
 
 /// Meters `frames` as they would arrive cut at `cuts` (offsets into their concatenation),
@@ -92,8 +101,8 @@ fn meter_draining(frames: &[Vec<u8>], cuts: &[usize], every_read: bool) -> Recor
         // The head arrives with whatever the read it ends in carries of the frame.
         let read_end = *bounds.iter().find(|&&b| b >= frame_at + head).unwrap();
         let seen = read_end.min(end);
-        meter.request(ApiKey::Produce as i16, i16::from_be_bytes([frame[6], frame[7]]), &stream[frame_at..seen],
-                      frame.len() - head);
+        meter.request(ApiKey::Produce as i16, i16::from_be_bytes([frame[6], frame[7]]),
+                      client_id(&stream[frame_at..seen]), frame.len() - head);
         start = frame_at + head;
         while start < end {
             let next = (*bounds.iter().find(|&&b| b > start).unwrap()).min(end);
@@ -183,11 +192,11 @@ fn client_ids_come_from_each_header_and_a_cut_one_keeps_the_previous() {
     meter.principal(1, || "User:ANONYMOUS".into());
     let first = frame(ApiKey::Metadata, 9, Some("app-1"), &MetadataRequest::default());
     let null = frame(ApiKey::Metadata, 9, None, &MetadataRequest::default());
-    meter.request(3, 9, &first, 0);
-    meter.request(3, 9, &first[..14], 0); // the id cut short: still app-1
-    meter.request(3, 9, &null, 0);
+    meter.request(3, 9, client_id(&first), 0);
+    meter.request(3, 9, ClientId::Unknown, 0); // the id unread: still app-1
+    meter.request(3, 9, client_id(&null), 0);
     meter.principal(2, || "User:bob".into());
-    meter.request(3, 9, &null, 0);
+    meter.request(3, 9, client_id(&null), 0);
     let mut got = Recorded::default();
     meter.drain(&mut got);
     assert_eq!(got.requests, vec![(3, 9, "".into(), "User:ANONYMOUS".into(), 1), (3, 9, "".into(), "User:bob".into(), 1),
