@@ -93,6 +93,8 @@ class AggregatedDiscovery(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 sent[type_url] = _Sent(request.version_info, "", snapshot, names[type_url])
                 self._fleet.sent(status, type_url, request.version_info)
                 self._fleet.ack(status, type_url, request.version_info, snapshot)
+            else:
+                self._fleet.runs(status, type_url, request.version_info)
             return
         last = sent.get(type_url)
         if last is None or request.response_nonce != last.nonce:

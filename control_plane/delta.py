@@ -113,6 +113,8 @@ class DeltaStream:
         first = request.type_url not in self._types
         state = self._types.setdefault(request.type_url, TypeState())
         state.subscribe(request, first)
+        if first:  # unknown until it ACKs, or resumes with everything current (below)
+            self._fleet.runs(status, request.type_url, "")
         if not request.response_nonce:
             return
         sent = state.pending.pop(request.response_nonce, None)

@@ -202,6 +202,12 @@ class Fleet:
     def sent(self, status: NodeStatus, type_url: str, version: str) -> None:
         status.of(type_url).sent_version = version
 
+    def runs(self, status: NodeStatus, type_url: str, version: str) -> None:
+        """What a node says it runs as it (re)subscribes ("": nothing yet). A restarted
+        node keeps its id but not its config: what its old process ACKed is no longer
+        true of it until it ACKs again."""
+        status.of(type_url).acked_version = version
+
     def ack(self, status: NodeStatus, type_url: str, version: str,
             snapshot: Snapshot | None) -> None:
         type_status = status.of(type_url)

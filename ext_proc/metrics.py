@@ -214,6 +214,10 @@ class Metrics:
         self.rule_reloads = Counter(
             "keg_rule_reloads", "Rule set reloads by result", ["result"], registry=r,
         )
+        self.no_rules_refusals = Counter(
+            "keg_no_rules_refusals", "Connections refused because no rule set had come "
+            "from the control plane yet (and none was kept from before)", registry=r,
+        )
         self._server: Any = None
         self._thread: threading.Thread | None = None
 

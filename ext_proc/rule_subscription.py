@@ -31,7 +31,7 @@ import logging
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -134,7 +134,8 @@ class RuleSubscription:
                  cache_file: Path | None = None, metrics: Metrics | None = None,
                  backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER,
                  credentials: grpc.ChannelCredentials | None = None,
-                 max_rule_set_bytes: int = MAX_RULE_SET_BYTES) -> None:
+                 max_rule_set_bytes: int = MAX_RULE_SET_BYTES,
+                 on_installed: Callable[[], None] | None = None) -> None:
         if max_rule_set_bytes <= 0:
             raise ValueError("max_rule_set_bytes must be positive")
         self.target = target
@@ -144,6 +145,7 @@ class RuleSubscription:
         self.node_id = node_id
         self.cache_file = cache_file
         self.metrics = metrics
+        self.on_installed = on_installed  # after each rule set installed (kept or new)
         self.backoff = backoff
         self.cluster = cluster
         self.version = ""  # the version this instance runs ("" before any)
@@ -212,6 +214,8 @@ class RuleSubscription:
             self.metrics.rule_reload("applied")
             self.metrics.set_rule_set_version(version)
         log.info("rule set version %s applied: %d rules", version, len(compiled))
+        if self.on_installed is not None:
+            self.on_installed()
 
     def _persist(self, version: str, payload: bytes) -> None:
         """Keep `payload` (the rule set's JSON as it came) with its version."""

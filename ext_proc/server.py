@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _CLOSE_RST = pb.ProcessingResponse(connection_status=pb.ProcessingResponse.CLOSE_RST)
+NO_RULES_YET = "no rule set yet (the control plane has not answered, and none was kept)"
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,10 @@ class ProcessorSettings:
     rules_cache: Path | None = None
     # The largest rule set (xDS response) accepted from the control plane.
     max_rule_set_bytes: int = MAX_RULE_SET_BYTES
+    # Rules from the control plane and none kept from before (first start, lost cache):
+    # no connection is served without rules. A new one is held up to this long for the
+    # first rule set, then refused (closed; keg's module answers a retriable error).
+    first_rules_wait_s: float = 5.0
     # Where `copy` rules produce (librdkafka: bootstrap servers plus any properties,
     # e.g. SASL); None: copies to topics are counted as dropped.
     side_effects_bootstrap: str | None = None
@@ -159,6 +164,12 @@ class DataPath:
         self.engine = RuleEngine(
             CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
             on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
+        # Set once the engine runs the rule set it was given: the empty set it starts
+        # with is nobody's when the rules come from a control plane (serving with it
+        # would let everything through). A rule directory is read before serving.
+        self.rules_ready = asyncio.Event()
+        if settings.control_plane is None:
+            self.rules_ready.set()
         self.metrics.topic_ids = self.engine.topic_ids  # names Produce v13's topic ids
         self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
                       if settings.rules_dir else None)
@@ -290,6 +301,21 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             return await asyncio.to_thread(step, data)
         return step(data)
 
+    async def _rules_ready(self, conn: ConnectionInfo) -> bool:
+        """Whether the engine runs its rule set, waiting for the first one at most
+        `first_rules_wait_s`: a connection is never served by the empty set it starts
+        with (that would let everything through)."""
+        ready = self._data_path.rules_ready
+        if ready.is_set():
+            return True
+        try:
+            await asyncio.wait_for(ready.wait(), self._settings.first_rules_wait_s)
+            return True
+        except TimeoutError:
+            log.warning("refusing connection: %s (%s)", NO_RULES_YET, conn.describe())
+            self._data_path.metrics.no_rules_refusals.inc()
+            return False
+
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
@@ -297,8 +323,14 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         metadata = context.invocation_metadata() or ()
         conn = ConnectionInfo.from_metadata(metadata)
+        frames_mode = any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata)
+        if not await self._rules_ready(conn):
+            if frames_mode:  # keg's module then answers as its fail mode says
+                await context.abort(grpc.StatusCode.UNAVAILABLE, NO_RULES_YET)
+            yield _CLOSE_RST
+            return
         try:
-            if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+            if frames_mode:
                 frames = self._data_path.frames_session(conn)
             else:
                 session = self._data_path.session(conn, self._settings.max_frame_size)
@@ -307,7 +339,7 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
             self._data_path.metrics.decode_error(-1, "stream")
             yield _CLOSE_RST
             return
-        if any(key == MODE_HEADER and value == FRAMES_MODE for key, value in metadata):
+        if frames_mode:
             async for reply in self._frames(request_iterator, conn, frames):
                 yield reply
             return
@@ -366,7 +398,6 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         """A connection's frames handed over by keg's native filter (ext_proc.frames):
         one whole frame per message, one reply each, in order."""
         data_path = self._data_path
-        session = data_path.frames_session(conn)
         data_path.metrics.connection_opened()
         try:
             async for request in requests:
@@ -448,8 +479,10 @@ class ExtProcServer:
                 self.settings.node_id or default_node_id(self.port),
                 cache_file=self.settings.rules_cache, metrics=self.data_path.metrics,
                 credentials=self.settings.control_plane_credentials(),
-                max_rule_set_bytes=self.settings.max_rule_set_bytes)
-            self.subscription.restore()  # serve the last good set even if the plane is down
+                max_rule_set_bytes=self.settings.max_rule_set_bytes,
+                on_installed=self.data_path.rules_ready.set)
+            if not self.subscription.restore():  # the last good set, even if the plane is down
+                log.warning("no rule set kept: connections wait for the control plane's")
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.
         self.data_path.metrics.bind_loop(asyncio.get_running_loop())

@@ -465,6 +465,10 @@ def ext_proc_cmd(
     rules_cache: Annotated[Path | None, typer.Option(
         help="File keeping the last good rule set from the control plane, served after a "
              "restart while the control plane is down.")] = None,
+    first_rules_wait: Annotated[float, typer.Option(
+        min=0.0, help="With --control-plane and no rule set kept: seconds a new "
+                      "connection waits for the first rule set before it is refused "
+                      "(none is served without rules).")] = 5.0,
     max_rule_set_bytes: Annotated[int, typer.Option(
         min=1, help="Largest rule set accepted from the control plane, in bytes of its "
                     "xDS response (100,000 rules: about 50 MB); the control plane NACKs "
@@ -535,7 +539,7 @@ def ext_proc_cmd(
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
-        max_rule_set_bytes=max_rule_set_bytes,
+        first_rules_wait_s=first_rules_wait, max_rule_set_bytes=max_rule_set_bytes,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),
         metrics_max_topics=metrics_max_topics or default.metrics_max_topics,

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.fleet_rollout import run
 from control_plane.service import ControlPlaneSettings, free_port
@@ -235,3 +237,47 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
             time.sleep(0.1)
         assert ext_proc_runs() == "3"
 
+
+
+def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker restarted without its kept rule set (lost cache, a new instance) while the
+    control plane cannot answer it: its engine starts empty. Regression: it served
+    connections with that empty set, and a denied Produce was stored; and the fleet view
+    still showed what the old process had ACKed, so `wait_for_rules` did not wait. Now
+    a connection waits for the first rule set (then is refused), and the fleet shows
+    nothing applied until the new process ACKs."""
+    rules_dir = rule_dir(tmp_path / "rules", {"rules.yaml": (
+        "rules:\n  - id: no-secret-topics\n    match: {apis: [Produce], topics: "
+        "{prefix: [secret.]}}\n    action: {deny: {}}\n")})
+    denied = create_topic(kafka.bootstrap, name=f"secret.{time.monotonic_ns()}")
+    allowed = create_topic(kafka.bootstrap)
+    settings = gateway_settings(kafka, tmp_path / "work", rules_dir=rules_dir,
+                                rules_delivery="control-plane")
+    with Gateway(settings) as gateway:
+        assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
+        assert gateway.control_plane is not None
+        gateway.stop_ext_proc()
+        gateway.rules_cache_file.unlink()
+        # The control plane's loop held: the new worker gets no rules for 8 s. (Spawning
+        # reads the rules' key variables on that loop: none here, and it must not wait.)
+        monkeypatch.setattr(gateway, "_rule_secret_env_names", set)
+        held = threading.Thread(target=gateway.call, args=(time.sleep, 8.0))
+        held.start()
+        try:
+            gateway.start_ext_proc()
+            assert held.is_alive(), "the control plane was free before the record went"
+            outcome = produce_one(gateway.bootstrap, denied)
+        finally:
+            held.join()
+        assert outcome is not None, "a denied record was stored by a worker without rules"
+        gateway.wait_for_rules()
+        assert [n["types"]["keg.v1.RuleSet"]["applied_version"] for n in gateway.fleet_status()
+                if n["role"] == "ext_proc"] == [gateway.control_plane.rules_version]
+        assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
+        assert produce_one(gateway.bootstrap, allowed) is None
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "watermarks"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(denied, 0), timeout=30) == (0, 0)
+    finally:
+        consumer.close()

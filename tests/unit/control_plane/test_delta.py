@@ -122,6 +122,14 @@ async def delta_scenario() -> None:
             assert await again.nothing_within(0.5)
             assert fleet.nodes["envoy-d"].of(CLUSTER).acked_version == current.version(CLUSTER)
 
+        # Restarted with nothing kept, and nothing for it yet: it runs nothing, whatever
+        # its old process ACKed under the same id.
+        cache.clear("envoy-d")
+        async with DeltaEnvoy(stub, "envoy-d") as fresh:
+            await fresh.send(CLUSTER)
+            assert await fresh.nothing_within(0.3)
+            assert fleet.nodes["envoy-d"].of(CLUSTER).acked_version == ""
+
 
 def test_delta_ads_over_grpc() -> None:
     asyncio.run(delta_scenario())

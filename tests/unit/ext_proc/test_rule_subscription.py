@@ -196,6 +196,42 @@ def test_subscription_acks_nacks_and_resumes(tmp_path: Path) -> None:
     asyncio.run(subscription_scenario(tmp_path))
 
 
+async def restart_scenario() -> None:
+    cache, fleet = SnapshotCache(), Fleet()
+    cache.set("xp", rules_snapshot("v1", load_rule_text(RULES_YAML, "r.yaml")))
+    plane = Plane(cache, fleet)
+    await plane.start()
+    target = f"127.0.0.1:{plane.port}"
+    old = RuleSubscription(target, engine(), "xp", backoff=Backoff(0.05, 0.2))
+    task = asyncio.create_task(old.run())
+    try:
+        await until(lambda: fleet.nodes.get("xp") is not None
+                    and fleet.nodes["xp"].of(RULES).acked_version == "v1")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: fleet.nodes["xp"].streams == 0)
+        # The same node id restarted with nothing kept, and nothing for it yet: the
+        # fleet says it runs nothing (not what its old process ACKed).
+        cache.clear("xp")
+        installed: list[str] = []
+        fresh = RuleSubscription(target, engine(), "xp", backoff=Backoff(0.05, 0.2),
+                                 on_installed=lambda: installed.append(fresh.version))
+        task = asyncio.create_task(fresh.run())
+        await until(lambda: fleet.nodes["xp"].streams == 1)
+        assert fleet.nodes["xp"].of(RULES).acked_version == "" and installed == []
+        cache.set("xp", rules_snapshot("v2", load_rule_text(OTHER_YAML, "r.yaml")))
+        await until(lambda: fleet.nodes["xp"].of(RULES).acked_version == "v2")
+        assert installed == ["v2"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await plane.stop()
+
+
+def test_a_restarted_node_runs_nothing_until_it_acks_and_says_when_it_installs() -> None:
+    asyncio.run(restart_scenario())
+
+
 def many_rules(count: int) -> RuleSet:
     """`count` deny rules, about 500 bytes each as the control plane sends them."""
     return RuleSet(rules=[Rule.model_validate({
