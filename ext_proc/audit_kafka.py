@@ -270,12 +270,16 @@ class Spool:
                     return out
                 position = Position(segment + 1, 0)
                 continue
-            # A line longer than what is left of max_bytes is read whole when it comes
-            # first: a long event never blocks the spool.
-            want = left if not out else min(left, max_bytes - taken)
+            # About max_bytes at a time (a drain after an outage must not read a whole
+            # segment for each batch); a line longer than that is read whole when it
+            # comes first: a long event never blocks the spool.
+            want = min(left, max_bytes - taken if out else max_bytes)
             with open(self._path(segment), "rb") as handle:
                 handle.seek(position.offset)
                 data = handle.read(want)
+                if not out and want < left and b"\n" not in data:
+                    data += handle.read(left - want)
+                    want = left
             consumed = 0
             while len(out) < max_events:
                 end = data.find(b"\n", consumed)

@@ -55,6 +55,20 @@ def test_the_spool_reads_back_in_order_across_segments(tmp_path: Path) -> None:
     assert spool.read(rest[-1][0], 100) == []
 
 
+def test_a_read_takes_about_max_bytes_and_a_longer_event_whole(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    for n in range(100):
+        assert spool.append(line(n))  # 10 bytes each, one segment
+    batch = spool.read(spool.cursor, 1000, max_bytes=35)
+    assert numbers(batch) == [0, 1, 2]
+    long = json.dumps({"n": 100, "pad": "x" * 200}).encode() + b"\n"
+    assert spool.append(long)
+    tail = spool.read(batch[-1][0], 1000, max_bytes=35)
+    while tail[-1][1] != long:
+        tail += spool.read(tail[-1][0], 1000, max_bytes=35)
+    assert numbers(tail) == list(range(3, 101))
+
+
 def test_files_are_private(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool")
     spool.append(line(1))
