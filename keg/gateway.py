@@ -657,8 +657,12 @@ class Gateway(Service):
                 if n.role == EXT_PROC and n.connected]
 
     def _ext_proc_has_rules(self) -> bool:
+        """Every worker connected and running what it was sent (one not yet connected
+        would otherwise go unnoticed)."""
         assert self.control_plane is not None
-        return bool(self._ext_proc_nodes()) and self.control_plane.nodes_converged(EXT_PROC)
+        workers = {w.node_id for w in self.workers}
+        connected = {n.node_id for n in self._ext_proc_nodes()}
+        return workers <= connected and self.control_plane.nodes_converged(EXT_PROC, workers)
 
     def _refusal(self, version: str | None) -> str | None:
         """The error of an ext_proc instance that NACKed rule-set `version`, if one did."""
