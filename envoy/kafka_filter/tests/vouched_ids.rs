@@ -18,6 +18,7 @@ use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
 use keg_kafka_filter::core::vouch::{fetch_passes, fetch_verdict, FetchVerdict, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
+use keg_kafka_filter::core::handoff::Failure;
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -377,6 +378,98 @@ fn a_session_hands_off_until_the_service_vouches_then_forwards_what_it_vouched_f
     assert!(out.is_empty());
 }
 
+
+fn vouch_for(ids: &[u32]) -> Vec<Vouch> {
+    vec![Vouch { topic: "s.orders".into(), ids: ids.to_vec(), ttl_ms: 60_000, schemas: vec![] }]
+}
+
+/// Feeds `frames` in one go: none may leave yet (they wait behind a hand-off).
+fn feed_waiting(s: &mut Session<Schemas>, frames: &[&Vec<u8>]) {
+    for frame in frames {
+        let mut out = Output::default();
+        s.feed_requests(frame, &mut out).unwrap();
+        assert!(bytes_of(frame, &out).is_empty(), "nothing overtakes the handed-off request");
+    }
+}
+
+#[test]
+fn produce_requests_behind_a_handed_off_one_wait_for_its_vouches_instead_of_crossing_too() {
+    let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
+    let first = produce(9, &[("s.orders", batch(&[framed(7, b"{\"a\":1}")]))]);
+    let second = produce(9, &[("s.orders", batch(&[framed(7, b"{\"a\":2}")]))]);
+    let third = produce(9, &[("s.orders", batch(&[framed(7, b"{\"a\":3}")]))]);
+    let other_id = produce(9, &[("s.orders", batch(&[framed(9, b"{}")]))]);
+    let mut out = Output::default();
+    s.feed_requests(&first, &mut out).unwrap();
+    let handoffs = s.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    // Pipelined behind it before its answer (a new topic, or a vouch that just expired):
+    // they wait for that answer rather than cross to the service too.
+    feed_waiting(&mut s, &[&second, &third, &other_id]);
+    assert!(s.take_handoffs().is_empty());
+    assert!(s.handoff_bytes_awaiting_answers() >= first.len() + second.len() + third.len() + other_id.len());
+    s.resolve(handoffs[0].id, Resolution::Request {
+        forward: first.clone(), answer: None, want_response: false, vouched: vouch_for(&[7]),
+    }).unwrap();
+    // The vouch passes two of them; the third has another id: the service decides it.
+    let later = s.take_handoffs();
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].frame.as_ref(), other_id.as_slice());
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), [first.clone(), second.clone(), third.clone()].concat());
+    s.resolve(later[0].id, Resolution::Request {
+        forward: other_id.clone(), answer: None, want_response: false, vouched: vec![],
+    }).unwrap();
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), other_id);
+    assert_eq!((s.stats.get(Counter::HandoffRequests), s.stats.get(Counter::HandoffVouched)), (2, 2));
+    assert_eq!(s.handoff_bytes_awaiting_answers(), 0);
+}
+
+#[test]
+fn requests_that_waited_for_an_answer_that_failed_are_handed_off_in_order() {
+    let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
+    let frames: Vec<Vec<u8>> = (0..3).map(|i| produce(9, &[("s.orders", batch(&[framed(7, format!("{i}").as_bytes())]))])).collect();
+    let mut out = Output::default();
+    s.feed_requests(&frames[0], &mut out).unwrap();
+    let first = s.take_handoffs();
+    feed_waiting(&mut s, &[&frames[1], &frames[2]]);
+    s.resolve(first[0].id, Resolution::Failed(Failure::Timeout)).unwrap();
+    // Fail-closed: the first is answered with a retriable error; the others go to the
+    // service, in order, as they would have without waiting.
+    let later = s.take_handoffs();
+    assert_eq!(later.iter().map(|h| h.frame.to_vec()).collect::<Vec<_>>(), frames[1..].to_vec());
+    assert!(later[0].id < later[1].id);
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert!(bytes_of(&[], &out).is_empty(), "the failed request never reaches the broker");
+    for (h, frame) in later.iter().zip(&frames[1..]) {
+        s.resolve(h.id, Resolution::Request { forward: frame.clone(), answer: None, want_response: false, vouched: vec![] })
+            .unwrap();
+    }
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), frames[1..].concat());
+}
+
+#[test]
+fn once_an_answer_vouches_for_nothing_requests_are_handed_off_as_they_come() {
+    let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
+    let frames: Vec<Vec<u8>> = (0..4).map(|i| produce(9, &[("s.orders", batch(&[framed(7, format!("{i}").as_bytes())]))])).collect();
+    let mut out = Output::default();
+    s.feed_requests(&frames[0], &mut out).unwrap();
+    let first = s.take_handoffs();
+    feed_waiting(&mut s, &[&frames[1]]);
+    // Its payload kind is not one keg's filter checks (Avro, say): no vouch comes.
+    s.resolve(first[0].id, Resolution::Request { forward: frames[0].clone(), answer: None, want_response: false, vouched: vec![] })
+        .unwrap();
+    assert_eq!(s.take_handoffs().len(), 1, "the one that waited goes to the service");
+    // From then on requests are pipelined to the service, none waits for an answer.
+    feed_waiting(&mut s, &[&frames[2], &frames[3]]);
+    assert_eq!(s.take_handoffs().len(), 2);
+}
 
 #[test]
 fn compressed_batches_are_read_with_every_codec_within_the_budget() {

@@ -233,6 +233,22 @@ struct Pending {
     then_response: Option<Replayed>,
 }
 
+/// A Produce of a vouching range that came while an earlier Produce of that range was
+/// handed off and its vouches had not passed it: the answer on its way may vouch for its
+/// ids (the first frame to a topic; the frames after a vouch expired). It waits for that
+/// answer, in its slot, where it would have waited anyway (nothing overtakes a handed-off
+/// request), instead of crossing to the service too; then it passes on the vouches or is
+/// handed off ([`Session::unpark`]).
+#[derive(Debug)]
+struct Parked {
+    id: u64,
+    frame: Vec<u8>,
+    api_version: i16,
+    expects_response: bool,
+    fail_open: bool,
+    vouching: Arc<Vouching>,
+}
+
 pub struct Session<P: RequestPolicy = ForwardAll> {
     limits: SessionLimits,
     policy: P,
@@ -249,6 +265,11 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     vouched_responses: Vouched,
     handoffs: Vec<HandOff>,
     pending: VecDeque<Pending>,
+    /// Produce requests decided once an earlier hand-off's answer (and its vouches) is in.
+    parked: VecDeque<Parked>,
+    /// Whether the latest answer to a Produce handed off under a vouching range vouched
+    /// for anything (true before any): requests wait for answers only while they do.
+    service_vouches: bool,
     requests_out: Outbox,
     responses_out: Outbox,
     pub identity: Identity,
@@ -311,6 +332,8 @@ impl<P: RequestPolicy> Session<P> {
             vouched_responses: Vouched::default(),
             handoffs: Vec::new(),
             pending: VecDeque::new(),
+            parked: VecDeque::new(),
+            service_vouches: true,
             requests_out: Outbox::default(),
             responses_out: Outbox::default(),
             identity: Identity::default(),
@@ -355,7 +378,8 @@ impl<P: RequestPolicy> Session<P> {
     pub fn handoff_bytes_awaiting_answers(&self) -> usize {
         let pending: usize = self.pending.iter()
             .map(|p| p.frame.len() + p.then_response.as_ref().map_or(0, |r| r.frame.len())).sum();
-        pending + self.requests_out.bytes() + self.responses_out.bytes()
+        let parked: usize = self.parked.iter().map(|p| p.frame.len()).sum();
+        pending + parked + self.requests_out.bytes() + self.responses_out.bytes()
     }
 
     /// Requests whose responses have not left yet.
@@ -762,6 +786,24 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
+        if let (PRODUCE, Some(vouching)) = (c.api_key, &c.vouching) {
+            if self.vouches_awaited(vouching) {
+                let id = self.next_handoff;
+                self.next_handoff += 1;
+                if c.expects_response {
+                    if let Some(entry) = self.in_flight.back_mut() {
+                        entry.reply = Reply::Pending(id);
+                    }
+                }
+                let vouching = vouching.clone();
+                self.parked.push_back(Parked {
+                    id, frame: c.frame, api_version: c.api_version, expects_response: c.expects_response,
+                    fail_open: c.fail_open, vouching,
+                });
+                out.pieces.push(Piece::HandOff(id));
+                return;
+            }
+        }
         // A Fetch's (ShareFetch's) answer can be read before it leaves.
         let answer_read = topics::judged_by_answer(c.api_key) && c.expects_response;
         let by_answer = answer_read && c.by_answer.is_some();
@@ -799,6 +841,51 @@ impl<P: RequestPolicy> Session<P> {
             self.vouched_responses.applies_to(v)
                 && vouch::fetch_request_passes(&c.frame, c.api_version, v, &self.vouched_responses, Instant::now())
         })
+    }
+
+    /// Whether an answer that may vouch for Produce requests of `vouching`'s range is on
+    /// its way (a Produce of that range handed off), or requests of it wait for one.
+    fn vouches_awaited(&self, vouching: &Arc<Vouching>) -> bool {
+        !self.parked.is_empty() || self.answer_may_vouch(vouching)
+    }
+
+    /// Whether a Produce of `vouching`'s range is handed off, its answer not in yet, and
+    /// the service's answers vouch (one that does not, Avro payloads say, or a failed
+    /// hand-off, stops the waiting: requests then go to the service as they come).
+    fn answer_may_vouch(&self, vouching: &Arc<Vouching>) -> bool {
+        self.service_vouches && self.pending.iter().any(|p| {
+            p.direction == Direction::Request && p.api_key == PRODUCE && p.then_response.is_none()
+                && p.vouching.as_ref().is_some_and(|v| Arc::ptr_eq(v, vouching))
+        })
+    }
+
+    /// Decides the parked Produce requests, in order, once an answer is in: each passes
+    /// on the vouches now known, or waits on while another answer that may vouch is on
+    /// its way (and so do those after it: the service sees requests in order), or is
+    /// handed off.
+    fn unpark(&mut self) {
+        let now = Instant::now();
+        while let Some(p) = self.parked.pop_front() {
+            let passes = self.vouched_requests.applies_to(&p.vouching)
+                && vouch::produce_passes(&p.frame, p.api_version, &p.vouching, &self.vouched_requests, now);
+            if passes {
+                if p.expects_response {
+                    let plan = self.response_plan(PRODUCE, p.api_version);
+                    if let Some(entry) = self.in_flight.iter_mut().find(|e| matches!(e.reply, Reply::Pending(id) if id == p.id)) {
+                        entry.reply = Reply::Broker { plan, handoff: None };
+                    }
+                }
+                self.stats.add(Counter::HandoffVouched, 1);
+                self.requests_out.fill(p.id, p.frame);
+            } else if self.answer_may_vouch(&p.vouching) {
+                self.parked.push_front(p);
+                return;
+            } else {
+                self.stats.add(Counter::HandoffRequests, 1);
+                self.hand_off(p.id, Direction::Request, Bytes::from(p.frame), PRODUCE, p.api_version, p.expects_response,
+                              p.fail_open, Some(p.vouching));
+            }
+        }
     }
 
     /// Whether a collected Produce passes on ids the service vouched for.
@@ -841,6 +928,9 @@ impl<P: RequestPolicy> Session<P> {
             return Ok(());
         };
         let Some(pending) = self.pending.remove(index) else { return Ok(()) };
+        if pending.direction == Direction::Request && pending.api_key == PRODUCE && pending.vouching.is_some() {
+            self.service_vouches = matches!(&resolution, Resolution::Request { vouched, .. } if !vouched.is_empty());
+        }
         let resolution = self.learn_vouches(&pending, resolution);
         if let Resolution::Failed(_) = resolution {
             self.stats.add(Counter::HandoffFailures, 1);
@@ -852,7 +942,9 @@ impl<P: RequestPolicy> Session<P> {
             Direction::Request if pending.then_response.is_some() => self.resolve_replay(pending, resolution),
             Direction::Request => self.resolve_request(pending, resolution),
             Direction::Response => self.resolve_response(pending, resolution),
-        }
+        }?;
+        self.unpark();
+        Ok(())
     }
 
     /// The reply to a replayed request (it went to the broker already): its answer goes

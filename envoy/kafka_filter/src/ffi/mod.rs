@@ -565,6 +565,15 @@ impl Filter {
     /// Sends the hand-offs the last feed made; one that cannot be sent (process bound,
     /// no runtime) fails at once. Returns whether any was resolved here.
     fn dispatch(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<bool, ProtocolError> {
+        let mut resolved = false;
+        // A hand-off failed here may make others (requests that waited for its answer).
+        while self.dispatch_made(envoy, cb)? {
+            resolved = true;
+        }
+        Ok(resolved)
+    }
+
+    fn dispatch_made(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<bool, ProtocolError> {
         let handoffs = self.session.take_handoffs();
         if handoffs.is_empty() {
             return Ok(false);
