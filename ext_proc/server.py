@@ -482,7 +482,7 @@ class ExtProcServer:
                 max_rule_set_bytes=self.settings.max_rule_set_bytes,
                 on_installed=self.data_path.rules_ready.set)
             if not self.subscription.restore():  # the last good set, even if the plane is down
-                log.warning("no rule set kept: connections wait for the control plane's")
+                log.info("no rule set kept: connections wait for the control plane's")
         # /metrics is up before the first connection is accepted: whoever sees the
         # gRPC port open (a supervisor, a test) can scrape at once.
         self.data_path.metrics.bind_loop(asyncio.get_running_loop())
