@@ -383,6 +383,11 @@ fn vouch_for(ids: &[u32]) -> Vec<Vouch> {
     vec![Vouch { topic: "s.orders".into(), ids: ids.to_vec(), ttl_ms: 60_000, schemas: vec![] }]
 }
 
+/// `count` Produce requests to `s.orders`, each one record of id 7 (payloads differ).
+fn id_7_produces(count: usize) -> Vec<Vec<u8>> {
+    (0..count).map(|i| produce(9, &[("s.orders", batch(&[framed(7, format!("{i}").as_bytes())]))])).collect()
+}
+
 /// Feeds `frames` in one go: none may leave yet (they wait behind a hand-off).
 fn feed_waiting(s: &mut Session<Schemas>, frames: &[&Vec<u8>]) {
     for frame in frames {
@@ -431,7 +436,7 @@ fn produce_requests_behind_a_handed_off_one_wait_for_its_vouches_instead_of_cros
 #[test]
 fn requests_that_waited_for_an_answer_that_failed_are_handed_off_in_order() {
     let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
-    let frames: Vec<Vec<u8>> = (0..3).map(|i| produce(9, &[("s.orders", batch(&[framed(7, format!("{i}").as_bytes())]))])).collect();
+    let frames = id_7_produces(3);
     let mut out = Output::default();
     s.feed_requests(&frames[0], &mut out).unwrap();
     let first = s.take_handoffs();
@@ -457,7 +462,7 @@ fn requests_that_waited_for_an_answer_that_failed_are_handed_off_in_order() {
 #[test]
 fn once_an_answer_vouches_for_nothing_requests_are_handed_off_as_they_come() {
     let mut s = Session::with_policy(SessionLimits::default(), Schemas(vouching()));
-    let frames: Vec<Vec<u8>> = (0..4).map(|i| produce(9, &[("s.orders", batch(&[framed(7, format!("{i}").as_bytes())]))])).collect();
+    let frames = id_7_produces(4);
     let mut out = Output::default();
     s.feed_requests(&frames[0], &mut out).unwrap();
     let first = s.take_handoffs();

@@ -788,13 +788,7 @@ impl<P: RequestPolicy> Session<P> {
         }
         if let (PRODUCE, Some(vouching)) = (c.api_key, &c.vouching) {
             if self.vouches_awaited(vouching) {
-                let id = self.next_handoff;
-                self.next_handoff += 1;
-                if c.expects_response {
-                    if let Some(entry) = self.in_flight.back_mut() {
-                        entry.reply = Reply::Pending(id);
-                    }
-                }
+                let id = self.awaiting_answer(c.expects_response);
                 let vouching = vouching.clone();
                 self.parked.push_back(Parked {
                     id, frame: c.frame, api_version: c.api_version, expects_response: c.expects_response,
@@ -820,14 +814,7 @@ impl<P: RequestPolicy> Session<P> {
             out.owned(c.frame);
             return;
         }
-        let id = self.next_handoff;
-        self.next_handoff += 1;
-        if c.expects_response {
-            // No request head is read while one is collected: its slot is the last.
-            if let Some(entry) = self.in_flight.back_mut() {
-                entry.reply = Reply::Pending(id);
-            }
-        }
+        let id = self.awaiting_answer(c.expects_response);
         let frame = Bytes::from(c.frame);
         self.stats.add(Counter::HandoffRequests, 1);
         self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open, c.vouching);
@@ -864,14 +851,11 @@ impl<P: RequestPolicy> Session<P> {
     /// its way (and so do those after it: the service sees requests in order), or is
     /// handed off.
     fn unpark(&mut self) {
-        let now = Instant::now();
         while let Some(p) = self.parked.pop_front() {
-            let passes = self.vouched_requests.applies_to(&p.vouching)
-                && vouch::produce_passes(&p.frame, p.api_version, &p.vouching, &self.vouched_requests, now);
-            if passes {
+            if self.produce_vouched(&p.frame, p.api_version, &p.vouching) {
                 if p.expects_response {
                     let plan = self.response_plan(PRODUCE, p.api_version);
-                    if let Some(entry) = self.in_flight.iter_mut().find(|e| matches!(e.reply, Reply::Pending(id) if id == p.id)) {
+                    if let Some(entry) = self.slot_awaiting(p.id) {
                         entry.reply = Reply::Broker { plan, handoff: None };
                     }
                 }
@@ -888,12 +872,34 @@ impl<P: RequestPolicy> Session<P> {
         }
     }
 
+    /// The id of the collected request's answer to come (from the service, or after a
+    /// wait for one), which its slot (the last: no head is read while one is collected)
+    /// now waits for.
+    fn awaiting_answer(&mut self, expects_response: bool) -> u64 {
+        let id = self.next_handoff;
+        self.next_handoff += 1;
+        if expects_response {
+            if let Some(entry) = self.in_flight.back_mut() {
+                entry.reply = Reply::Pending(id);
+            }
+        }
+        id
+    }
+
+    /// The slot waiting for answer `id`.
+    fn slot_awaiting(&mut self, id: u64) -> Option<&mut InFlight> {
+        self.in_flight.iter_mut().find(|e| matches!(e.reply, Reply::Pending(p) if p == id))
+    }
+
     /// Whether a collected Produce passes on ids the service vouched for.
     fn vouched_request(&self, c: &Collect) -> bool {
-        c.vouching.as_ref().is_some_and(|v| {
-            self.vouched_requests.applies_to(v)
-                && vouch::produce_passes(&c.frame, c.api_version, v, &self.vouched_requests, Instant::now())
-        })
+        c.vouching.as_ref().is_some_and(|v| self.produce_vouched(&c.frame, c.api_version, v))
+    }
+
+    /// Whether a Produce of `vouching`'s range passes on the vouches known now.
+    fn produce_vouched(&self, frame: &[u8], api_version: i16, vouching: &Arc<Vouching>) -> bool {
+        self.vouched_requests.applies_to(vouching)
+            && vouch::produce_passes(frame, api_version, vouching, &self.vouched_requests, Instant::now())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1046,8 +1052,7 @@ impl<P: RequestPolicy> Session<P> {
             Resolution::Response { .. } => return err(format!("a response's answer to a {api} request")),
         };
         if let Some(reply) = reply {
-            let slot = self.in_flight.iter_mut().find(|e| matches!(e.reply, Reply::Pending(id) if id == p.id));
-            match slot {
+            match self.slot_awaiting(p.id) {
                 Some(entry) => entry.reply = reply,
                 None => return err(format!("no slot for the {api} request handed off")),
             }
