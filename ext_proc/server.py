@@ -36,6 +36,7 @@ from ext_proc.audit import (
 from ext_proc.audit_kafka import KafkaAuditLog, KafkaAuditSettings
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.order import connection_filters
+from ext_proc.filters.rates import SharedRates
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
 from ext_proc.grpc_listen import exclusive_server, listen
@@ -109,6 +110,9 @@ class ProcessorSettings:
     rules_cache: Path | None = None
     # The largest rule set (xDS response) accepted from the control plane.
     max_rule_set_bytes: int = MAX_RULE_SET_BYTES
+    # The rate rules' buckets, shared by every process mapping this file (a pool of
+    # workers on one host); None: this process's own.
+    rate_table: Path | None = None
     # Rules from the control plane and none kept from before (first start, lost cache):
     # no connection is served without rules. A new one is held up to this long for the
     # first rule set, then refused (closed; keg's module answers a retriable error).
@@ -163,7 +167,8 @@ class DataPath:
         context = BuildContext(side_effects=self.side_effects or NoSideEffects())
         self.engine = RuleEngine(
             CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
-            on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc())
+            on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc(),
+            rates=SharedRates(settings.rate_table) if settings.rate_table else None)
         # Set once the engine runs the rule set it was given: the empty set it starts
         # with is nobody's when the rules come from a control plane (serving with it
         # would let everything through). A rule directory is read before serving.

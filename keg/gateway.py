@@ -434,6 +434,9 @@ class Gateway(Service):
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
                 self._loop.run(self.control_plane.start(), timeout=60)
+            # Rate buckets are the pool's, kept across a worker's restart, not the gateway's.
+            self.rate_table_file.parent.mkdir(parents=True, exist_ok=True)
+            self.rate_table_file.unlink(missing_ok=True)
             self.start_ext_proc()
             if s.rules_from_control_plane and self.control_plane.rules is not None:
                 self.wait_for_rules()
@@ -528,6 +531,7 @@ class Gateway(Service):
                     worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
+        cmd += ["--rate-table", str(self.rate_table_file)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
         if worker.metrics_port is not None:  # chosen in start(): this process waits for it
@@ -586,6 +590,14 @@ class Gateway(Service):
         if self.settings.work_dir is not None:
             return self.settings.work_dir / "keg-rules.json"
         return Path(tempfile.gettempdir()) / f"keg-rules-{self.xds_port}.json"
+
+    @property
+    def rate_table_file(self) -> Path:
+        """The token buckets of rate rules, one file every worker maps (a rate is the
+        gateway's, whichever worker judges a connection); removed at start and stop."""
+        if self.settings.work_dir is not None:
+            return self.settings.work_dir / "keg-rates"
+        return Path(tempfile.gettempdir()) / f"keg-rates-{self.xds_port}"
 
     def _audit_stream_args(self, stream: AuditStream, worker: ExtProcWorker
                            ) -> tuple[list[str], dict[str, str]]:
@@ -753,6 +765,7 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
+        self.rate_table_file.unlink(missing_ok=True)
         if self.settings.rules_from_control_plane:
             for worker in self.workers:
                 worker.own_path(self.rules_cache_file).unlink(missing_ok=True)

@@ -45,9 +45,9 @@ from ext_proc.filters import (
     union_scope,
     union_who,
 )
+from ext_proc.filters.rates import RateBuckets, RateLimiter
 from ext_proc.filters.safeguards import (
     ProduceChecks,
-    RateLimiter,
     clamp_fetch,
     fetch_over_limit,
     produce_bytes,
@@ -161,11 +161,13 @@ class RuleEngine:
     def __init__(self, compiled: CompiledRuleSet, sink: DecisionSink | None = None,
                  context: BuildContext | None = None,
                  limits: RecordLimits = DEFAULT_LIMITS,
-                 on_over_budget: Callable[[str], None] | None = None) -> None:
+                 on_over_budget: Callable[[str], None] | None = None,
+                 rates: RateBuckets | None = None) -> None:
         self.sink = sink or (lambda decision: None)
         self.limits = limits  # what record rules may do for one frame
         self.over_budget = on_over_budget or (lambda topic: None)
-        self.rates = RateLimiter()
+        # The pool's buckets (SharedRates) when the service is one of several workers.
+        self.rates = rates or RateLimiter()
         self.sequences = SequenceLedger()
         self.topic_ids = TopicIds()  # learned from the answers every connection sees
         self.context = context or BuildContext()

@@ -3,19 +3,17 @@ or a look inside record batches.
 
 Safeguards read batch headers (61 bytes each, no decompression) for compression,
 idempotence, transactions and batch size; records are decompressed only when a
-check needs them (record size, headers). Rates are token buckets shared by every
-connection of the process, keyed by rule and principal, client id or topic.
+check needs them (record size, headers). Rates are in `ext_proc.filters.rates`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from filter_rules.errors import SAFEGUARD_ERRORS, error_code
-from filter_rules.model import CompressionPolicy, RateSpec, SafeguardSpec
+from filter_rules.model import CompressionPolicy, SafeguardSpec
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, decode_records, iter_batches
 from kafka_wire.topic_ids import TopicIds, topic_name
@@ -244,48 +242,3 @@ def clamp_fetch(spec: SafeguardSpec, body: dict[str, Any]) -> bool:
 def produce_bytes(body: dict[str, Any]) -> int:
     return sum(len(p.get("Records") or b"") for t in body.get("TopicData") or ()
                for p in t.get("PartitionData") or ())
-
-
-class TokenBucket:
-    """Requests and bytes per second with a burst allowance; time in seconds."""
-
-    def __init__(self, spec: RateSpec, now: float) -> None:
-        self.spec = spec
-        self.requests = (spec.requests_per_second or 0) * spec.burst_seconds
-        self.bytes = float((spec.bytes_per_second or 0) * spec.burst_seconds)
-        self.updated = now
-
-    def take(self, nbytes: int, now: float) -> float:
-        """Spend one request and `nbytes`; return seconds the caller is over its rate."""
-        spec, elapsed = self.spec, max(0.0, now - self.updated)
-        self.updated = now
-        wait = 0.0
-        if spec.requests_per_second:
-            cap = spec.requests_per_second * spec.burst_seconds
-            self.requests = min(cap, self.requests + elapsed * spec.requests_per_second) - 1
-            if self.requests < 0:
-                wait = max(wait, -self.requests / spec.requests_per_second)
-        if spec.bytes_per_second:
-            cap = spec.bytes_per_second * spec.burst_seconds
-            self.bytes = min(cap, self.bytes + elapsed * spec.bytes_per_second) - nbytes
-            if self.bytes < 0:
-                wait = max(wait, -self.bytes / spec.bytes_per_second)
-        return wait
-
-
-class RateLimiter:
-    """Buckets for every (rule, key) seen; shared by all connections of the process."""
-
-    def __init__(self, clock: Any = time.monotonic, max_buckets: int = 100_000) -> None:
-        self._clock = clock
-        self._buckets: dict[tuple[str, str], TokenBucket] = {}
-        self._max_buckets = max_buckets
-
-    def take(self, rule_id: str, spec: RateSpec, key: str, nbytes: int) -> float:
-        now = self._clock()
-        bucket = self._buckets.get((rule_id, key))
-        if bucket is None or bucket.spec is not spec:
-            if len(self._buckets) >= self._max_buckets:
-                self._buckets.clear()  # a flood of keys must not grow memory without bound
-            bucket = self._buckets[(rule_id, key)] = TokenBucket(spec, now)
-        return bucket.take(nbytes, now)

@@ -36,8 +36,12 @@ rules:
   - id: mask-fetched
     match: {direction: response, topics: {prefix: [fetched.]}}
     action: {mask: {fields: [$.card]}}
+  - id: rate-pool
+    match: {apis: [Produce], topics: {prefix: [rated.]}}
+    action: {rate: {per: topic, bytes_per_second: 100, burst_seconds: 1000}}
 """
 WORKERS = 2
+BURST_BYTES = 100 * 1000  # rate-pool's bucket: 100 KB, refilled at 100 B/s
 
 
 @pytest.fixture(scope="module", params=["ext-proc", "native"])
@@ -55,11 +59,16 @@ def pool(request: pytest.FixtureRequest, kafka: EmbeddedKafka,
         yield gateway
 
 
-def connections_served(port: int) -> float:
+def metric_sum(port: int, name: str, *labels: str) -> float:
+    """The sum of a worker's series `name` whose labels include all of `labels`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("keg_connections_total"))
+               if line.startswith(name) and all(label in line for label in labels))
+
+
+def connections_served(port: int) -> float:
+    return metric_sum(port, "keg_connections_total")
 
 
 def test_connections_spread_over_the_workers_and_a_killed_worker_costs_only_its_frames(
@@ -120,3 +129,33 @@ def test_a_consumer_reads_through_the_pool_whichever_worker_learnt_the_topic_ids
                 in consume_records({"bootstrap.servers": pool.bootstrap}, topic, timeout=60)]
         masked = prefix == "fetched."
         assert read == [{**doc, "card": "****"} if masked else doc for doc in docs], prefix
+
+
+def test_a_rate_limit_is_one_budget_for_every_worker(pool: Gateway, kafka: EmbeddedKafka) -> None:
+    """A rate's buckets belong to the host, not to each worker: the budget a topic spent
+    through one worker's connection is spent for every other worker's too. (Each worker
+    had its own buckets: a pool of N workers let N times the rate through.)"""
+    topic = create_topic(kafka.bootstrap, 1, name=f"rated.{uuid.uuid4().hex[:8]}")
+    spender = Producer({"bootstrap.servers": pool.bootstrap, "linger.ms": 20})
+    for _ in range(BURST_BYTES // 1000 + 20):  # the whole burst and more, one connection
+        spender.produce(topic, b"s" * 1000)
+    assert spender.flush(60) == 0
+
+    def throttled() -> list[float]:
+        return [metric_sum(w.metrics_port or 0, "keg_decisions_total", 'rule="rate-pool"',
+                           'outcome="throttled"') for w in pool.workers]
+
+    before = throttled()
+    told_to_wait = []
+    for _ in range(10):  # new connections, spread over both workers
+        throttles: list[float] = []
+        late = Producer({"bootstrap.servers": pool.bootstrap,
+                         "throttle_cb": lambda event, seen=throttles: seen.append(
+                             event.throttle_time)})
+        late.produce(topic, b"late" * 250)
+        assert late.flush(60) == 0
+        told_to_wait.append(bool(throttles) and max(throttles) > 0)
+    after = throttled()
+    # Every late producer found the topic's budget spent, whichever worker judged it.
+    assert told_to_wait == [True] * 10
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)

@@ -1,4 +1,4 @@
-"""Safeguard checks on real record batches, and the token buckets behind rate rules."""
+"""Safeguard checks on real record batches."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from typing import Any
 import pytest
 
 from ext_proc.filters.safeguards import (
-    RateLimiter,
-    TokenBucket,
     clamp_fetch,
     fetch_over_limit,
     produce_bytes,
     produce_violations,
 )
-from filter_rules.model import RateSpec, SafeguardSpec
+from filter_rules.model import SafeguardSpec
 from kafka_wire.compression import Compression
 from kafka_wire.records import BatchHeader, Record, encode_batch
 from kafka_wire.topic_ids import TopicIds
@@ -141,22 +139,3 @@ def test_fetch_limits_are_clamped() -> None:
     assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=1_000_000), body) is None
     assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=100), body) == 1_000_000
     assert body["MaxBytes"] == 1_000_000  # only read
-
-
-def test_token_bucket_allows_the_burst_then_asks_to_wait() -> None:
-    spec = RateSpec(bytes_per_second=1000, burst_seconds=1)
-    bucket = TokenBucket(spec, now=0.0)
-    assert bucket.take(1000, now=0.0) == 0.0  # the burst
-    assert bucket.take(500, now=0.0) == pytest.approx(0.5)
-    assert bucket.take(0, now=2.0) == 0.0  # refilled (capped at the burst)
-
-
-def test_request_rate_and_keys_are_separate() -> None:
-    clock = [0.0]
-    limiter = RateLimiter(clock=lambda: clock[0])
-    spec = RateSpec(requests_per_second=2, burst_seconds=1)
-    assert [limiter.take("r", spec, "alice", 0) for _ in range(2)] == [0.0, 0.0]
-    assert limiter.take("r", spec, "alice", 0) == pytest.approx(0.5)
-    assert limiter.take("r", spec, "bob", 0) == 0.0  # bob has his own bucket
-    clock[0] = 10.0
-    assert limiter.take("r", spec, "alice", 0) == 0.0
