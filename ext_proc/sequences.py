@@ -1,12 +1,32 @@
-"""Sequence numbers of idempotent producers whose records the gateway dropped."""
+"""Sequence numbers of idempotent producers whose records the gateway dropped.
+
+A producer's next connection may reach another worker of the ext_proc pool (a hash, a
+failover, a worker's restart): the pool's workers keep their ledger in one file
+(`SharedSequenceLedger`), a single process in a dict (`SequenceLedger`).
+"""
 
 from __future__ import annotations
 
 import bisect
+import struct
+import time
 from collections import OrderedDict
-from typing import Final
+from pathlib import Path
+from typing import Final, Protocol
+
+from ext_proc.shared_slots import Clock, SharedSlots, key_hash
 
 ProducerKey = tuple[int, int, str, int]  # producer id, epoch, topic, partition
+
+
+class Ledger(Protocol):
+    def shift(self, key: ProducerKey, base_sequence: int) -> int:
+        """How far to move a batch's base sequence down: the records dropped from the
+        producer's batches before it."""
+
+    def dropped(self, key: ProducerKey, base_sequence: int, count: int) -> None:
+        """`count` records were dropped from the batch at `base_sequence` (a retry of a
+        batch already counted changes nothing)."""
 
 
 class SequenceLedger:
@@ -52,3 +72,52 @@ class SequenceLedger:
             totals[later] += count
         if len(starts) > self.MAX_ENTRIES:
             del starts[: len(starts) // 2], totals[: len(totals) // 2]
+
+
+# Per producer and partition, the latest drop points (base sequence, drops through it);
+# retries only concern the batches in flight (5 at most), so 16 points are plenty.
+POINTS: Final = 16
+_POINTS: Final = struct.Struct("<I" + "iq" * POINTS)
+DEFAULT_SETS: Final = 16_384  # 131,072 producer partitions, 27 MiB (sparse)
+
+
+class SharedSequenceLedger:
+    """The ledger in a file every process of the pool maps (`ext_proc.shared_slots`):
+    a few microseconds per idempotent batch of a topic with record rules. A producer
+    partition forgotten (its set full of fresher ones) shifts nothing again."""
+
+    def __init__(self, path: Path, sets: int = DEFAULT_SETS,
+                 clock: Clock = time.monotonic) -> None:
+        self._slots = SharedSlots(path, _POINTS, sets, clock)
+
+    def shift(self, key: ProducerKey, base_sequence: int) -> int:
+        with self._slots.existing(key_hash(*key)) as slot:
+            if slot is None:
+                return 0
+            starts, totals = _points(slot.read())
+        index = bisect.bisect_left(starts, base_sequence)
+        return totals[index - 1] if index else 0
+
+    def dropped(self, key: ProducerKey, base_sequence: int, count: int) -> None:
+        with self._slots.slot(key_hash(*key)) as slot:
+            starts, totals = ([], []) if slot.fresh else _points(slot.read())
+            index = bisect.bisect_left(starts, base_sequence)
+            if index < len(starts) and starts[index] == base_sequence:
+                return  # a retry: already counted
+            before = totals[index - 1] if index else 0
+            starts.insert(index, base_sequence)
+            totals.insert(index, before + count)
+            for later in range(index + 1, len(totals)):
+                totals[later] += count
+            del starts[:-POINTS], totals[:-POINTS]
+            pairs = [v for pair in zip(starts, totals, strict=True) for v in pair]
+            slot.write(len(starts), *pairs, *[0] * (2 * (POINTS - len(starts))))
+
+    def close(self) -> None:
+        self._slots.close()
+
+
+def _points(values: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """A slot's drop points: base sequences ascending, and drops through each."""
+    count = values[0]
+    return list(values[1:1 + 2 * count:2]), list(values[2:2 + 2 * count:2])

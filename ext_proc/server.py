@@ -61,6 +61,7 @@ from ext_proc.sasl.termination import (
     TerminationConfigError,
     TerminationState,
 )
+from ext_proc.sequences import SharedSequenceLedger
 from ext_proc.session import KafkaSession, ProtocolViolation
 from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
@@ -110,9 +111,10 @@ class ProcessorSettings:
     rules_cache: Path | None = None
     # The largest rule set (xDS response) accepted from the control plane.
     max_rule_set_bytes: int = MAX_RULE_SET_BYTES
-    # The rate rules' buckets, shared by every process mapping this file (a pool of
-    # workers on one host); None: this process's own.
-    rate_table: Path | None = None
+    # A directory of state the processes of one pool (workers on one host) share: rate
+    # buckets and the sequences of idempotent producers whose records rules dropped.
+    # None: this process's own.
+    shared_state: Path | None = None
     # Rules from the control plane and none kept from before (first start, lost cache):
     # no connection is served without rules. A new one is held up to this long for the
     # first rule set, then refused (closed; keg's module answers a retriable error).
@@ -147,6 +149,16 @@ class ProcessorSettings:
                              "not both: give rules_dir or control_plane")
 
 
+def shared_state(directory: Path | None) -> dict[str, Any]:
+    """The engine's state the pool's workers share (RuleEngine's arguments), in
+    `directory`, made by the first worker that needs it."""
+    if directory is None:
+        return {}
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"rates": SharedRates(directory / "rates"),
+            "sequences": SharedSequenceLedger(directory / "sequences")}
+
+
 class DataPath:
     """What every connection shares: the rule engine, audit log and metrics."""
 
@@ -168,7 +180,7 @@ class DataPath:
         self.engine = RuleEngine(
             CompiledRuleSet(RuleSet()), self._record, context, settings.record_limits,
             on_over_budget=lambda topic: self.metrics.record_budget_refusals.inc(),
-            rates=SharedRates(settings.rate_table) if settings.rate_table else None)
+            **shared_state(settings.shared_state))
         # Set once the engine runs the rule set it was given: the empty set it starts
         # with is nobody's when the rules come from a control plane (serving with it
         # would let everything through). A rule directory is read before serving.

@@ -465,10 +465,11 @@ def ext_proc_cmd(
     rules_cache: Annotated[Path | None, typer.Option(
         help="File keeping the last good rule set from the control plane, served after a "
              "restart while the control plane is down.")] = None,
-    rate_table: Annotated[Path | None, typer.Option(
-        help="File of the rate rules' token buckets, shared by every process given the "
-             "same one (a pool of workers on one host: a rate is then the host's, not "
-             "each process's). Default: in this process only.")] = None,
+    shared_state: Annotated[Path | None, typer.Option(
+        help="Directory of the state every process given the same one shares (a pool of "
+             "workers on one host): rate buckets, so a rate is the host's, and the "
+             "sequences of idempotent producers whose records rules dropped, which follow "
+             "a producer to any worker. Default: this process's own.")] = None,
     first_rules_wait: Annotated[float, typer.Option(
         min=0.0, help="With --control-plane and no rule set kept: seconds a new "
                       "connection waits for the first rule set before it is refused "
@@ -543,7 +544,7 @@ def ext_proc_cmd(
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
-        rate_table=rate_table, first_rules_wait_s=first_rules_wait,
+        shared_state=shared_state, first_rules_wait_s=first_rules_wait,
         max_rule_set_bytes=max_rule_set_bytes,
         side_effects_bootstrap=side_effects_bootstrap,
         side_effects_config=tuple(producer_config),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -434,9 +435,8 @@ class Gateway(Service):
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
                 self._loop.run(self.control_plane.start(), timeout=60)
-            # Rate buckets are the pool's, kept across a worker's restart, not the gateway's.
-            self.rate_table_file.parent.mkdir(parents=True, exist_ok=True)
-            self.rate_table_file.unlink(missing_ok=True)
+            # The pool's shared state outlives a worker's restart, not the gateway's.
+            shutil.rmtree(self.shared_state_dir, ignore_errors=True)
             self.start_ext_proc()
             if s.rules_from_control_plane and self.control_plane.rules is not None:
                 self.wait_for_rules()
@@ -531,7 +531,7 @@ class Gateway(Service):
                     worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
             cmd += ["--rules", str(s.rules_dir)]
-        cmd += ["--rate-table", str(self.rate_table_file)]
+        cmd += ["--shared-state", str(self.shared_state_dir)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(worker.own_path(s.audit_log))]
         if worker.metrics_port is not None:  # chosen in start(): this process waits for it
@@ -592,12 +592,13 @@ class Gateway(Service):
         return Path(tempfile.gettempdir()) / f"keg-rules-{self.xds_port}.json"
 
     @property
-    def rate_table_file(self) -> Path:
-        """The token buckets of rate rules, one file every worker maps (a rate is the
-        gateway's, whichever worker judges a connection); removed at start and stop."""
+    def shared_state_dir(self) -> Path:
+        """What the workers share (`ext_proc.shared_slots`: rate buckets, the sequences
+        of producers whose records rules dropped): whichever worker judges a connection
+        sees the same; removed at start and stop."""
         if self.settings.work_dir is not None:
-            return self.settings.work_dir / "keg-rates"
-        return Path(tempfile.gettempdir()) / f"keg-rates-{self.xds_port}"
+            return self.settings.work_dir / "keg-shared-state"
+        return Path(tempfile.gettempdir()) / f"keg-shared-state-{self.xds_port}"
 
     def _audit_stream_args(self, stream: AuditStream, worker: ExtProcWorker
                            ) -> tuple[list[str], dict[str, str]]:
@@ -765,7 +766,7 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
-        self.rate_table_file.unlink(missing_ok=True)
+        shutil.rmtree(self.shared_state_dir, ignore_errors=True)
         if self.settings.rules_from_control_plane:
             for worker in self.workers:
                 worker.own_path(self.rules_cache_file).unlink(missing_ok=True)

@@ -55,7 +55,7 @@ from ext_proc.filters.safeguards import (
     produce_violations,
 )
 from ext_proc.identity import IdentityTracker, principal_for_envelope
-from ext_proc.sequences import SequenceLedger
+from ext_proc.sequences import Ledger, SequenceLedger
 from filter_rules import CompiledRule, CompiledRuleSet, MatchContext, RuleSet
 from filter_rules.errors import default_deny_error, error_code
 from interceptors import BuildContext
@@ -162,13 +162,14 @@ class RuleEngine:
                  context: BuildContext | None = None,
                  limits: RecordLimits = DEFAULT_LIMITS,
                  on_over_budget: Callable[[str], None] | None = None,
-                 rates: RateBuckets | None = None) -> None:
+                 rates: RateBuckets | None = None, sequences: Ledger | None = None) -> None:
         self.sink = sink or (lambda decision: None)
         self.limits = limits  # what record rules may do for one frame
         self.over_budget = on_over_budget or (lambda topic: None)
-        # The pool's buckets (SharedRates) when the service is one of several workers.
+        # The pool's (SharedRates, SharedSequenceLedger) when the service is one of
+        # several workers: a rate and a producer's sequences are not one process's.
         self.rates = rates or RateLimiter()
-        self.sequences = SequenceLedger()
+        self.sequences = sequences or SequenceLedger()
         self.topic_ids = TopicIds()  # learned from the answers every connection sees
         self.context = context or BuildContext()
         self.records = RecordEngine(CompiledRuleSet(RuleSet()), self.context, builders={})

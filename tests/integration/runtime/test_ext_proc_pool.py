@@ -36,6 +36,9 @@ rules:
   - id: mask-fetched
     match: {direction: response, topics: {prefix: [fetched.]}}
     action: {mask: {fields: [$.card]}}
+  - id: drop-noise
+    match: {topics: {prefix: [dropping.]}}
+    action: {drop: {when: {fields: {$.kind: {exact: [noise]}}}}}
   - id: rate-pool
     match: {apis: [Produce], topics: {prefix: [rated.]}}
     action: {rate: {per: topic, bytes_per_second: 100, burst_seconds: 1000}}
@@ -159,3 +162,35 @@ def test_a_rate_limit_is_one_budget_for_every_worker(pool: Gateway, kafka: Embed
     # Every late producer found the topic's budget spent, whichever worker judged it.
     assert told_to_wait == [True] * 10
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_an_idempotent_producer_keeps_its_sequences_whichever_worker_it_reaches(
+        pool: Gateway, kafka: EmbeddedKafka) -> None:
+    """Records a rule drops from an idempotent producer's batch shift its later batches'
+    sequence numbers down (the broker must see no gap). That ledger was one worker's:
+    after the workers' restart (or on another worker) the producer's next batch reached
+    the broker unshifted, and the broker refused it (OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+    topic = create_topic(kafka.bootstrap, 1, name=f"dropping.{uuid.uuid4().hex[:8]}")
+    errors: list[KafkaError] = []
+    producer = Producer({"bootstrap.servers": pool.bootstrap, "enable.idempotence": True,
+                         "linger.ms": 50, "message.timeout.ms": 60000})
+
+    def send(docs: list[dict[str, Any]]) -> None:
+        for doc in docs:
+            producer.produce(topic, orjson.dumps(doc), on_delivery=lambda err, _m: (
+                errors.append(err) if err is not None else None))
+        assert producer.flush(90) == 0
+
+    first = [{"n": n, "kind": "noise" if n % 2 else "data"} for n in range(10)]
+    send(first)  # 5 of its 10 records dropped: later batches move 5 sequences down
+    pids = [w.current_pid() for w in pool.workers]
+    for pid in pids:
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+    wait_serving(pool.bootstrap, also=lambda: all(
+        w.current_pid() not in (None, pid) for w, pid in zip(pool.workers, pids, strict=True)))
+    second = [{"n": n, "kind": "data"} for n in range(10, 30)]
+    send(second)
+    assert errors == []
+    kept = [orjson.dumps(doc).decode() for doc in first + second if doc["kind"] == "data"]
+    assert stored_values(kafka.bootstrap, topic) == Counter(kept)  # each once, none lost

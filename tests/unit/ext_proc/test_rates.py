@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.filters.rates import WAYS, RateBuckets, RateLimiter, SharedRates, TokenBucket
+from ext_proc.filters.rates import RateBuckets, RateLimiter, SharedRates, TokenBucket
+from ext_proc.shared_slots import WAYS
 from filter_rules.model import RateSpec
 
 

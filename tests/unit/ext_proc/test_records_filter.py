@@ -14,7 +14,6 @@ from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.records import RecordsFilter
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.identity import IdentityTracker
-from ext_proc.sequences import SequenceLedger
 from filter_rules import CompiledRuleSet, load_rule_text
 from interceptors.engine import RecordLimits
 from kafka_wire import ApiKey
@@ -156,18 +155,6 @@ def test_fetch_responses_are_rewritten_with_offsets_kept() -> None:
     assert view.base_offset == 40 and view.last_offset_delta == 1
     assert json_values(records) == [
         {"email": "****", "kind": "a"}, {"email": "****", "kind": "heartbeat"}]
-
-
-def test_sequence_ledger_is_deterministic_for_retries() -> None:
-    ledger = SequenceLedger()
-    key = (1, 0, "t", 0)
-    ledger.dropped(key, 0, 2)
-    ledger.dropped(key, 10, 1)
-    ledger.dropped(key, 10, 1)  # a retry of the same batch counts once
-    assert [ledger.shift(key, s) for s in (0, 5, 10, 11, 20)] == [0, 2, 2, 3, 3]
-    ledger.dropped(key, 5, 4)  # an out-of-order arrival moves everything after it
-    assert [ledger.shift(key, s) for s in (5, 6, 11)] == [2, 6, 7]
-    assert ledger.shift((2, 0, "t", 0), 10) == 0
 
 
 def bomb_batch(records_count: int = 1, expands_to: int = MAX_DECOMPRESSED + 1) -> bytes:
