@@ -48,11 +48,7 @@ class SequenceLedger:
 
     def shift(self, key: ProducerKey, base_sequence: int) -> int:
         entry = self._entries.get(key)
-        if entry is None:
-            return 0
-        starts, totals = entry
-        index = bisect.bisect_left(starts, base_sequence)
-        return totals[index - 1] if index else 0
+        return 0 if entry is None else shift_of(*entry, base_sequence)
 
     def dropped(self, key: ProducerKey, base_sequence: int, count: int) -> None:
         entry = self._entries.get(key)
@@ -62,16 +58,29 @@ class SequenceLedger:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
         starts, totals = entry
-        index = bisect.bisect_left(starts, base_sequence)
-        if index < len(starts) and starts[index] == base_sequence:
-            return  # a retry: already counted
-        before = totals[index - 1] if index else 0
-        starts.insert(index, base_sequence)
-        totals.insert(index, before + count)
-        for later in range(index + 1, len(totals)):
-            totals[later] += count
-        if len(starts) > self.MAX_ENTRIES:
+        if add_drop(starts, totals, base_sequence, count) and len(starts) > self.MAX_ENTRIES:
             del starts[: len(starts) // 2], totals[: len(totals) // 2]
+
+
+def shift_of(starts: list[int], totals: list[int], base_sequence: int) -> int:
+    """The drops before `base_sequence`, from a producer partition's drop points (base
+    sequences ascending, drops through each)."""
+    index = bisect.bisect_left(starts, base_sequence)
+    return totals[index - 1] if index else 0
+
+
+def add_drop(starts: list[int], totals: list[int], base_sequence: int, count: int) -> bool:
+    """Count `count` drops at `base_sequence` in the drop points (False: a retry of a
+    batch already counted, nothing changed)."""
+    index = bisect.bisect_left(starts, base_sequence)
+    if index < len(starts) and starts[index] == base_sequence:
+        return False
+    before = totals[index - 1] if index else 0
+    starts.insert(index, base_sequence)
+    totals.insert(index, before + count)
+    for later in range(index + 1, len(totals)):
+        totals[later] += count
+    return True
 
 
 # Per producer and partition, the latest drop points (base sequence, drops through it);
@@ -94,21 +103,13 @@ class SharedSequenceLedger:
         with self._slots.existing(key_hash(*key)) as slot:
             if slot is None:
                 return 0
-            starts, totals = _points(slot.read())
-        index = bisect.bisect_left(starts, base_sequence)
-        return totals[index - 1] if index else 0
+            return shift_of(*_points(slot.read()), base_sequence)
 
     def dropped(self, key: ProducerKey, base_sequence: int, count: int) -> None:
         with self._slots.slot(key_hash(*key)) as slot:
             starts, totals = ([], []) if slot.fresh else _points(slot.read())
-            index = bisect.bisect_left(starts, base_sequence)
-            if index < len(starts) and starts[index] == base_sequence:
-                return  # a retry: already counted
-            before = totals[index - 1] if index else 0
-            starts.insert(index, base_sequence)
-            totals.insert(index, before + count)
-            for later in range(index + 1, len(totals)):
-                totals[later] += count
+            if not add_drop(starts, totals, base_sequence, count):
+                return
             del starts[:-POINTS], totals[:-POINTS]
             pairs = [v for pair in zip(starts, totals, strict=True) for v in pair]
             slot.write(len(starts), *pairs, *[0] * (2 * (POINTS - len(starts))))
