@@ -15,8 +15,12 @@ Layout (what `keg backtest` and `keg capture` read and write; see CAPTURE_SCHEMA
 is written as a hidden `.part-*.parquet.tmp` (readers skip names starting with "."),
 renamed when it reaches `rotate_bytes`, gets older than `roll_seconds`, when no record
 came for `flush_seconds`, or on close.
-`max_bytes` caps the whole directory (files already there count): once reached,
-nothing more is captured.
+`max_bytes` caps the whole directory: files already there count, and so do the files
+every other writer (each ext_proc worker of a pool runs its own capture) writes there
+now; a write checks the room and writes under a lock on the directory (`.lock`), so
+writers never overrun the cap together (but for the footers of files another writer
+still has open: its row groups' metadata, about a KiB each). Once reached, nothing more
+is captured.
 
 Sampling is deterministic: a record is kept when a hash of (topic, partition, offset)
 — or, before the broker gave it an offset, of (topic, key, timestamp, value) — falls
@@ -25,13 +29,15 @@ below `sample`. The same record is sampled the same way on every gateway and rer
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -105,12 +111,16 @@ def row_bytes(row: Row) -> int:
     return 64 + len(row[0]) + len(row[4] or b"") + len(row[5] or b"") + headers
 
 
-def directory_bytes(root: Path) -> int:
+def directory_bytes(root: Path, skip: Collection[str] = ()) -> int:
+    """The bytes of every file under `root`, but those in `skip` (paths)."""
     total = 0
     for folder, _dirs, files in os.walk(root):
         for name in files:
+            path = os.path.join(folder, name)
+            if path in skip:
+                continue
             try:
-                total += os.stat(os.path.join(folder, name)).st_size
+                total += os.stat(path).st_size
             except OSError:  # renamed or removed meanwhile
                 continue
     return total
@@ -133,10 +143,9 @@ class _OpenFile:
     def size(self) -> int:
         return int(self.writer.file_handle.tell()) if self.writer.file_handle else 0
 
-    def close(self) -> int:
+    def close(self) -> None:
         self.writer.close()
         os.replace(self.temp, self.final)
-        return self.final.stat().st_size
 
 
 class CaptureWriter:
@@ -155,7 +164,6 @@ class CaptureWriter:
         self.rotate_bytes = rotate_bytes
         self.roll_seconds = roll_seconds
         self.schema = capture_schema()
-        self.written_bytes = directory_bytes(self.root)  # files closed (and found) so far
         self.rows = 0
         self.capped = False
         self.files: list[Path] = []
@@ -167,7 +175,18 @@ class CaptureWriter:
         return self.capped or self.used_bytes() >= self.max_bytes
 
     def used_bytes(self) -> int:
-        return self.written_bytes + sum(f.size() for f in self._open.values())
+        """The directory's bytes: every writer's files, this one's open ones as far as
+        they are written (what is on disk of them may lag)."""
+        mine = {str(f.temp): f.size() for f in self._open.values()}
+        return directory_bytes(self.root, skip=mine) + sum(mine.values())
+
+    @contextmanager
+    def _directory_locked(self) -> Iterator[None]:
+        """The directory to this writer alone (between processes: an flock, freed by
+        the kernel if its holder dies) while it checks the room and writes."""
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield  # closing the file frees the lock
 
     def write(self, rows: list[Row]) -> int:
         """Write rows (as many as `max_bytes` leaves room for); returns how many.
@@ -175,6 +194,10 @@ class CaptureWriter:
         Room is estimated before writing: payload plus a margin for Parquet's encoding,
         row-group metadata and the footers of the files still open.
         """
+        with self._directory_locked():
+            return self._write(rows)
+
+    def _write(self, rows: list[Row]) -> int:
         room = (self.max_bytes - self.used_bytes() - _GROUP_OVERHEAD
                 - _FOOTER_RESERVE * (len(self._open) + 1))
         kept: list[Row] = []
@@ -219,7 +242,7 @@ class CaptureWriter:
 
     def _close(self, key: tuple[str, str]) -> None:
         target = self._open.pop(key)
-        self.written_bytes += target.close()
+        target.close()
         self.files.append(target.final)
 
     def _table(self, rows: list[Row]) -> pa.Table:

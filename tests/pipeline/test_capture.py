@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -100,6 +101,25 @@ def test_rotation_and_size_cap(tmp_path: Path) -> None:
     again.close()
     assert again.full
     assert directory_bytes(tmp_path) <= 60_000
+
+
+def test_writers_sharing_a_directory_keep_its_cap_together(tmp_path: Path) -> None:
+    """Each ext_proc worker of a pool runs its own capture into the rule's directory:
+    each counts the others' files, open ones included (each wrote up to the cap)."""
+    noise = random.Random(7)  # values zstd cannot shrink: bytes written ~ bytes given
+    big = [to_row(InterceptedRecord("t", 0, b"k%d" % i, noise.randbytes(1000), [], 1, i),
+                  include_value=True, now_ms=1) for i in range(200)]
+    writers = [CaptureWriter(tmp_path, max_bytes=60_000, rotate_bytes=1 << 20)
+               for _ in range(2)]
+    written = sum(writer.write(big[i:i + 5]) for i in range(0, 200, 5) for writer in writers)
+    assert all(writer.full for writer in writers)  # each saw the other's bytes
+    for writer in writers:
+        writer.close()
+    assert 0 < written < 60  # about 60 KB of 1 KB rows, not 60 KB each
+    # Within the cap but for the footer each writer adds at close for its open file (the
+    # row groups' metadata), which only it knows.
+    assert directory_bytes(tmp_path) <= 60_000 + 2 * 8192
+    assert read_capture(tmp_path).num_rows == written
 
 
 def test_open_files_are_hidden_until_closed(tmp_path: Path) -> None:

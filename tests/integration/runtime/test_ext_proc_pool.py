@@ -9,7 +9,9 @@ stored exactly once, and the worker comes back by itself.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
 import urllib.request
 import uuid
 from collections import Counter
@@ -20,6 +22,7 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from interceptors.capture import directory_bytes
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway, GatewaySettings
 from tests.integration.conftest import create_topic
@@ -39,12 +42,16 @@ rules:
   - id: drop-noise
     match: {topics: {prefix: [dropping.]}}
     action: {drop: {when: {fields: {$.kind: {exact: [noise]}}}}}
+  - id: capture-pool
+    match: {topics: {prefix: [captured.]}}
+    action: {capture: {path: captures, max_bytes: 100000}}
   - id: rate-pool
     match: {apis: [Produce], topics: {prefix: [rated.]}}
     action: {rate: {per: topic, bytes_per_second: 100, burst_seconds: 1000}}
 """
 WORKERS = 2
 BURST_BYTES = 100 * 1000  # rate-pool's bucket: 100 KB, refilled at 100 B/s
+CAPTURE_CAP = 100_000  # capture-pool's max_bytes
 
 
 @pytest.fixture(scope="module", params=["ext-proc", "native"])
@@ -194,3 +201,35 @@ def test_an_idempotent_producer_keeps_its_sequences_whichever_worker_it_reaches(
     assert errors == []
     kept = [orjson.dumps(doc).decode() for doc in first + second if doc["kind"] == "data"]
     assert stored_values(kafka.bootstrap, topic) == Counter(kept)  # each once, none lost
+
+
+def test_workers_capturing_into_one_directory_keep_its_cap_together(
+        pool: Gateway, kafka: EmbeddedKafka) -> None:
+    """Each worker runs its own capture into the rule's directory; each wrote up to
+    max_bytes there, so a pool of N wrote N times the cap."""
+    topic = create_topic(kafka.bootstrap, 4, name=f"captured.{uuid.uuid4().hex[:8]}")
+    noise = random.Random(11)  # values Parquet's zstd cannot shrink
+    producers = [Producer({"bootstrap.servers": pool.bootstrap, "linger.ms": 5})
+                 for _ in range(6)]
+    for n in range(1200):  # 1.2 MB over six connections, so over both workers
+        producers[n % 6].produce(topic, noise.randbytes(1000), partition=n % 4)
+    for producer in producers:
+        assert producer.flush(60) == 0
+    assert pool.settings.rules_dir is not None
+    captures = pool.settings.rules_dir / "captures"
+    # The writers write every 5 s and close their files after 5 s idle: wait for every
+    # file closed and nothing new for longer than that.
+    deadline = time.monotonic() + 90
+    seen, since = -1, time.monotonic()
+    while True:
+        assert time.monotonic() < deadline, "the captures did not settle in 90 s"
+        names = [p.name for p in captures.rglob("*.parquet*")] if captures.exists() else []
+        written = directory_bytes(captures) if names else 0
+        if written != seen:
+            seen, since = written, time.monotonic()
+        elif names and not any(n.endswith(".tmp") for n in names) and (
+                time.monotonic() - since > 7):
+            break
+        time.sleep(0.5)
+    # The cap, but for the footers each worker adds to a file it closes (a few KB).
+    assert CAPTURE_CAP // 2 < written <= CAPTURE_CAP + 2 * 8192, written
