@@ -69,11 +69,12 @@ class SharedSlots:
         self._thread_lock = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            size = sets * self._set_bytes
             fcntl.lockf(self._fd, fcntl.LOCK_EX)  # the whole file: one process sizes it
             try:
-                if os.fstat(self._fd).st_size < size:
-                    os.ftruncate(self._fd, size)  # sparse zeros: every slot free
+                # Its first process sizes it (sparse zeros: every slot free); the others
+                # take its number of sets, so all agree on where a key lives.
+                if os.fstat(self._fd).st_size < self._set_bytes:
+                    os.ftruncate(self._fd, sets * self._set_bytes)
                 size = os.fstat(self._fd).st_size // self._set_bytes * self._set_bytes
             finally:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN)

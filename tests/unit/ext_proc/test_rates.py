@@ -73,8 +73,9 @@ def test_shared_buckets_are_one_budget_for_every_process_mapping_the_file(
               "print(SharedRates(Path(sys.argv[1])).take('r', spec, 'payments', 600))")
     out = subprocess.run([sys.executable, "-c", script, str(path)], check=True,
                          capture_output=True, text=True).stdout
-    assert float(out) == pytest.approx(200, rel=0.01)
-    assert here.take("r", spec, "payments", 1) > 200  # and this process sees it spent
+    # (less the byte a second it refills while the other process starts)
+    assert float(out) == pytest.approx(200, abs=30)
+    assert here.take("r", spec, "payments", 1) > 150  # and this process sees it spent
     assert here.take("r", spec, "orders", 600) == 0.0  # another key, its own bucket
     here.close()
 
