@@ -214,7 +214,8 @@ def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]
         # requests of connections a clause admits (principals, networks, listeners).
         "requests": [_range_json(r) for r in ranges],
         "failure_mode_allow": handoff.failure_mode_allow,
-        # Requests only learners want: forwarded when the service cannot take them.
+        # Requests only learners and dry runs want: forwarded when the service cannot
+        # take them.
         "fail_open": [list(r) for r in fail_open],
         "endpoints": list(handoff.endpoints),
         "handoff_timeout_ms": handoff.timeout_ms,

@@ -226,11 +226,12 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
 
 
 def fail_open_ranges(engine: RuleEngine) -> list[tuple[int, int, int]]:
-    """The requests of `interest_table` that only filters which may miss frames want
-    (`BaseFilter.may_miss_frames`: without rules, the topic-id learner and the group
-    protocol observer): when the Python service cannot take one, the module forwards it
-    and its answer as they are, whatever the failure mode. Without this every Metadata
-    request needed the service, and a new client could not connect while it was down."""
+    """The requests of `interest_table` that only filters which may miss them want
+    (`BaseFilter.misses_harmlessly`: the topic-id learner, the group protocol observer,
+    rules that are all dry runs): when the Python service cannot take one, the module
+    forwards it and its answer as they are, whatever the failure mode. Without this every
+    Metadata request needed the service, and a new client could not connect while it was
+    down; and a dry-run rule, which never changes traffic, refused its requests then."""
     return handed_off_ranges(engine)[1]
 
 
@@ -308,7 +309,8 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
             if filters:
                 chosen = selection(api_key, v)
                 yield _Wanted(api_key, v, chosen.selector,
-                              all(f.may_miss_frames for f in filters), unvouched(api_key, v),
+                              all(f.misses_harmlessly(api_key, v) for f in filters),
+                              unvouched(api_key, v),
                               chosen.who, checks(api_key, v), chosen.whole)
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what

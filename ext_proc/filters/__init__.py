@@ -443,6 +443,8 @@ class Filter(Protocol):
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool: ...
 
+    def misses_harmlessly(self, api_key: int, api_version: int) -> bool: ...
+
     def on_request(self, ctx: RequestContext) -> None: ...
 
     def on_response(self, ctx: ResponseContext) -> None: ...
@@ -463,6 +465,12 @@ class BaseFilter:
 
     def wants(self, api_key: int, api_version: int, direction: Direction) -> bool:
         return False
+
+    def misses_harmlessly(self, api_key: int, api_version: int) -> bool:
+        """Whether traffic stays as the rules want it when a request of this version (and
+        its answer) cannot reach the filter: `may_miss_frames`, or a judge whose rules
+        that may act on it are all dry runs."""
+        return self.may_miss_frames
 
     def on_request(self, ctx: RequestContext) -> None:
         return None

@@ -234,6 +234,11 @@ class RecordsFilter(RuleSetJudge):
     def wants_request(self, api_key: int, api_version: int) -> bool:
         return api_key in RECORD_APIS and self._engine.records.interested(api_key, api_version)
 
+    def misses_harmlessly(self, api_key: int, api_version: int) -> bool:
+        """Dry-run record rules alone may act on the frame: they run on a copy that goes
+        nowhere, so it may pass untouched when the service cannot take it."""
+        return all(rule.dry_run for rule in self._candidates(api_key, api_version))
+
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
         """The topics a record rule may plan stages for (`RecordEngine.plan` matches

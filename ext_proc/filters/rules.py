@@ -238,6 +238,16 @@ class RulesFilter(RuleSetJudge):
             return bool(compiled.rules)
         return compiled.interested(api_key, api_version, "request")
 
+    def misses_harmlessly(self, api_key: int, api_version: int) -> bool:
+        """Dry-run rules alone may judge the request (or its answer): they never change
+        or answer one, so it may pass unjudged when the service cannot take it (a
+        would-deny is then not reported). An Envelope carries any request."""
+        compiled = self._engine.requests
+        rules = compiled.rules if api_key == ApiKey.ENVELOPE else (
+            *compiled.candidates(api_key, api_version, "request"),
+            *compiled.candidates(api_key, api_version, "response"))
+        return all(rule.dry_run for rule in rules)
+
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
         """Produce, Fetch and ShareFetch: the topics of every rule that may judge them

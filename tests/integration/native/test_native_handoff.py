@@ -9,6 +9,7 @@ itself and hands the principal over with every frame.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from control_plane.providers import StaticRuleProvider
 from control_plane.topology import SaslPlain
@@ -47,6 +49,19 @@ rules:
   - id: mask-emails
     match: {direction: response, topics: {prefix: [pii.]}}
     action: {mask: {fields: [$.email]}}
+"""
+
+# keg up's default rules are like these: nothing in them may block normal traffic.
+DRY_RUNS = """
+rules:
+  - id: would-freeze-drafts
+    mode: dry-run
+    match: {apis: [Produce], topics: {prefix: [draft.]}}
+    action: {deny: {}}
+  - id: would-report-topic-creation
+    mode: dry-run
+    match: {apis: [CreateTopics]}
+    action: {observe: {audit: true}}
 """
 
 LATER = """
@@ -299,6 +314,50 @@ def test_without_the_service_new_clients_connect_and_groups_form(env: Env) -> No
         assert deliver(strict, env.topic("payments."), b"lost") == REQUEST_TIMED_OUT
     finally:
         env.gateway.start_ext_proc()
+        env.gateway.wait_for_rules()
+
+
+def module_interest(env: Env) -> dict[str, Any]:
+    """The interest table keg's module runs (Envoy's ECDS)."""
+    assert env.gateway.envoy is not None
+    for config in json.loads(env.gateway.envoy.admin("/config_dump"))["configs"]:
+        for entry in config.get("ecds_filters", []):
+            value = entry["ecds_filter"]["typed_config"]["filter_config"]["value"]
+            return dict(json.loads(value)["interest"])
+    raise AssertionError("no ECDS filter in Envoy")
+
+
+def test_without_the_service_dry_run_rules_refuse_nothing(env: Env) -> None:
+    """A dry-run rule never changes or answers a request: with the service down, what
+    only dry runs judge passes. Before, a Produce to a topic a dry-run deny names got
+    REQUEST_TIMED_OUT, and CreateTopics, which a dry-run observer reports, closed the
+    admin client's connection: keg up's default rules stopped producers to payments.*
+    and every admin tool while the service was down."""
+    draft = env.topic("draft.")
+    env.rules.set(load_rule_text(DRY_RUNS, "rules.yaml"), version="dry-runs")
+    try:
+        env.gateway.wait_for_rules()
+        deadline = time.monotonic() + 30
+        while "draft." not in json.dumps(module_interest(env)["requests"]):
+            assert time.monotonic() < deadline, "the module never got the dry-run rules"
+            time.sleep(0.1)
+        handed_off = env.gateway.module_counter("handoff_requests")
+        assert produce(env.client("alice"), [(draft, b"judged")]) == [(draft, 0)]
+        assert env.gateway.module_counter("handoff_requests") > handed_off  # judged
+        env.gateway.stop_ext_proc()
+        try:
+            strict = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
+            assert deliver(strict, draft, b"while down") == 0
+            admin = AdminClient(env.client("alice"))
+            name = f"made-while-down.{uuid.uuid4().hex[:6]}"
+            admin.create_topics([NewTopic(name, 1, 1)], request_timeout=20)[name].result(30)
+            assert name in AdminClient(env.admin()).list_topics(timeout=10).topics
+        finally:
+            env.gateway.start_ext_proc()
+            env.gateway.wait_for_rules()
+        assert env.stored(draft) == [b"judged", b"while down"]
+    finally:
+        env.rules.set(load_rule_text(RULES, "rules.yaml"), version="4")
         env.gateway.wait_for_rules()
 
 

@@ -170,6 +170,44 @@ rules:
     assert ApiKey.SYNC_GROUP in keys and ApiKey.CREATE_TOPICS in keys
 
 
+def test_what_only_dry_run_rules_judge_fails_open() -> None:
+    """A dry-run rule never changes or answers a request: with the service down its
+    requests pass (keg up's default rules are dry runs and observers; before, they
+    refused Produce to payments.* and every admin request while it was down)."""
+    rules = RuleEngine(CompiledRuleSet(load_rule_text("""
+rules:
+  - id: would-freeze-drafts
+    mode: dry-run
+    match: {apis: [Produce], topics: {prefix: [draft.]}}
+    action: {deny: {}}
+  - id: would-mask-drafts
+    mode: dry-run
+    match: {topics: {prefix: [draft.]}}
+    action: {mask: {fields: [$.card]}}
+  - id: report-topic-creation
+    mode: dry-run
+    match: {apis: [CreateTopics]}
+    action: {observe: {}}
+  - id: audit-deletes
+    match: {apis: [DeleteTopics]}
+    action: {observe: {}}
+  - id: no-secret-groups
+    match: {apis: [JoinGroup], groups: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: would-limit-groups
+    mode: dry-run
+    match: {apis: [JoinGroup]}
+    action: {rate: {requests_per_second: 1}}
+""", "rules.yaml")))
+    table = {k for k, _, _ in interest_table(rules)}
+    assert {ApiKey.PRODUCE, ApiKey.CREATE_TOPICS} <= table
+    fails_open = {k for k, _, _ in fail_open_ranges(rules)}
+    assert {ApiKey.PRODUCE, ApiKey.CREATE_TOPICS} <= fails_open
+    # An enforced rule, an observer included (its audit is what it is for), fails closed,
+    # even beside a dry run.
+    assert ApiKey.DELETE_TOPICS not in fails_open and ApiKey.JOIN_GROUP not in fails_open
+
+
 # -- over a real gRPC stream, as the native module speaks it ----------------------------
 
 

@@ -19,7 +19,8 @@
 //! request must keep to pass without a hand-off, [`super::safeguard`]). Responses are handed off only when the Python service's
 //! reply to their request asked for them (`want_response`). `fail_open` lists ranges
 //! (`[api_key, min, max]`) whose failed hand-off forwards the request (and its answer)
-//! even when `failure_mode_allow` is false: those only the service's learners want.
+//! even when `failure_mode_allow` is false: those only the service's learners (or
+//! dry-run rules) want.
 
 use std::sync::Arc;
 
@@ -93,7 +94,8 @@ pub struct Interest {
     pub failure_mode_allow: bool,
     /// Per API slot, version ranges whose hand-off fails open whatever
     /// `failure_mode_allow` says: only filters that may miss frames want them (the
-    /// Python side's learners), so the service being down must not refuse them.
+    /// Python side's learners, rules that are all dry runs), so the service being down
+    /// must not refuse them.
     fail_open: Vec<Vec<(i16, i16)>>,
     /// `host:port` of the Python service's workers.
     pub endpoints: Vec<String>,
