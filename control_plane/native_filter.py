@@ -32,7 +32,13 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_fa
 import kafka_wire
 from ext_proc.filters import WhoScope
 from ext_proc.filters.rules import RuleEngine
-from ext_proc.frames import MAX_VERSION, InterestRange, handed_off_ranges, interest_table
+from ext_proc.frames import (
+    MAX_VERSION,
+    FailOpenRange,
+    InterestRange,
+    handed_off_ranges,
+    interest_table,
+)
 from ext_proc.tls_principal import SUBJECT
 from filter_rules import CompiledRuleSet, RuleSet, RuleSetInvalid
 from filter_rules.record_actions import RECORD_KINDS
@@ -147,7 +153,7 @@ def interest_requests(ruleset: RuleSet) -> list[tuple[int, int, int]]:
     return [(r.api_key, r.low, r.high) for r in handed_off(ruleset)[0]]
 
 
-def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[tuple[int, int, int]]]:
+def handed_off(ruleset: RuleSet) -> tuple[list[Range], list[FailOpenRange]]:
     """What the module hands to the chain of an engine running `ruleset`: the ranges
     with their topic selectors (`ext_proc.frames.interest_ranges`), and those whose
     hand-off may fail open (`fail_open_ranges`). An engine the control plane cannot
@@ -216,7 +222,8 @@ def interest(ruleset: RuleSet, version: str, handoff: HandOff) -> dict[str, Any]
         "failure_mode_allow": handoff.failure_mode_allow,
         # Requests only learners and dry runs want: forwarded when the service cannot
         # take them.
-        "fail_open": [list(r) for r in fail_open],
+        "fail_open": [[r.api_key, r.low, r.high] if r.unless is None
+                      else [r.api_key, r.low, r.high, r.unless.to_json()] for r in fail_open],
         "endpoints": list(handoff.endpoints),
         "handoff_timeout_ms": handoff.timeout_ms,
         "max_bytes_per_connection": handoff.max_bytes_per_connection,

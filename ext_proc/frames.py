@@ -225,18 +225,19 @@ def interest_ranges(engine: RuleEngine) -> list[InterestRange]:
     return handed_off_ranges(engine)[0]
 
 
-def fail_open_ranges(engine: RuleEngine) -> list[tuple[int, int, int]]:
+def fail_open_ranges(engine: RuleEngine) -> list[FailOpenRange]:
     """The requests of `interest_table` that only filters which may miss them want
     (`BaseFilter.misses_harmlessly`: the topic-id learner, the group protocol observer,
     rules that are all dry runs): when the Python service cannot take one, the module
     forwards it and its answer as they are, whatever the failure mode. Without this every
     Metadata request needed the service, and a new client could not connect while it was
-    down; and a dry-run rule, which never changes traffic, refused its requests then."""
+    down; and a dry-run rule, which never changes traffic, refused its requests then. A
+    Produce range the others want fails open `unless` it names a topic they may act on
+    (`BaseFilter.enforced_scope`): a dry-run rule's topic beside an enforced rule's."""
     return handed_off_ranges(engine)[1]
 
 
-def handed_off_ranges(engine: RuleEngine) -> tuple[
-        list[InterestRange], list[tuple[int, int, int]]]:
+def handed_off_ranges(engine: RuleEngine) -> tuple[list[InterestRange], list[FailOpenRange]]:
     """`interest_ranges` and `fail_open_ranges` from one walk of the chain."""
     wanted = list(_wanted(engine))
     ranges: list[InterestRange] = []
@@ -246,8 +247,23 @@ def handed_off_ranges(engine: RuleEngine) -> tuple[
         versions = [(w.api_key, w.version) for w in group]
         ranges += [InterestRange(k, low, high, selector, unvouched, who, checks, whole)
                    for k, low, high in _ranges(versions)]
-    fail_open = list(_ranges((w.api_key, w.version) for w in wanted if w.may_miss))
+    fail_open: list[FailOpenRange] = []
+    failing_open = [w for w in wanted if w.may_miss or w.unless is not None]
+    for (_, unless), group in groupby(
+            failing_open, key=lambda w: (w.api_key, None if w.may_miss else w.unless)):
+        fail_open += [FailOpenRange(k, low, high, unless)
+                      for k, low, high in _ranges((w.api_key, w.version) for w in group)]
     return ranges, fail_open
+
+
+class FailOpenRange(NamedTuple):
+    """Versions `low`..`high` of an API whose failed hand-off forwards the request; with
+    `unless` (Produce), only a request naming none of those topics."""
+
+    api_key: int
+    low: int
+    high: int
+    unless: TopicSelector | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +278,9 @@ class _Wanted:
     who: WhoScope | None = None  # None: whoever sends it
     checks: ProduceChecks | None = None  # see `interest_ranges`
     whole: WhoScope | None = None  # see `interest_ranges`
+    # A Produce some filters must see, not all (may_miss False): the topics of those;
+    # a request naming none of them fails open. None: every request fails as it says.
+    unless: TopicSelector | None = None
 
 
 def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
@@ -302,16 +321,22 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                  for f in chain.interested(api_key, version, REQUEST)]
         return union_checks(found)
 
+    def unless(api_key: int, version: int, filters: list[Filter]) -> TopicSelector | None:
+        if api_key != kafka_wire.ApiKey.PRODUCE:
+            return None  # a Fetch's answer may name topics its request does not
+        return union_scope(f.enforced_scope(api_key, version) for f in filters
+                           if not f.misses_harmlessly(api_key, version))
+
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
         for v in range(low, high + 1):
             filters = interested(api_key, v)
             if filters:
                 chosen = selection(api_key, v)
-                yield _Wanted(api_key, v, chosen.selector,
-                              all(f.misses_harmlessly(api_key, v) for f in filters),
-                              unvouched(api_key, v),
-                              chosen.who, checks(api_key, v), chosen.whole)
+                harmless = all(f.misses_harmlessly(api_key, v) for f in filters)
+                yield _Wanted(api_key, v, chosen.selector, harmless, unvouched(api_key, v),
+                              chosen.who, checks(api_key, v), chosen.whole,
+                              None if harmless else unless(api_key, v, filters))
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

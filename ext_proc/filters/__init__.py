@@ -445,6 +445,8 @@ class Filter(Protocol):
 
     def misses_harmlessly(self, api_key: int, api_version: int) -> bool: ...
 
+    def enforced_scope(self, api_key: int, api_version: int) -> TopicSelector | None: ...
+
     def on_request(self, ctx: RequestContext) -> None: ...
 
     def on_response(self, ctx: ResponseContext) -> None: ...
@@ -471,6 +473,11 @@ class BaseFilter:
         its answer) cannot reach the filter: `may_miss_frames`, or a judge whose rules
         that may act on it are all dry runs."""
         return self.may_miss_frames
+
+    def enforced_scope(self, api_key: int, api_version: int) -> TopicSelector | None:
+        """The topics of the Produce requests the filter must see, or they fail as the
+        rule set says (None: every request it wants)."""
+        return self.topic_scope(api_key, api_version, REQUEST)
 
     def on_request(self, ctx: RequestContext) -> None:
         return None

@@ -239,6 +239,10 @@ class RecordsFilter(RuleSetJudge):
         nowhere, so it may pass untouched when the service cannot take it."""
         return all(rule.dry_run for rule in self._candidates(api_key, api_version))
 
+    def enforced_scope(self, api_key: int, api_version: int) -> TopicSelector | None:
+        """The topics of the record rules that may act on the frame and are no dry runs."""
+        return rules_scope(r for r in self._candidates(api_key, api_version) if not r.dry_run)
+
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
         """The topics a record rule may plan stages for (`RecordEngine.plan` matches

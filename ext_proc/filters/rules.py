@@ -242,11 +242,18 @@ class RulesFilter(RuleSetJudge):
         """Dry-run rules alone may judge the request (or its answer): they never change
         or answer one, so it may pass unjudged when the service cannot take it (a
         would-deny is then not reported). An Envelope carries any request."""
+        return all(rule.dry_run for rule in self._judging(api_key, api_version))
+
+    def enforced_scope(self, api_key: int, api_version: int) -> TopicSelector | None:
+        """The topics of the rules that may judge the request and are no dry runs."""
+        return rules_scope(r for r in self._judging(api_key, api_version) if not r.dry_run)
+
+    def _judging(self, api_key: int, api_version: int) -> tuple[CompiledRule, ...]:
         compiled = self._engine.requests
-        rules = compiled.rules if api_key == ApiKey.ENVELOPE else (
-            *compiled.candidates(api_key, api_version, "request"),
-            *compiled.candidates(api_key, api_version, "response"))
-        return all(rule.dry_run for rule in rules)
+        if api_key == ApiKey.ENVELOPE:
+            return compiled.rules
+        return (*compiled.candidates(api_key, api_version, "request"),
+                *compiled.candidates(api_key, api_version, "response"))
 
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:

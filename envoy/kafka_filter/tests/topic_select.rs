@@ -12,7 +12,9 @@ use common::*;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
+use keg_kafka_filter::core::handoff::Failure;
 use keg_kafka_filter::core::head::RequestHead;
+use keg_kafka_filter::core::interest::{Interest, Want};
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
@@ -157,4 +159,51 @@ fn a_request_whose_topics_cannot_be_read_is_handed_off() {
     assert!(out.is_empty());
     assert_eq!(s.take_handoffs().len(), 1);
     assert_eq!(s.stats.get(Counter::HandoffNotSelected), 0);
+}
+
+/// Produce as an interest table says: handed off by its selector, failing as it says.
+struct ByInterest(Interest);
+
+impl RequestPolicy for ByInterest {
+    fn decide(&mut self, head: &RequestHead, _: &Requester<'_>) -> Disposition {
+        match self.0.want(head.api_key, head.api_version) {
+            Want::Topics(selector, vouching) => {
+                Disposition::Select { fail_open: self.0.fails_open(head.api_key, head.api_version), selector, vouching }
+            }
+            _ => Disposition::Forward,
+        }
+    }
+
+    fn fails_open_for(&mut self, api_key: i16, api_version: i16, frame: &[u8]) -> bool {
+        self.0.fails_open_for(api_key, api_version, frame)
+    }
+}
+
+#[test]
+fn a_produce_only_dry_runs_act_on_fails_open_and_one_naming_an_enforced_topic_fails_closed() {
+    // `draft` has a dry-run rule, `secret` an enforced one: both are handed off.
+    let interest = Interest::parse(serde_json::json!({
+        "requests": [[0, 0, 13, {"exact": ["draft", "secret"]}]],
+        "fail_open": [[0, 0, 13, {"exact": ["secret"]}]], "endpoints": ["h:1"]})).unwrap();
+    let mut s = Session::with_policy(SessionLimits::default(), ByInterest(interest));
+    let fail = |s: &mut Session<ByInterest>, frame: &[u8]| {
+        let mut out = Output::default();
+        s.feed_requests(frame, &mut out).unwrap();
+        assert!(bytes_of(frame, &out).is_empty(), "held for the service");
+        let handed = s.take_handoffs();
+        assert_eq!(handed.len(), 1);
+        s.resolve(handed[0].id, Resolution::Failed(Failure::Unavailable)).unwrap();
+        let mut out = Output::default();
+        s.ready_requests(&mut out);
+        bytes_of(&[], &out)
+    };
+    let drafts = produce(1, 1, &["orders", "draft"], 10);
+    assert_eq!(fail(&mut s, &drafts), drafts, "forwarded as it came");
+    assert_eq!(s.stats.get(Counter::HandoffFailedOpen), 1);
+    let secrets = produce(2, 1, &["draft", "secret"], 10);
+    assert!(fail(&mut s, &secrets).is_empty(), "answered with a retriable error instead");
+    assert_eq!(s.stats.get(Counter::HandoffRetriableErrors), 1);
+    // Other APIs take no selector there: a Fetch's answer may name topics its request does not.
+    let fetch = serde_json::json!({"fail_open": [[1, 0, 17, {"exact": ["secret"]}]]});
+    assert!(Interest::parse(fetch).unwrap_err().contains("Produce only"));
 }

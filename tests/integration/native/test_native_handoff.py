@@ -62,6 +62,9 @@ rules:
     mode: dry-run
     match: {apis: [CreateTopics]}
     action: {observe: {audit: true}}
+  - id: no-secrets
+    match: {apis: [Produce], topics: {prefix: [secret.]}}
+    action: {deny: {}}
 """
 
 LATER = """
@@ -329,16 +332,17 @@ def module_interest(env: Env) -> dict[str, Any]:
 
 def test_without_the_service_dry_run_rules_refuse_nothing(env: Env) -> None:
     """A dry-run rule never changes or answers a request: with the service down, what
-    only dry runs judge passes. Before, a Produce to a topic a dry-run deny names got
-    REQUEST_TIMED_OUT, and CreateTopics, which a dry-run observer reports, closed the
-    admin client's connection: keg up's default rules stopped producers to payments.*
-    and every admin tool while the service was down."""
-    draft = env.topic("draft.")
+    only dry runs judge passes, beside an enforced rule on other topics of the same API.
+    Before, a Produce to a topic a dry-run deny names got REQUEST_TIMED_OUT, and
+    CreateTopics, which a dry-run observer reports, closed the admin client's connection:
+    keg up's default rules stopped producers to payments.* and every admin tool while the
+    service was down."""
+    draft, secret = env.topic("draft."), env.topic("secret.")
     env.rules.set(load_rule_text(DRY_RUNS, "rules.yaml"), version="dry-runs")
     try:
         env.gateway.wait_for_rules()
         deadline = time.monotonic() + 30
-        while "draft." not in json.dumps(module_interest(env)["requests"]):
+        while "draft." not in json.dumps(module_interest(env)["requests"]):  # the new table
             assert time.monotonic() < deadline, "the module never got the dry-run rules"
             time.sleep(0.1)
         handed_off = env.gateway.module_counter("handoff_requests")
@@ -348,6 +352,7 @@ def test_without_the_service_dry_run_rules_refuse_nothing(env: Env) -> None:
         try:
             strict = Producer(env.client("alice", "PLAIN", **{"linger.ms": 0, "retries": 0}))
             assert deliver(strict, draft, b"while down") == 0
+            assert deliver(strict, secret, b"lost") == REQUEST_TIMED_OUT  # enforced: closed
             admin = AdminClient(env.client("alice"))
             name = f"made-while-down.{uuid.uuid4().hex[:6]}"
             admin.create_topics([NewTopic(name, 1, 1)], request_timeout=20)[name].result(30)
@@ -356,6 +361,7 @@ def test_without_the_service_dry_run_rules_refuse_nothing(env: Env) -> None:
             env.gateway.start_ext_proc()
             env.gateway.wait_for_rules()
         assert env.stored(draft) == [b"judged", b"while down"]
+        assert env.stored(secret) == []
     finally:
         env.rules.set(load_rule_text(RULES, "rules.yaml"), version="4")
         env.gateway.wait_for_rules()

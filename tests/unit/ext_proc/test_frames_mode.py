@@ -153,9 +153,10 @@ def test_only_what_learners_alone_want_fails_open() -> None:
     read (the chain must refuse those)."""
     quiet = RuleEngine(CompiledRuleSet(RuleSet()))
     table, fail_open = interest_table(quiet), fail_open_ranges(quiet)
-    assert {k for k, _, _ in fail_open} == {k for k, _, _ in table}
-    for key, _, high in fail_open:
-        assert high == kafka_wire.supported_versions(key)[1]  # type: ignore[index]
+    assert {r.api_key for r in fail_open} == {k for k, _, _ in table}
+    for r in fail_open:
+        assert r.high == kafka_wire.supported_versions(r.api_key)[1]  # type: ignore[index]
+        assert r.unless is None
     judged = RuleEngine(CompiledRuleSet(load_rule_text("""
 rules:
   - id: hide-secrets
@@ -165,7 +166,7 @@ rules:
     match: {apis: [JoinGroup], groups: {exact: [x]}}
     action: {deny: {}}
 """, "rules.yaml")))
-    keys = {k for k, _, _ in fail_open_ranges(judged)}
+    keys = {r.api_key for r in fail_open_ranges(judged)}
     assert ApiKey.METADATA not in keys and ApiKey.JOIN_GROUP not in keys
     assert ApiKey.SYNC_GROUP in keys and ApiKey.CREATE_TOPICS in keys
 
@@ -201,11 +202,49 @@ rules:
 """, "rules.yaml")))
     table = {k for k, _, _ in interest_table(rules)}
     assert {ApiKey.PRODUCE, ApiKey.CREATE_TOPICS} <= table
-    fails_open = {k for k, _, _ in fail_open_ranges(rules)}
+    ranges = fail_open_ranges(rules)
+    assert all(r.unless is None for r in ranges)
+    fails_open = {r.api_key for r in ranges}
     assert {ApiKey.PRODUCE, ApiKey.CREATE_TOPICS} <= fails_open
     # An enforced rule, an observer included (its audit is what it is for), fails closed,
     # even beside a dry run.
     assert ApiKey.DELETE_TOPICS not in fails_open and ApiKey.JOIN_GROUP not in fails_open
+
+
+def test_a_produce_fails_open_unless_it_names_a_topic_an_enforced_rule_acts_on() -> None:
+    """Beside a dry run on drafts, an enforced rule on secrets (and a record rule on
+    payments): a Produce of drafts fails open, one naming a secret or a payment closed
+    (the module reads its topics). Fetch stays whole: its answer may name others."""
+    rules = RuleEngine(CompiledRuleSet(load_rule_text("""
+rules:
+  - id: would-freeze-drafts
+    mode: dry-run
+    match: {apis: [Produce, Fetch], topics: {prefix: [draft.]}}
+    action: {deny: {}}
+  - id: no-secrets
+    match: {apis: [Produce, Fetch], topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: mask-payments
+    match: {topics: {exact: [payments]}}
+    action: {mask: {fields: [$.card]}}
+""", "rules.yaml")))
+    produce = [r for r in fail_open_ranges(rules) if r.api_key == ApiKey.PRODUCE]
+    assert len(produce) == 1 and produce[0].unless is not None
+    assert produce[0].unless.to_json() == {"exact": ["payments"], "prefix": ["secret."],
+                                           "regex": []}
+    assert ApiKey.FETCH not in {r.api_key for r in fail_open_ranges(rules)}
+    # A rule without topics on Produce: every Produce it may judge fails closed.
+    anyone = RuleEngine(CompiledRuleSet(load_rule_text("""
+rules:
+  - id: would-freeze-drafts
+    mode: dry-run
+    match: {apis: [Produce], topics: {prefix: [draft.]}}
+    action: {deny: {}}
+  - id: no-bob
+    match: {apis: [Produce], principals: {exact: [bob]}}
+    action: {deny: {}}
+""", "rules.yaml")))
+    assert ApiKey.PRODUCE not in {r.api_key for r in fail_open_ranges(anyone)}
 
 
 # -- over a real gRPC stream, as the native module speaks it ----------------------------

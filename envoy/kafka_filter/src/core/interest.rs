@@ -20,7 +20,9 @@
 //! reply to their request asked for them (`want_response`). `fail_open` lists ranges
 //! (`[api_key, min, max]`) whose failed hand-off forwards the request (and its answer)
 //! even when `failure_mode_allow` is false: those only the service's learners (or
-//! dry-run rules) want.
+//! dry-run rules) want. A Produce range there may carry a topic selector
+//! (`[0, 3, 13, {"exact": ["secret"], ...}]`): a request of it fails open unless it names
+//! one of those topics (the ones a rule that is no dry run may act on).
 
 use std::sync::Arc;
 
@@ -29,7 +31,7 @@ use serde::Deserialize;
 use super::head::PRODUCE;
 use super::safeguard::ProduceChecks;
 use super::stats::{api_slot, OTHER_API};
-use super::topics::{self, SelectorReading, TopicSelector};
+use super::topics::{self, SelectorReading, Selection, TopicSelector};
 use super::vouch::Vouching;
 use super::who::{Requester, WhoSelector};
 
@@ -96,7 +98,7 @@ pub struct Interest {
     /// `failure_mode_allow` says: only filters that may miss frames want them (the
     /// Python side's learners, rules that are all dry runs), so the service being down
     /// must not refuse them.
-    fail_open: Vec<Vec<(i16, i16)>>,
+    fail_open: Vec<Vec<FailOpen>>,
     /// `host:port` of the Python service's workers.
     pub endpoints: Vec<String>,
     pub handoff_timeout_ms: u64,
@@ -186,10 +188,24 @@ impl Interest {
         }
         for entry in raw.fail_open {
             let ParsedRange { api_key, min, max, topics, unvouched, who, checks, whole } = parse_range(entry)?;
-            if topics.is_some() || unvouched.is_some() || who.is_some() || checks.is_some() || whole.is_some() {
-                return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no topic selector or options"));
+            if unvouched.is_some() || who.is_some() || checks.is_some() || whole.is_some() {
+                return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes no options"));
             }
-            interest.fail_open[api_slot(api_key)].push((min, max));
+            let unless = match topics {
+                None => None,
+                // Produce only: its topics are all in the request (a Fetch's answer may
+                // carry topics its request does not name).
+                Some(_) if api_key != PRODUCE => {
+                    return Err(format!("interest: fail_open range [{api_key}, {min}, {max}] takes a topic selector on Produce only"));
+                }
+                Some(SelectorReading::Topics(selector)) => Some(Arc::new(selector)),
+                Some(SelectorReading::Everything(reason)) => {
+                    interest.warnings.push(format!(
+                        "interest: fail_open range [{api_key}, {min}, {max}]: {reason}; the range fails as the table says"));
+                    continue;
+                }
+            };
+            interest.fail_open[api_slot(api_key)].push(FailOpen { min, max, unless });
         }
         if interest.wants_any() && interest.endpoints.is_empty() {
             return Err("interest: requests to hand off but no endpoints to hand them to".into());
@@ -253,16 +269,41 @@ impl Interest {
 
     /// Whether a failed hand-off of a request of this API and version forwards it.
     pub fn fails_open(&self, api_key: i16, api_version: i16) -> bool {
-        if self.failure_mode_allow {
-            return true;
-        }
+        self.failure_mode_allow
+            || self.fail_open_ranges(api_key, api_version).any(|range| range.unless.is_none())
+    }
+
+    /// Whether a failed hand-off of this whole Produce `frame` (from its size prefix)
+    /// forwards it: it names no topic of a `fail_open` range's `unless` selector (the
+    /// topics a rule that is no dry run may act on).
+    pub fn fails_open_for(&self, api_key: i16, api_version: i16, frame: &[u8]) -> bool {
+        api_key == PRODUCE
+            && topics::readable(api_key, api_version)
+            && self.fail_open_ranges(api_key, api_version).any(|range| {
+                range.unless.as_ref().is_some_and(|strict| {
+                    topics::select(api_key, api_version, frame, frame.len(), strict) == Selection::Pass
+                })
+            })
+    }
+
+    fn fail_open_ranges(&self, api_key: i16, api_version: i16) -> impl Iterator<Item = &FailOpen> {
         let slot = api_slot(api_key);
-        slot != OTHER_API && self.fail_open[slot].iter().any(|(min, max)| *min <= api_version && api_version <= *max)
+        let ranges = if slot == OTHER_API { &[][..] } else { &self.fail_open[slot][..] };
+        ranges.iter().filter(move |range| range.min <= api_version && api_version <= range.max)
     }
 
     pub fn wants_any(&self) -> bool {
         self.ranges.iter().any(|r| !r.is_empty())
     }
+}
+
+/// Versions whose failed hand-off forwards the request; with `unless`, only a Produce
+/// that names none of its topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FailOpen {
+    min: i16,
+    max: i16,
+    unless: Option<Arc<TopicSelector>>,
 }
 
 /// What the interest table says of a request's API and version.
@@ -380,9 +421,13 @@ mod tests {
         let open = Interest::parse(serde_json::json!({
             "requests": [[0, 0, 13]], "failure_mode_allow": true, "endpoints": ["h:1"]})).unwrap();
         assert!(open.fails_open(0, 9));
+        // A Produce range may fail open unless the request names a topic of its selector.
+        let unless = Interest::parse(serde_json::json!({
+            "requests": [[0, 0, 13]], "fail_open": [[0, 0, 13, {"exact": ["t"]}]], "endpoints": ["h:1"]})).unwrap();
+        assert!(!unless.fails_open(0, 9), "decided by the request's topics (fails_open_for)");
         let err = Interest::parse(serde_json::json!({
-            "requests": [[0, 0, 13]], "fail_open": [[0, 0, 13, {"exact": ["t"]}]], "endpoints": ["h:1"]})).unwrap_err();
-        assert!(err.contains("takes no topic selector"), "{err}");
+            "requests": [[1, 0, 17]], "fail_open": [[1, 0, 17, {"exact": ["t"]}]], "endpoints": ["h:1"]})).unwrap_err();
+        assert!(err.contains("Produce only"), "{err}");
     }
 
     #[test]
@@ -435,7 +480,7 @@ mod tests {
         let err = Interest::parse(serde_json::json!({
             "requests": [[0, 0, 13]], "fail_open": [[3, 0, 13, null, {"who": [{"listeners": ["a:1"]}]}]],
             "endpoints": ["h:1"]})).unwrap_err();
-        assert!(err.contains("takes no topic selector"), "{err}");
+        assert!(err.contains("takes no options"), "{err}");
     }
 
     #[test]

@@ -100,6 +100,13 @@ pub enum Disposition {
 pub trait RequestPolicy {
     /// What to do with a request, from its head and who sends it.
     fn decide(&mut self, head: &RequestHead, from: &Requester<'_>) -> Disposition;
+
+    /// Whether a failed hand-off of this whole request (its frame from the size prefix),
+    /// decided to fail closed, forwards it after all: what it names only dry-run rules
+    /// act on ([`super::interest::Interest::fails_open_for`]).
+    fn fails_open_for(&mut self, _api_key: i16, _api_version: i16, _frame: &[u8]) -> bool {
+        false
+    }
 }
 
 /// Phase 1's policy: every request goes to the broker.
@@ -115,6 +122,10 @@ impl RequestPolicy for ForwardAll {
 impl RequestPolicy for Box<dyn RequestPolicy + Send> {
     fn decide(&mut self, head: &RequestHead, from: &Requester<'_>) -> Disposition {
         (**self).decide(head, from)
+    }
+
+    fn fails_open_for(&mut self, api_key: i16, api_version: i16, frame: &[u8]) -> bool {
+        (**self).fails_open_for(api_key, api_version, frame)
     }
 }
 
@@ -766,7 +777,7 @@ impl<P: RequestPolicy> Session<P> {
     /// A request collected whole: it becomes a hand-off and takes its place in the
     /// request stream (and its slot) until its answer comes back.
     fn collected(&mut self, out: &mut Output) {
-        let RequestState::Collect(c) = std::mem::replace(&mut self.request, RequestState::Head) else {
+        let RequestState::Collect(mut c) = std::mem::replace(&mut self.request, RequestState::Head) else {
             unreachable!("collected() outside Collect")
         };
         self.request_continues(0, false);
@@ -785,6 +796,9 @@ impl<P: RequestPolicy> Session<P> {
             self.stats.add(Counter::HandoffVouched, 1);
             out.owned(c.frame);
             return;
+        }
+        if c.api_key == PRODUCE && !c.fail_open {
+            c.fail_open = self.policy.fails_open_for(c.api_key, c.api_version, &c.frame);
         }
         if let (PRODUCE, Some(vouching)) = (c.api_key, &c.vouching) {
             if self.vouches_awaited(vouching) {

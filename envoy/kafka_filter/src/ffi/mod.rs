@@ -112,6 +112,11 @@ impl RequestPolicy for InterestPolicy {
             Want::Checked(selector, checks) => Disposition::Checked { fail_open: fail_open(), selector, checks },
         }
     }
+
+    fn fails_open_for(&mut self, api_key: i16, api_version: i16, frame: &[u8]) -> bool {
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        table.interest.fails_open_for(api_key, api_version, frame)
+    }
 }
 
 /// Envoy's scheduler of one connection: commits from the hand-off thread, deleted when
