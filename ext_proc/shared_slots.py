@@ -34,6 +34,9 @@ from typing import Any, Final
 
 _HEAD: Final = struct.Struct("<Qd")  # key hash (0: free), last used
 WAYS: Final = 8
+# The file's first bytes: byte 0 is set once any slot was taken, so lookups in a table
+# nobody wrote to (no rule ever dropped a record, say) take no lock.
+_FILE_HEADER: Final = 64
 
 Clock = Callable[[], float]
 
@@ -73,13 +76,12 @@ class SharedSlots:
             try:
                 # Its first process sizes it (sparse zeros: every slot free); the others
                 # take its number of sets, so all agree on where a key lives.
-                if os.fstat(self._fd).st_size < self._set_bytes:
-                    os.ftruncate(self._fd, sets * self._set_bytes)
-                size = os.fstat(self._fd).st_size // self._set_bytes * self._set_bytes
+                if os.fstat(self._fd).st_size < _FILE_HEADER + self._set_bytes:
+                    os.ftruncate(self._fd, _FILE_HEADER + sets * self._set_bytes)
+                self._sets = (os.fstat(self._fd).st_size - _FILE_HEADER) // self._set_bytes
             finally:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN)
-            self._sets = size // self._set_bytes
-            self.view = mmap.mmap(self._fd, size)
+            self.view = mmap.mmap(self._fd, _FILE_HEADER + self._sets * self._set_bytes)
         except BaseException:
             os.close(self._fd)
             raise
@@ -93,11 +95,21 @@ class SharedSlots:
             stored, used = _HEAD.unpack_from(self.view, at)
             yield Slot(self, at, fresh=stored != key_hash or used > now, used=used, now=now)
             _HEAD.pack_into(self.view, at, key_hash, now)
+            if not self.view[0]:
+                self.view[0] = 1
+
+    @property
+    def any_taken(self) -> bool:
+        """Whether a slot was ever taken (read without a lock: only ever set)."""
+        return bool(self.view[0])
 
     @contextmanager
     def existing(self, key_hash: int) -> Iterator[Slot | None]:
         """The key's own slot, locked until the block ends (None: it has none; no slot
         is taken for it)."""
+        if not self.any_taken:
+            yield None
+            return
         with self._locked(key_hash) as (start, now):
             at = self._find(start, key_hash, claim=False)
             used = _HEAD.unpack_from(self.view, at)[1] if at >= 0 else now
@@ -106,7 +118,7 @@ class SharedSlots:
     @contextmanager
     def _locked(self, key_hash: int) -> Iterator[tuple[int, float]]:
         """The key's set (where it starts), locked; and the time now."""
-        start = (key_hash % self._sets) * self._set_bytes
+        start = _FILE_HEADER + (key_hash % self._sets) * self._set_bytes
         with self._thread_lock:
             fcntl.lockf(self._fd, fcntl.LOCK_EX, self._set_bytes, start, os.SEEK_SET)
             try:

@@ -50,11 +50,12 @@ def test_a_shared_ledger_keeps_the_latest_drop_points(tmp_path: Path) -> None:
 
 def test_a_producer_finds_its_drops_in_another_process_of_the_pool(tmp_path: Path) -> None:
     path = tmp_path / "sequences"
+    here = SharedSequenceLedger(path)  # mapped before any drop: it sees the other's
+    assert here.shift(KEY, 5) == 0
     script = ("import sys; from pathlib import Path; "
               "from ext_proc.sequences import SharedSequenceLedger; "
               "SharedSequenceLedger(Path(sys.argv[1])).dropped((1, 0, 't', 0), 0, 3)")
     subprocess.run([sys.executable, "-c", script, str(path)], check=True)
-    here = SharedSequenceLedger(path)
     assert here.shift(KEY, 5) == 3
     here.dropped(KEY, 0, 3)  # the same batch retried through this worker: counted once
     assert here.shift(KEY, 5) == 3
