@@ -48,6 +48,7 @@ from ext_proc.metrics import (
     ConnectionMeter,
     Metrics,
 )
+from ext_proc.private_files import private_dir
 from ext_proc.rule_source import RuleDirectory
 from ext_proc.rule_subscription import MAX_RULE_SET_BYTES, RuleSubscription, default_node_id
 from ext_proc.sasl.login import SaslCredentials
@@ -154,7 +155,7 @@ def shared_state(directory: Path | None) -> dict[str, Any]:
     `directory`, made by the first worker that needs it."""
     if directory is None:
         return {}
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     return {"rates": SharedRates(directory / "rates"),
             "sequences": SharedSequenceLedger(directory / "sequences")}
 

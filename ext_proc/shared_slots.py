@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from ext_proc.private_files import open_private
+
 _HEAD: Final = struct.Struct("<Qd")  # key hash (0: free), last used
 WAYS: Final = 8
 # The file's first bytes: byte 0 is set once any slot was taken, so lookups in a table
@@ -70,7 +72,7 @@ class SharedSlots:
         self._slot_bytes = _HEAD.size + payload.size
         self._set_bytes = WAYS * self._slot_bytes
         self._thread_lock = threading.Lock()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private(path, os.O_RDWR)  # who sends what: the user's only
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX)  # the whole file: one process sizes it
             try:
