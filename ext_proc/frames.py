@@ -321,11 +321,10 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
                  for f in chain.interested(api_key, version, REQUEST)]
         return union_checks(found)
 
-    def unless(api_key: int, version: int, filters: list[Filter]) -> TopicSelector | None:
-        if api_key != kafka_wire.ApiKey.PRODUCE:
+    def unless(api_key: int, version: int, enforcing: list[Filter]) -> TopicSelector | None:
+        if not enforcing or api_key != kafka_wire.ApiKey.PRODUCE:
             return None  # a Fetch's answer may name topics its request does not
-        return union_scope(f.enforced_scope(api_key, version) for f in filters
-                           if not f.misses_harmlessly(api_key, version))
+        return union_scope(f.enforced_scope(api_key, version) for f in enforcing)
 
     for api_key in kafka_wire.known_api_keys():
         low, high = kafka_wire.supported_versions(api_key) or (0, -1)
@@ -333,10 +332,10 @@ def _wanted(engine: RuleEngine) -> Iterator[_Wanted]:
             filters = interested(api_key, v)
             if filters:
                 chosen = selection(api_key, v)
-                harmless = all(f.misses_harmlessly(api_key, v) for f in filters)
-                yield _Wanted(api_key, v, chosen.selector, harmless, unvouched(api_key, v),
+                enforcing = [f for f in filters if not f.misses_harmlessly(api_key, v)]
+                yield _Wanted(api_key, v, chosen.selector, not enforcing, unvouched(api_key, v),
                               chosen.who, checks(api_key, v), chosen.whole,
-                              None if harmless else unless(api_key, v, filters))
+                              unless(api_key, v, enforcing))
         if interested(api_key, MAX_VERSION):
             # Versions newer than keg reads: handed over, so the chain can refuse what
             # a rule must read and cannot (fail closed), never passed unread.

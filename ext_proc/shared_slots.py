@@ -108,10 +108,8 @@ class SharedSlots:
     @contextmanager
     def existing(self, key_hash: int) -> Iterator[Slot | None]:
         """The key's own slot, locked until the block ends (None: it has none; no slot
-        is taken for it)."""
-        if not self.any_taken:
-            yield None
-            return
+        is taken for it). Callers ask `any_taken` first: a table never written to needs
+        no lock."""
         with self._locked(key_hash) as (start, now):
             at = self._find(start, key_hash, claim=False)
             used = _HEAD.unpack_from(self.view, at)[1] if at >= 0 else now

@@ -175,7 +175,7 @@ def test_what_only_dry_run_rules_judge_fails_open() -> None:
     """A dry-run rule never changes or answers a request: with the service down its
     requests pass (keg up's default rules are dry runs and observers; before, they
     refused Produce to payments.* and every admin request while it was down)."""
-    rules = RuleEngine(CompiledRuleSet(load_rule_text("""
+    rules = engine("""
 rules:
   - id: would-freeze-drafts
     mode: dry-run
@@ -199,7 +199,7 @@ rules:
     mode: dry-run
     match: {apis: [JoinGroup]}
     action: {rate: {requests_per_second: 1}}
-""", "rules.yaml")))
+""")
     table = {k for k, _, _ in interest_table(rules)}
     assert {ApiKey.PRODUCE, ApiKey.CREATE_TOPICS} <= table
     ranges = fail_open_ranges(rules)
@@ -215,7 +215,7 @@ def test_a_produce_fails_open_unless_it_names_a_topic_an_enforced_rule_acts_on()
     """Beside a dry run on drafts, an enforced rule on secrets (and a record rule on
     payments): a Produce of drafts fails open, one naming a secret or a payment closed
     (the module reads its topics). Fetch stays whole: its answer may name others."""
-    rules = RuleEngine(CompiledRuleSet(load_rule_text("""
+    rules = engine("""
 rules:
   - id: would-freeze-drafts
     mode: dry-run
@@ -227,14 +227,14 @@ rules:
   - id: mask-payments
     match: {topics: {exact: [payments]}}
     action: {mask: {fields: [$.card]}}
-""", "rules.yaml")))
+""")
     produce = [r for r in fail_open_ranges(rules) if r.api_key == ApiKey.PRODUCE]
     assert len(produce) == 1 and produce[0].unless is not None
     assert produce[0].unless.to_json() == {"exact": ["payments"], "prefix": ["secret."],
                                            "regex": []}
     assert ApiKey.FETCH not in {r.api_key for r in fail_open_ranges(rules)}
     # A rule without topics on Produce: every Produce it may judge fails closed.
-    anyone = RuleEngine(CompiledRuleSet(load_rule_text("""
+    anyone = engine("""
 rules:
   - id: would-freeze-drafts
     mode: dry-run
@@ -243,7 +243,7 @@ rules:
   - id: no-bob
     match: {apis: [Produce], principals: {exact: [bob]}}
     action: {deny: {}}
-""", "rules.yaml")))
+""")
     assert ApiKey.PRODUCE not in {r.api_key for r in fail_open_ranges(anyone)}
 
 

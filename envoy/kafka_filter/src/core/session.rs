@@ -103,7 +103,8 @@ pub trait RequestPolicy {
 
     /// Whether a failed hand-off of this whole request (its frame from the size prefix),
     /// decided to fail closed, forwards it after all: what it names only dry-run rules
-    /// act on ([`super::interest::Interest::fails_open_for`]).
+    /// act on ([`super::interest::Interest::fails_open_for`]). Asked when the hand-off
+    /// fails, not before.
     fn fails_open_for(&mut self, _api_key: i16, _api_version: i16, _frame: &[u8]) -> bool {
         false
     }
@@ -777,7 +778,7 @@ impl<P: RequestPolicy> Session<P> {
     /// A request collected whole: it becomes a hand-off and takes its place in the
     /// request stream (and its slot) until its answer comes back.
     fn collected(&mut self, out: &mut Output) {
-        let RequestState::Collect(mut c) = std::mem::replace(&mut self.request, RequestState::Head) else {
+        let RequestState::Collect(c) = std::mem::replace(&mut self.request, RequestState::Head) else {
             unreachable!("collected() outside Collect")
         };
         self.request_continues(0, false);
@@ -796,9 +797,6 @@ impl<P: RequestPolicy> Session<P> {
             self.stats.add(Counter::HandoffVouched, 1);
             out.owned(c.frame);
             return;
-        }
-        if c.api_key == PRODUCE && !c.fail_open {
-            c.fail_open = self.policy.fails_open_for(c.api_key, c.api_version, &c.frame);
         }
         if let (PRODUCE, Some(vouching)) = (c.api_key, &c.vouching) {
             if self.vouches_awaited(vouching) {
@@ -947,13 +945,18 @@ impl<P: RequestPolicy> Session<P> {
         let Some(index) = self.pending.iter().position(|p| p.id == id) else {
             return Ok(());
         };
-        let Some(pending) = self.pending.remove(index) else { return Ok(()) };
+        let Some(mut pending) = self.pending.remove(index) else { return Ok(()) };
         if pending.direction == Direction::Request && pending.api_key == PRODUCE && pending.vouching.is_some() {
             self.service_vouches = matches!(&resolution, Resolution::Request { vouched, .. } if !vouched.is_empty());
         }
         let resolution = self.learn_vouches(&pending, resolution);
         if let Resolution::Failed(_) = resolution {
             self.stats.add(Counter::HandoffFailures, 1);
+            if !pending.fail_open && pending.direction == Direction::Request && pending.api_key == PRODUCE {
+                // Read only now, when it matters: a Produce naming no topic an enforced
+                // rule acts on fails open.
+                pending.fail_open = self.policy.fails_open_for(pending.api_key, pending.api_version, &pending.frame);
+            }
             if pending.fail_open {
                 self.stats.add(Counter::HandoffFailedOpen, 1);
             }
