@@ -79,7 +79,8 @@ class StaticRuleProvider(_Subscribers):
 class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
     """A rule directory, re-read when its files change (in a worker thread, once they
     hold still); invalid changes are refused (errors logged with file:line,
-    `last_error` kept) and the last good set stays. Subscribers are called from that
+    `last_error` kept) and the last good set stays, as it does when reading fails in
+    any other way: the watch never ends on an error. Subscribers are called from that
     worker thread, so what they do with a large rule set (a store writing a version)
     stays off the event loop."""
 
@@ -100,6 +101,11 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
 
     def read(self) -> RuleSet:
         return load_rule_dir(self.directory)
+
+    def failed(self, err: Exception) -> None:
+        self.last_error = f"{type(err).__name__}: {err}"
+        log.error("reading the rule directory %s failed, keeping version %s: %s; watching on",
+                  self.directory, self._current[0], self.last_error, exc_info=err)
 
     def refused(self, err: RuleSetInvalid) -> None:
         self.last_error = str(err)

@@ -107,18 +107,28 @@ class WatchedDirectory(Generic[Loaded]):
             return False
         return self.use(outcome)
 
+    def failed(self, err: Exception) -> None:
+        """Reading or using the directory raised something other than an invalid rule
+        set (a MemoryError, a bug, a file system's hiccup): the last good rules stay and
+        the next change is read again; the watch never ends on an error."""
+        log.error("reading the rule directory %s failed, keeping the last good rules: "
+                  "%s: %s; watching on", self.directory, type(err).__name__, err, exc_info=err)
+
     async def watch(self) -> None:
         settled = self._signature
         while True:
             await asyncio.sleep(self.interval)
-            now = await asyncio.to_thread(directory_signature, self.directory)
-            if now == self._signature:
-                settled = now
-                continue
-            if now != settled:  # still changing: wait until it holds still
-                settled = now
-                continue
-            await self.reload_async()
+            try:
+                now = await asyncio.to_thread(directory_signature, self.directory)
+                if now == self._signature:
+                    settled = now
+                    continue
+                if now != settled:  # still changing: wait until it holds still
+                    settled = now
+                    continue
+                await self.reload_async()
+            except Exception as err:
+                self.failed(err)
 
 
 _Loaded = tuple[CompiledRuleSet, tuple[RecordEngine, CompiledRuleSet]]

@@ -3,7 +3,9 @@
 A rule directory holds `*.yaml` / `*.yml` files (not its subdirectories, not hidden
 files), read in name order. A file holds one or more YAML documents; each is either
 a mapping `{apiVersion: keg/v1, kind: RuleSet, rules: [...]}` or a bare list of rules.
-An empty file or document holds no rules.
+An empty file or document holds no rules. A rule file is a regular file (a symlink to
+one is fine) of at most MAX_FILE_BYTES: a FIFO, a device or a directory named `*.yaml`
+is an error of its own (filter_rules.files), never read.
 
 Whatever the input, these functions return a RuleSet or raise RuleSetInvalid, never
 anything else: YAML, decoding, I/O and validation errors are all translated.
@@ -23,12 +25,12 @@ from pydantic_core import ErrorDetails
 
 from filter_rules import _yaml, model
 from filter_rules.diagnostics import RuleError, RuleSetInvalid
+from filter_rules.files import MAX_FILE_BYTES, read_regular_file
 from filter_rules.model import ACTION_KINDS, Rule, RuleFile, RuleSet, RuleSource
 
 #: The rule files keg loads when given no directory: `filter_rules/rules/`.
 DEFAULT_RULES_DIR: Final = Path(__file__).resolve().parent / "rules"
 RULE_FILE_SUFFIXES: Final = (".yaml", ".yml")
-MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +106,10 @@ def load_rule_data(data: Any, source_name: str = "<data>") -> RuleSet:
 def _load_path(path: Path, loaded: list[_Loaded], errors: list[RuleError]) -> None:
     name = str(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            message = f"file is larger than {MAX_FILE_BYTES} bytes"
-            errors.append(RuleError(name, None, None, "", message))
-            return
-        raw = path.read_bytes()
-    except OSError as exc:
+        # A regular file only, at most MAX_FILE_BYTES of it: a FIFO would block the
+        # reload forever, /dev/zero (st_size 0) never end.
+        raw = read_regular_file(path, MAX_FILE_BYTES)
+    except OSError as exc:  # UnusableFile too: "cannot read: not a regular file (a FIFO)"
         errors.append(RuleError(name, None, None, "", _os_message(exc)))
         return
     _load_text(raw, name, loaded, errors)
@@ -319,7 +318,7 @@ def locate_in_rule(source: RuleSource, path: tuple[str | int, ...]) -> RuleSourc
     if source.line is None:
         return source
     try:
-        text = _decode(Path(source.file).read_bytes())
+        text = _decode(read_regular_file(source.file, MAX_FILE_BYTES))
         documents = list(_yaml.documents(text))
     except (OSError, _yaml.YamlProblem, RecursionError):
         return source

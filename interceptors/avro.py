@@ -17,6 +17,7 @@ from typing import Any, Final
 import fastavro
 import orjson
 
+from filter_rules.files import read_regular_file
 from filter_rules.record_actions import AvroSchemaRef
 from interceptors.contract import BuildContext, InterceptorConfigError
 from interceptors.jsonpath import WILDCARD, FieldPath
@@ -159,7 +160,7 @@ def _load_schema(ref: AvroSchemaRef, ctx: BuildContext) -> Any:
     if ref.file is not None:
         path: Path = ctx.resolve(ref.file)
         try:
-            return orjson.loads(path.read_bytes())
+            return orjson.loads(read_regular_file(path))
         except OSError as exc:
             raise InterceptorConfigError(
                 f"cannot read Avro schema {path}: {exc.strerror}"

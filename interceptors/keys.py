@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
+from filter_rules.files import read_regular_file
 from filter_rules.record_actions import SecretRef
 from interceptors.contract import BuildContext, InterceptorConfigError
 
@@ -31,8 +32,8 @@ def read_secret(ref: SecretRef, ctx: BuildContext, what: str) -> str:
     else:
         assert ref.file is not None
         path = ctx.resolve(ref.file)
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a regular file only, bounded: a FIFO or /dev/zero never ends
+            text = _newlines(read_regular_file(path).decode("utf-8"))
         except OSError as exc:
             raise InterceptorConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
         except UnicodeDecodeError:
@@ -42,6 +43,11 @@ def read_secret(ref: SecretRef, ctx: BuildContext, what: str) -> str:
     if not text:
         raise InterceptorConfigError(f"{what}: {source} is empty")
     return text
+
+
+def _newlines(text: str) -> str:
+    """As a file read in text mode does: CRLF and CR become LF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_aes_key(ref: SecretRef, ctx: BuildContext, key_id: str) -> bytes:

@@ -51,6 +51,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from filter_rules.files import check_regular_file
 from filter_rules.record_actions import KmsAws, KmsKeyring, KmsSpec
 from interceptors.contract import BuildContext, InterceptorConfigError, ServiceUnavailable
 from interceptors.keys import decode_aes_key, read_secret
@@ -137,6 +138,12 @@ class AwsKmsBackend:
         config = Config(connect_timeout=socket_timeout, read_timeout=socket_timeout,
                         retries={"max_attempts": 1, "mode": "standard"})
         verify: Any = str(ctx.resolve(spec.ca_file)) if spec.ca_file else None
+        if verify is not None:
+            try:  # OpenSSL would block on a FIFO, read /dev/zero forever
+                check_regular_file(verify)
+            except OSError as exc:
+                raise InterceptorConfigError(f"cannot use CA file {verify}: {exc.strerror}") \
+                    from None
         self.name = f"AWS KMS {spec.endpoint or spec.region}"
         self._client = boto3.session.Session().client(
             "kms", region_name=spec.region, endpoint_url=spec.endpoint, config=config,

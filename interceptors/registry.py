@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from filter_rules.files import check_regular_file
 from filter_rules.record_actions import SchemaRegistryRef
 from interceptors.avro import AvroCodec, AvroDecodeError
 from interceptors.contract import BuildContext, InterceptorConfigError, ServiceUnavailable
@@ -362,6 +363,7 @@ def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
     if ca_file is None:
         return None
     try:
+        check_regular_file(ca_file)  # OpenSSL would block on a FIFO, read /dev/zero forever
         return ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise InterceptorConfigError(f"cannot use CA file {ca_file}: {exc}") from None

@@ -19,10 +19,16 @@ those rules. Exit codes, for CI:
 Output never calls a version live unless the fleet applied it: the control plane
 answers with the latest version's status (pending, applied, rejected) and the live
 version (docs/control-plane-api.md, "Versions and the fleet").
+
+The API token never crosses a network in plain text: with a token, an http:// --api
+must be a loopback address (127.0.0.0/8, ::1, localhost); anything else needs
+https://, or --insecure-http when something else protects the way there (exit 2
+otherwise, before any connection).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 import time
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Final
+from urllib.parse import urlsplit
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
@@ -76,6 +83,11 @@ TokenFile = Annotated[Path | None, typer.Option(
     "--token-file", help=f"File holding the API token (or set {TOKEN_ENV}).", dir_okay=False)]
 Owner = Annotated[str | None, typer.Option(
     help="Owner of the directory's rules (default: dir:<directory name>).")]
+InsecureHttp = Annotated[bool, typer.Option(
+    "--insecure-http",
+    help="Allow sending the API token over plain http:// to a host that is not "
+         "loopback (refused by default: use https://; give this only when something "
+         "else, such as a VPN or an SSH tunnel, protects the connection).")]
 
 
 # --- talking to the control plane ----------------------------------------------------
@@ -95,10 +107,42 @@ def _token(token_file: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+def _loopback(host: str) -> bool:
+    """Whether `host` names this machine only: localhost, 127.0.0.0/8 or ::1."""
+    name = host.lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_plaintext_token(api: str, token: str | None, insecure_http: bool) -> None:
+    """Raises ApiFailure (usage) before any connection when `token` would go in plain
+    text (http://) to a host other than loopback and `insecure_http` does not allow it:
+    the control plane refuses such tokens too, but by then the token has crossed the
+    network."""
+    if token is None or insecure_http:
+        return
+    parts = urlsplit(api.strip())
+    if parts.scheme.lower() != "http":
+        return
+    host = parts.hostname or ""
+    if not _loopback(host):
+        raise ApiFailure(Exit.USAGE, f"refusing to send the API token in plain text to {api} "
+                         f"({host or 'no host'} is not a loopback address): use https://, or "
+                         "--insecure-http if something else protects the connection")
+
+
 @dataclass
 class Client:
     api: str
     token: str | None
+    insecure_http: bool = False
+
+    def __post_init__(self) -> None:
+        refuse_plaintext_token(self.api, self.token, self.insecure_http)
 
     def apply(self, owner: str, files: dict[str, str], *, dry_run: bool, adopt: bool = False,
               reason: str = "") -> dict[str, Any]:
@@ -239,6 +283,7 @@ def diff(
     directory: Directory, api: ApiUrl, token_file: TokenFile = None, owner: Owner = None,
     exit_code: Annotated[bool, typer.Option(
         "--exit-code", help="Exit 3 when the directory differs from what is live.")] = False,
+    insecure_http: InsecureHttp = False,
 ) -> None:
     """Show what `keg apply DIR` would change against the live rules.
 
@@ -247,7 +292,7 @@ def diff(
     """
     try:
         files = _read(directory)
-        client = Client(api, _token(token_file))
+        client = Client(api, _token(token_file), insecure_http)
         result = client.apply(_owner(directory, owner), files, dry_run=True)
     except RuleSetInvalid as err:
         _print_invalid(directory, err)
@@ -288,6 +333,7 @@ def apply(
              "(exit 6 on a NACK or at --wait-timeout).")] = False,
     wait_timeout: Annotated[float, typer.Option(
         help="Seconds --wait waits for the fleet.", min=0.1)] = 60.0,
+    insecure_http: InsecureHttp = False,
 ) -> None:
     """Make the live rules match a rule directory (GitOps), with a progress bar.
 
@@ -301,7 +347,7 @@ def apply(
         console.print(error_line("--wait and --watch do not go together"))
         raise typer.Exit(int(Exit.USAGE))
     try:
-        client = Client(api, _token(token_file))
+        client = Client(api, _token(token_file), insecure_http)
     except ApiFailure as failure:
         _print_failure(failure)
         raise typer.Exit(int(failure.code)) from None

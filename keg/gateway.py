@@ -119,6 +119,7 @@ class ControlPlaneApp:
         self.api_server: Any = None
         self._directory: Any = None
         self._watch: asyncio.Task[None] | None = None
+        self._reconciling: set[asyncio.Future[None]] = set()
 
     async def start(self) -> ControlPlane:
         if self.api is None:
@@ -128,7 +129,7 @@ class ControlPlaneApp:
         from control_plane.api import (
             ApiSettings,
             Observability,
-            Tokens,
+            TokenFile,
             create_app,
             ruleset_validator,
             serve_api,
@@ -137,15 +138,22 @@ class ControlPlaneApp:
         from control_plane.store import open_store
 
         api = self.api
-        tokens = Tokens.load(api.tokens_file)  # before anything binds: a bad file stops here
-        refuse_plaintext_tokens(api.host, bool(tokens), api.tls is not None,
-                                api.insecure_tokens)
+        # Before anything binds: a bad file stops here. Re-read when it changes, so a
+        # removed token is refused without a restart.
+        tokens = TokenFile(api.tokens_file)
+        # A token file counts even while empty: tokens may be added to it at any time.
+        refuse_plaintext_tokens(api.host, bool(tokens) or api.tokens_file is not None,
+                                api.tls is not None, api.insecure_tokens)
         self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
             self._apply_directory(at_start=True)
             self._directory.subscribe(lambda *_: self._apply_directory())
             self._watch = asyncio.create_task(self._directory.watch())
+            # The directory is the source of truth for its rules: a change of the store
+            # that altered them (a rollback to a version before them) is undone.
+            loop = asyncio.get_running_loop()
+            self.store.subscribe(lambda *_: loop.call_soon_threadsafe(self._reconcile))
         settings = replace(self.settings, rules_dir=None)
         self.plane = ControlPlane(settings, rules=StoreRuleProvider(self.store))
         await self.plane.start()
@@ -161,7 +169,14 @@ class ControlPlaneApp:
         self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
 
-    def _apply_directory(self, at_start: bool = False) -> None:
+    def _reconcile(self) -> None:
+        """Apply the directory again, off the loop (the store calls its subscribers
+        inside the write that published; an apply that changes nothing writes nothing)."""
+        task = asyncio.ensure_future(asyncio.to_thread(self._apply_directory, reconcile=True))
+        self._reconciling.add(task)
+        task.add_done_callback(self._reconciling.discard)
+
+    def _apply_directory(self, at_start: bool = False, reconcile: bool = False) -> None:
         """Make the store hold the directory's rules. At start a refusal stops the start
         (serving other rules than the directory's would mislead); later it is logged and
         the last applied set stays."""
@@ -181,13 +196,23 @@ class ControlPlaneApp:
                                  f"{err}") from None
             log.error("could not apply %s to the store: %s", self.api.rules_dir, err)
             return
-        if result.version is not None:
+        if result.version is None:
+            return
+        if result.diff.owners_changed:
+            log.warning("%s took over rules written through the REST API with the ids of "
+                        "its own: %s", self.api.rules_dir, ", ".join(result.diff.owners_changed))
+        if reconcile:
+            log.warning("the rules of %s were changed in the store, not in the directory "
+                        "(a rollback?): applied the directory again as store version %s",
+                        self.api.rules_dir, result.current)
+        else:
             log.info("applied %s as store version %s", self.api.rules_dir, result.current)
 
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        await asyncio.gather(*self._reconciling, return_exceptions=True)  # before the store closes
         if self.api_server is not None:
             await self.api_server.stop()
             self.api_server = None

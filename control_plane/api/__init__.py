@@ -1,7 +1,7 @@
 """The control plane's REST API (FastAPI): rules, versions, dry runs, fleet, health.
 
     store = open_store(None, data_dir, validator=ruleset_validator())
-    app = create_app(store, ApiSettings(tokens=Tokens.load(token_file)), fleet_status)
+    app = create_app(store, ApiSettings(tokens=TokenFile(token_file)), fleet_status)
     server = await serve_api(app, "0.0.0.0", 8080)   # inside the process's loop
     ...
     await server.stop()
@@ -17,7 +17,13 @@ from control_plane.api.dry_run import dry_run
 from control_plane.api.problems import PROBLEM_JSON, Problem
 from control_plane.api.routes_observe import Observability
 from control_plane.api.server import ApiServer, serve_api
-from control_plane.api.settings import TOKENS_ENV, ApiSettings, TokenError, Tokens
+from control_plane.api.settings import (
+    TOKENS_ENV,
+    ApiSettings,
+    TokenError,
+    TokenFile,
+    Tokens,
+)
 from control_plane.store import Validator
 from filter_rules import CompiledRuleSet, RuleSet
 
@@ -30,6 +36,7 @@ __all__ = [
     "Observability",
     "Problem",
     "TokenError",
+    "TokenFile",
     "Tokens",
     "create_app",
     "dry_run",

@@ -9,7 +9,7 @@ never logged or echoed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
@@ -20,6 +20,8 @@ from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import Problem
 from control_plane.api.settings import ApiSettings
 from control_plane.store import EVERY_OWNER, Change, OwnerScope, RuleStore
+from filter_rules import Rule
+from filter_rules.host_access import host_resources
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,23 @@ def reader(request: Request, ctx: Context,
 
 Writer = Annotated[Caller, Depends(writer)]
 Reader = Annotated[Caller | None, Depends(reader)]
+
+
+def require_host_access(who: Caller | None, rules: Iterable[Rule], doing: str) -> None:
+    """403 unless `who` may have the gateway host used for it: only a token without an
+    owner scope may `doing` rules that read the host's files or environment, run code,
+    or write files (filter_rules.host_access); an anonymous reader never may."""
+    if who is not None and who.scope.patterns is None:
+        return
+    for rule in rules:
+        if uses := host_resources(rule):
+            holder = "an anonymous caller" if who is None else \
+                f"a token scoped to {who.scope.describe()}"
+            raise Problem(
+                403, "Forbidden",
+                f"rule {rule.id} uses the gateway host's {'; '.join(uses)}: {holder} may "
+                f"not {doing} it; only a token that may change every owner's rules may "
+                "(or a rule directory)", kind="host-resources")
 
 
 def reason(

@@ -1,16 +1,26 @@
-"""Prometheus metrics of the API and of the rule store's live version."""
+"""Prometheus metrics of the API and of the rule store's live version.
+
+Every label taken from a request is bounded, so that nobody (the metrics and most
+errors need no token) can add series at will: the method is one of `METHODS` or
+"other", the route is the matched route's template or "unmatched", the status is
+the one the API answered.
+"""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
 from control_plane.store import StoreError, VersionInfo
+
+#: The methods counted by name; any other is counted as "other".
+METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class ApiMetrics:
@@ -58,9 +68,16 @@ class ApiMetrics:
             status = response.status_code
             return response
         finally:
-            route = _route_of(request)
-            self.latency.labels(request.method, route).observe(time.perf_counter() - start)
-            self.requests.labels(request.method, route, str(status)).inc()
+            method, route = _method_of(request), _route_of(request)
+            self.latency.labels(method, route).observe(time.perf_counter() - start)
+            self.requests.labels(method, route, str(status)).inc()
+
+
+def _method_of(request: Request) -> str:
+    """The request's method if it is a standard one, else "other": a client could
+    otherwise make a series of every made-up method (FOO1, FOO2, ...)."""
+    method = request.method
+    return method if method in METHODS else "other"
 
 
 def _route_of(request: Request) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
-from control_plane.api.deps import Context, RawBody, Reader
+from control_plane.api.deps import Context, RawBody, Reader, require_host_access
 from control_plane.api.dry_run import dry_run
 from control_plane.api.problems import Problem, problem_responses
 from control_plane.api.rule_input import BODY, parse_rule_file, parse_ruleset_value
@@ -47,10 +47,15 @@ def validate(body: RawBody, ctx: Context, _: Reader,
 
 @router.post("/v1/dry-run", response_model=DryRunOut,
              responses=problem_responses(400, 401, 403, 413, 422))
-async def dry_run_endpoint(body: DryRunIn, ctx: Context, _: Reader) -> DryRunOut:
+async def dry_run_endpoint(body: DryRunIn, ctx: Context, who: Reader) -> DryRunOut:
     """Apply a rule set -- a candidate given here, or the live one -- to sample
     requests and records, with the data path's own engines, and return the decisions
-    and the records as they would leave the gateway. Nothing is sent or stored."""
+    and the records as they would leave the gateway. Nothing is sent or stored.
+
+    A rule that uses the gateway host (its files, environment variables, code: key
+    files, interceptor classes, ...) runs only for a token without an owner scope: 403
+    for others, for a candidate that has one, and for records through a live set that
+    has one."""
     limit = ctx.settings.max_dry_run_items
     if len(body.requests) + len(body.records) > limit:
         raise Problem(422, "Too many samples", f"at most {limit} requests and records "
@@ -60,10 +65,15 @@ async def dry_run_endpoint(body: DryRunIn, ctx: Context, _: Reader) -> DryRunOut
         if body.rules is None:
             number, ruleset = ctx.store.current()
             source = DryRunRuleset(source="live", version=number, ruleset_hash=ruleset.version)
+            # The live set's keys and code were put there by the gateway's operators;
+            # records run through them would make the reader an encryption oracle.
+            if body.records:
+                require_host_access(who, ruleset.rules, "run records through")
         else:
             ruleset = parse_ruleset_value(body.rules)
             source = DryRunRuleset(source="candidate", version=None,
                                    ruleset_hash=ruleset.version)
+            require_host_access(who, ruleset.rules, "dry-run")
         result = dry_run(ruleset, body.requests, body.records)
         return DryRunOut(ruleset=source, requests=result.requests, records=result.records,
                          side_effects=result.side_effects)

@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from control_plane.api.deps import Context, RawBody, Reader, Reason, Writer, authenticate, change
+from control_plane.api.deps import (
+    Context,
+    RawBody,
+    Reader,
+    Reason,
+    Writer,
+    authenticate,
+    change,
+    require_host_access,
+)
 from control_plane.api.problems import Problem, problem_responses
 from control_plane.api.rule_input import parse_files, parse_rule
 from control_plane.api.schemas import (
@@ -21,7 +30,7 @@ from control_plane.api.schemas import (
     RuleWriteOut,
     VersionOut,
 )
-from control_plane.store import EVERY_OWNER, OutOfScope
+from control_plane.store import EVERY_OWNER, OutOfScope, StoredRule
 from filter_rules.model import RULE_ID_PATTERN
 
 router = APIRouter(tags=["rules"])
@@ -96,6 +105,7 @@ def put_rule(rule_id: RuleId, body: RawBody, ctx: Context, who: Writer, why: Rea
         raise Problem(400, "Bad request", "PUT supports If-None-Match: * only",
                       kind="bad-precondition")
     rule = parse_rule(body, rule_id)
+    require_host_access(who, [rule], "write")
     result = ctx.store.put_rule(rule, change(who, why), if_match=_etags(if_match),
                                 if_none_match=create_only, scope=who.scope)
     if result.version is not None:
@@ -141,6 +151,12 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
     if not dry_run and not scope.allows(body.owner):  # before reading what it sent
         raise OutOfScope({body.owner}, scope.describe())
     ruleset = parse_files(body.files)
+    if not dry_run:
+        # What the change adds or alters: a rule it carries unchanged was written by
+        # whoever wrote it before.
+        stored = {r.id: r.etag for r in ctx.store.rules()[1]}
+        require_host_access(who, [r for r in ruleset.rules
+                                  if stored.get(r.id) != StoredRule.of(r).etag], "write")
     result = ctx.store.apply(body.owner, ruleset, change(who, body.reason or why),
                              adopt=body.adopt, dry_run=dry_run,
                              scope=scope)

@@ -11,14 +11,23 @@ An entry may scope its token to the rules of some owners: `name:token owner=dir:
 owner=dir:team-*` (names or globs; `owner=@rest` for the rules written through REST,
 which have no owner). A scoped token changes only those owners' rules (403 otherwise);
 a token without `owner=` changes every rule. Every token reads everything.
+
+The token file is re-read when it changes (`TokenFile`, what the control plane
+serves with): a removed token is refused within about a second, without a restart.
+The request path looks at the file at most once a second (a `stat`: inode, mtime,
+size); a file that becomes unreadable or invalid keeps the last good tokens, with a
+warning that names the file and the problem, never a token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +37,17 @@ from prometheus_client import CollectorRegistry
 
 from control_plane.store import EVERY_OWNER, REST_OWNED, OwnerScope
 
+log = logging.getLogger(__name__)
+
 TOKENS_ENV: Final = "KEG_API_TOKENS"
+# How often the request path looks at the token file (a stat), at most.
+RELOAD_INTERVAL_S: Final = 1.0
+# A file written this recently may change again within its mtime's granularity with
+# the same size: it is read again at the next look until it is older.
+_RACY_S: Final = 2.0
+# The scope of a token name that is no longer there (the file changed between
+# `match` and `scope`): no rule at all.
+_NO_OWNER: Final = OwnerScope(())
 MIN_TOKEN_LENGTH: Final = 16
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 # What an owner is (schemas.OWNER_PATTERN), plus glob characters, or REST_OWNED.
@@ -134,6 +153,108 @@ class Tokens:
         return f"Tokens(names={list(self.names)})"
 
 
+# The file as `stat` saw it: device, inode, mtime, ctime, size (None: not there).
+_Stamp = tuple[int, int, int, int, int] | None
+
+
+class TokenFile:
+    """The tokens of a token file (and of KEG_API_TOKENS, read once), re-read when the
+    file changes: `match` looks at the file at most once every `interval` seconds (a
+    `stat`; the file is read only when its inode, mtime, ctime or size changed), so a
+    token removed from the file is refused within about a second. A file that becomes
+    unreadable or invalid keeps the last good tokens, logged as a warning (the
+    message names the file and the problem, never a token). Thread-safe: the tokens
+    are swapped whole, readers never lock."""
+
+    def __init__(self, path: Path | None = None, environ: Mapping[str, str] | None = None,
+                 *, interval: float = RELOAD_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Raises TokenError when the file or the variable cannot be used at start."""
+        env = os.environ if environ is None else environ
+        self.path = path
+        self._environ = {TOKENS_ENV: env[TOKENS_ENV]} if env.get(TOKENS_ENV) else {}
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stamp, racy = self._stat()
+        self._tokens = Tokens.load(path, environ=self._environ)
+        self._racy = racy
+        self._failed: str | None = None  # the problem of the file last warned about
+        self._next_look = clock() + interval
+
+    @property
+    def current(self) -> Tokens:
+        """The tokens now, after a look at the file if it is time for one."""
+        if self.path is not None and self._clock() >= self._next_look:
+            self._look(due_only=True)
+        return self._tokens
+
+    def refresh(self) -> Tokens:
+        """Look at the file now (whenever the last look was) and re-read it if it
+        changed."""
+        return self._look(due_only=False)
+
+    def _look(self, due_only: bool) -> Tokens:
+        with self._lock:
+            now = self._clock()
+            if due_only and now < self._next_look:
+                return self._tokens  # another request looked while this one waited
+            self._next_look = now + self._interval
+            stamp, racy = self._stat()
+            if self._racy or stamp != self._stamp:
+                self._stamp, self._racy = stamp, racy
+                self._reload()
+            return self._tokens
+
+    def _stat(self) -> tuple[_Stamp, bool]:
+        if self.path is None:
+            return None, False
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None, False
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        return stamp, abs(time.time() - st.st_mtime) < _RACY_S
+
+    def _reload(self) -> None:
+        try:
+            tokens = Tokens.load(self.path, environ=self._environ)
+        except TokenError as err:
+            if str(err) != self._failed:  # once per problem, not at every look
+                log.warning("API token file not reloaded, keeping the last good tokens "
+                            "(%d): %s", len(self._tokens.names), err)
+            self._failed = str(err)
+            return
+        self._failed = None
+        if tokens == self._tokens:
+            return
+        before, after = set(self._tokens.names), set(tokens.names)
+        self._tokens = tokens
+        log.info("API token file %s reloaded: %d token(s); added %s, removed %s",
+                 self.path, len(after), sorted(after - before) or "none",
+                 sorted(before - after) or "none")
+
+    def match(self, presented: str) -> str | None:
+        """The name of the token `presented` is, or None (Tokens.match)."""
+        return self.current.match(presented)
+
+    def scope(self, name: str) -> OwnerScope:
+        """Whose rules the token `name` may change; no rule at all when the name is
+        gone (the file changed since `match` named it)."""
+        tokens = self._tokens
+        return tokens.scope(name) if name in tokens.names else _NO_OWNER
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.current.names
+
+    def __bool__(self) -> bool:
+        return bool(self.current)
+
+    def __repr__(self) -> str:
+        return f"TokenFile(path={str(self.path)!r}, names={list(self._tokens.names)})"
+
+
 def _scope(attributes: list[str], where: str) -> OwnerScope:
     """`owner=<name or glob>` attributes of a token entry (nothing else is one)."""
     patterns = []
@@ -152,7 +273,8 @@ def _digest(token: str) -> bytes:
 
 @dataclass(frozen=True)
 class ApiSettings:
-    tokens: Tokens = field(default_factory=Tokens)
+    # Tokens (fixed) or TokenFile (re-read when the token file changes).
+    tokens: Tokens | TokenFile = field(default_factory=Tokens)
     # Reads (rules, versions, fleet, validate, dry-run) without a token; writes always
     # need one. Health, readiness, metrics and the OpenAPI document are always public.
     public_reads: bool = False

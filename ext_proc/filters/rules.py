@@ -38,6 +38,7 @@ from ext_proc.filters import (
     Direction,
     RequestJudge,
     RequestVerdict,
+    ResponsePatch,
     TopicSelector,
     WhoScope,
     match_scope,
@@ -85,7 +86,11 @@ ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 _PARTIAL_DENIAL_APIS = frozenset({
     ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_COMMIT,
     ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS, ApiKey.TXN_OFFSET_COMMIT,
+    ApiKey.OFFSET_FETCH,
 })
+# Refused per topic even when every topic it names is: the rest of the request (other
+# groups asking for all their topics) still has an answer to get.
+_ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
 
 
 @dataclass(frozen=True)
@@ -370,7 +375,11 @@ class RulesFilter(RuleSetJudge):
         self._volumes = (produce_volumes(body, self._engine.topic_ids) if api_key == ApiKey.PRODUCE
                          else {})
         groups: list[str | None] = [*named.groups] or [None]
-        if named.unknown_topic_ids and any(
+        # Metadata is how a client learns the names of ids (a KIP-848 consumer learns its
+        # assignment as ids): refusing it would leave nothing to refresh with. It changes
+        # nothing, so it goes on and its answer, which names them, is judged.
+        by_id = api_key == ApiKey.METADATA and bool(named.unknown_topic_ids)
+        if named.unknown_topic_ids and not by_id and any(
                 r.uses_topics and not r.dry_run for r in compiled.candidates(api_key, version)):
             # A topic rule may concern a topic the gateway cannot name: refuse with the
             # retriable error that makes the client refresh its metadata (through here).
@@ -421,13 +430,22 @@ class RulesFilter(RuleSetJudge):
             denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
         verdict: RequestVerdict | None
         if not denied:
-            verdict = (self._hide_topics(ctx) if api_key == ApiKey.METADATA
-                       and body.get("Topics") is None else None)
-        elif set(denied) >= set(topics) or api_key not in _PARTIAL_DENIAL_APIS:
+            verdict = (self._hide_topics(ctx, named.unknown_topic_ids)
+                       if api_key == ApiKey.METADATA and (body.get("Topics") is None or by_id)
+                       else self._deny_in_session(ctx, header, conn, body)
+                       if api_key == ApiKey.FETCH else None)
+        elif api_key not in _PARTIAL_DENIAL_APIS or (
+                set(denied) >= set(topics) and api_key not in _ALWAYS_PARTIAL_APIS):
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
                                 per_topic=True)
         else:
             verdict = self._partial(header, body, denied)
+            if by_id:
+                hide = self._hide_topics(ctx, named.unknown_topic_ids)
+                verdict.patch = _both(verdict.patch, hide)
+        if api_key == ApiKey.OFFSET_FETCH and (hide_offsets := self._hide_offsets(ctx, body)):
+            verdict = verdict or RequestVerdict()
+            verdict.patch = _both(verdict.patch, hide_offsets)
         if changed or throttle_s:
             verdict = verdict or RequestVerdict()
             verdict.changed |= changed
@@ -489,20 +507,114 @@ class RulesFilter(RuleSetJudge):
                          hits, reason=f"over the rate by {wait * 1000:.0f} ms")
         return 0.0 if rule.dry_run else wait
 
-    def _hide_topics(self, ctx: MatchContext) -> RequestVerdict | None:
-        """Metadata for all topics: leave out the ones a rule denies, as Kafka's own
-        authorizer does, instead of telling the client they exist."""
+    def _hide_topics(self, ctx: MatchContext,
+                     by_id: Iterable[uuid.UUID] = ()) -> RequestVerdict | None:
+        """Metadata for all topics, or naming ids the gateway cannot name yet: judge
+        the answer, which names them. A topic a rule denies is left out of an answer for
+        all topics, as Kafka's own authorizer does, instead of telling the client it
+        exists; one asked for by id is answered TOPIC_AUTHORIZATION_FAILED, without its
+        name or partitions."""
         rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
                  if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
         if not rules:
             return None
+        asked = set(by_id)
 
         def hide(response: dict[str, Any]) -> bool:
             topics = response.get("Topics") or []
-            kept = [t for t in topics
-                    if not any(r.matches(ctx, t.get("Name")) for r in rules)]
+            kept = []
+            for topic in topics:
+                if not any(r.matches(ctx, topic.get("Name")) for r in rules):
+                    kept.append(topic)
+                elif topic.get("TopicId") in asked:
+                    kept.append({**topic, "Name": None, "Partitions": [], "IsInternal": False,
+                                 "ErrorCode": ErrorCode.TOPIC_AUTHORIZATION_FAILED})
+            changed = kept != topics
             response["Topics"] = kept
-            return len(kept) != len(topics)
+            return changed
+
+        return RequestVerdict(patch=hide)
+
+    def _deny_in_session(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
+                         conn: ConnectionInfo, body: dict[str, Any]) -> RequestVerdict | None:
+        """An incremental Fetch (KIP-227) names only the partitions that changed; its
+        answer also carries the session's others. A deny that arrived after the session
+        began must refuse those too, as Kafka authorizes every partition of a session on
+        every fetch: each partition of the answer whose topic a rule denies becomes
+        TOPIC_AUTHORIZATION_FAILED without records (one of an id the gateway cannot
+        name, UNKNOWN_TOPIC_ID: records a rule could not see are never handed out)."""
+        if header.api_version < 7 or int(body.get("SessionEpoch", -1)) <= 0:
+            return None  # a full fetch names every partition: judged above
+        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
+                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        if not rules:
+            return None
+        ids = self._engine.topic_ids
+
+        def refuse(response: dict[str, Any]) -> bool:
+            changed = False
+            for topic in response.get("Responses") or ():
+                name = topic_name(topic, ids)
+                hits = [r for r in rules if name is None or r.matches(ctx, name)]
+                if not hits:
+                    continue
+                code = (ErrorCode.UNKNOWN_TOPIC_ID if name is None
+                        else self._deny_error(hits[0], ctx.api_key, [name], []))
+                refused = False
+                for partition in topic.get("Partitions") or ():
+                    if partition.get("ErrorCode") == code and not partition.get("Records"):
+                        continue
+                    partition.update(ErrorCode=code, HighWatermark=-1, LastStableOffset=-1,
+                                     LogStartOffset=-1, AbortedTransactions=None,
+                                     Records=b"")
+                    refused = True
+                if name is not None and refused:
+                    self._record(hits[0], "denied", header, conn, [name], code,
+                                 self._deny_reason(hits[0], ctx.api_key))
+                changed |= refused
+            return changed
+
+        return RequestVerdict(patch=refuse)
+
+    def _hide_offsets(self, ctx: MatchContext, body: dict[str, Any]) -> RequestVerdict | None:
+        """An OffsetFetch for all of a group's topics (null topics): leave the topics a
+        rule denies out of the answer, as Kafka does with topics the caller may not
+        describe. A topic of an id the gateway cannot name (v10) keeps its place with
+        UNKNOWN_TOPIC_ID: offsets a rule could not judge are not handed out."""
+        groups = body.get("Groups")
+        if not (body.get("Topics", []) is None
+                or any(g.get("Topics") is None for g in groups or ())):
+            return None
+        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
+                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        if not rules:
+            return None
+        ids = self._engine.topic_ids
+        every = {g.get("GroupId") for g in groups or () if g.get("Topics") is None}
+
+        def judged(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            kept = []
+            for topic in topics:
+                name = topic_name(topic, ids)
+                if name is None:
+                    kept.append({**topic, "Partitions": [
+                        {**p, "CommittedOffset": -1, "Metadata": "",
+                         "ErrorCode": ErrorCode.UNKNOWN_TOPIC_ID}
+                        for p in topic.get("Partitions") or ()]})
+                elif not any(r.matches(ctx, name) for r in rules):
+                    kept.append(topic)
+            return kept
+
+        def hide(response: dict[str, Any]) -> bool:
+            changed = False
+            owners = ([response] if groups is None else
+                      [g for g in response.get("Groups") or () if g.get("GroupId") in every])
+            for owner in owners:
+                topics = owner.get("Topics") or []
+                kept = judged(topics)
+                changed |= kept != topics
+                owner["Topics"] = kept
+            return changed
 
         return RequestVerdict(patch=hide)
 
@@ -537,6 +649,8 @@ class RulesFilter(RuleSetJudge):
         body.update(forwarded)
 
         def merge(response: dict[str, Any]) -> bool:
+            if api_key == ApiKey.OFFSET_FETCH and version >= 8:
+                return _merge_group_entries(response, entries)
             return merge_error_entries(api_key, version, response, entries)
 
         expects = expects_response(api_key, version, body)
@@ -638,6 +752,31 @@ def _name_records(topics: Iterable[dict[str, Any]],
             if found is not None and "RecordErrors" in answer:
                 answer["RecordErrors"] = [{"BatchIndex": found[0],
                                            "BatchIndexErrorMessage": found[1]}]
+
+
+def _merge_group_entries(response: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
+    """OffsetFetch v8+: each group's refused topics into the broker's entry of that
+    group (partial_error_entries nests them under their groups)."""
+    groups = {g.get("GroupId"): g for g in response.get("Groups") or ()}
+    for entry in entries:
+        group = groups.get(entry.get("GroupId"))
+        if group is None:
+            response["Groups"] = [*(response.get("Groups") or []), entry]
+        else:
+            group["Topics"] = [*(group.get("Topics") or []), *(entry.get("Topics") or [])]
+    return bool(entries)
+
+
+def _both(first: ResponsePatch | None, then: RequestVerdict | None) -> ResponsePatch | None:
+    """`first`, then the patch of `then`."""
+    second = then.patch if then is not None else None
+    if first is None or second is None:
+        return first or second
+
+    def both(response: dict[str, Any]) -> bool:
+        return first(response) | second(response)
+
+    return both
 
 
 def _throttle(verdict: RequestVerdict, seconds: float) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from filter_rules.files import read_regular_file
 from filter_rules.record_actions import ValidateSpec
 from interceptors.avro import AvroCodec
 from interceptors.contract import (
@@ -79,7 +80,7 @@ def _json_schema(spec: ValidateSpec, ctx: BuildContext) -> Any:
     assert spec.json_schema_file is not None
     path = ctx.resolve(spec.json_schema_file)
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(read_regular_file(path))
     except OSError as exc:
         raise InterceptorConfigError(f"cannot read JSON Schema {path}: {exc.strerror}") from None
     except orjson.JSONDecodeError as exc:

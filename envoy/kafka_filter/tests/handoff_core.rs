@@ -9,7 +9,7 @@ use common::*;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use keg_kafka_filter::core::handoff::{Failure, REQUEST_TIMED_OUT};
+use keg_kafka_filter::core::handoff::{Failure, MAX_PENDING_PER_CONNECTION, REQUEST_TIMED_OUT};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::who::ClientId;
@@ -170,6 +170,34 @@ fn nothing_overtakes_a_pending_request() {
     s.ready_requests(&mut ready);
     assert_eq!(bytes_of(&[], &ready), [masked_frame(&parts[1]), parts[2].clone(), masked_frame(&parts[3]), parts[4].clone()].concat());
     assert!(!s.requests_waiting());
+}
+
+#[test]
+fn at_most_a_window_of_handoffs_is_sent_and_each_answer_lets_one_more_go() {
+    // A client pipelining far more requests than the window: the service answers a
+    // connection's frames one at a time, and the timeout runs from when one is sent.
+    let count = MAX_PENDING_PER_CONNECTION * 3;
+    let stream: Vec<u8> = (0..count).flat_map(|i| produce(i as i32 + 1, 1)).collect();
+    let mut s = session(false);
+    let mut out = Output::default();
+    s.feed_requests(&stream, &mut out).unwrap();
+    assert_eq!(s.pending_handoffs(), count);
+    let mut sent = s.take_handoffs();
+    assert_eq!(sent.len(), MAX_PENDING_PER_CONNECTION);
+    assert!(s.take_handoffs().is_empty(), "none more before an answer");
+    let (mut forwarded, mut to_client) = (Vec::new(), Vec::new());
+    let mut answered = 0;
+    while let Some(h) = (!sent.is_empty()).then(|| sent.remove(0)) {
+        s.resolve(h.id, masked(&h)).unwrap();
+        answered += 1;
+        let more = s.take_handoffs();
+        assert!(more.len() <= 1 && sent.len() + more.len() <= MAX_PENDING_PER_CONNECTION);
+        sent.extend(more);
+        drain(&mut s, &mut forwarded, &mut to_client);
+    }
+    assert_eq!(answered, count);
+    let expected: Vec<u8> = (0..count).flat_map(|i| masked_frame(&produce(i as i32 + 1, 1))).collect();
+    assert_eq!(forwarded, expected, "every request, in order");
 }
 
 /// The broker's answers to the forwarded requests of `request_stream`, in order.

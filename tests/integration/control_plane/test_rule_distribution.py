@@ -4,12 +4,14 @@ has the details), never asserted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,19 @@ def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
         assert produce_one(gateway.bootstrap, denied) == "TOPIC_AUTHORIZATION_FAILED"
 
 
+@contextlib.contextmanager
+def gateway_with_api(kafka: EmbeddedKafka, tmp_path: Path,
+                     rules_dir: Path) -> Iterator[tuple[Gateway, Any, str]]:
+    """`keg up`'s arrangement: the directory applied to the store, the REST API (tokens
+    in tmp_path/tokens) and the fleet served from the store. (gateway, store, API URL)."""
+    settings = gateway_settings(
+        kafka, tmp_path / "work", rules_dir=rules_dir,
+        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
+    with Gateway(settings) as gateway:
+        assert gateway.app is not None and gateway.app.store is not None
+        yield gateway, gateway.app.store, f"http://127.0.0.1:{gateway.app.api_server.port}"
+
+
 def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
         kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`keg up`'s control plane (store, REST API, xDS) and its real ext_proc child. The
@@ -168,14 +183,8 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
     token = "reader-token-0123456789"
     (tmp_path / "tokens").write_text(f"ci:{token}\n")
     (tmp_path / "token").write_text(f"{token}\n")
-    settings = gateway_settings(
-        kafka, tmp_path / "work", rules_dir=rules_dir,
-        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
     topic = create_topic(kafka.bootstrap, name=f"nack.{time.monotonic_ns()}")
-    with Gateway(settings) as gateway:
-        assert gateway.app is not None and gateway.app.store is not None
-        store = gateway.app.store
-        api = f"http://127.0.0.1:{gateway.app.api_server.port}"
+    with gateway_with_api(kafka, tmp_path, rules_dir) as (gateway, store, api):
 
         def get(path: str) -> Any:
             request = urllib.request.Request(f"{api}{path}",
@@ -237,6 +246,45 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
             time.sleep(0.1)
         assert ext_proc_runs() == "3"
 
+
+
+def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """The rule directory is the source of truth for its rules, yet a rollback to a
+    version before one of them removed it from the store, and the directory never put
+    it back (it applies itself only when its files change): a deny in a file stopped
+    being enforced. The gateway now applies the directory again whenever the store
+    changes its rules: the rollback's version is followed by one that restores them."""
+    token = "admin-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    rules = rule_dir(tmp_path / "rules", {
+        "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
+    topic = create_topic(kafka.bootstrap, name=f"held.{time.monotonic_ns()}")
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
+
+        def runs(number: int) -> None:
+            """Until the store serves `number` and the ext_proc service runs it."""
+            deadline = time.monotonic() + 30
+            while not (store.live() is not None and store.live().number == number and [
+                    n for n in gateway.fleet_status() if n["role"] == "ext_proc"
+                    and n["types"]["keg.v1.RuleSet"]["applied_version"] == str(number)]):
+                assert time.monotonic() < deadline, (number, store.rules()[0])
+                time.sleep(0.1)
+
+        assert produce_one(gateway.bootstrap, topic) is None
+        (rules / "deny.yaml").write_text(
+            "rules:\n  - id: deny-held\n    match: {apis: [Produce], topics: {prefix: [held.]}}\n"
+            "    action: {deny: {}}\n")
+        runs(2)
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+
+        request = urllib.request.Request(f"{api}/v1/versions/1/rollback", method="POST",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.loads(response.read())["number"] == 3
+        runs(4)  # 3 is the rollback; 4 the directory's rules again
+        assert {r.id for r in store.rules()[1]} == {"watch", "deny-held"}
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
 
 
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(

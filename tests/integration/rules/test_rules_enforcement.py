@@ -7,7 +7,9 @@ rewrites while clients stay connected. Every test runs on both data paths (`env`
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 import kafka_wire
 from control_plane.service import free_port
 from control_plane.topology import SaslPlain
 from kafka_wire import ApiKey
 from kafka_wire.records import iter_batches
-from keg.embedded.kafka import EmbeddedKafka, run_java_tool
+from keg.embedded.kafka import EmbeddedKafka, java_tool_command, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import (
     SASL_USERS,
@@ -85,6 +94,10 @@ rules:
     match: {apis: [Produce], topics: {prefix: [quiet.]}}
     action: {deny: {}}
     audit: {enabled: false}
+  - id: hidden-topics
+    description: every API, so Metadata too (a topic rule judging Metadata requests by id)
+    match: {topics: {prefix: [hidden.]}}
+    action: {deny: {}}
   # As filter_rules/examples/safeguards.yaml writes it.
   - id: lz4-producer-hygiene
     match: {apis: [Produce], topics: {prefix: [lz4.]}}
@@ -229,6 +242,118 @@ def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
     assert read("alice") == (3, None)
     got, error = read("bob")
     assert got == 0 and error == TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_kip848_consumer_reads_through_a_topic_rule_on_metadata(env: Env) -> None:
+    """A consumer of the new group protocol (group.protocol=consumer) learns its
+    assignment as topic ids and asks Metadata for their names. While any enforced
+    topic rule judged Metadata, the gateway answered such a request UNKNOWN_TOPIC_ID
+    ("refresh metadata": the very request refused), and librdkafka never consumed. Now
+    the Metadata goes on and its answer, which names the ids, is judged."""
+    topic = admin_topic(env, f"kip848.{uuid.uuid4().hex[:6]}")
+    # Written directly: the gateway has not seen the topic's id before the consumer.
+    assert produce({"bootstrap.servers": env.kafka.bootstrap},
+                   [(topic, b"r%d" % i) for i in range(20)]) == [(topic, 0)] * 20
+    consumer = Consumer({**env.client("alice"), "group.id": f"kip848-{uuid.uuid4().hex[:6]}",
+                         "group.protocol": "consumer", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < 20 and time.monotonic() < deadline:
+            for msg in consumer.consume(20, 0.5):
+                value = msg.value()
+                assert msg.error() is None and value is not None, msg.error()
+                got.append(value)
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(b"r%d" % i for i in range(20))
+
+
+def first_fetch_error(env: Env, user: str, topic: str) -> int | None:
+    """The error a fresh librdkafka consumer of `user` meets reading `topic` (None:
+    it read a record)."""
+    consumer = Consumer({**env.client(user), "group.id": f"{user}-{uuid.uuid4().hex[:6]}"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(10, 0.5):
+                failure = msg.error()
+                return None if failure is None else int(failure.code())
+        raise AssertionError(f"{user} read nothing from {topic}, and no error")
+    finally:
+        consumer.close()
+
+
+def test_a_deny_added_live_stops_an_open_fetch_session(env: Env) -> None:
+    """A fetch session (KIP-227) names only the partitions that changed; a deny added
+    while a Java consumer's session was open judged only those, so the records written
+    after it still reached the consumer in the session's other partitions. Kafka
+    authorizes every partition of a session on every fetch: now the answer's partitions
+    of a denied topic are TOPIC_AUTHORIZATION_FAILED, and the consumer stops there."""
+    topic = admin_topic(env, f"late.{uuid.uuid4().hex[:6]}")
+    direct = {"bootstrap.servers": env.kafka.bootstrap}
+    assert produce(direct, [(topic, b"written-before-the-deny")]) == [(topic, 0)]
+    out = env.rules.parent / f"{topic}.out"
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--from-beginning",
+            "--group", f"late-{uuid.uuid4().hex[:6]}"]
+    for prop in java_sasl("alice"):
+        args += ["--consumer-property", prop]
+    with out.open("w") as sink:
+        consumer = subprocess.Popen(java_tool_command("console-consumer", *args),
+                                    stdout=sink, stderr=subprocess.STDOUT, text=True)
+    path = env.rules / "rules.yaml"
+    try:
+        deadline = time.monotonic() + 60
+        while "written-before-the-deny" not in out.read_text():
+            assert consumer.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        path.write_text(RULES + """
+  - id: close-late-topics
+    match: {apis: [Fetch], topics: {prefix: [late.]}}
+    action: {deny: {}}
+""")
+        deadline = time.monotonic() + 30  # enforced on new connections: the set is live
+        while first_fetch_error(env, "alice", topic) != TOPIC_AUTHORIZATION_FAILED:
+            assert time.monotonic() < deadline, "the deny never applied"
+        assert produce(direct, [(topic, b"written-after-the-deny")]) == [(topic, 0)]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            consumer.wait(20)  # it stops at the refusal; a leaking one would run on
+    finally:
+        consumer.kill()
+        consumer.wait()
+        path.write_text(RULES)
+    seen = out.read_text()
+    assert "written-after-the-deny" not in seen, seen
+    assert "TopicAuthorizationException" in seen, seen
+
+
+def test_a_groups_offsets_show_allowed_topics_and_hide_denied_ones(env: Env) -> None:
+    """OffsetFetch for all of a group's topics returned the offsets of a denied topic
+    (its name and position leaked), and one naming a denied and an allowed topic was
+    refused for the whole group (librdkafka's admin then returned no offsets at all).
+    As Kafka's authorizer answers: a denied topic is left out of an all-topics answer,
+    and refused per partition beside the allowed ones."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    group = f"offsets-{uuid.uuid4().hex[:6]}"
+    committer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(hidden, 0, 7), TopicPartition(public, 0, 4)],
+                     asynchronous=False)
+    committer.close()
+    admin = AdminClient(env.client("alice"))
+
+    def offsets(partitions: list[TopicPartition] | None) -> dict[str, tuple[int, int | None]]:
+        asked = ConsumerGroupTopicPartitions(group, partitions)
+        answer = admin.list_consumer_group_offsets([asked])[group].result(30)
+        return {tp.topic: (tp.offset, None if tp.error is None else tp.error.code())
+                for tp in answer.topic_partitions}
+
+    assert offsets(None) == {public: (4, None)}
+    both = offsets([TopicPartition(hidden, 0), TopicPartition(public, 0)])
+    assert both[public] == (4, None)
+    assert both[hidden][1] == TOPIC_AUTHORIZATION_FAILED
 
 
 def test_a_share_consumer_is_denied_what_fetch_is_denied(env: Env) -> None:

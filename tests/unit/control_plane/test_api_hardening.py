@@ -226,3 +226,86 @@ def test_token_scopes_that_cannot_be_read_are_refused(entry: str, message: str) 
     with pytest.raises(TokenError, match=message) as refused:
         Tokens.load(None, environ={"KEG_API_TOKENS": f"admin:{ADMIN_TOKEN},{entry}"})
     assert "0123456789abcdef" not in str(refused.value)  # never the token
+
+
+KEY = "00" * 32  # an AES-256 key, hex
+
+
+def host_rules(key_file: Path, module: str) -> dict[str, str]:
+    """Rules that reach the gateway host: an encryption with the host's key file, and an
+    interceptor class (imported and run)."""
+    return {
+        "encrypt": ("rules:\n  - id: seal\n    match: {topics: {exact: [cards]}}\n"
+                    "    action:\n      encrypt:\n        fields: ['$.card']\n"
+                    f"        key: {{id: k1, secret: {{file: {key_file}}}}}\n"),
+        "interceptor": ("rules:\n  - id: run-code\n    match: {topics: {exact: [cards]}}\n"
+                        f"    action: {{interceptor: {{class: '{module}:Hook'}}}}\n"),
+    }
+
+
+def dry_run(api: Api, token: str, body: dict[str, Any]) -> tuple[int, Any]:
+    status, _, answer = api.call("POST", "/v1/dry-run", json.dumps(body).encode(), token=token,
+                                 headers={"Content-Type": "application/json"})
+    return status, answer
+
+
+def test_only_an_unscoped_token_runs_rules_that_reach_the_gateway_host(
+        scoped_api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run was a read: any token (a team's, scoped to its own rules; anyone with
+    --public-reads) had the control plane import and run an interceptor class it named,
+    and encrypt or decrypt with any key file of the host (an oracle for the host's
+    keys); a scoped token could also write such rules. Rules that use the host's files,
+    environment or code now run and are written only for a token without an owner
+    scope: 403 problem+json for the others, and nothing runs."""
+    key_file = tmp_path / "host.key"
+    key_file.write_text(KEY)
+    ran = tmp_path / "ran"
+    module = "keg_host_access_probe"
+    (tmp_path / f"{module}.py").write_text(
+        f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n"
+        "class Hook:\n    def intercept(self, record):\n        return record\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rules = host_rules(key_file, module)
+    record = {"topic": "cards", "value": json.dumps({"card": "4111"})}
+
+    for text in rules.values():
+        status, problem = dry_run(scoped_api, OPS_TOKEN, {"rules": text, "records": [record]})
+        assert status == 403 and problem["type"] == "urn:keg:problem:host-resources", problem
+        assert "scoped to" in problem["detail"] and KEY not in json.dumps(problem)
+    assert not ran.exists()  # the class was never imported
+
+    # A scoped writer writes no such rule (PUT, /v1/apply); what it may write it still may.
+    status, _, problem = scoped_api.call(
+        "PUT", "/v1/rules/seal", json.dumps({
+            "match": {"topics": {"exact": ["cards"]}},
+            "action": {"encrypt": {"fields": ["$.card"],
+                                   "key": {"id": "k1", "secret": {"env": "HOME"}}}}}).encode(),
+        token=OPS_TOKEN, headers={"If-None-Match": "*"})
+    assert status == 403 and "the environment variable HOME" in problem["detail"]
+    body = json.dumps({"owner": "dir:payments", "files": {"a.yaml": rules["encrypt"]}}).encode()
+    status, _, problem = scoped_api.call("POST", "/v1/apply", body, token=PAYMENTS_TOKEN,
+                                         headers={"Content-Type": "application/json"})
+    assert status == 403 and f"the file {key_file}" in problem["detail"]
+    assert scoped_api.store.rules()[0] == 0
+    assert apply_as(scoped_api, "dir:payments", PAYMENTS_TOKEN, "pay-a")[0] == 200
+
+    # The unscoped token may: it writes the encryption; then the team re-applies its
+    # directory with that rule unchanged (its own change adds nothing of the host).
+    status, _, _ = scoped_api.call("POST", "/v1/apply", body, token=ADMIN_TOKEN,
+                                   headers={"Content-Type": "application/json"})
+    assert status == 200
+    status, _, _ = scoped_api.call("POST", "/v1/apply", body, token=PAYMENTS_TOKEN,
+                                   headers={"Content-Type": "application/json"})
+    assert status == 200
+    # Records through the live set with the host's key: not for a scoped token; its
+    # requests (no records) still are.
+    status, problem = dry_run(scoped_api, OPS_TOKEN, {"records": [record]})
+    assert status == 403 and problem["type"] == "urn:keg:problem:host-resources"
+    status, answer = dry_run(scoped_api, OPS_TOKEN,
+                             {"requests": [{"api": "Metadata", "version": 12}]})
+    assert status == 200, answer
+    status, answer = dry_run(scoped_api, ADMIN_TOKEN, {"records": [record]})
+    assert status == 200 and answer["records"][0]["status"] == "modified", answer
+    status, answer = dry_run(scoped_api, ADMIN_TOKEN, {"rules": rules["interceptor"],
+                                                       "records": [record]})
+    assert status == 200 and ran.exists()

@@ -146,3 +146,26 @@ def test_a_produce_by_topic_id_is_split_by_topic_like_by_name() -> None:
     codes = {t["TopicId"]: t["PartitionResponses"][0]["ErrorCode"]
              for t in response["Responses"]}
     assert codes == {public: 0, secret: 29}
+
+
+def test_a_metadata_by_unknown_ids_goes_on_and_its_answer_is_judged() -> None:
+    """Metadata is how a client names ids (a KIP-848 consumer's assignment): refusing it
+    UNKNOWN_TOPIC_ID left nothing to refresh with. It is forwarded; in the answer, a
+    denied topic asked for by id is TOPIC_AUTHORIZATION_FAILED, without name or
+    partitions, and the others pass as the broker answered."""
+    f, _ = rules_filter("orders")
+    denied, allowed = uuid.uuid4(), uuid.uuid4()
+    body = {"Topics": [{"TopicId": denied, "Name": None}, {"TopicId": allowed, "Name": None}]}
+    verdict = f.judge(RequestHeader(ApiKey.METADATA, 12, 1, "c", {}), body, CONN)
+    assert verdict is not None and verdict.answer is None and verdict.patch is not None
+    partitions = [{"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1}]
+    answer = {"Topics": [
+        {"ErrorCode": 0, "Name": "orders", "TopicId": denied, "IsInternal": False,
+         "Partitions": partitions},
+        {"ErrorCode": 0, "Name": "invoices", "TopicId": allowed, "IsInternal": False,
+         "Partitions": partitions}]}
+    assert verdict.patch(answer)
+    hidden, shown = answer["Topics"]
+    assert (hidden["Name"], hidden["TopicId"], hidden["ErrorCode"], hidden["Partitions"]) == (
+        None, denied, 29, [])
+    assert shown["Name"] == "invoices" and shown["Partitions"] == partitions

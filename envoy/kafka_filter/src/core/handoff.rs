@@ -35,6 +35,24 @@ pub struct HandOff {
     pub security_protocol: &'static str,
 }
 
+/// Hand-offs one connection may have unanswered before it stops reading from its
+/// client. A broker reads a connection's next request only once it answered the last
+/// one; a client pipelining thousands of requests a rule needs would otherwise queue
+/// them all on the service's stream, where the last ones outwait the hand-off timeout
+/// (counted from when each is sent) and the connection fails closed.
+pub const MAX_PENDING_PER_CONNECTION: usize = 64;
+
+/// Whether a connection should stop (or keep stopped) reading from its client, given
+/// what it has handed off and not had answered: more than `max_bytes` or than
+/// [`MAX_PENDING_PER_CONNECTION`] frames stops it; it reads again at half of both.
+pub fn reading_paused(paused: bool, awaiting_bytes: usize, pending: usize, max_bytes: usize) -> bool {
+    if paused {
+        awaiting_bytes > max_bytes / 2 || pending > MAX_PENDING_PER_CONNECTION / 2
+    } else {
+        awaiting_bytes > max_bytes || pending > MAX_PENDING_PER_CONNECTION
+    }
+}
+
 /// Why a hand-off has no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
@@ -96,4 +114,20 @@ pub fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
     let size = i32::try_from(out.len() - 4).ok()?;
     out[..4].copy_from_slice(&size.to_be_bytes());
     Some(out.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{reading_paused, MAX_PENDING_PER_CONNECTION as MAX};
+
+    #[test]
+    fn reading_stops_past_either_bound_and_resumes_below_half_of_both() {
+        let bytes = 1 << 20;
+        assert!(!reading_paused(false, bytes, MAX, bytes));
+        assert!(reading_paused(false, bytes + 1, 0, bytes));
+        assert!(reading_paused(false, 0, MAX + 1, bytes)); // thousands of tiny frames
+        assert!(reading_paused(true, 0, MAX / 2 + 1, bytes));
+        assert!(reading_paused(true, bytes / 2 + 1, 0, bytes));
+        assert!(!reading_paused(true, bytes / 2, MAX / 2, bytes));
+    }
 }

@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::handoff::{produce_timed_out, Direction, HandOff, Resolution};
+use super::handoff::{produce_timed_out, Direction, HandOff, Resolution, MAX_PENDING_PER_CONNECTION};
 use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, PRODUCE, RESPONSE_HEAD};
 use super::identity::{self, Identity};
 use super::meter::Meter;
@@ -275,7 +275,7 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     /// Schema ids the service vouched for, for records produced and fetched.
     vouched_requests: Vouched,
     vouched_responses: Vouched,
-    handoffs: Vec<HandOff>,
+    handoffs: VecDeque<HandOff>, // made, not taken yet
     pending: VecDeque<Pending>,
     /// Produce requests decided once an earlier hand-off's answer (and its vouches) is in.
     parked: VecDeque<Parked>,
@@ -342,7 +342,7 @@ impl<P: RequestPolicy> Session<P> {
             next_handoff: 1,
             vouched_requests: Vouched::default(),
             vouched_responses: Vouched::default(),
-            handoffs: Vec::new(),
+            handoffs: VecDeque::new(),
             pending: VecDeque::new(),
             parked: VecDeque::new(),
             service_vouches: true,
@@ -414,9 +414,15 @@ impl<P: RequestPolicy> Session<P> {
         !self.responses_out.is_empty()
     }
 
-    /// The frames to hand to the Python service made since the last call, in order.
+    /// The frames to hand to the Python service now, in order: those made and not
+    /// taken yet, as long as fewer than [`MAX_PENDING_PER_CONNECTION`] taken ones wait
+    /// for their answers (each answer lets one more go). The service answers a
+    /// connection's frames one at a time and the hand-off timeout runs from when a
+    /// frame is sent: a client pipelining thousands must not have them all sent at once.
     pub fn take_handoffs(&mut self) -> Vec<HandOff> {
-        std::mem::take(&mut self.handoffs)
+        let sent = self.pending.len().saturating_sub(self.handoffs.len());
+        let room = MAX_PENDING_PER_CONNECTION.saturating_sub(sent).min(self.handoffs.len());
+        self.handoffs.drain(..room).collect()
     }
 
     // -- client -> broker -------------------------------------------------------------
@@ -917,7 +923,7 @@ impl<P: RequestPolicy> Session<P> {
     #[allow(clippy::too_many_arguments)]
     fn hand_off(&mut self, id: u64, direction: Direction, frame: Bytes, api_key: i16, api_version: i16,
                 expects_response: bool, fail_open: bool, vouching: Option<Arc<Vouching>>) {
-        self.handoffs.push(HandOff {
+        self.handoffs.push_back(HandOff {
             id,
             direction,
             frame: frame.clone(),
@@ -946,6 +952,9 @@ impl<P: RequestPolicy> Session<P> {
             return Ok(());
         };
         let Some(mut pending) = self.pending.remove(index) else { return Ok(()) };
+        if let Some(unsent) = self.handoffs.iter().position(|h| h.id == id) {
+            self.handoffs.remove(unsent); // resolved before it was taken: never sent
+        }
         if pending.direction == Direction::Request && pending.api_key == PRODUCE && pending.vouching.is_some() {
             self.service_vouches = matches!(&resolution, Resolution::Request { vouched, .. } if !vouched.is_empty());
         }

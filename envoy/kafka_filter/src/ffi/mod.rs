@@ -40,7 +40,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer, SchedulerPtr};
 use crate::config::{FilterConfig, TableSlot};
-use crate::core::handoff::Failure;
+use crate::core::handoff::{reading_paused, Failure};
 use crate::core::head::RequestHead;
 use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
@@ -452,7 +452,8 @@ impl Filter {
     }
 
     /// Keeps the process-wide count of hand-off bytes and pauses reading from the
-    /// client while this connection has more than its bound in flight (resumes at half).
+    /// client while this connection has more than its bound in flight, in bytes or in
+    /// frames (resumes at half: `core::handoff::reading_paused`).
     /// Only bytes that answers release count for the pause: a frame still being read
     /// (larger than the bound, say) completes only by reading on, and pausing then
     /// would stall the connection for good. That frame is bounded by the maximum frame
@@ -470,12 +471,13 @@ impl Filter {
         }
         let bound = self.config.settings.current_interest().max_bytes_per_connection;
         let awaiting = self.session.handoff_bytes_awaiting_answers();
-        if !self.read_paused && awaiting > bound {
+        let paused = reading_paused(self.read_paused, awaiting, self.session.pending_handoffs(), bound);
+        if paused && !self.read_paused {
             self.read_paused = true;
             self.count(envoy, cb, Event::ReadPaused, 1);
             // SAFETY: a live filter on its worker thread.
             unsafe { (cb.read_disable)(envoy, true) };
-        } else if self.read_paused && awaiting <= bound / 2 {
+        } else if !paused && self.read_paused {
             self.read_paused = false;
             // SAFETY: as above.
             unsafe { (cb.read_disable)(envoy, false) };

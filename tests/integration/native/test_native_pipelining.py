@@ -1,0 +1,83 @@
+"""A client pipelining thousands of requests a rule needs, through the real Envoy with
+keg's module, the real Python service and the real broker.
+
+A broker reads a connection's next request only once it answered the last one, so a
+client may queue as many as it likes. The module read them all and handed every one to
+the service at once; the service answers one frame at a time, so the last ones outwaited
+the hand-off timeout (counted from when each is sent) and the connection was closed
+(fail-closed) with thousands unanswered. The module now stops reading from the client
+while a connection has 64 hand-offs unanswered: every request is answered, in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import kafka_wire
+from control_plane.providers import StaticRuleProvider
+from filter_rules import load_rule_text
+from kafka_wire import ApiKey
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import Gateway, GatewaySettings
+from tests.integration.conftest import create_topic
+from tests.integration.raw_kafka import RawConnection, read_frame
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = 10_000
+# A topic rule on every API: each Metadata request goes to the Python service.
+RULES = """
+rules:
+  - id: hide-hidden
+    match: {topics: {prefix: [hidden.]}}
+    action: {deny: {}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    work: Path = tmp_path_factory.mktemp("native-pipelining")
+    settings = GatewaySettings(
+        bootstrap_servers=kafka.bootstrap, listen_port_base=0,
+        rules_provider=StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1"),
+        work_dir=work, ext_proc_log_level="WARNING", data_path="native",
+        # The hand-off timeout, short: a queue of thousands outwaits it on any machine,
+        # 64 frames (a few ms of the service's work) on none.
+        message_timeout_s=0.5)
+    with Gateway(settings) as gw:
+        yield gw
+
+
+def test_thousands_of_pipelined_requests_a_rule_needs_are_all_answered(
+        gateway: Gateway, kafka: EmbeddedKafka) -> None:
+    topic = create_topic(kafka.bootstrap, name="pipelined.metadata")
+    create_topic(kafka.bootstrap, name="hidden.pipelined")
+    connection = RawConnection(gateway.bootstrap, timeout=60)
+    # All topics: the service judges each answer too (it hides the denied topics).
+    body = {"Topics": None, "AllowAutoTopicCreation": False,
+            "IncludeTopicAuthorizedOperations": False}
+    frames = b"".join(
+        kafka_wire.encode_request(
+            kafka_wire.RequestHeader(ApiKey.METADATA, 12, correlation, "pipeliner", {}), body)
+        for correlation in range(1, REQUESTS + 1))
+    # Sent from a thread: the gateway may stop reading until answers are read here.
+    sender = threading.Thread(target=connection.sock.sendall, args=(frames,), daemon=True)
+    sender.start()
+    answered = 0
+    try:
+        for correlation in range(1, REQUESTS + 1):
+            frame = read_frame(connection.sock)
+            assert frame is not None, f"closed after {answered} answers of {REQUESTS}"
+            got, response = kafka_wire.decode_response(frame, ApiKey.METADATA, 12)
+            assert got == correlation
+            names = {t["Name"] for t in response["Topics"]}
+            assert topic in names and not any(n.startswith("hidden.") for n in names)
+            answered += 1
+    finally:
+        connection.close()
+        sender.join(10)
+    assert answered == REQUESTS
