@@ -39,7 +39,14 @@ from typing import Any, Final
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters import REQUEST, Direction, RequestVerdict, TopicSelector, WhoScope
-from ext_proc.filters.rules import RuleDecision, RuleEngine, RuleSetJudge, rules_scope, rules_who
+from ext_proc.filters.rules import (
+    RuleDecision,
+    RuleEngine,
+    RuleSetJudge,
+    rules_scope,
+    rules_who,
+    withhold_partitions,
+)
 from ext_proc.identity import IdentityTracker
 from ext_proc.sequences import ProducerKey
 from filter_rules import MatchContext
@@ -207,21 +214,6 @@ def _merge_partitions(response: Body, answered: dict[TopicKey, list[Body]]) -> b
             topic["PartitionResponses"] = [*(topic.get("PartitionResponses") or []),
                                            *partitions]
     return bool(answered)
-
-
-def _withhold(partitions: Any, code: int) -> bool:
-    """Answer fetched partitions with an error instead of their records.
-
-    The records become empty, as the broker answers an error, never null: librdkafka
-    refuses a null record set as a malformed response and fetches again without ever
-    seeing the error (UNKNOWN_TOPIC_ID would have made it refresh its metadata)."""
-    changed = False
-    for partition in partitions:
-        if partition.get("Records") or not partition.get("ErrorCode"):
-            partition["ErrorCode"] = code
-            partition["Records"] = b""
-            changed = True
-    return changed
 
 
 class RecordsFilter(RuleSetJudge):
@@ -427,7 +419,8 @@ class RecordsFilter(RuleSetJudge):
             for topic in response.get("Responses") or ():
                 name = topic_name(topic, self._engine.topic_ids)
                 if name is None:  # v13+: an id not seen named yet: hand out nothing
-                    changed |= _withhold(topic.get("Partitions") or (), ErrorCode.UNKNOWN_TOPIC_ID)
+                    changed |= withhold_partitions(topic.get("Partitions") or (),
+                                                   ErrorCode.UNKNOWN_TOPIC_ID)
                     continue
                 stages = records.plan("consume", name, ctx)
                 if not stages:
@@ -474,7 +467,7 @@ class RecordsFilter(RuleSetJudge):
         new = rewrite_records(data, rewrite)
         if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
-            return _withhold((partition,), refused[0])
+            return withhold_partitions((partition,), refused[0])
         if new is data:
             return False
         partition["Records"] = new

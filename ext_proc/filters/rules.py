@@ -88,6 +88,8 @@ _PARTIAL_DENIAL_APIS = frozenset({
     ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS, ApiKey.TXN_OFFSET_COMMIT,
     ApiKey.OFFSET_FETCH,
 })
+# Fetches in a session (KIP-227, KIP-932): their answers carry partitions they do not name.
+_SESSION_FETCHES = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 # Refused per topic even when every topic it names is: the rest of the request (other
 # groups asking for all their topics) still has an answer to get.
 _ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
@@ -433,7 +435,7 @@ class RulesFilter(RuleSetJudge):
             verdict = (self._hide_topics(ctx, named.unknown_topic_ids)
                        if api_key == ApiKey.METADATA and (body.get("Topics") is None or by_id)
                        else self._deny_in_session(ctx, header, conn, body)
-                       if api_key == ApiKey.FETCH else None)
+                       if api_key in _SESSION_FETCHES else None)
         elif api_key not in _PARTIAL_DENIAL_APIS or (
                 set(denied) >= set(topics) and api_key not in _ALWAYS_PARTIAL_APIS):
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
@@ -537,13 +539,16 @@ class RulesFilter(RuleSetJudge):
 
     def _deny_in_session(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
                          conn: ConnectionInfo, body: dict[str, Any]) -> RequestVerdict | None:
-        """An incremental Fetch (KIP-227) names only the partitions that changed; its
-        answer also carries the session's others. A deny that arrived after the session
-        began must refuse those too, as Kafka authorizes every partition of a session on
-        every fetch: each partition of the answer whose topic a rule denies becomes
-        TOPIC_AUTHORIZATION_FAILED without records (one of an id the gateway cannot
-        name, UNKNOWN_TOPIC_ID: records a rule could not see are never handed out)."""
-        if header.api_version < 7 or int(body.get("SessionEpoch", -1)) <= 0:
+        """An incremental Fetch (KIP-227) or ShareFetch (a share session) names only the
+        partitions that changed; its answer also carries the session's others. A deny
+        that arrived after the session began must refuse those too, as Kafka authorizes
+        every partition of a session on every fetch: each partition of the answer whose
+        topic a rule denies is answered with the rule's error and no records (one of an
+        id the gateway cannot name, UNKNOWN_TOPIC_ID: records a rule could not see are
+        never handed out)."""
+        epoch = body.get("ShareSessionEpoch" if ctx.api_key == ApiKey.SHARE_FETCH
+                         else "SessionEpoch", -1)
+        if int(epoch) <= 0:
             return None  # a full fetch names every partition: judged above
         rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
                  if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
@@ -560,14 +565,7 @@ class RulesFilter(RuleSetJudge):
                     continue
                 code = (ErrorCode.UNKNOWN_TOPIC_ID if name is None
                         else self._deny_error(hits[0], ctx.api_key, [name], []))
-                refused = False
-                for partition in topic.get("Partitions") or ():
-                    if partition.get("ErrorCode") == code and not partition.get("Records"):
-                        continue
-                    partition.update(ErrorCode=code, HighWatermark=-1, LastStableOffset=-1,
-                                     LogStartOffset=-1, AbortedTransactions=None,
-                                     Records=b"")
-                    refused = True
+                refused = withhold_partitions(topic.get("Partitions") or (), code)
                 if name is not None and refused:
                     self._record(hits[0], "denied", header, conn, [name], code,
                                  self._deny_reason(hits[0], ctx.api_key))
@@ -752,6 +750,25 @@ def _name_records(topics: Iterable[dict[str, Any]],
             if found is not None and "RecordErrors" in answer:
                 answer["RecordErrors"] = [{"BatchIndex": found[0],
                                            "BatchIndexErrorMessage": found[1]}]
+
+
+def withhold_partitions(partitions: Any, code: int) -> bool:
+    """Answer fetched partitions (Fetch, ShareFetch) with an error instead of their
+    records.
+
+    The records become empty, as the broker answers an error, never null: librdkafka
+    refuses a null record set as a malformed response and fetches again without ever
+    seeing the error (UNKNOWN_TOPIC_ID would have made it refresh its metadata). A share
+    consumer acquires nothing of them."""
+    changed = False
+    for partition in partitions:
+        if partition.get("Records") or not partition.get("ErrorCode"):
+            partition["ErrorCode"] = code
+            partition["Records"] = b""
+            if partition.get("AcquiredRecords"):
+                partition["AcquiredRecords"] = []
+            changed = True
+    return changed
 
 
 def _merge_group_entries(response: dict[str, Any], entries: list[dict[str, Any]]) -> bool:

@@ -46,7 +46,8 @@ from tests.integration.conftest import (
 )
 from tests.integration.relay import RecordingRelay, gateway_listener
 
-pytestmark = pytest.mark.integration
+# Its gateways run both data paths themselves (the env fixture): once per suite pass is enough.
+pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]
 
 USERS = SASL_USERS
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -286,22 +287,30 @@ def first_fetch_error(env: Env, user: str, topic: str) -> int | None:
         consumer.close()
 
 
-def test_a_deny_added_live_stops_an_open_fetch_session(env: Env) -> None:
-    """A fetch session (KIP-227) names only the partitions that changed; a deny added
-    while a Java consumer's session was open judged only those, so the records written
-    after it still reached the consumer in the session's other partitions. Kafka
-    authorizes every partition of a session on every fetch: now the answer's partitions
-    of a denied topic are TOPIC_AUTHORIZATION_FAILED, and the consumer stops there."""
+@pytest.mark.parametrize("tool", ["console-consumer", "console-share-consumer"])
+def test_a_deny_added_live_stops_an_open_fetch_session(env: Env, tool: str) -> None:
+    """A fetch session (KIP-227; a share session, KIP-932) names only the partitions
+    that changed; a deny added while a Java consumer's session was open judged only
+    those, so the records written after it still reached the consumer in the session's
+    other partitions. Kafka authorizes every partition of a session on every fetch: now
+    the answer's partitions of a denied topic are TOPIC_AUTHORIZATION_FAILED, without
+    records, and the consumer stops there."""
     topic = admin_topic(env, f"late.{uuid.uuid4().hex[:6]}")
     direct = {"bootstrap.servers": env.kafka.bootstrap}
     assert produce(direct, [(topic, b"written-before-the-deny")]) == [(topic, 0)]
     out = env.rules.parent / f"{topic}.out"
-    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--from-beginning",
-            "--group", f"late-{uuid.uuid4().hex[:6]}"]
+    group = f"late-{uuid.uuid4().hex[:6]}"
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--group", group]
+    if tool == "console-share-consumer":  # a new share group starts at the end otherwise
+        run_java_tool("configs", "--bootstrap-server", env.kafka.bootstrap, "--entity-type",
+                      "groups", "--entity-name", group, "--alter", "--add-config",
+                      "share.auto.offset.reset=earliest", check=True)
+    else:
+        args.append("--from-beginning")
     for prop in java_sasl("alice"):
         args += ["--consumer-property", prop]
     with out.open("w") as sink:
-        consumer = subprocess.Popen(java_tool_command("console-consumer", *args),
+        consumer = subprocess.Popen(java_tool_command(tool, *args),
                                     stdout=sink, stderr=subprocess.STDOUT, text=True)
     path = env.rules / "rules.yaml"
     try:
@@ -311,7 +320,7 @@ def test_a_deny_added_live_stops_an_open_fetch_session(env: Env) -> None:
             time.sleep(0.2)
         path.write_text(RULES + """
   - id: close-late-topics
-    match: {apis: [Fetch], topics: {prefix: [late.]}}
+    match: {apis: [Fetch, ShareFetch], topics: {prefix: [late.]}}
     action: {deny: {}}
 """)
         deadline = time.monotonic() + 30  # enforced on new connections: the set is live

@@ -169,3 +169,35 @@ def test_a_metadata_by_unknown_ids_goes_on_and_its_answer_is_judged() -> None:
     assert (hidden["Name"], hidden["TopicId"], hidden["ErrorCode"], hidden["Partitions"]) == (
         None, denied, 29, [])
     assert shown["Name"] == "invoices" and shown["Partitions"] == partitions
+
+
+@pytest.mark.parametrize(("api_key", "version", "epoch"), [
+    (ApiKey.FETCH, 12, "SessionEpoch"), (ApiKey.FETCH, 16, "SessionEpoch"),
+    (ApiKey.SHARE_FETCH, 1, "ShareSessionEpoch")])
+def test_an_incremental_fetch_refuses_the_sessions_denied_partitions_in_its_answer(
+        api_key: int, version: int, epoch: str) -> None:
+    """A fetch in a session names only what changed: the answer's partitions of a denied
+    topic lose their records to TOPIC_AUTHORIZATION_FAILED, the others pass; a full
+    fetch (epoch 0) is judged on what it names alone."""
+    f, engine = rules_filter("orders")
+    denied, allowed = uuid.uuid4(), uuid.uuid4()
+    engine.topic_ids.learn(ApiKey.METADATA, 12, {"Topics": [
+        {"Name": "orders", "TopicId": denied, "ErrorCode": 0, "Partitions": []},
+        {"Name": "invoices", "TopicId": allowed, "ErrorCode": 0, "Partitions": []}]})
+    header = RequestHeader(api_key, version, 1, "c", {})
+    assert f.judge(header, {epoch: 0, "Topics": []}, CONN) is None
+    verdict = f.judge(header, {epoch: 3, "Topics": []}, CONN)
+    assert verdict is not None and verdict.answer is None and verdict.patch is not None
+
+    def partitions() -> list[dict[str, Any]]:
+        return [{"PartitionIndex": 0, "ErrorCode": 0, "Records": b"batch",
+                 "AcquiredRecords": [{"FirstOffset": 0, "LastOffset": 0, "DeliveryCount": 1}]}]
+
+    key = "Topic" if api_key == ApiKey.FETCH and version < 13 else "TopicId"
+    answer: dict[str, Any] = {"Responses": [
+        {key: "orders" if key == "Topic" else denied, "Partitions": partitions()},
+        {key: "invoices" if key == "Topic" else allowed, "Partitions": partitions()}]}
+    assert verdict.patch(answer)
+    (refused,), (passed,) = (t["Partitions"] for t in answer["Responses"])
+    assert (refused["ErrorCode"], refused["Records"], refused["AcquiredRecords"]) == (29, b"", [])
+    assert passed == partitions()[0]
