@@ -382,6 +382,7 @@ class _Outer:
     request: str  # request field holding the containers
     response: str  # response field holding the per-container results
     wrap: Callable[[_Ctx, Body, list[Body]], Body]
+    key: str  # the field naming a container (the same in request and response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +404,7 @@ _TOPICS: Final[Mapping[int, _Topics]] = {
         "Topics", "Topics", _offset_commit_topic, _named_or_id("Name")),
     ApiKey.OFFSET_FETCH: _Topics(
         "Topics", "Topics", _offset_fetch_topics, _named_or_id("Name"),
-        _Outer("Groups", "Groups", _offset_fetch_group)),
+        _Outer("Groups", "Groups", _offset_fetch_group, "GroupId")),
     ApiKey.CREATE_TOPICS: _Topics("Topics", "Topics", _create_topics_topic, _named("Name")),
     ApiKey.DELETE_TOPICS: _Topics(
         "Topics", "Responses", _delete_topics_topic, _named_or_id("Name")),
@@ -412,7 +413,8 @@ _TOPICS: Final[Mapping[int, _Topics]] = {
         "Topics", "Topics", _offset_for_leader_epoch_topic, _named("Topic")),
     ApiKey.ADD_PARTITIONS_TO_TXN: _Topics(
         "Topics", "TopicResults", _add_partitions_topic, _named("Name"),
-        _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn)),
+        _Outer("Transactions", "ResultsByTransaction", _add_partitions_txn,
+               "TransactionalId")),
     ApiKey.TXN_OFFSET_COMMIT: _Topics(
         "Topics", "Topics", _txn_offset_commit_topic, _named("Name")),
     ApiKey.DESCRIBE_CONFIGS: _Topics(
@@ -933,8 +935,9 @@ def partial_error_entries(
       `ResultsByTopicV3AndBelow`;
     - OffsetFetch v8+: `Groups` entries (GroupId, ErrorCode 0, Topics: the refused ones)
       for the groups that asked for any of them; AddPartitionsToTxn v4+:
-      `ResultsByTransaction` entries (TransactionalId, TopicResults) likewise. Merge them
-      into the broker's entry of the same group / transaction.
+      `ResultsByTransaction` entries (TransactionalId, TopicResults) likewise;
+      `merge_error_entries` puts them into the broker's entry of the same group /
+      transaction.
 
     A Fetch entry always lists its partitions (Kafka's answer for an unauthorized
     topic), also at v13+ where `error_response` uses the top-level error alone. A
@@ -962,13 +965,25 @@ def merge_error_entries(api_key: int, api_version: int, response: dict[str, Any]
                         entries: list[Body]) -> bool:
     """Add `partial_error_entries` to the broker's answer to the rest of the request.
 
-    False (nothing merged) where the entries nest under groups or transactions
-    (OffsetFetch v8+, AddPartitionsToTxn v4+): merging those is the caller's business.
+    Entries nested under groups or transactions (OffsetFetch v8+, AddPartitionsToTxn
+    v4+) join the broker's entry of the same group / transaction (a new one when the
+    broker's answer has none). False when the API has no per-topic split.
     """
     spec = _topics_of(api_key, api_version) if api_key in PARTIAL_APIS else None
-    if spec is None or spec.outer is not None:
+    if spec is None:
         return False
-    response[spec.response] = [*(response.get(spec.response) or []), *entries]
+    outer = spec.outer
+    if outer is None:
+        response[spec.response] = [*(response.get(spec.response) or []), *entries]
+        return True
+    containers = {c.get(outer.key): c for c in response.get(outer.response) or ()}
+    for entry in entries:
+        container = containers.get(entry.get(outer.key))
+        if container is None:
+            response[outer.response] = [*(response.get(outer.response) or []), entry]
+        else:
+            container[spec.response] = [*(container.get(spec.response) or []),
+                                        *(entry.get(spec.response) or [])]
     return True
 
 

@@ -509,6 +509,12 @@ class RulesFilter(RuleSetJudge):
                          hits, reason=f"over the rate by {wait * 1000:.0f} ms")
         return 0.0 if rule.dry_run else wait
 
+    def _topic_denials(self, ctx: MatchContext) -> list[CompiledRule]:
+        """The enforced rules that deny topics of this API: those an answer listing
+        topics the request did not name is judged by."""
+        return [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
+                if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+
     def _hide_topics(self, ctx: MatchContext,
                      by_id: Iterable[uuid.UUID] = ()) -> RequestVerdict | None:
         """Metadata for all topics, or naming ids the gateway cannot name yet: judge
@@ -516,8 +522,7 @@ class RulesFilter(RuleSetJudge):
         all topics, as Kafka's own authorizer does, instead of telling the client it
         exists; one asked for by id is answered TOPIC_AUTHORIZATION_FAILED, without its
         name or partitions."""
-        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
-                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        rules = self._topic_denials(ctx)
         if not rules:
             return None
         asked = set(by_id)
@@ -550,8 +555,7 @@ class RulesFilter(RuleSetJudge):
                          else "SessionEpoch", -1)
         if int(epoch) <= 0:
             return None  # a full fetch names every partition: judged above
-        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
-                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        rules = self._topic_denials(ctx)
         if not rules:
             return None
         ids = self._engine.topic_ids
@@ -583,8 +587,7 @@ class RulesFilter(RuleSetJudge):
         if not (body.get("Topics", []) is None
                 or any(g.get("Topics") is None for g in groups or ())):
             return None
-        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
-                 if r.kind in DENYING_KINDS and r.uses_topics and not r.dry_run]
+        rules = self._topic_denials(ctx)
         if not rules:
             return None
         ids = self._engine.topic_ids
@@ -647,8 +650,6 @@ class RulesFilter(RuleSetJudge):
         body.update(forwarded)
 
         def merge(response: dict[str, Any]) -> bool:
-            if api_key == ApiKey.OFFSET_FETCH and version >= 8:
-                return _merge_group_entries(response, entries)
             return merge_error_entries(api_key, version, response, entries)
 
         expects = expects_response(api_key, version, body)
@@ -769,19 +770,6 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
                 partition["AcquiredRecords"] = []
             changed = True
     return changed
-
-
-def _merge_group_entries(response: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
-    """OffsetFetch v8+: each group's refused topics into the broker's entry of that
-    group (partial_error_entries nests them under their groups)."""
-    groups = {g.get("GroupId"): g for g in response.get("Groups") or ()}
-    for entry in entries:
-        group = groups.get(entry.get("GroupId"))
-        if group is None:
-            response["Groups"] = [*(response.get("Groups") or []), entry]
-        else:
-            group["Topics"] = [*(group.get("Topics") or []), *(entry.get("Topics") or [])]
-    return bool(entries)
 
 
 def _both(first: ResponsePatch | None, then: RequestVerdict | None) -> ResponsePatch | None:
