@@ -80,9 +80,11 @@ log = logging.getLogger(__name__)
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
-# APIs whose requests are split when only some topics are refused. Fetch is not among
-# them: in an incremental fetch session the broker would never learn the refused
-# partitions, so a Fetch with any refused topic is answered whole.
+# APIs whose requests are split when only some topics are refused. Fetch is refused in
+# its answer instead (`_refuse_in_answer`): a fetch session must keep every partition
+# the client put in it, or the broker would never send a partition again once its rule
+# goes. ShareFetch naming a refused topic is answered whole: forwarded, the broker would
+# acquire records of the refused partitions that no member is given until their locks end.
 _PARTIAL_DENIAL_APIS = frozenset({
     ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_COMMIT,
     ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS, ApiKey.TXN_OFFSET_COMMIT,
@@ -436,6 +438,9 @@ class RulesFilter(RuleSetJudge):
                        if api_key == ApiKey.METADATA and (body.get("Topics") is None or by_id)
                        else self._deny_in_session(ctx, header, conn, body)
                        if api_key in _SESSION_FETCHES else None)
+        elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
+            # Recorded above, each denied topic once.
+            verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
         elif api_key not in _PARTIAL_DENIAL_APIS or (
                 set(denied) >= set(topics) and api_key not in _ALWAYS_PARTIAL_APIS):
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
@@ -555,6 +560,15 @@ class RulesFilter(RuleSetJudge):
                          else "SessionEpoch", -1)
         if int(epoch) <= 0:
             return None  # a full fetch names every partition: judged above
+        return self._refuse_in_answer(ctx, header, conn)
+
+    def _refuse_in_answer(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
+                          conn: ConnectionInfo,
+                          recorded: frozenset[str] | set[str] = frozenset()
+                          ) -> RequestVerdict | None:
+        """The request goes on; in its answer, each partition of a topic a rule denies
+        is refused (`withhold_partitions`), the others answered. `recorded`: denied
+        topics whose decision the request's judgement already recorded."""
         rules = self._topic_denials(ctx)
         if not rules:
             return None
@@ -570,7 +584,7 @@ class RulesFilter(RuleSetJudge):
                 code = (ErrorCode.UNKNOWN_TOPIC_ID if name is None
                         else self._deny_error(hits[0], ctx.api_key, [name], []))
                 refused = withhold_partitions(topic.get("Partitions") or (), code)
-                if name is not None and refused:
+                if name is not None and refused and name not in recorded:
                     self._record(hits[0], "denied", header, conn, [name], code,
                                  self._deny_reason(hits[0], ctx.api_key))
                 changed |= refused
@@ -760,7 +774,8 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
     The records become empty, as the broker answers an error, never null: librdkafka
     refuses a null record set as a malformed response and fetches again without ever
     seeing the error (UNKNOWN_TOPIC_ID would have made it refresh its metadata). A share
-    consumer acquires nothing of them."""
+    consumer acquires nothing of them. Offsets are not told either: Kafka answers a
+    partition it refuses with -1 for each of them."""
     changed = False
     for partition in partitions:
         if partition.get("Records") or not partition.get("ErrorCode"):
@@ -768,8 +783,16 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
             partition["Records"] = b""
             if partition.get("AcquiredRecords"):
                 partition["AcquiredRecords"] = []
+            for offset in _FETCHED_OFFSETS.intersection(partition):
+                partition[offset] = -1
+            if partition.get("AbortedTransactions"):
+                partition["AbortedTransactions"] = None
             changed = True
     return changed
+
+
+# What a Fetch answer tells of a partition's log, which a refused one does not tell.
+_FETCHED_OFFSETS = frozenset({"HighWatermark", "LastStableOffset", "LogStartOffset"})
 
 
 def _both(first: ResponsePatch | None, then: RequestVerdict | None) -> ResponsePatch | None:

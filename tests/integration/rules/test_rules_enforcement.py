@@ -245,6 +245,38 @@ def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
     assert got == 0 and error == TOPIC_AUTHORIZATION_FAILED
 
 
+def test_a_fetch_naming_a_denied_and_an_allowed_topic_reads_the_allowed_one(env: Env) -> None:
+    """librdkafka fetches every partition it reads from a broker in one Fetch. One that
+    named a denied topic beside an allowed one was refused whole: bob, assigned a
+    payments topic and another, read nothing of the other. As Kafka's authorizer, the
+    gateway now refuses the denied topic's partitions and answers the others."""
+    payments = admin_topic(env, f"payments.{uuid.uuid4().hex[:6]}")
+    other = admin_topic(env, f"other.{uuid.uuid4().hex[:6]}")
+    direct = {"bootstrap.servers": env.kafka.bootstrap}
+    assert produce(direct, [(payments, b"secret")] * 3) == [(payments, 0)] * 3
+    assert produce(direct, [(other, b"open-%d" % i) for i in range(5)]) == [(other, 0)] * 5
+    consumer = Consumer({**env.client("bob"), "group.id": f"bob-{uuid.uuid4().hex[:6]}"})
+    consumer.assign([TopicPartition(payments, 0, 0), TopicPartition(other, 0, 0)])
+    got: dict[str, list[bytes]] = {payments: [], other: []}
+    errors: set[tuple[str | None, int]] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (len(got[other]) < 5 or not errors):
+            for msg in consumer.consume(10, 0.5):
+                failure = msg.error()
+                if failure is not None:
+                    errors.add((msg.topic(), int(failure.code())))
+                else:
+                    got[msg.topic() or ""].append(msg.value() or b"")
+    finally:
+        consumer.close()
+    assert got == {payments: [], other: [b"open-%d" % i for i in range(5)]}
+    assert errors == {(payments, TOPIC_AUTHORIZATION_FAILED)}
+    events = env.wait_for_audit("payments-only-alice")
+    assert {(e["principal"], e["api_name"], e["outcome"]) for e in events
+            if e["topic"] == payments} == {("User:bob", "Fetch", "denied")}
+
+
 def test_a_kip848_consumer_reads_through_a_topic_rule_on_metadata(env: Env) -> None:
     """A consumer of the new group protocol (group.protocol=consumer) learns its
     assignment as topic ids and asks Metadata for their names. While any enforced

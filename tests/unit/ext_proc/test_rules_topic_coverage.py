@@ -106,8 +106,38 @@ def test_a_topic_rule_sees_every_topic_the_request_names(api_key: int, version: 
         verdict = f.judge(header, body, CONN)
     except UnsupportedErrorResponse:
         return  # no error answer for this API: the connection is closed (fails closed)
-    assert verdict is not None and (verdict.answer is not None or verdict.changed), (
+    assert verdict is not None, (
         f"deny rule on {named.topics[-1]!r} did not trigger for api {api_key} v{version}")
+    if api_key == ApiKey.FETCH and len(set(named.topics)) > 1:
+        # Named with allowed topics: it goes on, and its answer refuses the denied one.
+        assert verdict.answer is None and verdict.patch is not None
+        assert_fetch_answer_refuses(verdict.patch, body, named.topics[-1], ids)
+    else:
+        assert verdict.answer is not None or verdict.changed
+
+
+def assert_fetch_answer_refuses(patch: Any, request: dict[str, Any], denied: str,
+                                ids: TopicIds) -> None:
+    """The broker's answer to `request`, every partition with a record: after `patch`,
+    those of `denied` hold the refusal and no offsets, the others are as they came (a
+    topic the request only forgets, KIP-227, is not in the answer)."""
+    answer: dict[str, Any] = {"Responses": [
+        {**({"TopicId": t["TopicId"]} if t.get("TopicId") else {"Topic": t["Topic"]}),
+         "Partitions": [{"PartitionIndex": p["Partition"], "ErrorCode": 0, "HighWatermark": 9,
+                         "LogStartOffset": 0, "Records": b"record"}
+                        for p in t["Partitions"]]}
+        for t in request["Topics"]]}
+    fetched = [t.get("Topic") or ids.name(t["TopicId"]) for t in answer["Responses"]]
+    assert patch(answer) is (denied in fetched)
+    for topic in answer["Responses"]:
+        name = topic.get("Topic") or ids.name(topic["TopicId"])
+        for partition in topic["Partitions"]:
+            if name == denied:
+                assert partition == {"PartitionIndex": partition["PartitionIndex"],
+                                     "ErrorCode": 29, "HighWatermark": -1,
+                                     "LogStartOffset": -1, "Records": b""}
+            else:
+                assert partition["ErrorCode"] == 0 and partition["Records"] == b"record"
 
 
 def test_an_unknown_topic_id_is_refused_when_a_topic_rule_may_apply() -> None:
