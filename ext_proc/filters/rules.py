@@ -65,6 +65,7 @@ from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
+    AUTHORIZED_OPERATIONS_OMITTED,
     error_response,
     expects_response,
     merge_error_entries,
@@ -92,6 +93,12 @@ _PARTIAL_DENIAL_APIS = frozenset({
 })
 # Fetches in a session (KIP-227, KIP-932): their answers carry partitions they do not name.
 _SESSION_FETCHES = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
+# Group descriptions (KIP-848, KIP-932) that list the topics their members subscribe to
+# and are assigned.
+_GROUP_DESCRIBES = frozenset({ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP_DESCRIBE})
+# Kafka's own message for such a group when the caller may not describe one of its topics.
+_GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is not "
+                             "authorized to describe.")
 # Refused per topic even when every topic it names is: the rest of the request (other
 # groups asking for all their topics) still has an answer to get.
 _ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
@@ -437,7 +444,9 @@ class RulesFilter(RuleSetJudge):
             verdict = (self._hide_topics(ctx, named.unknown_topic_ids)
                        if api_key == ApiKey.METADATA and (body.get("Topics") is None or by_id)
                        else self._deny_in_session(ctx, header, conn, body)
-                       if api_key in _SESSION_FETCHES else None)
+                       if api_key in _SESSION_FETCHES
+                       else self._refuse_groups_of_denied_topics(ctx, header, conn)
+                       if api_key in _GROUP_DESCRIBES else None)
         elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
             # Recorded above, each denied topic once.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
@@ -588,6 +597,42 @@ class RulesFilter(RuleSetJudge):
                     self._record(hits[0], "denied", header, conn, [name], code,
                                  self._deny_reason(hits[0], ctx.api_key))
                 changed |= refused
+            return changed
+
+        return RequestVerdict(patch=refuse)
+
+    def _refuse_groups_of_denied_topics(self, ctx: MatchContext,
+                                        header: kafka_wire.RequestHeader,
+                                        conn: ConnectionInfo) -> RequestVerdict | None:
+        """ConsumerGroupDescribe and ShareGroupDescribe answers name the topics each
+        member subscribes to and is assigned. A group that uses a topic a rule denies is
+        answered as Kafka answers a caller that may not describe one of its topics:
+        TOPIC_AUTHORIZATION_FAILED, without its members (a topic of an id the gateway
+        cannot name counts as denied: what a rule could not see is not handed out)."""
+        rules = self._topic_denials(ctx)
+        if not rules:
+            return None
+        ids = self._engine.topic_ids
+
+        def refuse(response: dict[str, Any]) -> bool:
+            changed = False
+            for i, group in enumerate(response.get("Groups") or ()):
+                group_id = group.get("GroupId")
+                for name in _group_topics(group, ids):
+                    hits = [r for r in rules if name is None or r.matches(ctx, name, group_id)]
+                    if hits:
+                        break
+                else:
+                    continue
+                response["Groups"][i] = {
+                    "ErrorCode": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    "ErrorMessage": _GROUP_USES_DENIED_TOPICS, "GroupId": group_id,
+                    "Members": [], "AuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED}
+                if name is not None:
+                    self._record(hits[0], "denied", header, conn, [name],
+                                 ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                 f"group {group_id} uses a denied topic")
+                changed = True
             return changed
 
         return RequestVerdict(patch=refuse)
@@ -793,6 +838,16 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
 
 # What a Fetch answer tells of a partition's log, which a refused one does not tell.
 _FETCHED_OFFSETS = frozenset({"HighWatermark", "LastStableOffset", "LogStartOffset"})
+
+
+def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:
+    """The topics a described group's members subscribe to and are (to be) assigned;
+    None for an id without a name."""
+    for member in group.get("Members") or ():
+        yield from member.get("SubscribedTopicNames") or ()
+        for assignment in (member.get("Assignment"), member.get("TargetAssignment")):
+            for topic in (assignment or {}).get("TopicPartitions") or ():
+                yield topic.get("TopicName") or ids.name(topic.get("TopicId"))
 
 
 def _both(first: ResponsePatch | None, then: RequestVerdict | None) -> ResponsePatch | None:

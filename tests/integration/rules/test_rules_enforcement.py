@@ -397,6 +397,42 @@ def test_a_groups_offsets_show_allowed_topics_and_hide_denied_ones(env: Env) -> 
     assert both[hidden][1] == TOPIC_AUTHORIZATION_FAILED
 
 
+def test_a_group_description_does_not_name_a_denied_topic(env: Env) -> None:
+    """ConsumerGroupDescribe (KIP-848) answers name each member's subscribed and
+    assigned topics: a group of a denied topic was described in full through the
+    gateway, its topic's name with it. As Kafka answers a caller that may not describe
+    one of a group's topics: that group is TOPIC_AUTHORIZATION_FAILED, the others are
+    described."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    groups = {topic: f"described-{uuid.uuid4().hex[:6]}" for topic in (hidden, public)}
+    members = []
+    try:
+        for topic, group in groups.items():  # directly on the broker: no rule there
+            member = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group,
+                               "group.protocol": "consumer"})
+            member.subscribe([topic])
+            members.append(member)
+        deadline = time.monotonic() + 60
+        while not all(m.assignment() for m in members):
+            assert time.monotonic() < deadline, "the members were never assigned"
+            for member in members:
+                member.poll(0.2)
+        admin = AdminClient(env.client("alice"))
+        futures = admin.describe_consumer_groups(list(groups.values()))
+        refused = futures[groups[hidden]].exception(30)
+        described = futures[groups[public]].result(30)
+    finally:
+        for member in members:
+            member.close()
+    assert refused is not None and refused.args[0].code() == TOPIC_AUTHORIZATION_FAILED
+    assert hidden not in str(refused)
+    [member] = described.members
+    assert {tp.topic for tp in member.assignment.topic_partitions} == {public}
+    events = env.wait_for_audit("hidden-topics")
+    assert ("ConsumerGroupDescribe", hidden) in {(e["api_name"], e["topic"]) for e in events}
+
+
 def test_a_share_consumer_is_denied_what_fetch_is_denied(env: Env) -> None:
     """A deny on Fetch keeps share groups (KIP-932, ShareFetch) off the topic too: bob's
     share consumer read every payments record before."""

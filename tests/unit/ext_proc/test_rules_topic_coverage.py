@@ -231,3 +231,31 @@ def test_an_incremental_fetch_refuses_the_sessions_denied_partitions_in_its_answ
     (refused,), (passed,) = (t["Partitions"] for t in answer["Responses"])
     assert (refused["ErrorCode"], refused["Records"], refused["AcquiredRecords"]) == (29, b"", [])
     assert passed == partitions()[0]
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP_DESCRIBE])
+def test_a_described_group_using_a_denied_topic_is_refused(api_key: int) -> None:
+    """Subscribed, assigned or (consumer groups) to be assigned, by name or by id: a
+    group that uses a denied topic is TOPIC_AUTHORIZATION_FAILED without its members;
+    one that does not is left as it came."""
+    f, engine = rules_filter("secret")
+    secret = uuid.uuid4()
+    engine.topic_ids.add(secret, "secret")
+    verdict = f.judge(RequestHeader(api_key, 0 if api_key == 69 else 1, 1, "c", {}),
+                      {"GroupIds": ["a", "b", "c", "d"], "IncludeAuthorizedOperations": False},
+                      CONN)
+    assert verdict is not None and verdict.answer is None and verdict.patch is not None
+
+    def group(group_id: str, subscribed: list[str], assigned: uuid.UUID | None) -> dict[str, Any]:
+        parts = [{"TopicId": assigned, "TopicName": "", "Partitions": [0]}] if assigned else []
+        return {"ErrorCode": 0, "GroupId": group_id, "GroupState": "Stable", "Members": [
+            {"MemberId": "m", "SubscribedTopicNames": subscribed,
+             "Assignment": {"TopicPartitions": parts}}]}
+
+    answer = {"Groups": [group("a", ["secret"], None), group("b", ["orders"], secret),
+                         group("c", ["orders"], uuid.uuid4()), group("d", ["orders"], None)]}
+    open_group = group("d", ["orders"], None)
+    assert verdict.patch(answer)
+    assert [(g["GroupId"], g["ErrorCode"], g["Members"]) for g in answer["Groups"][:3]] == [
+        (g, 29, []) for g in ("a", "b", "c")]  # c: an id no rule could judge
+    assert answer["Groups"][3] == open_group
