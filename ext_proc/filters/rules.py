@@ -381,7 +381,11 @@ class RulesFilter(RuleSetJudge):
         self._acks_zero = not expects_response(api_key, version, body)
         ctx = self._match_context(header, conn, principal, client_host)
         named = request_entities(api_key, version, body, self._engine.topic_ids)
-        topics = named.topics
+        # Metadata for all topics, DescribeTopicPartitions naming none: the answer lists
+        # every topic, and is judged (its cursor says where a page starts, nothing more).
+        lists_all = (body.get("Topics") is None if api_key == ApiKey.METADATA
+                     else api_key == ApiKey.DESCRIBE_TOPIC_PARTITIONS and not body.get("Topics"))
+        topics = [] if lists_all else named.topics
         self._topics = topics
         self._volumes = (produce_volumes(body, self._engine.topic_ids) if api_key == ApiKey.PRODUCE
                          else {})
@@ -442,7 +446,7 @@ class RulesFilter(RuleSetJudge):
         verdict: RequestVerdict | None
         if not denied:
             verdict = (self._hide_topics(ctx, named.unknown_topic_ids)
-                       if api_key == ApiKey.METADATA and (body.get("Topics") is None or by_id)
+                       if lists_all or by_id
                        else self._deny_in_session(ctx, header, conn, body)
                        if api_key in _SESSION_FETCHES
                        else self._refuse_groups_of_denied_topics(ctx, header, conn)

@@ -44,6 +44,7 @@ from tests.integration.conftest import (
     scrape_metrics,
     share_console_consume,
 )
+from tests.integration.raw_kafka import RawConnection
 from tests.integration.relay import RecordingRelay, gateway_listener
 
 # Its gateways run both data paths themselves (the env fixture): once per suite pass is enough.
@@ -431,6 +432,28 @@ def test_a_group_description_does_not_name_a_denied_topic(env: Env) -> None:
     assert {tp.topic for tp in member.assignment.topic_partitions} == {public}
     events = env.wait_for_audit("hidden-topics")
     assert ("ConsumerGroupDescribe", hidden) in {(e["api_name"], e["topic"]) for e in events}
+
+
+def test_describe_topic_partitions_of_every_topic_leaves_denied_ones_out(env: Env) -> None:
+    """DescribeTopicPartitions naming no topic describes them all (a page at a time,
+    from a cursor). The gateway passed it on, denied topics and their partitions in the
+    answer; one whose cursor named a denied topic was refused whole. As Metadata for
+    all topics (and Kafka's authorizer): denied topics are left out, the page goes on."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    raw = RawConnection(env.gateway.bootstrap)
+    try:
+        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        auth = b"\0alice\0" + USERS["alice"].encode()
+        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+        pages = [raw.request(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, {
+            "Topics": [], "ResponsePartitionLimit": 2000, "Cursor": cursor})
+            for cursor in (None, {"TopicName": hidden, "PartitionIndex": 0})]
+    finally:
+        raw.close()
+    for page in pages:
+        names = {t["Name"] for t in page["Topics"]}
+        assert public in names and not any(n.startswith("hidden.") for n in names), names
 
 
 def test_a_share_consumer_is_denied_what_fetch_is_denied(env: Env) -> None:
