@@ -241,7 +241,8 @@ def test_a_described_group_using_a_denied_topic_is_refused(api_key: int) -> None
     f, engine = rules_filter("secret")
     secret = uuid.uuid4()
     engine.topic_ids.add(secret, "secret")
-    verdict = f.judge(RequestHeader(api_key, 0 if api_key == 69 else 1, 1, "c", {}),
+    version = 0 if api_key == ApiKey.CONSUMER_GROUP_DESCRIBE else 1
+    verdict = f.judge(RequestHeader(api_key, version, 1, "c", {}),
                       {"GroupIds": ["a", "b", "c", "d"], "IncludeAuthorizedOperations": False},
                       CONN)
     assert verdict is not None and verdict.answer is None and verdict.patch is not None
