@@ -6,10 +6,14 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, TopicName};
+use kafka_protocol::messages::{
+    ApiKey, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
+};
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use keg_kafka_filter::core::handoff::{Failure, MAX_PENDING_PER_CONNECTION, REQUEST_TIMED_OUT};
+use keg_kafka_filter::core::handoff::{Failure, MAX_PENDING_PER_CONNECTION, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::who::ClientId;
@@ -286,6 +290,85 @@ fn fail_closed_answers_produce_with_a_retriable_error_and_closes_otherwise() {
     let h = s.take_handoffs().remove(0);
     let err = s.resolve(h.id, Resolution::Failed(Failure::Timeout)).unwrap_err();
     assert!(matches!(err, ProtocolError::HandOff(ref why) if why.contains("Metadata") && why.contains("fail-closed")), "{err}");
+}
+
+/// Hands off every request.
+struct HandOffAll;
+
+impl RequestPolicy for HandOffAll {
+    fn decide(&mut self, _: &RequestHead, _: &Requester<'_>) -> Disposition {
+        Disposition::HandOff { fail_open: false }
+    }
+}
+
+/// A Fetch request (v12: flexible, names) of `orders` partitions 0 and 1, in a session.
+fn fetch_request(correlation_id: i32) -> Vec<u8> {
+    let version = 12;
+    let mut buf = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(1)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("t")))
+        .encode(&mut buf, ApiKey::Fetch.request_header_version(version))
+        .unwrap();
+    FetchRequest::default()
+        .with_session_id(42)
+        .with_session_epoch(3)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_static_str("orders")))
+            .with_partitions((0..2).map(|i| FetchPartition::default().with_partition(i)).collect())])
+        .encode(&mut buf, version)
+        .unwrap();
+    sized(&buf)
+}
+
+/// Every partition of a Fetch answer: (topic, partition, error, high watermark, records).
+fn fetched(response: &FetchResponse) -> Vec<(String, i32, i16, i64, Option<Bytes>)> {
+    response.responses.iter().flat_map(|t| t.partitions.iter().map(|p| (
+        t.topic.0.to_string(), p.partition_index, p.error_code, p.high_watermark, p.records.clone())))
+        .collect()
+}
+
+#[test]
+fn fail_closed_answers_a_fetch_or_its_answer_with_a_retriable_error() {
+    let refused = |partition| ("orders".to_string(), partition, NOT_LEADER_OR_FOLLOWER, -1, Some(Bytes::new()));
+    // The request's hand-off fails: each partition it names is refused, no session.
+    let mut s = Session::with_policy(SessionLimits::default(), HandOffAll);
+    let mut out = Output::default();
+    s.feed_requests(&fetch_request(5), &mut out).unwrap();
+    let h = s.take_handoffs().remove(0);
+    s.resolve(h.id, Resolution::Failed(Failure::Timeout)).unwrap();
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    let (correlation, response): (i32, FetchResponse) = decode_response(ApiKey::Fetch, 12, &bytes_of(&[], &out));
+    assert_eq!((correlation, response.session_id, response.error_code), (5, 0, 0));
+    assert_eq!(fetched(&response), [refused(0), refused(1)]);
+    assert_eq!(s.stats.get(Counter::HandoffRetriableErrors), 1);
+
+    // The broker's answer (records a rule must see) goes to the service, which fails:
+    // its records are dropped, its partitions refused.
+    let mut s = Session::with_policy(SessionLimits::default(), HandOffAll);
+    let mut out = Output::default();
+    s.feed_requests(&fetch_request(6), &mut out).unwrap();
+    let h = s.take_handoffs().remove(0);
+    s.resolve(h.id, Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true, vouched: vec![] })
+        .unwrap();
+    let answer = FetchResponse::default().with_session_id(42).with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(TopicName(StrBytes::from_static_str("orders")))
+        .with_partitions((0..2).map(|i| PartitionData::default().with_partition_index(i).with_high_watermark(9)
+            .with_records(Some(Bytes::from_static(b"secret records")))).collect())]);
+    let routes = routes();
+    let mut out = Output::default();
+    s.feed_responses(&encode_response(ApiKey::Fetch, 12, 6, &answer), view(&routes), &mut out).unwrap();
+    assert!(out.is_empty());
+    let h = s.take_handoffs().remove(0);
+    s.resolve(h.id, Resolution::Failed(Failure::Unavailable)).unwrap();
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    let (correlation, response): (i32, FetchResponse) = decode_response(ApiKey::Fetch, 12, &bytes_of(&[], &out));
+    assert_eq!((correlation, response.session_id), (6, 0));
+    assert_eq!(fetched(&response), [refused(0), refused(1)]);
 }
 
 #[test]

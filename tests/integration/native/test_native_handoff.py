@@ -284,6 +284,46 @@ def test_without_the_service_produce_fails_closed_with_a_retriable_error(env: En
     assert env.stored(plain) == [b"before", b"native"]
 
 
+def test_without_the_service_a_consumer_is_told_to_retry_and_goes_on(env: Env) -> None:
+    """A Fetch a record rule needs (masking) whose hand-off fails closed closed the
+    consumer's connection. Now it is answered NOT_LEADER_OR_FOLLOWER for each partition,
+    without records: librdkafka refreshes its metadata and fetches again on the same
+    connection, and once the service is back it reads the records, masked."""
+    pii = env.topic("pii.")
+    docs = [{"email": f"user{i}@example.com", "n": i} for i in range(3)]
+    assert produce(env.admin(), [(pii, orjson.dumps(d)) for d in docs]) == [(pii, 0)] * 3
+    consumer = Consumer(env.client("carol", **{"group.id": f"g-{uuid.uuid4().hex[:6]}"}))
+    seen: list[bytes] = []
+    errors: list[Any] = []
+
+    def poll(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and len(seen) < len(docs):
+            for msg in consumer.consume(10, 0.2):
+                (errors.append(msg.error()) if msg.error() else seen.append(msg.value() or b""))
+
+    try:
+        assert consumer.list_topics(pii, timeout=10).topics[pii].error is None  # connected
+        env.gateway.stop_ext_proc()
+        try:
+            retriable = sum(env.envoy_stats("keg_kafka.handoff_retriable_errors").values())
+            connections = sum(env.envoy_stats("downstream_cx_total").values())
+            consumer.assign([TopicPartition(pii, 0, 0)])
+            poll(5)
+            assert seen == [] and errors == [], (seen, errors)
+            assert sum(env.envoy_stats("keg_kafka.handoff_retriable_errors").values()) > retriable
+            assert sum(env.envoy_stats("downstream_cx_total").values()) == connections, (
+                "the consumer's connection stayed open")
+        finally:
+            env.gateway.start_ext_proc()
+            env.gateway.wait_for_rules()
+        poll(60)
+    finally:
+        consumer.close()
+    assert errors == [] and [orjson.loads(v)["n"] for v in seen] == [0, 1, 2]
+    assert all(orjson.loads(v)["email"] != d["email"] for v, d in zip(seen, docs, strict=True))
+
+
 def test_without_the_service_new_clients_connect_and_groups_form(env: Env) -> None:
     """Metadata, JoinGroup and SyncGroup reach the Python service only for its learners
     (topic ids, group protocols) while no rule judges them: their hand-off fails open.

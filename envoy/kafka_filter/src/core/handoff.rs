@@ -3,14 +3,23 @@
 //! each one's [`Resolution`] back (see `docs/native.md` and the hand-off protocol).
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{
+    ApiKey, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader,
+};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
+use super::head::PRODUCE;
+use super::topics::FETCH;
 use super::vouch::Vouch;
 
 /// Kafka's REQUEST_TIMED_OUT: retriable, the producer sends the batch again.
 pub const REQUEST_TIMED_OUT: i16 = 7;
+/// Kafka's NOT_LEADER_OR_FOLLOWER: a consumer refreshes its metadata and fetches the
+/// partition again (librdkafka and Kafka's Java consumer both handle it themselves; an
+/// unexpected code would reach the application, as an exception in Java).
+pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -81,18 +90,27 @@ pub enum Resolution {
     Close,
 }
 
+/// What answers a frame whose hand-off failed closed, where the module can build one: a
+/// retriable error the client retries by itself, in the API's own answer. A Produce
+/// request: REQUEST_TIMED_OUT for each partition. A Fetch request, or the broker's
+/// answer to one: NOT_LEADER_OR_FOLLOWER for each partition, without records, and no
+/// fetch session (the consumer opens a new one). None: the connection closes.
+pub fn retriable_answer(direction: Direction, api_key: i16, api_version: i16, frame: &[u8]) -> Option<Vec<u8>> {
+    match (direction, api_key) {
+        (Direction::Request, PRODUCE) => produce_timed_out(frame, api_version),
+        (Direction::Request, FETCH) => fetch_refused(frame, api_version),
+        (Direction::Response, FETCH) => fetch_answer_refused(frame, api_version),
+        _ => None,
+    }
+}
+
 /// A Produce response with REQUEST_TIMED_OUT for every partition of `frame` (a whole
 /// Produce request); None when the module cannot read that request.
-pub fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
-    let key = ApiKey::Produce;
-    let range = key.valid_versions();
-    if frame.len() < 4 || api_version < range.min || api_version > range.max
-        || !super::topics::produce_is_bounded(frame, api_version) {
+fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
+    if !super::topics::produce_is_bounded(frame, api_version) {
         return None;
     }
-    let mut buf = Bytes::copy_from_slice(&frame[4..]);
-    let header = RequestHeader::decode(&mut buf, key.request_header_version(api_version)).ok()?;
-    let request = ProduceRequest::decode(&mut buf, api_version).ok()?;
+    let (header, request) = read_request::<ProduceRequest>(frame, ApiKey::Produce, api_version)?;
     let responses = request.topic_data.into_iter().map(|topic| TopicProduceResponse::default()
         .with_name(topic.name)
         .with_topic_id(topic.topic_id)
@@ -104,13 +122,78 @@ pub fn produce_timed_out(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
             .with_log_start_offset(-1)).collect()))
         .collect();
     let response = ProduceResponse::default().with_responses(responses);
+    write_response(header.correlation_id, ApiKey::Produce, api_version, &response)
+}
+
+/// A Fetch response refusing every partition a Fetch request names.
+fn fetch_refused(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
+    if !super::topics::fetch_is_bounded(frame, api_version) {
+        return None;
+    }
+    let (header, request) = read_request::<FetchRequest>(frame, ApiKey::Fetch, api_version)?;
+    let responses = request.topics.into_iter().map(|topic| FetchableTopicResponse::default()
+        .with_topic(topic.topic)
+        .with_topic_id(topic.topic_id)
+        .with_partitions(topic.partitions.iter().map(|p| refused_partition(p.partition)).collect()))
+        .collect();
+    let response = FetchResponse::default().with_session_id(0).with_responses(responses);
+    write_response(header.correlation_id, ApiKey::Fetch, api_version, &response)
+}
+
+/// The broker's answer to a Fetch with every partition refused (its records dropped).
+fn fetch_answer_refused(frame: &[u8], api_version: i16) -> Option<Vec<u8>> {
+    let key = ApiKey::Fetch;
+    if frame.len() < 4 || !knows(key, api_version) {
+        return None;
+    }
+    let mut buf = Bytes::copy_from_slice(&frame[4..]);
+    let header = ResponseHeader::decode(&mut buf, key.response_header_version(api_version)).ok()?;
+    let mut response = FetchResponse::decode(&mut buf, api_version).ok()?;
+    response.session_id = 0;
+    for topic in &mut response.responses {
+        for partition in &mut topic.partitions {
+            *partition = refused_partition(partition.partition_index);
+        }
+    }
+    write_response(header.correlation_id, key, api_version, &response)
+}
+
+fn refused_partition(index: i32) -> PartitionData {
+    PartitionData::default()
+        .with_partition_index(index)
+        .with_error_code(NOT_LEADER_OR_FOLLOWER)
+        .with_high_watermark(-1)
+        .with_last_stable_offset(-1)
+        .with_log_start_offset(-1)
+        .with_records(Some(Bytes::new())) // empty, never null: librdkafka reads null as malformed
+}
+
+/// Whether kafka-protocol reads this version of the API.
+fn knows(key: ApiKey, api_version: i16) -> bool {
+    let range = key.valid_versions();
+    (range.min..=range.max).contains(&api_version)
+}
+
+/// A whole request frame (size prefix included) read by kafka-protocol.
+fn read_request<T: Decodable>(frame: &[u8], key: ApiKey, api_version: i16) -> Option<(RequestHeader, T)> {
+    if frame.len() < 4 || !knows(key, api_version) {
+        return None;
+    }
+    let mut buf = Bytes::copy_from_slice(&frame[4..]);
+    let header = RequestHeader::decode(&mut buf, key.request_header_version(api_version)).ok()?;
+    let body = T::decode(&mut buf, api_version).ok()?;
+    Some((header, body))
+}
+
+/// A whole response frame: size, header, body.
+fn write_response<T: Encodable>(correlation_id: i32, key: ApiKey, api_version: i16, body: &T) -> Option<Vec<u8>> {
     let mut out = BytesMut::with_capacity(128);
     out.extend_from_slice(&[0; 4]);
     ResponseHeader::default()
-        .with_correlation_id(header.correlation_id)
+        .with_correlation_id(correlation_id)
         .encode(&mut out, key.response_header_version(api_version))
         .ok()?;
-    response.encode(&mut out, api_version).ok()?;
+    body.encode(&mut out, api_version).ok()?;
     let size = i32::try_from(out.len() - 4).ok()?;
     out[..4].copy_from_slice(&size.to_be_bytes());
     Some(out.to_vec())

@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::handoff::{produce_timed_out, Direction, HandOff, Resolution, MAX_PENDING_PER_CONNECTION};
+use super::handoff::{retriable_answer, Direction, HandOff, Resolution, MAX_PENDING_PER_CONNECTION};
 use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, PRODUCE, RESPONSE_HEAD};
 use super::identity::{self, Identity};
 use super::meter::Meter;
@@ -1003,9 +1003,14 @@ impl<P: RequestPolicy> Session<P> {
             Resolution::Failed(_) if p.fail_open => {
                 self.responses_out.fill(answer.id, answer.frame.to_vec());
             }
-            Resolution::Failed(failure) => {
-                return Err(ProtocolError::HandOff(format!("no answer from the service for a {api} request ({failure:?}): fail-closed")))
-            }
+            Resolution::Failed(failure) => match retriable_answer(Direction::Response, p.api_key, p.api_version, &answer.frame) {
+                Some(refused) => {
+                    self.stats.add(Counter::HandoffRetriableErrors, 1);
+                    self.responses_out.fill(answer.id, refused);
+                }
+                None => return Err(ProtocolError::HandOff(format!(
+                    "no answer from the service for a {api} request ({failure:?}): fail-closed"))),
+            },
             Resolution::Close => return Err(ProtocolError::HandOff(format!("the service closed the connection at a {api} request"))),
             Resolution::Response { .. } => return Err(ProtocolError::HandOff(format!("a response's answer to a {api} request"))),
         }
@@ -1067,7 +1072,7 @@ impl<P: RequestPolicy> Session<P> {
             Resolution::Failed(failure) => {
                 if !p.expects_response {
                     (Vec::new(), None) // acks=0: nobody waits for an answer; counted
-                } else if let Some(answer) = (p.api_key == PRODUCE).then(|| produce_timed_out(&p.frame, p.api_version)).flatten() {
+                } else if let Some(answer) = retriable_answer(Direction::Request, p.api_key, p.api_version, &p.frame) {
                     self.stats.add(Counter::HandoffRetriableErrors, 1);
                     (Vec::new(), Some(Reply::Local(answer)))
                 } else {
@@ -1093,10 +1098,14 @@ impl<P: RequestPolicy> Session<P> {
             Resolution::Response { answer, .. } if correlation_id(&answer, 4).is_some()
                 && correlation_id(&answer, 4) == correlation_id(&p.frame, 4) => answer,
             Resolution::Failed(_) if p.fail_open => p.frame.to_vec(),
-            Resolution::Failed(failure) => {
-                return Err(ProtocolError::HandOff(format!(
-                    "no answer from the service for a {api} response ({failure:?}): fail-closed")))
-            }
+            Resolution::Failed(failure) => match retriable_answer(Direction::Response, p.api_key, p.api_version, &p.frame) {
+                Some(answer) => {
+                    self.stats.add(Counter::HandoffRetriableErrors, 1);
+                    answer
+                }
+                None => return Err(ProtocolError::HandOff(format!(
+                    "no answer from the service for a {api} response ({failure:?}): fail-closed"))),
+            },
             Resolution::Close => {
                 return Err(ProtocolError::HandOff(format!("the service closed the connection at a {api} response")))
             }

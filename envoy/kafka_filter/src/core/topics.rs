@@ -736,6 +736,57 @@ pub fn produce_is_bounded(frame: &[u8], version: i16) -> bool {
         && matches!(produce_walk(&mut Walk { buf: frame, pos: 0 }, version, |_, _| true, |_| true), Ok(true))
 }
 
+/// Whether a whole Fetch request may be decoded by kafka-protocol, which reserves room
+/// for each array as its count says: within [`MAX_TOPICS`] topics (and as many
+/// forgotten ones) and [`MAX_PARTITIONS`] partitions, every one present.
+pub fn fetch_is_bounded(frame: &[u8], version: i16) -> bool {
+    FETCH_VERSIONS.contains(&version) && fetch_bounds(&mut Walk { buf: frame, pos: 0 }, version).is_ok()
+}
+
+fn fetch_bounds(w: &mut Walk<'_>, version: i16) -> Step<()> {
+    let flexible = version >= 12;
+    w.header(flexible)?;
+    // replica_id (to v14), max_wait_ms, min_bytes, max_bytes, isolation_level, and
+    // session_id and session_epoch (v7+).
+    w.take(if version <= 14 { 4 } else { 0 } + 13 + if version >= 7 { 8 } else { 0 })?;
+    let mut partitions_seen = 0usize;
+    let mut topics = |w: &mut Walk<'_>, partition_size: usize, tagged: bool| -> Step<()> {
+        let topics = w.count(flexible)?;
+        if topics > MAX_TOPICS {
+            return Err(Stop::HandOff);
+        }
+        for _ in 0..topics {
+            if version >= 13 { w.take(16)?; } else { w.string(flexible)?; }
+            let partitions = w.count(flexible)?;
+            partitions_seen += partitions;
+            if partitions_seen > MAX_PARTITIONS {
+                return Err(Stop::HandOff);
+            }
+            for _ in 0..partitions {
+                w.take(partition_size)?;
+                if tagged {
+                    w.tagged_fields()?;
+                }
+            }
+            if flexible {
+                w.tagged_fields()?;
+            }
+        }
+        Ok(())
+    };
+    topics(w, fetch_partition_size(version), flexible)?;
+    if version >= 7 {
+        topics(w, 4, false)?; // forgotten topics: their partitions' indexes
+    }
+    if version >= 11 {
+        w.string(flexible)?; // rack_id
+    }
+    if flexible {
+        w.tagged_fields()?;
+    }
+    Ok(())
+}
+
 /// Walks a Produce request (`version` one of [`PRODUCE_VERSIONS`]) up to its last
 /// partition, within [`MAX_TOPICS`] topics and [`MAX_PARTITIONS`] partitions: `head` is
 /// given its transactional id and acks, `records` each partition's records (not null);

@@ -264,7 +264,7 @@ fn only_bounded_produce_requests_are_for_kafka_protocol_to_decode() {
     assert!(!produce_is_bounded(&forged, 7));
     let whole = produce(9, &[("a", Uuid::nil())]);
     assert!(!produce_is_bounded(&whole[..whole.len() - 20], 9), "records past the end");
-    assert!(crate::core::handoff::produce_timed_out(&forged, 7).is_none());
+    assert!(crate::core::handoff::retriable_answer(crate::core::Direction::Request, PRODUCE, 7, &forged).is_none());
 }
 
 #[test]
@@ -279,4 +279,25 @@ fn probe_patterns() {
             .map(|s| names.iter().filter(|n| s.selects(n.as_bytes())).collect())
     }).collect();
     println!("PROBE {}", serde_json::to_string(&results).unwrap());
+}
+
+#[test]
+fn a_fetch_request_is_decodable_only_whole_and_within_bounds() {
+    for version in [4, 7, 11, 12, 13, 16, 17] {
+        let whole = fetch(version, 3, &[("a", fresh_id()), ("b", fresh_id())]);
+        assert!(fetch_is_bounded(&whole, version), "v{version}");
+        assert!(!fetch_is_bounded(&whole[..whole.len() - 1], version), "v{version} cut short");
+    }
+    // A topic count past the frame: kafka-protocol would reserve room for all of them.
+    let version = 11;
+    let mut forged = fetch(version, 3, &[("a", Uuid::nil())]);
+    let at = forged.windows(1).rposition(|w| w == b"a").unwrap() - 2 - 4; // the count before "a"'s length
+    forged[at..at + 4].copy_from_slice(&i32::MAX.to_be_bytes());
+    assert!(!fetch_is_bounded(&forged, version));
+    assert!(crate::core::handoff::retriable_answer(crate::core::Direction::Request, FETCH, version, &forged).is_none());
+    let whole = fetch(version, 3, &[("a", Uuid::nil())]);
+    let at = whole.windows(1).rposition(|w| w == b"a").unwrap() + 1; // "a"'s partition count
+    let mut forged = whole.clone();
+    forged[at..at + 4].copy_from_slice(&(MAX_PARTITIONS as i32 + 1).to_be_bytes());
+    assert!(!fetch_is_bounded(&forged, version));
 }
