@@ -66,6 +66,7 @@ from kafka_wire.entity_names import named_entities
 from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
     AUTHORIZED_OPERATIONS_OMITTED,
+    PARTIAL_APIS,
     error_response,
     expects_response,
     merge_error_entries,
@@ -81,16 +82,15 @@ log = logging.getLogger(__name__)
 DENYING_KINDS = frozenset({"deny", "deny_apis", "allow_apis"})
 ENFORCED_KINDS = DENYING_KINDS | {"observe", "safeguard", "rate"}
 
-# APIs whose requests are split when only some topics are refused. Fetch is refused in
-# its answer instead (`_refuse_in_answer`): a fetch session must keep every partition
-# the client put in it, or the broker would never send a partition again once its rule
-# goes. ShareFetch naming a refused topic is answered whole: forwarded, the broker would
-# acquire records of the refused partitions that no member is given until their locks end.
-_PARTIAL_DENIAL_APIS = frozenset({
-    ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_COMMIT,
-    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS, ApiKey.TXN_OFFSET_COMMIT,
-    ApiKey.OFFSET_FETCH,
-})
+# APIs whose requests are split when only some topics are refused, as Kafka authorizes
+# them topic by topic: every API kafka_wire can split but two. Fetch is refused in its
+# answer instead (`_refuse_in_answer`): a fetch session must keep every partition the
+# client put in it, or the broker would never send a partition again once its rule
+# goes. AddPartitionsToTxn is all or nothing in Kafka too (the others of a refused
+# request are not attempted). ShareFetch naming a refused topic is answered whole:
+# forwarded, the broker would acquire records of the refused partitions that no member
+# is given until their locks end.
+_PARTIAL_DENIAL_APIS = PARTIAL_APIS - {ApiKey.FETCH, ApiKey.ADD_PARTITIONS_TO_TXN}
 # Fetches in a session (KIP-227, KIP-932): their answers carry partitions they do not name.
 _SESSION_FETCHES = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 # Group descriptions (KIP-848, KIP-932) that list the topics their members subscribe to

@@ -24,7 +24,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 import kafka_wire
 from control_plane.service import free_port
@@ -454,6 +454,45 @@ def test_describe_topic_partitions_of_every_topic_leaves_denied_ones_out(env: En
     for page in pages:
         names = {t["Name"] for t in page["Topics"]}
         assert public in names and not any(n.startswith("hidden.") for n in names), names
+
+
+def test_deleting_a_groups_offsets_refuses_only_the_denied_topic(env: Env) -> None:
+    """`kafka-consumer-groups.sh --delete-offsets` describes the topics
+    (DescribeTopicPartitions), then deletes (OffsetDelete): each request naming a denied
+    and an allowed topic was refused whole, and nothing was deleted. As Kafka's
+    authorizer answers, the denied topic is refused and the allowed one's offsets go."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    group = f"deleting-{uuid.uuid4().hex[:6]}"
+    committer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(hidden, 0, 7), TopicPartition(public, 0, 4)],
+                     asynchronous=False)
+    committer.close()
+    config = env.rules.parent / "alice.properties"
+    config.write_text("\n".join(java_sasl("alice")) + "\n")
+    done = run_java_tool("consumer-groups", "--bootstrap-server", env.gateway.bootstrap,
+                         "--command-config", str(config), "--delete-offsets", "--group", group,
+                         "--topic", hidden, "--topic", public, timeout=120)
+    assert "TopicAuthorizationException" in done.stdout + done.stderr, done.stdout + done.stderr
+    direct = AdminClient({"bootstrap.servers": env.kafka.bootstrap})
+    [future] = direct.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+    left = {tp.topic: tp.offset for tp in future.result(30).topic_partitions}
+    assert left == {hidden: 7}, done.stdout + done.stderr
+
+
+def test_describing_a_denied_and_an_allowed_topics_configs_describes_the_allowed_one(
+        env: Env) -> None:
+    """librdkafka's admin asks DescribeConfigs for every resource at once: one naming a
+    denied topic refused them all. Kafka authorizes each resource: so does the gateway."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    admin = AdminClient(env.client("alice"))
+    futures = admin.describe_configs([ConfigResource("topic", hidden),
+                                      ConfigResource("topic", public)])
+    answers = {resource.name: future for resource, future in futures.items()}
+    assert "cleanup.policy" in answers[public].result(30)
+    refused = answers[hidden].exception(30)
+    assert refused is not None and refused.args[0].code() == TOPIC_AUTHORIZATION_FAILED
 
 
 def test_a_share_consumer_is_denied_what_fetch_is_denied(env: Env) -> None:
