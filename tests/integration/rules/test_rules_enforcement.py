@@ -371,19 +371,26 @@ def test_a_deny_added_live_stops_an_open_fetch_session(env: Env, tool: str) -> N
     assert "TopicAuthorizationException" in seen, seen
 
 
+def group_with_offsets(env: Env, prefix: str) -> tuple[str, str, str]:
+    """A denied (hidden.) and an allowed topic, and a group (committed directly) at
+    offset 7 of the first and 4 of the second."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    group = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    committer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(hidden, 0, 7), TopicPartition(public, 0, 4)],
+                     asynchronous=False)
+    committer.close()
+    return hidden, public, group
+
+
 def test_a_groups_offsets_show_allowed_topics_and_hide_denied_ones(env: Env) -> None:
     """OffsetFetch for all of a group's topics returned the offsets of a denied topic
     (its name and position leaked), and one naming a denied and an allowed topic was
     refused for the whole group (librdkafka's admin then returned no offsets at all).
     As Kafka's authorizer answers: a denied topic is left out of an all-topics answer,
     and refused per partition beside the allowed ones."""
-    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
-    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
-    group = f"offsets-{uuid.uuid4().hex[:6]}"
-    committer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group})
-    committer.commit(offsets=[TopicPartition(hidden, 0, 7), TopicPartition(public, 0, 4)],
-                     asynchronous=False)
-    committer.close()
+    hidden, public, group = group_with_offsets(env, "offsets")
     admin = AdminClient(env.client("alice"))
 
     def offsets(partitions: list[TopicPartition] | None) -> dict[str, tuple[int, int | None]]:
@@ -461,13 +468,7 @@ def test_deleting_a_groups_offsets_refuses_only_the_denied_topic(env: Env) -> No
     (DescribeTopicPartitions), then deletes (OffsetDelete): each request naming a denied
     and an allowed topic was refused whole, and nothing was deleted. As Kafka's
     authorizer answers, the denied topic is refused and the allowed one's offsets go."""
-    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
-    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
-    group = f"deleting-{uuid.uuid4().hex[:6]}"
-    committer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "group.id": group})
-    committer.commit(offsets=[TopicPartition(hidden, 0, 7), TopicPartition(public, 0, 4)],
-                     asynchronous=False)
-    committer.close()
+    hidden, public, group = group_with_offsets(env, "deleting")
     config = env.rules.parent / "alice.properties"
     config.write_text("\n".join(java_sasl("alice")) + "\n")
     done = run_java_tool("consumer-groups", "--bootstrap-server", env.gateway.bootstrap,
