@@ -101,6 +101,24 @@ def _reading(api_keys: frozenset[int]) -> frozenset[int]:
     return api_keys | CONSUME_APIS if ApiKey.FETCH in api_keys else api_keys
 
 
+def _writing(api_keys: frozenset[int]) -> frozenset[int]:
+    """`api_keys` with AddPartitionsToTxn when they name Produce: Kafka authorizes a
+    transaction's writes there, before any record is sent. A topic refused only at
+    Produce, in the middle of a commit, left the producer with batches that already had
+    sequence numbers: the next transaction failed too (OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+    return api_keys | {ApiKey.ADD_PARTITIONS_TO_TXN} if ApiKey.PRODUCE in api_keys else api_keys
+
+
+def _named_apis(api_keys: frozenset[int], kind: str) -> frozenset[int]:
+    """The APIs a rule's `apis` stand for: Fetch names ShareFetch for the reading kinds,
+    Produce names AddPartitionsToTxn for a deny."""
+    if kind in READING_KINDS:
+        api_keys = _reading(api_keys)
+    if kind == "deny":
+        api_keys = _writing(api_keys)
+    return api_keys
+
+
 DIRECTIONS: Final[tuple[FrameDirection, FrameDirection]] = ("request", "response")
 
 Check = Callable[[MatchContext, "str | None", "str | None"], bool]
@@ -197,13 +215,11 @@ class _Predicate:
     __slots__ = ("checks", "uses_groups", "uses_topics")
 
     def __init__(self, match: Match, *, top_level: bool, directions: frozenset[str],
-                 reading: bool = False) -> None:
-        """`reading`: Fetch in `apis` names ShareFetch too (READING_KINDS)."""
+                 kind: str = "") -> None:
+        """`kind`: the rule's, for what its `apis` stand for (`_named_apis`)."""
         checks: list[Check] = []
         if match.apis is not None:
-            keys = frozenset(resolve_api(ref) for ref in match.apis)
-            if reading:
-                keys = _reading(keys)
+            keys = _named_apis(frozenset(resolve_api(ref) for ref in match.apis), kind)
             checks.append(lambda ctx, t, g: ctx.api_key in keys)
         if match.versions is not None:
             low = match.versions.min if match.versions.min is not None else 0
@@ -239,7 +255,7 @@ class _Predicate:
                 DIRECTIONS if match.not_.direction in (None, "both") else (match.not_.direction,)
             )
             inner = _Predicate(match.not_, top_level=False, directions=inner_directions,
-                               reading=reading)
+                               kind=kind)
             self.uses_topics = self.uses_topics or inner.uses_topics
             self.uses_groups = self.uses_groups or inner.uses_groups
             checks.append(lambda ctx, t, g: not inner(ctx, t, g))
@@ -291,9 +307,8 @@ class CompiledRule:
             if rule.match.apis is not None
             else None
         )
-        reading = self.kind in READING_KINDS
-        if reading and api_keys is not None:
-            api_keys = _reading(api_keys)
+        if api_keys is not None:
+            api_keys = _named_apis(api_keys, self.kind)
         excluded: frozenset[int] = frozenset()
         action = rule.action
         if isinstance(action, DenyApisAction):  # the rule applies to the listed APIs only
@@ -314,7 +329,7 @@ class CompiledRule:
         self.min_version: int | None = versions.min if versions is not None else None
         self.max_version: int | None = versions.max if versions is not None else None
         self._predicate = _Predicate(rule.match, top_level=True, directions=self.directions,
-                                     reading=reading)
+                                     kind=self.kind)
 
     @property
     def uses_topics(self) -> bool:

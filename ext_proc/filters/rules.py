@@ -454,6 +454,8 @@ class RulesFilter(RuleSetJudge):
         elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
             # Recorded above, each denied topic once.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
+        elif api_key == ApiKey.ADD_PARTITIONS_TO_TXN and not set(denied) >= set(topics):
+            return self._refuse_all_or_nothing(header, body, denied, throttle_s)
         elif api_key not in _PARTIAL_DENIAL_APIS or (
                 set(denied) >= set(topics) and api_key not in _ALWAYS_PARTIAL_APIS):
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
@@ -694,20 +696,44 @@ class RulesFilter(RuleSetJudge):
                           self._engine.topic_ids)
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
 
-    def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                 denied: dict[str, Refusal]) -> RequestVerdict:
+    def _refuse_all_or_nothing(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                               denied: dict[str, Refusal], throttle_s: float) -> RequestVerdict:
+        """AddPartitionsToTxn naming a denied and an allowed topic: as Kafka answers it,
+        nothing is added, the denied topics are refused and the others are
+        OPERATION_NOT_ATTEMPTED (librdkafka takes the authorization error of all of them
+        for a fatal state of the transaction)."""
         api_key, version = header.api_key, header.api_version
-        ids = self._engine.topic_ids
-        # The request's topic ids with their names: entries named by id match too.
-        id_names = ids.names_of(named_entities(api_key, version, "request", body).topic_ids)
+        rest = remove_topics(api_key, version, body, set(denied))
+        verdict = self._answer(header, rest, Refusal(ErrorCode.OPERATION_NOT_ATTEMPTED,
+                                                     "keg: another topic of it was refused"),
+                               throttle_s, per_topic=True)
+        assert verdict.answer is not None
+        merge_error_entries(api_key, version, verdict.answer,
+                            self._refused_entries(header, body, denied, {}))
+        return verdict
+
+    def _refused_entries(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                         denied: dict[str, Refusal], id_names: dict[uuid.UUID, str]
+                         ) -> list[dict[str, Any]]:
+        """The answer's entries for the denied topics of `body`, each with its refusal."""
+        api_key, version = header.api_key, header.api_version
         entries: list[dict[str, Any]] = []
         for refusal in dict.fromkeys(denied.values()):
             names = {t for t, r in denied.items() if r == refusal}
             found = partial_error_entries(api_key, version, body, names, refusal.code,
                                           refusal.message, topic_ids=id_names)
             if api_key == ApiKey.PRODUCE:
-                _name_records(found, refusal.records, ids)
+                _name_records(found, refusal.records, self._engine.topic_ids)
             entries += found
+        return entries
+
+    def _partial(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                 denied: dict[str, Refusal]) -> RequestVerdict:
+        api_key, version = header.api_key, header.api_version
+        # The request's topic ids with their names: entries named by id match too.
+        id_names = self._engine.topic_ids.names_of(
+            named_entities(api_key, version, "request", body).topic_ids)
+        entries = self._refused_entries(header, body, denied, id_names)
         forwarded = remove_topics(api_key, version, body, set(denied), topic_ids=id_names)
         body.clear()
         body.update(forwarded)
@@ -725,8 +751,9 @@ class RulesFilter(RuleSetJudge):
         Kafka's authorizer answers: the topic, the group, or the API's own resource."""
         spec = getattr(rule.action, "deny", None)
         name = getattr(spec, "error", None)
-        if name:
-            return error_code(name)
+        if name and not (api_key == ApiKey.ADD_PARTITIONS_TO_TXN and rule.api_keys is not None
+                         and ApiKey.PRODUCE in rule.api_keys):
+            return error_code(name)  # (a Produce rule's error is Produce's, not a transaction's)
         if rule.uses_topics and None not in hits:
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED
         if rule.uses_groups and groups:

@@ -21,6 +21,7 @@ from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
     KafkaError,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -219,6 +220,67 @@ def metric(text: str, name: str, *labels: str) -> float:
         if line.startswith(name) and all(label in line for label in labels):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def committed(env: Env, topic: str, expected: int) -> list[bytes]:
+    """The committed records of every partition of `topic` (read directly, sorted):
+    `expected` of them, or what came within 15 s once past them (0: the 3 s it waits)."""
+    consumer = Consumer({"bootstrap.servers": env.kafka.bootstrap, "enable.auto.commit": False,
+                         "isolation.level": "read_committed",
+                         "group.id": f"check-{uuid.uuid4().hex[:6]}"})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    values: list[bytes] = []
+    deadline = time.monotonic() + (15 if expected else 3)
+    try:
+        while time.monotonic() < deadline and (not expected or len(values) < expected):
+            for msg in consumer.consume(100, 0.5):
+                assert msg.error() is None, msg.error()
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return sorted(values)
+
+
+def test_a_transaction_writing_a_denied_topic_is_refused_before_its_records(env: Env) -> None:
+    """A deny of Produce refused a transaction's records of that topic in the middle of
+    its commit: librdkafka then purged batches that already had sequence numbers, and
+    the producer's next transaction failed too (OUT_OF_ORDER_SEQUENCE_NUMBER). Kafka
+    authorizes a transaction's writes at AddPartitionsToTxn, before any record: so does
+    the gateway, with the authorization error (never a Produce rule's own error code)."""
+    suffix = uuid.uuid4().hex[:6]
+    payments, frozen = (create_topic(env.kafka.bootstrap, 3, f"{p}.{suffix}")
+                        for p in ("payments", "frozen"))
+    others = [create_topic(env.kafka.bootstrap, 3, f"other{i}.{suffix}") for i in range(2)]
+    producer = Producer({**env.client("bob"), "transactional.id": f"txn-{suffix}",
+                         "linger.ms": 200, "compression.type": "lz4"})
+    producer.init_transactions(30)
+    outcomes: list[tuple[str, int | None]] = []
+    for attempt, topics in enumerate([[payments, *others], [frozen, *others], others, others]):
+        producer.begin_transaction()
+        # The allowed topics' partitions are added first, as a producer that writes on
+        # does: had its first AddPartitionsToTxn been refused, the broker would hold no
+        # transaction to abort and librdkafka's abort fails (INVALID_TXN_STATE), with
+        # Kafka's own authorizer too.
+        for topic in reversed(topics):
+            for i in range(30):
+                producer.produce(topic, b"%d-%d" % (attempt, i), partition=i % 3)
+            producer.flush(30)
+        try:
+            producer.commit_transaction(30)
+            outcomes.append(("committed", None))
+        except KafkaException as err:
+            assert err.args[0].txn_requires_abort(), err
+            outcomes.append(("aborted", err.args[0].code()))
+            producer.abort_transaction(30)
+    assert outcomes == [("aborted", TOPIC_AUTHORIZATION_FAILED)] * 2 + [("committed", None)] * 2
+    for topic in others:
+        assert committed(env, topic, 60) == sorted(
+            b"%d-%d" % (a, i) for a in (2, 3) for i in range(30))
+    assert committed(env, payments, 0) == committed(env, frozen, 0) == []
+    events = [e for e in env.wait_for_audit("payments-only-alice") if e["topic"] == payments]
+    assert {(e["api_name"], e["error_code"]) for e in events} == {
+        ("AddPartitionsToTxn", TOPIC_AUTHORIZATION_FAILED)}
 
 
 def test_bob_cannot_read_payments_alice_can(env: Env) -> None:
