@@ -28,6 +28,7 @@ Dry-run `virtual_topics` rules rename nothing (renaming cannot be half done).
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,18 @@ log = logging.getLogger(__name__)
 class ForeignTopicId(EntityNameError):
     """A request names a topic id outside the connection's namespace (or unknown)."""
 
+
+class InvalidTopicName(EntityNameError):
+    """A client's topic name Kafka would refuse, which its prefix would make valid."""
+
+
+# Kafka's limit on a topic name, and the characters it allows (Topic.validate).
+_MAX_TOPIC_LENGTH = 249
+_LEGAL_TOPIC_CHARACTERS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+# The requests that create topics (Metadata by auto-creation).
+_CREATING = frozenset({ApiKey.CREATE_TOPICS, ApiKey.METADATA})
+
 # Kafka 4.0's error for a refused regex subscription (KIP-848); not in older tables.
 _MAX_GROUPS = 64  # JoinGroup protocol types remembered per connection
 
@@ -75,6 +88,9 @@ class Namespace:
     transactional_ids: bool = True
     to_broker: dict[str, Rename] = field(init=False, repr=False, compare=False)
     to_client: dict[str, Rename] = field(init=False, repr=False, compare=False)
+    # The prefix where a name starts (not inside another name): a literal, escaped, so
+    # linear whatever the message.
+    quoted: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         prefix, size = self.prefix, len(self.prefix)
@@ -89,6 +105,7 @@ class Namespace:
             [TRANSACTIONAL_ID] if self.transactional_ids else [])
         object.__setattr__(self, "to_broker", dict.fromkeys(kinds, add))
         object.__setattr__(self, "to_client", dict.fromkeys(kinds, strip))
+        object.__setattr__(self, "quoted", re.compile(r"(?<![A-Za-z0-9._-])" + re.escape(prefix)))
 
     @property
     def regex_prefix(self) -> str:
@@ -102,6 +119,27 @@ class Namespace:
         anchored = f"{self.regex_prefix}(?:{inner})"
         compile_re2(anchored)  # e.g. a `\Q` without `\E` swallows the `)`
         return anchored
+
+    def check_topic(self, name: str) -> None:
+        """InvalidTopicName, with Kafka's reason, when the broker would refuse `name`
+        were it not prefixed (`""` would become the topic `tenant-a.`); the length
+        left is what the prefix leaves of Kafka's 249."""
+        longest = _MAX_TOPIC_LENGTH - len(self.prefix)
+        if name in ("", ".", ".."):
+            why = "the empty string is not allowed" if not name else f"'{name}' is not allowed"
+        elif len(name) > longest:
+            why = f"the length of '{name}' is longer than the max allowed length {longest}"
+        elif not _LEGAL_TOPIC_CHARACTERS.issuperset(name):
+            why = (f"'{name}' contains one or more characters other than ASCII "
+                   "alphanumerics, '.', '_' and '-'")
+        else:
+            return
+        raise InvalidTopicName(f"Topic name is invalid: {why}")
+
+    def strip_from_message(self, message: str) -> str:
+        """A broker's error message without the prefix of the names it quotes: it would
+        tell the tenant its namespace (`Topic 'tenant-a.orders' already exists.`)."""
+        return self.quoted.sub("", message) if self.prefix in message else message
 
     def unanchor(self, pattern: str) -> str | None:
         head = f"{self.regex_prefix}(?:"
@@ -176,6 +214,10 @@ class VirtualTopicsFilter(RuleSetJudge):
             raise EntityNameError("virtual topics: DeleteTopics by topic id is not supported; "
                                   "name the topics")
         self._confine_topic_ids(key, version, body, ns)
+        if key in _CREATING:
+            for topic in topics:
+                if isinstance(topic.get("Name"), str):
+                    ns.check_topic(topic["Name"])
         changed = self._anchor_patterns(key, body, ns)  # may refuse: before any rename
         changed |= rename_entities(key, version, "request", body, ns.to_broker)
         if key == ApiKey.JOIN_GROUP:
@@ -243,6 +285,8 @@ class VirtualTopicsFilter(RuleSetJudge):
                 err: Exception) -> RequestVerdict:
         if isinstance(err, ForeignTopicId):
             code, what = ErrorCode.UNKNOWN_TOPIC_ID, "topic id"
+        elif isinstance(err, InvalidTopicName):
+            code, what = ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name"
         elif isinstance(err, PatternError):
             code, what = ErrorCode.INVALID_REGULAR_EXPRESSION, "regular expression"
         else:
@@ -250,7 +294,8 @@ class VirtualTopicsFilter(RuleSetJudge):
         message = f"virtual topics: {what} refused: {err}"
         log.info("%s (%s)", message, header.client_id)
         answer = error_response(header.api_key, header.api_version, body, code, message)
-        rename_entities(header.api_key, header.api_version, "response", answer, ns.to_client)
+        if not isinstance(err, InvalidTopicName):  # refused before any name was renamed
+            rename_entities(header.api_key, header.api_version, "response", answer, ns.to_client)
         return RequestVerdict(answer=answer)
 
     # -- responses -----------------------------------------------------------------
@@ -258,6 +303,7 @@ class VirtualTopicsFilter(RuleSetJudge):
     def _rename_response(self, key: int, version: int, response: dict[str, Any],
                          ns: Namespace, protocol_type: str | None) -> bool:
         changed = rename_entities(key, version, "response", response, ns.to_client)
+        changed |= _strip_messages(response, ns)
         if key == ApiKey.JOIN_GROUP:
             said = response.get("ProtocolType") if version >= 7 else None
             ptype = said if isinstance(said, str) else protocol_type
@@ -281,6 +327,24 @@ class VirtualTopicsFilter(RuleSetJudge):
                         member["SubscribedTopicRegex"] = ns.unanchor(regex)
                         changed = True
         return changed
+
+
+def _strip_messages(value: Any, ns: Namespace) -> bool:
+    """Every `ErrorMessage` of an answer, at any depth, without the namespace's prefix."""
+    changed = False
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "ErrorMessage" and isinstance(item, str):
+                stripped = ns.strip_from_message(item)
+                if stripped != item:
+                    value[key], changed = stripped, True
+            elif isinstance(item, (dict, list)):
+                changed |= _strip_messages(item, ns)
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, (dict, list)):
+                changed |= _strip_messages(item, ns)
+    return changed
 
 
 _NAMING: dict[tuple[int, int], bool] = {}

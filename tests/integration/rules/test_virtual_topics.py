@@ -54,6 +54,7 @@ rules:
 PARTITIONS = 2
 RECORDS = 10
 INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS = 17, 36
 BOB_TOPICS = {"orders", "orders848"}  # all bob ever makes
 
 
@@ -256,7 +257,7 @@ def kafka_python_topics(env: Env, user: str) -> set[str]:
 def test_metadata_lists_only_the_tenants_own_topics(env: Env) -> None:
     # No tenant-a.*, plain or internal topic (orders848 once the KIP-848 test made it).
     assert "orders" in kafka_python_topics(env, "bob") <= BOB_TOPICS
-    assert kafka_python_topics(env, "alice") <= {"orders", "java-orders"}
+    assert kafka_python_topics(env, "alice") <= {"orders", "java-orders", "exists"}
     for user in ("alice", "bob"):
         admin = AdminClient(env.client(user))
         groups = admin.list_consumer_groups().result(20)
@@ -278,6 +279,25 @@ def test_unknown_topic_errors_use_the_client_name(env: Env) -> None:
         assert md.topics["nope"].error is not None  # UNKNOWN_TOPIC_OR_PARTITION, as `nope`
     finally:
         consumer.close()
+
+
+def test_names_kafka_refuses_stay_refused_and_messages_keep_the_namespace(env: Env) -> None:
+    """A tenant created the topics "", "." and ".." (the broker stored `tenant-a.`,
+    `tenant-a..`, `tenant-a...`), which then broke its own kafka-topics.sh and kcat; and
+    the broker's messages named the prefix (`Topic 'tenant-a.orders' already exists.`)."""
+    admin = AdminClient(env.client("alice"))
+    names = ["", ".", "..", "x" * 241, "bad name!"]
+    futures = admin.create_topics([NewTopic(n, 1, 1) for n in names], operation_timeout=30)
+    for name in names:
+        error = futures[name].exception(30)
+        assert error is not None and error.args[0].code() == INVALID_TOPIC_EXCEPTION, (name, error)
+        assert "tenant-a." not in str(error)
+    admin.create_topics([NewTopic("exists", 1, 1)])["exists"].result(30)
+    again = admin.create_topics([NewTopic("exists", 1, 1)])["exists"].exception(30)
+    assert again is not None and again.args[0].code() == TOPIC_ALREADY_EXISTS
+    assert "'exists'" in str(again) and "tenant-a." not in str(again)
+    on_broker = set(AdminClient(env.direct()).list_topics(timeout=10).topics)
+    assert not {"tenant-a.", "tenant-a..", "tenant-a..."} & on_broker
 
 
 # -- Kafka's Java console clients ----------------------------------------------------------

@@ -12,7 +12,7 @@ import kafka_wire as kw
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.group_protocol import GroupProtocolObserver
 from ext_proc.filters.rules import RuleEngine, RulesFilter
-from ext_proc.filters.virtual_topics import Namespace, VirtualTopicsFilter
+from ext_proc.filters.virtual_topics import InvalidTopicName, Namespace, VirtualTopicsFilter
 from ext_proc.identity import IdentityTracker
 from ext_proc.session import KafkaSession
 from filter_rules import CompiledRuleSet, load_rule_text
@@ -379,3 +379,29 @@ def test_a_tenant_names_only_its_own_topics_by_id() -> None:
         assert produce_by_id(refused) is None
         (topic,) = c.gateway_answer()["Responses"]
         assert topic["PartitionResponses"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("", "the empty string is not allowed"), (".", "'.' is not allowed"),
+    ("..", "'..' is not allowed"), ("x" * 241, "longer than the max allowed length 240"),
+    ("bad name!", "characters other than ASCII alphanumerics")])
+def test_a_topic_name_kafka_refuses_is_refused_before_its_prefix_makes_it_valid(
+        name: str, why: str) -> None:
+    """`""` would become the topic `tenant-a.`, `..` the topic `tenant-a...`: created on
+    the broker, they broke the tenant's own tools. Refused as Kafka refuses them, with
+    the length the 9-character prefix leaves of Kafka's 249."""
+    ns = Namespace("tenant-a.")
+    with pytest.raises(InvalidTopicName, match=why):
+        ns.check_topic(name)
+    ns.check_topic("x" * 240)  # the longest a tenant may name
+    ns.check_topic("orders.v2-eu_1")
+
+
+def test_broker_messages_do_not_tell_a_tenant_its_prefix() -> None:
+    ns = Namespace("tenant-a.")
+    assert ns.strip_from_message("Topic 'tenant-a.orders' already exists.") == (
+        "Topic 'orders' already exists.")
+    assert ns.strip_from_message("The topic tenant-a.adm currently has 4 partition(s)") == (
+        "The topic adm currently has 4 partition(s)")
+    # Inside another name it stays: that name is not the tenant's.
+    assert ns.strip_from_message("topic x.tenant-a.y") == "topic x.tenant-a.y"
