@@ -104,6 +104,14 @@ _GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is
 _ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
 
 
+def _always_partial(api_key: int, api_version: int) -> bool:
+    """Whether a request is split even when every topic it names is refused:
+    OffsetFetch (`_ALWAYS_PARTIAL_APIS`), and Metadata from v1, whose answer also lists
+    the brokers (answered by the gateway it listed none, as Kafka never does; v0 reads
+    an empty topic list as all topics, so it cannot go on without its topics)."""
+    return api_key in _ALWAYS_PARTIAL_APIS or (api_key == ApiKey.METADATA and api_version >= 1)
+
+
 @dataclass(frozen=True)
 class RuleDecision:
     """One rule's effect on one request (and topic): what audit and metrics record."""
@@ -457,7 +465,7 @@ class RulesFilter(RuleSetJudge):
         elif api_key == ApiKey.ADD_PARTITIONS_TO_TXN and not set(denied) >= set(topics):
             return self._refuse_all_or_nothing(header, body, denied, throttle_s)
         elif api_key not in _PARTIAL_DENIAL_APIS or (
-                set(denied) >= set(topics) and api_key not in _ALWAYS_PARTIAL_APIS):
+                set(denied) >= set(topics) and not _always_partial(api_key, version)):
             return self._answer(header, body, next(iter(denied.values())), throttle_s,
                                 per_topic=True)
         else:

@@ -503,6 +503,19 @@ def test_a_group_description_does_not_name_a_denied_topic(env: Env) -> None:
     assert ("ConsumerGroupDescribe", hidden) in {(e["api_name"], e["topic"]) for e in events}
 
 
+def test_metadata_of_a_denied_topic_still_lists_the_brokers(env: Env) -> None:
+    """Metadata naming only denied topics was answered by the gateway with no broker at
+    all (`kcat -L -t` printed "0 brokers"); Kafka's authorizer lists them. It now goes
+    on without its topics and the denied ones are refused in the broker's answer."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    admin = AdminClient(env.client("alice"))
+    md = admin.list_topics(hidden, timeout=10)
+    assert len(md.brokers) == 1 and md.controller_id >= 0
+    assert md.topics[hidden].error is not None
+    assert md.topics[hidden].error.code() == TOPIC_AUTHORIZATION_FAILED
+    assert not md.topics[hidden].partitions
+
+
 def test_describe_topic_partitions_of_every_topic_leaves_denied_ones_out(env: Env) -> None:
     """DescribeTopicPartitions naming no topic describes them all (a page at a time,
     from a cursor). The gateway passed it on, denied topics and their partitions in the
