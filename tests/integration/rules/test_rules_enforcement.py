@@ -511,8 +511,8 @@ def test_metadata_of_a_denied_topic_still_lists_the_brokers(env: Env) -> None:
     admin = AdminClient(env.client("alice"))
     md = admin.list_topics(hidden, timeout=10)
     assert len(md.brokers) == 1 and md.controller_id >= 0
-    assert md.topics[hidden].error is not None
-    assert md.topics[hidden].error.code() == TOPIC_AUTHORIZATION_FAILED
+    error = md.topics[hidden].error
+    assert error is not None and error.code() == TOPIC_AUTHORIZATION_FAILED
     assert not md.topics[hidden].partitions
 
 
