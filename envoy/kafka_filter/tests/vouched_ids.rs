@@ -18,7 +18,7 @@ use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::topics::TopicSelector;
 use keg_kafka_filter::core::payload::{PayloadSchema, MAX_VALIDATED};
 use keg_kafka_filter::core::vouch::{fetch_passes, fetch_verdict, FetchVerdict, fetch_request_passes, produce_passes, records_pass, Allowed, Budget, Tail, Vouch, Vouched, Vouching};
-use keg_kafka_filter::core::handoff::Failure;
+use keg_kafka_filter::core::handoff::{Failure, NOT_LEADER_OR_FOLLOWER};
 use keg_kafka_filter::core::{Direction, Disposition, Output, RequestPolicy, Requester, Resolution, Session, SessionLimits};
 
 /// Rules may act on `s.*`; only schema-id rules on all but `s.masked`.
@@ -670,9 +670,17 @@ fn an_answer_that_does_not_pass_goes_to_the_service_after_its_replayed_request()
     s.resolve(id, Resolution::Request { forward: vec![], answer: Some(own.clone()), want_response: false, vouched: vec![] }).unwrap();
     assert_eq!(drain_responses(&mut s), own);
     assert_eq!(s.in_flight(), 0);
-    // No reply, fail-closed: the connection closes.
+    // No reply, fail-closed: the broker's answer goes without its records, each partition
+    // NOT_LEADER_OR_FOLLOWER (the consumer fetches again), and no fetch session.
     let id = replayed(&mut s, 5);
-    assert!(s.resolve(id, Resolution::Failed(keg_kafka_filter::core::handoff::Failure::Timeout)).is_err());
+    s.resolve(id, Resolution::Failed(Failure::Timeout)).unwrap();
+    let (correlation, refused): (i32, FetchResponse) = decode_response(ApiKey::Fetch, 12, &drain_responses(&mut s));
+    assert_eq!((correlation, refused.session_id), (5, 0));
+    let partitions: Vec<_> = refused.responses.iter().flat_map(|t| &t.partitions).collect();
+    assert!(!partitions.is_empty());
+    assert!(partitions.iter().all(|p| p.error_code == NOT_LEADER_OR_FOLLOWER
+        && p.records.as_ref().is_some_and(|r| r.is_empty())));
+    assert_eq!(s.stats.get(Counter::HandoffRetriableErrors), 1);
 }
 
 #[test]
