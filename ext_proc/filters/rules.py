@@ -601,7 +601,7 @@ class RulesFilter(RuleSetJudge):
             changed = False
             for topic in response.get("Responses") or ():
                 name = topic_name(topic, ids)
-                hits = [r for r in rules if name is None or r.matches(ctx, name)]
+                hits = _denying(rules, ctx, name)
                 if not hits:
                     continue
                 code = (ErrorCode.UNKNOWN_TOPIC_ID if name is None
@@ -632,12 +632,11 @@ class RulesFilter(RuleSetJudge):
             changed = False
             for i, group in enumerate(response.get("Groups") or ()):
                 group_id = group.get("GroupId")
-                for name in _group_topics(group, ids):
-                    hits = [r for r in rules if name is None or r.matches(ctx, name, group_id)]
-                    if hits:
-                        break
-                else:
+                denied = next(((name, hits) for name in _group_topics(group, ids)
+                               if (hits := _denying(rules, ctx, name, group_id))), None)
+                if denied is None:
                     continue
+                name, hits = denied
                 response["Groups"][i] = {
                     "ErrorCode": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                     "ErrorMessage": _GROUP_USES_DENIED_TOPICS, "GroupId": group_id,
@@ -877,6 +876,13 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
 
 # What a Fetch answer tells of a partition's log, which a refused one does not tell.
 _FETCHED_OFFSETS = frozenset({"HighWatermark", "LastStableOffset", "LogStartOffset"})
+
+
+def _denying(rules: list[CompiledRule], ctx: MatchContext, name: str | None,
+             group: str | None = None) -> list[CompiledRule]:
+    """The rules of `rules` that deny topic `name` in an answer; every one of them for
+    a topic id the gateway cannot name (None): what no rule could judge is refused."""
+    return [r for r in rules if name is None or r.matches(ctx, name, group)]
 
 
 def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:
