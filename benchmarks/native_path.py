@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import json
 import logging
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -66,6 +65,7 @@ from benchmarks.gateway_vs_direct import (
     run_round,
     warm_up,
 )
+from control_plane.service import free_port
 
 log = logging.getLogger("benchmarks.native_path")
 
@@ -188,12 +188,6 @@ def _check_masked(bootstrap: str, topic: str) -> None:
             raise RuntimeError(f"{topic}: the stored records are not masked")
     finally:
         consumer.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proxied_kafka(proxied_port: int, proxy_port: int) -> Any:
@@ -336,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = Params(records=args.records, record_size=args.record_size,
                     partitions=args.partitions, repeat=args.repeat, warmup=args.warmup)
     ensure_kafka()
-    proxied, proxy = _free_port(), _free_port()
+    proxied, proxy = free_port(), free_port()
     rounds: list[dict[str, Sample]] = []
     handoff_rounds: list[dict[str, Sample]] = []
     handoff_wanted = [p for p in args.handoff_paths.split(",") if p] if args.handoff_records else []
