@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -401,9 +401,32 @@ STEPS: tuple[Step, ...] = (
 # Besides the metrics, every step records these per path (raw numbers, not summarised):
 WALL_S = "wall_s"  # the step's wall time, tool start-up included
 AUDIT_EVENTS = "audit_events"  # audit log lines the step added (gateway, with an audit log)
+# CPU seconds the path's own processes (Envoy, keg's ext_proc workers) used in the step, and
+# the same per GB (10^9 bytes of record values) the step moved: paths given a CPU clock.
+CPU_S, CPU_S_PER_GB = "cpu_s", "cpu_s_per_gb"
 
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
 Counter = Callable[[], int]
+CpuClock = Callable[[], float]  # CPU seconds some processes used so far
+
+
+def process_cpu_seconds(pids: Iterable[int | None]) -> float:
+    """User + system CPU seconds the processes `pids` used so far (Linux /proc); a
+    process that is gone counts nothing."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        if pid is None:
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name (which may hold spaces) start at field 3, state:
+        # utime and stime are fields 14 and 15.
+        fields = stat.rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def fresh_topics(
@@ -425,8 +448,10 @@ def run_round(
     topic_prefix: str,
     label: str = "",
     audit_events: Counter | None = None,
+    cpu_clocks: Mapping[str, CpuClock] | None = None,
 ) -> dict[str, Sample]:
-    """Every step on every path (path-alternating per step) on fresh topics."""
+    """Every step on every path (path-alternating per step) on fresh topics; a path with
+    a clock in `cpu_clocks` also records the CPU its processes used (CPU_S, CPU_S_PER_GB)."""
     label = f"{label}round {number}/{params.repeat}"
     topics = fresh_topics(
         broker, f"{topic_prefix}-r{number}", list(paths), STEPS, params.partitions
@@ -436,12 +461,17 @@ def run_round(
         for path, bootstrap in paths.items():
             counter = audit_events if path == GATEWAY else None
             before = counter() if counter is not None else 0
+            clock = (cpu_clocks or {}).get(path)
+            cpu_before = clock() if clock is not None else 0.0
             with status(f"[{label}] {step.name} via {path} ({params.records:,} records)"):
                 started = time.perf_counter()
                 sample = step.run(bootstrap, topics[path, step.topic_kind], params)
                 sample[WALL_S] = time.perf_counter() - started
             if counter is not None:
                 sample[AUDIT_EVENTS] = counter() - before
+            if clock is not None:
+                sample[CPU_S] = clock() - cpu_before
+                sample[CPU_S_PER_GB] = sample[CPU_S] / (params.records * params.record_size / 1e9)
             log.info("[%s] %s via %s: %s", label, step.name, path, _brief(sample))
             results[path].update({f"{step.prefix}.{k}": v for k, v in sample.items()})
     return results

@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka = stack.enter_context(proxied_kafka(proxied, proxy))
         paths = {DIRECT: kafka.bootstrap}
         if TCP_PROXY in wanted:
-            paths[TCP_PROXY] = stack.enter_context(
+            paths[TCP_PROXY], _ = stack.enter_context(
                 tcp_proxy_envoy(proxy, proxied, args.envoy_concurrency)
             )
         for path in (NATIVE, EXT_PROC):

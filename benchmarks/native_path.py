@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import subprocess
@@ -50,22 +51,28 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks import record_rules
 from benchmarks.gateway_vs_direct import (
+    CPU_S_PER_GB,
     DIRECT,
     METRICS,
     RESULTS_DIR,
+    CpuClock,
     Params,
     Sample,
     create_topics,
     git_commit,
     machine_info,
+    process_cpu_seconds,
     run_round,
     warm_up,
 )
 from control_plane.service import free_port
+
+if TYPE_CHECKING:
+    from keg.gateway import Gateway
 
 log = logging.getLogger("benchmarks.native_path")
 
@@ -75,6 +82,11 @@ PATHS = (DIRECT, TCP_PROXY, NATIVE, EXT_PROC)
 # path -> (data path, the module's metrics port: 0 a free one, None none)
 GATEWAYS = {NATIVE: ("native", 0), EXT_PROC: ("ext-proc", None),
             NATIVE_UNMETERED: ("native", None)}
+STEP_PREFIXES = ("java_produce", "java_consume", "rdkafka_produce", "rdkafka_consume")
+# CPU seconds per GB moved of Envoy and keg's workers: tcp_proxy alone is the limit.
+CPU_KEYS = tuple(f"{prefix}.{CPU_S_PER_GB}" for prefix in STEP_PREFIXES)
+CPU_LABELS = dict(zip(CPU_KEYS, ("Java producer", "Java consumer", "librdkafka producer",
+                                 "librdkafka consumer"), strict=True))
 SUMMARY_KEYS = (
     "java_produce.records_per_s",
     "java_consume.records_per_s",
@@ -83,6 +95,7 @@ SUMMARY_KEYS = (
     "rdkafka_produce.p50_ms",
     "rdkafka_produce.p99_ms",
     "rdkafka_consume.records_per_s",
+    *CPU_KEYS,
 )
 
 
@@ -230,7 +243,8 @@ admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}}}
 
 
 @contextlib.contextmanager
-def tcp_proxy_envoy(listen: int, upstream: int, concurrency: int) -> Iterator[str]:
+def tcp_proxy_envoy(listen: int, upstream: int, concurrency: int) -> Iterator[tuple[str, int]]:
+    """Envoy with only tcp_proxy from `listen` to `upstream`: (its bootstrap, its pid)."""
     from keg.embedded.envoy import envoy_binary
     from keg.gateway import wait_for_port
 
@@ -244,10 +258,17 @@ def tcp_proxy_envoy(listen: int, upstream: int, concurrency: int) -> Iterator[st
                 stdout=out, stderr=subprocess.STDOUT)
             try:
                 wait_for_port("127.0.0.1", listen, 30)
-                yield f"127.0.0.1:{listen}"
+                yield f"127.0.0.1:{listen}", process.pid
             finally:
                 process.terminate()
                 process.wait(10)
+
+
+def gateway_cpu_seconds(gateway: Gateway) -> float:
+    """CPU seconds keg's Envoy and ext_proc workers used so far (the control plane runs in
+    this process, idle while records flow, and is not counted)."""
+    envoy = gateway.envoy.pid if gateway.envoy is not None else None
+    return process_cpu_seconds([envoy, *(w.current_pid() for w in gateway.workers)])
 
 
 def median(rounds: Sequence[Mapping[str, Sample]], path: str, key: str) -> float | None:
@@ -263,7 +284,8 @@ def measured(rounds: Sequence[Mapping[str, Sample]]) -> list[str]:
 
 
 def table(rounds: Sequence[Mapping[str, Sample]], keys: Sequence[str]) -> list[list[str]]:
-    labels = {m.key: m.label for m in METRICS}
+    labels = {m.key: m.label for m in METRICS} | {
+        key: f"{label}: Envoy + keg CPU s per GB" for key, label in CPU_LABELS.items()}
     rows = []
     for key in keys:
         direct = median(rounds, DIRECT, key)
@@ -337,9 +359,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         kafka = stack.enter_context(proxied_kafka(proxied, proxy))
         paths = {DIRECT: kafka.bootstrap}
+        cpu_clocks: dict[str, CpuClock] = {}
         if TCP_PROXY in wanted:
-            paths[TCP_PROXY] = stack.enter_context(
+            paths[TCP_PROXY], proxy_pid = stack.enter_context(
                 tcp_proxy_envoy(proxy, proxied, args.envoy_concurrency))
+            cpu_clocks[TCP_PROXY] = functools.partial(process_cpu_seconds, [proxy_pid])
         for path, (data_path, module_metrics) in GATEWAYS.items():
             if path in wanted:
                 gateway = stack.enter_context(Gateway(GatewaySettings(
@@ -347,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     envoy_concurrency=args.envoy_concurrency, ext_proc_log_level="WARNING",
                     data_path=data_path, module_metrics_port=module_metrics)))
                 paths[path] = gateway.bootstrap
+                cpu_clocks[path] = functools.partial(gateway_cpu_seconds, gateway)
 
         def status(text: str) -> contextlib.AbstractContextManager[Any]:
             log.info("%s", text)
@@ -371,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = [record_rules.order_value(i, args.record_size)
                   for i in range(args.handoff_records)]
         for number in range(1, params.repeat + 1):
-            rounds.append(run_round(number, paths, kafka.bootstrap, params, status, prefix))
+            rounds.append(run_round(number, paths, kafka.bootstrap, params, status, prefix,
+                                    cpu_clocks=cpu_clocks))
             if len(handoff_paths) > 1:
                 handoff_rounds.append(handoff_round(number, handoff_paths, kafka.bootstrap,
                                                     values))
