@@ -458,7 +458,9 @@ class RulesFilter(RuleSetJudge):
                        else self._deny_in_session(ctx, header, conn, body)
                        if api_key in _SESSION_FETCHES
                        else self._refuse_groups_of_denied_topics(ctx, header, conn)
-                       if api_key in _GROUP_DESCRIBES else None)
+                       if api_key in _GROUP_DESCRIBES
+                       else self._hide_transaction_topics(ctx)
+                       if api_key == ApiKey.DESCRIBE_TRANSACTIONS else None)
         elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
             # Recorded above, each denied topic once.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
@@ -649,6 +651,26 @@ class RulesFilter(RuleSetJudge):
             return changed
 
         return RequestVerdict(patch=refuse)
+
+    def _hide_transaction_topics(self, ctx: MatchContext) -> RequestVerdict | None:
+        """DescribeTransactions names transactional ids; its answer lists the partitions
+        each open transaction writes. A topic a rule denies is left out of it, as Kafka
+        leaves out the topics the caller may not describe."""
+        rules = self._topic_denials(ctx)
+        if not rules:
+            return None
+
+        def hide(response: dict[str, Any]) -> bool:
+            changed = False
+            for state in response.get("TransactionStates") or ():
+                topics = state.get("Topics") or []
+                kept = [t for t in topics
+                        if not any(r.matches(ctx, t.get("Topic")) for r in rules)]
+                changed |= kept != topics
+                state["Topics"] = kept
+            return changed
+
+        return RequestVerdict(patch=hide)
 
     def _hide_offsets(self, ctx: MatchContext, body: dict[str, Any]) -> RequestVerdict | None:
         """An OffsetFetch for all of a group's topics (null topics): leave the topics a

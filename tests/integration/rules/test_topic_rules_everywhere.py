@@ -153,3 +153,33 @@ def test_a_fetch_by_topic_id_is_denied(kafka: EmbeddedKafka, guarded: Gateway) -
     finally:
         consumer.close()
     assert values == [] and errors == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_an_open_transaction_is_described_without_its_denied_topics(
+        kafka: EmbeddedKafka, guarded: Gateway, secret: str) -> None:
+    """DescribeTransactions names no topic, yet its answer lists the partitions an open
+    transaction writes: a denied topic is left out of it, as Kafka leaves out the topics
+    a caller may not describe (regression: kafka-transactions.sh named the secret topic)."""
+    other = create_topic(kafka.bootstrap)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": kafka.bootstrap,
+                         "transactional.id": transactional_id})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(secret, b"classified")
+    producer.produce(other, b"public")
+    assert producer.flush(30) == 0
+    try:
+        def described(bootstrap: str) -> str:
+            done = run_java_tool("transactions", "--bootstrap-server", bootstrap, "describe",
+                                 "--transactional-id", transactional_id, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+            return done.stdout
+
+        direct = described(kafka.bootstrap)
+        assert f"{secret}-0" in direct and f"{other}-0" in direct  # the broker lists both
+        through = described(guarded.bootstrap)
+        assert f"{other}-0" in through and "Ongoing" in through
+        assert secret not in through
+    finally:
+        producer.abort_transaction(30)
