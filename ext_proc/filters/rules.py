@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,12 @@ _GROUP_DESCRIBES = frozenset({ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP
 # Kafka's own message for such a group when the caller may not describe one of its topics.
 _GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is not "
                              "authorized to describe.")
+# Answers that list topics their requests do not name: an open transaction's partitions
+# (the request names transactional ids), config resources (it names resource types).
+_TOPIC_LISTING_APIS = frozenset({ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_CONFIG_RESOURCES})
+_TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
+# A list of an answer: the dict holding it, its key, the topic an entry names (or None).
+TopicListing = tuple[dict[str, Any], str, Callable[[dict[str, Any]], str | None]]
 # Refused per topic even when every topic it names is: the rest of the request (other
 # groups asking for all their topics) still has an answer to get.
 _ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
@@ -459,8 +465,8 @@ class RulesFilter(RuleSetJudge):
                        if api_key in _SESSION_FETCHES
                        else self._refuse_groups_of_denied_topics(ctx, header, conn)
                        if api_key in _GROUP_DESCRIBES
-                       else self._hide_transaction_topics(ctx)
-                       if api_key == ApiKey.DESCRIBE_TRANSACTIONS else None)
+                       else self._hide_listed_topics(ctx)
+                       if api_key in _TOPIC_LISTING_APIS else None)
         elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
             # Recorded above, each denied topic once.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
@@ -652,22 +658,22 @@ class RulesFilter(RuleSetJudge):
 
         return RequestVerdict(patch=refuse)
 
-    def _hide_transaction_topics(self, ctx: MatchContext) -> RequestVerdict | None:
-        """DescribeTransactions names transactional ids; its answer lists the partitions
-        each open transaction writes. A topic a rule denies is left out of it, as Kafka
-        leaves out the topics the caller may not describe."""
+    def _hide_listed_topics(self, ctx: MatchContext) -> RequestVerdict | None:
+        """An answer that lists topics its request did not name (`_topic_listings`):
+        the entries of a topic a rule denies are left out, as Kafka leaves out the topics
+        a caller may not describe (and as Metadata for all topics does here)."""
         rules = self._topic_denials(ctx)
         if not rules:
             return None
 
         def hide(response: dict[str, Any]) -> bool:
             changed = False
-            for state in response.get("TransactionStates") or ():
-                topics = state.get("Topics") or []
-                kept = [t for t in topics
-                        if not any(r.matches(ctx, t.get("Topic")) for r in rules)]
-                changed |= kept != topics
-                state["Topics"] = kept
+            for owner, key, topic_of in _topic_listings(ctx.api_key, response):
+                entries = owner.get(key) or []
+                kept = [e for e in entries if (name := topic_of(e)) is None
+                        or not any(r.matches(ctx, name) for r in rules)]
+                changed |= kept != entries
+                owner[key] = kept
             return changed
 
         return RequestVerdict(patch=hide)
@@ -905,6 +911,17 @@ def _denying(rules: list[CompiledRule], ctx: MatchContext, name: str | None,
     """The rules of `rules` that deny topic `name` in an answer; every one of them for
     a topic id the gateway cannot name (None): what no rule could judge is refused."""
     return [r for r in rules if name is None or r.matches(ctx, name, group)]
+
+
+def _topic_listings(api_key: int, response: dict[str, Any]) -> Iterator[TopicListing]:
+    """Where an answer of `_TOPIC_LISTING_APIS` lists topics: (the dict holding a list,
+    the list's key, the topic an entry of it names, None for an entry of no topic)."""
+    if api_key == ApiKey.DESCRIBE_TRANSACTIONS:
+        for state in response.get("TransactionStates") or ():
+            yield state, "Topics", lambda entry: entry.get("Topic")
+    elif api_key == ApiKey.LIST_CONFIG_RESOURCES:
+        yield response, "ConfigResources", lambda entry: (
+            entry.get("ResourceName") if entry.get("ResourceType") == _TOPIC_RESOURCE else None)
 
 
 def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:

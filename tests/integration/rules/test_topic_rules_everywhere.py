@@ -25,9 +25,11 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType
 
+from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_settings, rule_dir
+from tests.integration.raw_kafka import RawConnection
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +185,23 @@ def test_an_open_transaction_is_described_without_its_denied_topics(
         assert secret not in through
     finally:
         producer.abort_transaction(30)
+
+
+def test_config_resources_of_denied_topics_are_not_listed(kafka: EmbeddedKafka,
+                                                          guarded: Gateway, secret: str) -> None:
+    """ListConfigResources (Kafka 4.1, KIP-1142) names resource types; its answer lists
+    every topic. A denied topic is left out, as Metadata for all topics leaves it out
+    (regression: the secret topic was listed). kafka-configs.sh lists topics' configs
+    without naming them too."""
+    other = create_topic(kafka.bootstrap)
+    connection = RawConnection(guarded.bootstrap)
+    try:
+        listed = connection.request(ApiKey.LIST_CONFIG_RESOURCES, 1, {"ResourceTypes": [2]})
+    finally:
+        connection.close()
+    names = {resource["ResourceName"] for resource in listed["ConfigResources"]}
+    assert other in names and secret not in names
+    done = run_java_tool("configs", "--bootstrap-server", guarded.bootstrap, "--describe",
+                         "--entity-type", "topics", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"topic {other} " in done.stdout and secret not in done.stdout
