@@ -100,8 +100,10 @@ _GROUP_DESCRIBES = frozenset({ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP
 _GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is not "
                              "authorized to describe.")
 # Answers that list topics their requests do not name: an open transaction's partitions
-# (the request names transactional ids), config resources (it names resource types).
-_TOPIC_LISTING_APIS = frozenset({ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_CONFIG_RESOURCES})
+# (the request names transactional ids), config resources (it names resource types), and
+# every topic's log directories and reassignments (the request names none: null topics).
+_TOPIC_LISTING_APIS = frozenset({ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_CONFIG_RESOURCES,
+                                 ApiKey.DESCRIBE_LOG_DIRS, ApiKey.LIST_PARTITION_REASSIGNMENTS})
 _TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
 # A list of an answer: the dict holding it, its key, the topic an entry names (or None).
 TopicListing = tuple[dict[str, Any], str, Callable[[dict[str, Any]], str | None]]
@@ -922,6 +924,11 @@ def _topic_listings(api_key: int, response: dict[str, Any]) -> Iterator[TopicLis
     elif api_key == ApiKey.LIST_CONFIG_RESOURCES:
         yield response, "ConfigResources", lambda entry: (
             entry.get("ResourceName") if entry.get("ResourceType") == _TOPIC_RESOURCE else None)
+    elif api_key == ApiKey.DESCRIBE_LOG_DIRS:
+        for log_dir in response.get("Results") or ():
+            yield log_dir, "Topics", lambda entry: entry.get("Name")
+    elif api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        yield response, "Topics", lambda entry: entry.get("Name")
 
 
 def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:

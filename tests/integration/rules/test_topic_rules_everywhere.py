@@ -205,3 +205,22 @@ def test_config_resources_of_denied_topics_are_not_listed(kafka: EmbeddedKafka,
                          "--entity-type", "topics", timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"topic {other} " in done.stdout and secret not in done.stdout
+
+
+def test_log_dirs_of_every_topic_are_described_without_denied_topics(
+        kafka: EmbeddedKafka, guarded: Gateway, secret: str) -> None:
+    """DescribeLogDirs for every topic (kafka-log-dirs.sh without --topic-list) lists
+    each topic's partitions per log directory: a denied topic is left out, as Metadata
+    for all topics leaves it out (regression: its name and size were listed)."""
+    other = create_topic(kafka.bootstrap)
+
+    def described(bootstrap: str) -> str:
+        done = run_java_tool("log-dirs", "--bootstrap-server", bootstrap, "--describe",
+                             timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    direct = described(kafka.bootstrap)
+    assert f'"{secret}-0"' in direct and f'"{other}-0"' in direct
+    through = described(guarded.bootstrap)
+    assert f'"{other}-0"' in through and secret not in through
