@@ -260,3 +260,38 @@ def test_a_described_group_using_a_denied_topic_is_refused(api_key: int) -> None
     assert [(g["GroupId"], g["ErrorCode"], g["Members"]) for g in answer["Groups"][:3]] == [
         (g, 29, []) for g in ("a", "b", "c")]  # c: an id no rule could judge
     assert answer["Groups"][3] == open_group
+
+
+TOPIC, CLIENT_METRICS = 2, 16  # Kafka's ConfigResource.Type
+
+
+@pytest.mark.parametrize(("api_key", "request_body", "answer", "kept", "expected"), [
+    (ApiKey.DESCRIBE_TRANSACTIONS, {"TransactionalIds": ["tx"]},
+     {"TransactionStates": [{"TransactionalId": "tx", "Topics": [
+         {"Topic": "secret", "Partitions": [0]}, {"Topic": "orders", "Partitions": [1]}]}]},
+     lambda a: [t["Topic"] for t in a["TransactionStates"][0]["Topics"]], ["orders"]),
+    (ApiKey.LIST_CONFIG_RESOURCES, {"ResourceTypes": []},
+     {"ErrorCode": 0, "ConfigResources": [
+         {"ResourceName": "secret", "ResourceType": TOPIC},
+         {"ResourceName": "orders", "ResourceType": TOPIC},
+         {"ResourceName": "secret", "ResourceType": CLIENT_METRICS}]},
+     lambda a: [(r["ResourceName"], r["ResourceType"]) for r in a["ConfigResources"]],
+     [("orders", TOPIC), ("secret", CLIENT_METRICS)]),
+    (ApiKey.DESCRIBE_LOG_DIRS, {"Topics": None},
+     {"Results": [{"LogDir": "/d", "Topics": [{"Name": "secret", "Partitions": []},
+                                               {"Name": "orders", "Partitions": []}]}]},
+     lambda a: [t["Name"] for t in a["Results"][0]["Topics"]], ["orders"]),
+    (ApiKey.LIST_PARTITION_REASSIGNMENTS, {"Topics": None, "TimeoutMs": 1000},
+     {"Topics": [{"Name": "secret", "Partitions": []}, {"Name": "orders", "Partitions": []}]},
+     lambda a: [t["Name"] for t in a["Topics"]], ["orders"]),
+])
+def test_answers_listing_topics_the_request_did_not_name_leave_denied_ones_out(
+        api_key: int, request_body: dict[str, Any], answer: dict[str, Any], kept: Any,
+        expected: list[Any]) -> None:
+    f, _ = rules_filter("secret")
+    version = 1 if api_key == ApiKey.LIST_CONFIG_RESOURCES else 0
+    verdict = f.judge(RequestHeader(api_key, version, 1, "c", {}), request_body, CONN)
+    assert verdict is not None and verdict.answer is None and verdict.patch is not None
+    assert verdict.patch(answer)
+    assert kept(answer) == expected
+    assert not verdict.patch(answer)  # nothing left to leave out
