@@ -7,14 +7,18 @@ for. A declared Content-Length over the limit is refused before anything is read
 
 JSON bodies are also refused when nested deeper than `MAX_JSON_DEPTH`: Python's JSON
 decoder recurses per level, and no request of this API nests that deep (rule files
-have the same bound, filter_rules._yaml.MAX_DEPTH).
+have the same bound, filter_rules._yaml.MAX_DEPTH); and when an object repeats a key:
+Python's decoder, like most, keeps the last copy without a word, so a rule written
+`{"action": {"observe": {}}, "action": {"deny": {}}}` became a deny of everything
+(rule files refuse a repeated key too, filter_rules._yaml).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from itertools import accumulate
-from typing import Final
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -55,6 +59,52 @@ def check_json_depth(raw: bytes) -> None:
         raise JsonTooDeep(depth)
 
 
+class RepeatedJsonKey(Problem):
+    def __init__(self, field: str, key: str) -> None:
+        super().__init__(422, "Invalid request", f"{field}: the key {key!r} is repeated in "
+                         "one object of the JSON body; which copy is meant cannot be told",
+                         kind="invalid-request", errors=[{
+                             "file": "request body", "line": None, "column": None,
+                             "field": field, "message": f"duplicate key {key!r}"}])
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as the decoder read it: every key, repeated ones too."""
+
+
+def repeated_key(raw: bytes | str) -> tuple[str, str] | None:
+    """The first key a JSON object of `raw` repeats: (its field path, `rules[0].action`;
+    the key), or None. Text that is not JSON has none: whoever reads it refuses it."""
+    try:
+        document = json.loads(raw, object_pairs_hook=_Pairs)
+    except (ValueError, RecursionError):
+        return None
+    return _first_repeat(document, "")
+
+
+def _first_repeat(value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, _Pairs):
+        seen: set[str] = set()
+        for key, item in value:
+            field = f"{path}.{key}" if path else key
+            if key in seen:
+                return field, key
+            seen.add(key)
+            if (found := _first_repeat(item, field)) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _first_repeat(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
+def check_json_keys(raw: bytes) -> None:
+    """Raise RepeatedJsonKey (422) for JSON with an object that repeats a key."""
+    if (found := repeated_key(raw)) is not None:
+        raise RepeatedJsonKey(*found)
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
@@ -72,8 +122,8 @@ def _declared_length(scope: Scope) -> int | None:
 
 class BodyGuard:
     """Reads every request body before the app does, bounded to `limit` bytes (413),
-    and JSON bodies to MAX_JSON_DEPTH levels (422), answering problem+json; the app
-    then gets the body as one message."""
+    and JSON bodies to MAX_JSON_DEPTH levels and to keys each object has once (422),
+    answering problem+json; the app then gets the body as one message."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -90,6 +140,7 @@ class BodyGuard:
             body = await self._read_all(receive)
             if _is_json(scope):
                 check_json_depth(body)
+                check_json_keys(body)
         except Problem as problem:
             await problem.response()(scope, receive, send)
             return

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from control_plane.api.body_guard import check_json_depth
+from control_plane.api.body_guard import check_json_depth, repeated_key
 from filter_rules import Rule, RuleError, RuleSet, RuleSetInvalid, load_rule_data, load_rule_text
 
 BODY: Final = "request body"
@@ -28,7 +28,14 @@ def parse_rule(raw: bytes, rule_id: str) -> Rule:
         raise _invalid(err.lineno, err.colno, "", f"not valid JSON: {err.msg}") from None
     if not isinstance(data, dict):
         raise _invalid(1, 1, "", "a rule is a JSON object")
-    if "id" not in data:
+    if (repeated := repeated_key(text)) is not None:
+        # The decoder kept the last copy; read as YAML, the text says where the key is.
+        field, key = repeated
+        raise _with_lines(RuleSetInvalid([RuleError(BODY, None, None, field,
+                                                    f"duplicate key {key!r}")]), text,
+                          require_id="id" in data) from None
+    id_from_url = "id" not in data
+    if id_from_url:
         data = {"id": rule_id, **data}
     elif data["id"] != rule_id:
         raise _invalid(None, None, "id",
@@ -36,18 +43,21 @@ def parse_rule(raw: bytes, rule_id: str) -> Rule:
     try:
         ruleset = load_rule_data([data], BODY)
     except RuleSetInvalid as err:
-        raise _with_lines(err, text) from None
+        raise _with_lines(err, text, require_id=not id_from_url) from None
     return ruleset.rules[0]
 
 
-def _with_lines(plain: RuleSetInvalid, text: str) -> RuleSetInvalid:
-    """The same errors with line and column, read from the JSON text as YAML."""
+def _with_lines(plain: RuleSetInvalid, text: str, require_id: bool) -> RuleSetInvalid:
+    """The same errors with line and column, read from the JSON text as YAML. Without
+    `require_id` the text leaves the id out (the URL gives it): the YAML reading's
+    complaint about the missing id is not one of `plain`'s."""
     located: tuple[RuleError, ...] = ()
     try:
         load_rule_text(f"[{text}]", BODY)  # a list of one rule; line 1 is one column off
     except RuleSetInvalid as err:
-        located = err.errors
-    if [e.field_path for e in located] != [e.field_path for e in plain.errors]:
+        located = tuple(e for e in err.errors
+                        if require_id or _unwrap(e).field_path != "id")
+    if [_unwrap(e).field_path for e in located] != [_unwrap(e).field_path for e in plain.errors]:
         located = plain.errors
     return RuleSetInvalid(_unwrap(e) for e in located)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,3 +330,36 @@ def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
         assert consumer.get_watermark_offsets(TopicPartition(denied, 0), timeout=30) == (0, 0)
     finally:
         consumer.close()
+
+
+def test_a_rule_written_with_a_repeated_key_is_refused_and_traffic_goes_on(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """A PUT whose JSON repeats a key: Python's decoder kept the last copy, so
+    `{"action": {"observe": {}}, "action": {"deny": {}}}` was stored as a deny without a
+    match and refused every request of every client (regression). It is now refused
+    with 422, whatever the Content-Type says (curl -d sends a form type), and with the
+    line and column of the repeated key; the gateway goes on serving."""
+    token = "admin-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    rules = rule_dir(tmp_path / "rules", {
+        "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
+    topic = create_topic(kafka.bootstrap)
+    body = b'{"action": {"observe": {}},\n "action": {"deny": {}}}'
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
+        assert produce_one(gateway.bootstrap, topic) is None
+        for content_type in ("application/json", "application/x-www-form-urlencoded"):
+            request = urllib.request.Request(
+                f"{api}/v1/rules/everything", data=body, method="PUT", headers={
+                    "Authorization": f"Bearer {token}", "Content-Type": content_type,
+                    "If-None-Match": "*"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            problem = json.loads(refused.value.read())
+            assert refused.value.code == 422, problem
+            (error,) = problem["errors"]
+            assert (error["field"], error["message"]) == ("action", "duplicate key 'action'")
+            if content_type != "application/json":  # read by the route: where it is
+                assert (error["line"], error["column"]) == (2, 2)
+        assert [r.id for r in store.rules()[1]] == ["watch"]
+        time.sleep(1.5)  # a change would have reached the fleet by now
+        assert produce_one(gateway.bootstrap, topic) is None

@@ -107,6 +107,31 @@ def test_writes_need_a_valid_bearer_token(client: TestClient) -> None:
     assert client.get("/v1/rules", headers=CI).status_code == 200
 
 
+def test_a_rule_body_without_its_id_keeps_the_location_of_its_errors(client: TestClient) -> None:
+    """The URL gives the id; the errors still say where in the body they are."""
+    response = client.put("/v1/rules/r1", content='{"match": {"topic": "a"},\n "action": {}}',
+                          headers=ADMIN)
+    assert response.status_code == 422
+    errors = {e["field"]: (e["line"], e["column"]) for e in response.json()["errors"]}
+    assert errors["match.topic"] == (1, 12)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
+def test_a_json_body_that_repeats_a_key_is_refused(client: TestClient, content_type: str) -> None:
+    """Decoders keep the last copy of a repeated key without a word: an `action` written
+    twice became the second one. Every JSON body of the API is refused instead."""
+    response = client.put("/v1/rules/r1", headers={**ADMIN, "Content-Type": content_type},
+                          content='{"action": {"observe": {}}, "action": {"deny": {}}}')
+    assert response.status_code == 422 and response.headers["content-type"] == PROBLEM
+    (error,) = response.json()["errors"]
+    assert (error["field"], error["message"]) == ("action", "duplicate key 'action'")
+    plan = '{"owner": "dir:rules", "owner": "dir:other", "files": {}}'
+    refused = client.post("/v1/apply", content=plan,
+                          headers={**ADMIN, "Content-Type": "application/json"})
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "owner"
+    assert client.get("/v1/rules", headers=ADMIN).json()["rules"] == []
+
+
 def test_reads_can_be_public_writes_never(public_client: TestClient) -> None:
     assert public_client.get("/v1/rules").status_code == 200
     assert public_client.get("/v1/versions").status_code == 200
