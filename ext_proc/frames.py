@@ -17,6 +17,8 @@ the chain holds only the filters that judge or learn (`frames_filters`).
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -81,6 +83,9 @@ class RequestReply:
     answer: bytes | None  # the gateway's own answer frame, for the request's slot
     want_response: bool  # hand the broker's answer to this request back here
     vouched: tuple[Vouch, ...] = ()  # schema ids the module may pass by itself
+    # Over a rate: how long the module holds the connection's next hand-offs back after
+    # this one (Kafka mutes a throttled client's channel alike, KIP-219); 0: not throttled.
+    throttle_ms: int = 0
 
 
 class FramesSession:
@@ -97,6 +102,9 @@ class FramesSession:
         # for each request whose answer was asked for (Kafka answers in order, the
         # module hands them in order).
         self._patches: dict[int, tuple[ResponsePatch | None, RequestAudit]] = {}
+        # Until when (time.monotonic()) the module holds this connection's hand-offs back
+        # for the rates its requests were over (RequestReply.throttle_ms).
+        self._muted_until = 0.0
 
     def request(self, raw: bytes, principal: str | None = None,
                 security_protocol: str | None = None,
@@ -124,7 +132,22 @@ class FramesSession:
             if self._meter is not None and not judged.answered:
                 self._meter.forwarded()
         return RequestReply(judged.to_broker, judged.answer, judged.want_response,
-                            self.take_vouched())
+                            self.take_vouched(), throttle_ms=self._pause_ms(judged.delay_s))
+
+    def _pause_ms(self, over_s: float) -> int:
+        """How much longer than already asked the module must hold the connection's next
+        hand-offs for a request `over_s` over a rate. The module pauses after each reply
+        in turn, and requests it sent before the first pause were all judged against one
+        bucket (each owing what the ones before it left), so a pause is what this
+        request's throttle adds to the connection's: the pauses then add up to the
+        throttle of the last one, not to the sum of all."""
+        if over_s <= 0:
+            return 0
+        now = time.monotonic()
+        until = now + over_s
+        pause = until - max(now, self._muted_until)
+        self._muted_until = max(self._muted_until, until)
+        return math.ceil(pause * 1000) if pause > 0 else 0
 
     def response(self, raw: bytes, api_key: int, api_version: int,
                  topic_ids: Mapping[str, str] | None = None) -> bytes:

@@ -433,6 +433,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                     reply_keg: dict[str, Any] = {"want_response": reply.want_response}
                     if reply.vouched:
                         reply_keg["vouched"] = [v.to_json() for v in reply.vouched]
+                    if reply.throttle_ms:
+                        reply_keg["throttle_ms"] = reply.throttle_ms
                     response.dynamic_metadata.update({METADATA_NAMESPACE: reply_keg})
                 elif request.HasField("write_data"):
                     out = await self._run(partial(

@@ -18,23 +18,32 @@ from typing import Final, Protocol
 from ext_proc.shared_slots import Clock, SharedSlots, key_hash
 from filter_rules.model import RateSpec
 
+# The most a bucket may owe, in seconds of its rate: the longest throttle it asks for.
+# Without a bound, a client that ignores throttle_time_ms (librdkafka does) ran a debt of
+# minutes that every client of the same key then paid, and that outlived the rule; Kafka
+# bounds its own quota throttles alike (by its quota window).
+MAX_DEBT_S: Final = 10.0
+
 
 def spend(spec: RateSpec, requests: float, nbytes_left: float, elapsed: float,
           nbytes: int) -> tuple[float, float, float]:
     """One request of `nbytes` against a bucket holding `requests` and `nbytes_left`
-    tokens, refilled for `elapsed` seconds (capped at the burst): the tokens left and the
-    seconds the caller is over its rate (0: within it)."""
+    tokens, refilled for `elapsed` seconds (capped at the burst, and owing at most
+    MAX_DEBT_S of the rate): the tokens left and the seconds the caller is over its
+    rate (0: within it)."""
     wait = 0.0
     if spec.requests_per_second:
-        cap = spec.requests_per_second * spec.burst_seconds
-        requests = min(cap, requests + elapsed * spec.requests_per_second) - 1
+        rate = spec.requests_per_second
+        requests = max(-rate * MAX_DEBT_S,
+                       min(rate * spec.burst_seconds, requests + elapsed * rate) - 1)
         if requests < 0:
-            wait = max(wait, -requests / spec.requests_per_second)
+            wait = max(wait, -requests / rate)
     if spec.bytes_per_second:
-        cap = spec.bytes_per_second * spec.burst_seconds
-        nbytes_left = min(cap, nbytes_left + elapsed * spec.bytes_per_second) - nbytes
+        rate = spec.bytes_per_second
+        nbytes_left = max(-rate * MAX_DEBT_S,
+                          min(rate * spec.burst_seconds, nbytes_left + elapsed * rate) - nbytes)
         if nbytes_left < 0:
-            wait = max(wait, -nbytes_left / spec.bytes_per_second)
+            wait = max(wait, -nbytes_left / rate)
     return requests, nbytes_left, wait
 
 

@@ -130,6 +130,24 @@ def test_fetch_by_topic_id_is_judged_with_the_given_principal_and_masked() -> No
     assert fetched_values(body) == [{"email": "****", "n": 1}]
 
 
+def test_requests_over_a_rate_ask_the_module_to_pause_only_for_what_each_adds() -> None:
+    """Requests the module sent before its first pause are judged back to back, each
+    owing what the ones before it left: their pauses add up to the last one's throttle
+    (regression: the sum of all throttles held a producer past its delivery timeout)."""
+    session = FramesSession(CONN, engine("""
+rules:
+  - id: slow
+    match: {apis: [Produce]}
+    action: {rate: {per: client_id, requests_per_second: 10, burst_seconds: 1}}
+"""))
+    replies = [session.request(produce(cid, "orders")) for cid in range(1, 31)]
+    assert [r.throttle_ms for r in replies[:10]] == [0] * 10  # the burst
+    paused = [r.throttle_ms for r in replies[10:]]
+    assert all(0 < ms <= 150 for ms in paused), paused  # a tenth of a second each
+    assert 1_900 <= sum(paused) <= 2_200  # 20 requests over at 10/s: 2 s in all
+    assert all(r.to_broker for r in replies)  # a throttle delays, it never refuses
+
+
 def test_a_response_not_asked_for_or_a_cut_frame_is_refused() -> None:
     session = FramesSession(CONN, engine())
     with pytest.raises(FrameError):

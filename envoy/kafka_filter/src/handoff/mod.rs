@@ -17,6 +17,8 @@
 //!   one could not be told apart) and the stream is dropped; the next message opens a
 //!   new one.
 //! - A stream that breaks fails its unanswered messages the same way.
+//! - Throttles: a reply that says its request was over a rate (`keg.throttle_ms`) holds
+//!   the connection's next messages back that long (`Task::pause`).
 //! - Closed connections: the filter closes its link on destroy; answers that come later
 //!   are dropped (counted) and the task ends, dropping its stream.
 
@@ -282,8 +284,12 @@ impl Task {
                 reply = exchange.next(), if !unanswered.is_empty() => match reply {
                     Some(Ok(reply)) => {
                         let Some(u) = unanswered.pop_front() else { continue };
+                        let throttle = proto::throttle(&reply);
                         if !self.link.deliver(u.id, proto::resolution(u.direction, reply)) {
                             return false;
+                        }
+                        if let Some(pause) = throttle {
+                            self.pause(pause, &mut unanswered).await;
                         }
                     }
                     Some(Err(_)) | None => return self.fail(&mut unanswered, Failure::Unavailable),
@@ -294,6 +300,19 @@ impl Task {
                     None => return false, // the connection is gone: drop the stream
                 },
             }
+        }
+    }
+
+    /// A request over a rate was answered: its answer goes at once, with the throttle
+    /// time Kafka's clients back off on; the connection's next hand-offs wait `pause`,
+    /// as Kafka mutes a throttled client's channel (KIP-219), so a client that ignores
+    /// the throttle time (librdkafka) is held to the rate too. Messages sent before wait
+    /// as long more for their answers; those not sent yet stay in the queue, whose
+    /// per-connection bound then stops the connection's reads.
+    async fn pause(&self, pause: Duration, unanswered: &mut VecDeque<Unanswered>) {
+        tokio::time::sleep(pause).await;
+        for u in unanswered.iter_mut() {
+            u.deadline += pause;
         }
     }
 

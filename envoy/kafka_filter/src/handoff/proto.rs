@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use prost_types::value::Kind;
@@ -113,6 +114,19 @@ fn want_response(metadata: Option<&Struct>) -> bool {
     matches!(keg(metadata).and_then(|s| s.fields.get("want_response")).and_then(|v| v.kind.as_ref()), Some(Kind::BoolValue(true)))
 }
 
+/// The longest pause a reply may ask for (`keg.throttle_ms`), as the service bounds what
+/// a rate may owe (`ext_proc.filters.rates.MAX_DEBT_S`).
+pub const MAX_THROTTLE: Duration = Duration::from_secs(10);
+
+/// `keg.throttle_ms`: the request was over a rate; the connection's next hand-offs wait
+/// this long (bounded by [`MAX_THROTTLE`]). None when absent, zero or not a number.
+pub fn throttle(reply: &ProcessingResponse) -> Option<Duration> {
+    match keg(reply.dynamic_metadata.as_ref()).and_then(|s| s.fields.get("throttle_ms")).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::NumberValue(ms)) if *ms >= 1.0 => Some(Duration::from_secs_f64(ms / 1000.0).min(MAX_THROTTLE)),
+        _ => None,
+    }
+}
+
 /// `keg.vouched`: `[{"topic": ..., "ids": [...], "ttl_ms": ..., "json_schemas": {"<id>":
 /// "<JSON Schema>"}}]` (`json_schemas`: ids whose payloads must meet a schema, optional).
 /// Entries that are not of that shape are left out, and so is an id whose schema does
@@ -184,9 +198,28 @@ pub fn resolution(direction: Direction, reply: ProcessingResponse) -> Resolution
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use prost::Message;
+
+    /// A reply whose `keg` metadata holds `fields`.
+    pub(crate) fn with_keg(mut reply: ProcessingResponse, fields: Vec<(&str, Value)>) -> ProcessingResponse {
+        let keg = Struct { fields: fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect() };
+        reply.dynamic_metadata = Some(Struct { fields: BTreeMap::from([(NAMESPACE.to_string(), Value { kind: Some(Kind::StructValue(keg)) })]) });
+        reply
+    }
+
+    #[test]
+    fn a_throttle_is_a_bounded_pause_and_anything_else_is_none() {
+        let ms = |n: f64| vec![("throttle_ms", Value { kind: Some(Kind::NumberValue(n)) })];
+        let reply = |fields| with_keg(ProcessingResponse::default(), fields);
+        assert_eq!(throttle(&reply(ms(250.0))), Some(Duration::from_millis(250)));
+        assert_eq!(throttle(&reply(ms(3_600_000.0))), Some(MAX_THROTTLE));
+        for none in [ms(0.0), ms(-5.0), ms(f64::NAN), vec![("throttle_ms", Value { kind: Some(Kind::StringValue("9".into())) })], vec![]] {
+            assert_eq!(throttle(&reply(none)), None);
+        }
+        assert_eq!(throttle(&ProcessingResponse::default()), None);
+    }
 
     #[test]
     fn replies_mean_what_the_protocol_says() {

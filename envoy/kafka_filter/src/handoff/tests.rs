@@ -7,12 +7,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use prost_types::value::Kind;
+use prost_types::Value;
+
 use super::proto::{self, ProcessingRequest, ProcessingResponse};
 use super::*;
 use crate::core::handoff::HandOff;
 
 /// Endpoint names say how the fake service behaves: `echo`, `dead`, `silent`,
-/// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message).
+/// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message),
+/// `throttles` (echoes, each reply saying its request was over a rate by [`THROTTLE`]).
 #[derive(Default)]
 pub(crate) struct FakeService {
     /// Streams opened: endpoint and initial metadata.
@@ -20,6 +24,8 @@ pub(crate) struct FakeService {
 }
 
 type Metadata = Vec<(String, String)>;
+
+const THROTTLE: Duration = Duration::from_millis(800);
 
 struct FakeExchange {
     requests: mpsc::UnboundedSender<ProcessingRequest>,
@@ -45,7 +51,11 @@ impl Connector for FakeService {
                         _ => {}
                     }
                     // Echo: the frame back where it came from.
-                    let reply = ProcessingResponse { read_data: request.read_data, write_data: request.write_data, ..Default::default() };
+                    let mut reply = ProcessingResponse { read_data: request.read_data, write_data: request.write_data, ..Default::default() };
+                    if mode == "throttles" {
+                        let pause = Value { kind: Some(Kind::NumberValue(THROTTLE.as_millis() as f64)) };
+                        reply = proto::tests::with_keg(reply, vec![("throttle_ms", pause)]);
+                    }
                     if outgoing.send(reply).is_err() {
                         return;
                     }
@@ -212,4 +222,20 @@ fn one_wake_per_batch_of_answers() {
     link.close();
     assert!(!link.deliver(1, Resolution::Close));
     assert!(link.is_closed());
+}
+
+#[test]
+fn a_throttled_answer_goes_at_once_and_holds_the_connections_next_ones_back_without_timing_them_out() {
+    let (rt, _) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    // The pause (800 ms) is longer than the timeout (300 ms): the held message's deadline
+    // moves with the pause, or it would fail.
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["throttles:1"], 300));
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    conn.send(outgoing(2, Direction::Request, b"next"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"over"))]);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(link.take().is_empty(), "the next answer waits for the pause");
+    assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"next"))]);
 }
