@@ -360,7 +360,11 @@ class RecordsFilter(RuleSetJudge):
         pieces: list[bytes | memoryview] = []
         changed = False
         ledger = self._engine.sequences
-        for entry in iter_batches(data):
+        try:
+            entries = list(iter_batches(data))
+        except KafkaWireError as err:  # a corrupt size or an unknown magic, as the broker says
+            return None, _corrupt(partition, err)
+        for entry in entries:
             if not isinstance(entry, BatchView) or entry.is_control:
                 pieces.append(entry.raw)
                 continue
@@ -464,7 +468,11 @@ class RecordsFilter(RuleSetJudge):
                 refused.append(_refusal_code(outcome))
             return outcome.records
 
-        new = rewrite_records(data, rewrite)
+        try:
+            new = rewrite_records(data, rewrite)
+        except KafkaWireError as err:  # a corrupt size or an unknown magic
+            log.warning("fetched records of %s-%d do not decode: %s", topic, index, err)
+            refused.append(ErrorCode.CORRUPT_MESSAGE)
         if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
             return withhold_partitions((partition,), refused[0])

@@ -25,12 +25,19 @@ import cramjam
 import google_crc32c
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection, TopicPartition
 
 import kafka_wire
 from kafka_wire import ApiKey
 from kafka_wire.compression import Compression
-from kafka_wire.records import BatchHeader, Record, encode_batch
+from kafka_wire.records import (
+    BatchHeader,
+    BatchView,
+    Record,
+    decode_records,
+    encode_batch,
+    iter_batches,
+)
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_settings, rule_dir
@@ -189,6 +196,115 @@ def test_a_value_too_deep_to_mask_is_withheld_at_fetch(kafka: EmbeddedKafka,
     # The deep record never leaves the gateway; the next one comes, masked.
     assert got == [b'{"card":"****"}']
     assert not any(b"4111" in value for value in got)
+
+
+CORRUPT_MESSAGE = 2
+# A header name that is not UTF-8, as kafka_wire reads it (surrogateescape): clients that
+# take header names as bytes (librdkafka's C API, Go's) can write one.
+ODD_HEADER = b"\xff\xfebad".decode("utf-8", "surrogateescape")
+
+
+def produce_answer(bootstrap: str, topic: str, records: bytes) -> int:
+    """The error code of a Produce of `records` to `topic`, on a raw connection."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(produce_frame(1, topic, records))
+        _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
+    return int(answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"])
+
+
+def test_a_produced_batch_whose_crc_is_wrong_is_refused_as_the_broker_refuses_it(
+        kafka: EmbeddedKafka, guarded: Gateway) -> None:
+    """A batch corrupted on its way in (its CRC no longer matches its bytes) was masked
+    and written again with a CRC of its own: the broker stored the corrupted key and the
+    changed amount as sound (regression). keg now checks a produced batch's CRC before a
+    rule reads it, and answers CORRUPT_MESSAGE as the broker does."""
+    topic = create_topic(kafka.bootstrap, name=f"pii.crc-{uuid.uuid4().hex[:6]}")
+    plain = create_topic(kafka.bootstrap, name=f"plain.crc-{uuid.uuid4().hex[:6]}")
+    sound = encode_batch(BatchHeader(base_timestamp=1_700_000_000_000), [
+        Record(0, 0, b"KEY-A", b'{"card": "4111111111111111", "amount": 100}', [])])
+    corrupted = bytearray(sound)
+    corrupted[sound.index(b"KEY-A") + 4] = ord("Z")
+    corrupted[sound.index(b"100")] = ord("9")  # the CRC is left as it was
+    crc_flipped = bytearray(sound)
+    crc_flipped[17] ^= 0xFF  # the bytes are sound, their CRC is not
+    magic_7 = bytearray(sound)
+    magic_7[16] = 7  # a magic no Kafka knows: the connection was closed
+    for batch in (bytes(corrupted), bytes(crc_flipped), bytes(magic_7)):
+        assert produce_answer(kafka.bootstrap, plain, batch) == CORRUPT_MESSAGE  # the broker
+        assert produce_answer(guarded.bootstrap, topic, batch) == CORRUPT_MESSAGE
+    assert produce_answer(guarded.bootstrap, topic, sound) == 0
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"c-{uuid.uuid4()}"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 1)
+    finally:
+        consumer.close()
+
+
+def fetched(bootstrap: str, topics: dict[str, uuid.UUID]) -> dict[str, list[Record]]:
+    """The records a raw Fetch v17 (by topic id) of partition 0 of each topic reads,
+    after a Metadata request for them on the same connection."""
+    host, port = bootstrap.rsplit(":", 1)
+    body = {"ReplicaId": -1, "MaxWaitMs": 100, "MinBytes": 1, "MaxBytes": 1 << 20,
+            "IsolationLevel": 0, "SessionId": 0, "SessionEpoch": -1, "Topics": [
+                {"TopicId": topic_id, "Partitions": [
+                    {"Partition": 0, "CurrentLeaderEpoch": -1, "FetchOffset": 0,
+                     "LastFetchedEpoch": -1, "LogStartOffset": -1,
+                     "PartitionMaxBytes": 1 << 20}]} for topic_id in topics.values()],
+            "ForgottenTopicsData": [], "RackId": ""}
+    names = {topic_id: name for name, topic_id in topics.items()}
+    metadata = {"Topics": [{"Name": name, "TopicId": uuid.UUID(int=0)} for name in topics],
+                "AllowAutoTopicCreation": False, "IncludeTopicAuthorizedOperations": False}
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        # As clients do: Metadata first, which names the ids (the gateway learns them).
+        sock.sendall(kafka_wire.encode_request(
+            kafka_wire.RequestHeader(ApiKey.METADATA, 12, 1, "raw-fetch", {}), metadata))
+        read_frame(sock)
+        sock.sendall(kafka_wire.encode_request(
+            kafka_wire.RequestHeader(ApiKey.FETCH, 17, 2, "raw-fetch", {}), body))
+        _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.FETCH, 17)
+    got: dict[str, list[Record]] = {}
+    for topic in answer["Responses"]:
+        (partition,) = topic["Partitions"]
+        assert partition["ErrorCode"] == 0, partition
+        got[names[topic["TopicId"]]] = [
+            r for b in iter_batches(partition["Records"]) if isinstance(b, BatchView)
+            for r in decode_records(b)]
+    return got
+
+
+def topic_id(bootstrap: str, topic: str) -> uuid.UUID:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    found = admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id
+    high, low = found.get_most_significant_bits(), found.get_least_significant_bits()
+    return uuid.UUID(int=((high % (1 << 64)) << 64) | (low % (1 << 64)))
+
+
+def test_a_header_name_that_is_not_utf8_is_masked_around_not_a_closed_connection(
+        kafka: EmbeddedKafka, guarded: Gateway) -> None:
+    """A record whose header name is not UTF-8, on a ruled topic: the worker could not
+    weigh the record and closed the connection. At produce the producer never got an
+    answer; at fetch every partition the consumer read from that broker was lost with
+    it, again at each retry (regression: a consumer of that partition and two others
+    read nothing). The header name now goes through byte for byte."""
+    produced = create_topic(kafka.bootstrap, name=f"pii.hdr-{uuid.uuid4().hex[:6]}")
+    stored = create_topic(kafka.bootstrap, name=f"fpii.hdr-{uuid.uuid4().hex[:6]}")
+    plain = create_topic(kafka.bootstrap, name=f"plain.hdr-{uuid.uuid4().hex[:6]}")
+    batch = encode_batch(BatchHeader(base_timestamp=1_700_000_000_000), [
+        Record(0, 0, b"k", b'{"card": "4111111111111111"}', [(ODD_HEADER, b"v")])])
+    assert produce_answer(guarded.bootstrap, produced, batch) == 0
+    assert produce_answer(kafka.bootstrap, stored, batch) == 0  # written directly
+    assert produce_answer(kafka.bootstrap, plain, encode_batch(
+        BatchHeader(base_timestamp=1_700_000_000_000), [Record(0, 0, b"k", b"plain", [])])) == 0
+    ids = {name: topic_id(kafka.bootstrap, name) for name in (produced, stored, plain)}
+    direct = fetched(kafka.bootstrap, {produced: ids[produced]})[produced]
+    through = fetched(guarded.bootstrap, {stored: ids[stored], plain: ids[plain]})
+    for record in (direct[0], through[stored][0]):
+        assert record.value == b'{"card":"****"}'
+        assert record.headers == [(ODD_HEADER, b"v")]
+    assert [r.value for r in through[plain]] == [b"plain"]
 
 
 def closed_sockets(sockets: list[socket.socket], at_least: int,
