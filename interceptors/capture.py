@@ -249,12 +249,19 @@ class CaptureWriter:
         import pyarrow as pa
 
         columns: list[Any] = list(zip(*rows, strict=True))
-        columns[6] = [[{"key": k, "value": v} for k, v in headers] for headers in columns[6]]
+        columns[6] = [[{"key": _text(k), "value": v} for k, v in headers]
+                      for headers in columns[6]]
         return pa.Table.from_arrays(
             [pa.array(col, type=field.type) for col, field in zip(columns, self.schema,
                                                                    strict=True)],
             schema=self.schema,
         )
+
+
+def _text(name: str) -> str:
+    """A header name as Parquet's UTF-8 strings can hold it: a name that is not UTF-8
+    (kafka_wire reads it with surrogateescape) keeps its odd bytes as `\\xNN` escapes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _date(row: Row) -> str:

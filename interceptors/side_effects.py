@@ -171,7 +171,8 @@ def record_json(record: InterceptedRecord) -> bytes:
 
     `key_b64` is the key in base64 (null for none); the value is `value` (text) when
     it is UTF-8, else `value_b64`; each header is {"name", "value"} likewise (or
-    "value_b64"). `offset` is null at produce time.
+    "value_b64"; "name_b64" for a name that is not UTF-8). `offset` is null at produce
+    time.
     """
     body: dict[str, Any] = {
         "topic": record.topic,
@@ -182,9 +183,20 @@ def record_json(record: InterceptedRecord) -> bytes:
     }
     body.update(text_or_b64("value", record.value))
     body["headers"] = [
-        {"name": name, **text_or_b64("value", value)} for name, value in record.headers
+        {**_header_name(name), **text_or_b64("value", value)} for name, value in record.headers
     ]
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _header_name(name: str) -> dict[str, str | None]:
+    """`{"name": text}`, or `{"name_b64": ...}` for a name that is not UTF-8 (decoded with
+    surrogateescape, as kafka_wire reads header names): JSON text cannot carry it."""
+    raw = name.encode("utf-8", "surrogateescape")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"name_b64": _b64(raw)}
+    return {"name": name}
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -170,3 +170,18 @@ def test_the_engine_runs_capture_rules(tmp_path: Path) -> None:
     assert [(s.rule_id, s.effect) for s in outcome.steps] == [("cap", "unchanged")]
     assert other.steps == []
     assert read_capture(tmp_path).column("key").to_pylist() == [b"k7"]
+
+
+def test_a_header_name_that_is_not_utf8_is_captured_with_its_odd_bytes_escaped(
+        tmp_path: Path) -> None:
+    """kafka_wire reads such a name with surrogateescape; Parquet strings are UTF-8 and
+    refused it, which failed the capture of the whole batch."""
+    odd = b"\xff\xfebad".decode("utf-8", "surrogateescape")
+    capture = build_capture(CaptureSpec(path="cap"), BuildContext(base_dir=tmp_path))
+    record = InterceptedRecord("orders", 0, b"k", b"v", [(odd, b"1"), ("ok", b"2")],
+                               1_700_000_000_000, None, "User:alice", "produce")
+    assert capture.intercept(record) is record
+    capture.close()
+    (row,) = read_capture(tmp_path / "cap").to_pylist()
+    assert row["headers"] == [{"key": "\\xff\\xfebad", "value": b"1"},
+                              {"key": "ok", "value": b"2"}]

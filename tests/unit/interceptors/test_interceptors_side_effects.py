@@ -81,6 +81,14 @@ def test_record_json() -> None:
     assert json.loads(record_json(rec(None)))["value"] is None
 
 
+def test_a_header_name_that_is_not_utf8_goes_in_base64() -> None:
+    """JSON text cannot carry it: encoding the copy failed, and with it the record."""
+    odd = b"\xff\xfebad".decode("utf-8", "surrogateescape")
+    record = InterceptedRecord("orders", 0, None, b"v", [(odd, b"1")], 1700, None)
+    assert json.loads(record_json(record))["headers"] == [
+        {"name_b64": base64.b64encode(b"\xff\xfebad").decode(), "value": "1"}]
+
+
 def test_http_sink_posts_each_copy(server: tuple[str, type[_Collector]]) -> None:
     url, handler = server
     sink = HttpCopySink(url, queue_size=10)
