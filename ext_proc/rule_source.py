@@ -22,19 +22,25 @@ from interceptors.engine import RecordEngine
 log = logging.getLogger(__name__)
 
 
-Signature = tuple[tuple[str, int, int], ...]
+# Per rule file: name, mtime, size, device, inode, ctime (of the file it leads to).
+Signature = tuple[tuple[str, int, int, int, int, int], ...]
 Loaded = TypeVar("Loaded")
 
 
 def directory_signature(directory: Path) -> Signature:
-    """What changes when a rule file is added, removed or written."""
+    """What changes when a rule file is added, removed, written or replaced. The file a
+    name leads to (symlinks followed) counts, not only its size and time: a file swapped
+    for another of the same size and modification time (Kubernetes' ConfigMap volumes
+    swap a `..data` symlink; `cp -p`, `rsync -a` and reproducible builds keep times) is
+    a change too."""
     entries = []
     for path in sorted(directory.glob("*.y*ml")):
         try:
             stat = path.stat()
         except OSError:
             continue
-        entries.append((path.name, stat.st_mtime_ns, stat.st_size))
+        entries.append((path.name, stat.st_mtime_ns, stat.st_size, stat.st_dev, stat.st_ino,
+                        stat.st_ctime_ns))
     return tuple(entries)
 
 

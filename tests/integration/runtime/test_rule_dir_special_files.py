@@ -95,3 +95,37 @@ def _stopped(up: KegUp) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+def test_a_rule_file_swapped_for_one_of_the_same_size_and_time_is_applied(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """Kubernetes mounts a ConfigMap as `name -> ..data/name`, `..data -> ..<version>`,
+    and swaps `..data` for a new version. A new file of the same size and modification
+    time (`cp -p`, `rsync -a` and reproducible builds keep times too) was never noticed:
+    the old rules stayed enforced (regression). The file a name leads to now counts."""
+    from keg.gateway import Gateway
+    from tests.integration.conftest import gateway_settings
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for version, prefix in (("..v1", "aa."), ("..v2", "bb.")):
+        (rules / version).mkdir()
+        (rules / version / "k8s.yaml").write_text(
+            f"rules:\n  - id: deny\n    match: {{apis: [Produce], topics: {{prefix: "
+            f"[{prefix}]}}}}\n    action: {{deny: {{}}}}\n")
+    first, second = rules / "..v1" / "k8s.yaml", rules / "..v2" / "k8s.yaml"
+    os.utime(second, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns))
+    (rules / "..data").symlink_to("..v1")
+    (rules / "k8s.yaml").symlink_to("..data/k8s.yaml")
+    aa = create_topic(kafka.bootstrap, name=f"aa.{time.monotonic_ns()}")
+    bb = create_topic(kafka.bootstrap, name=f"bb.{time.monotonic_ns()}")
+    with Gateway(gateway_settings(kafka, tmp_path / "work", rules_dir=rules)) as gateway:
+        assert produce_one(gateway.bootstrap, aa) == "TOPIC_AUTHORIZATION_FAILED"
+        assert produce_one(gateway.bootstrap, bb) is None
+        (rules / "..data.tmp").symlink_to("..v2")
+        os.replace(rules / "..data.tmp", rules / "..data")  # the swap, atomic
+        deadline = time.monotonic() + HANG
+        while produce_one(gateway.bootstrap, bb) is None:
+            assert time.monotonic() < deadline, "the swapped rule file was never applied"
+            time.sleep(0.5)
+        assert produce_one(gateway.bootstrap, aa) is None
