@@ -10,7 +10,7 @@ ever part of a message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,26 @@ def secret_env_names(ruleset: RuleSet) -> set[str]:
     the process that builds those rules (the ext_proc service) must be given."""
     return {use.ref.env for rule in ruleset.rules if rule.mode != "disabled"
             for use in secret_uses(rule) if use.ref.env is not None}
+
+
+def env_refs_outside(ruleset: RuleSet, available: Collection[str], why: str
+                     ) -> list[RuleError]:
+    """One error, at its line, per secret an enabled rule reads from an environment
+    variable not in `available` (`why`: what those are, for the message)."""
+    errors = []
+    for rule in ruleset.rules:
+        if rule.mode == "disabled":
+            continue
+        source = ruleset.sources.get(rule.id)
+        for use in secret_uses(rule):
+            if use.ref.env is None or use.ref.env in available:
+                continue
+            where = locate_in_rule(source, use.path) if source is not None else None
+            errors.append(RuleError(
+                where.file if where else "<rules>", where.line if where else None,
+                where.column if where else None, f"{rule.id}.{format_path(use.path)}",
+                f"environment variable {use.ref.env} is not given to {why}"))
+    return errors
 
 
 def check_secrets(ruleset: RuleSet, environ: Mapping[str, str] | None = None

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry
 
@@ -62,6 +62,9 @@ from keg.security import (
     refuse_plaintext_tokens,
 )
 from keg.supervisor import Child, Supervisor
+
+if TYPE_CHECKING:
+    from filter_rules import RuleSet
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +110,16 @@ class ControlPlaneApp:
 
     def __init__(self, settings: ControlPlaneSettings, api: ApiOptions | None = None,
                  registry: CollectorRegistry | None = None,
-                 problems: Callable[[], list[str]] | None = None) -> None:
+                 problems: Callable[[], list[str]] | None = None,
+                 check: Callable[[RuleSet], None] | None = None) -> None:
         """`registry`: more series for the API's /metrics (the supervisor's); `problems`:
-        parts of the gateway that are down, which make /readyz answer 503."""
+        parts of the gateway that are down, which make /readyz answer 503; `check`: what
+        else a rule set must pass before the store takes it (RuleSetInvalid)."""
         self.settings = settings
         self.api = api
         self.registry = registry
         self.problems = problems
+        self.check = check
         self.store: Any = None
         self.plane: ControlPlane | None = None
         self.api_server: Any = None
@@ -144,7 +150,14 @@ class ControlPlaneApp:
         # A token file counts even while empty: tokens may be added to it at any time.
         refuse_plaintext_tokens(api.host, bool(tokens) or api.tokens_file is not None,
                                 api.tls is not None, api.insecure_tokens)
-        self.store = open_store(api.store_url, api.data_dir, validator=ruleset_validator())
+        validate, check = ruleset_validator(), self.check
+
+        def validator(ruleset: RuleSet) -> None:
+            validate(ruleset)
+            if check is not None:
+                check(ruleset)
+
+        self.store = open_store(api.store_url, api.data_dir, validator=validator)
         if api.rules_dir is not None:
             self._directory = DirectoryRuleProvider(api.rules_dir)
             self._apply_directory(at_start=True)
@@ -370,6 +383,8 @@ class ExtProcWorker:
     port: int = 0
     metrics_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
+    # The environment variables it was started with (None: not started yet).
+    env_names: frozenset[str] | None = None
 
     @property
     def component(self) -> str:
@@ -455,7 +470,8 @@ class Gateway(Service):
                     s.api, rules_dir=s.rules_dir,
                     audit_logs=s.api.audit_logs or self.audit_logs,
                     ext_proc_metrics=s.api.ext_proc_metrics or metrics),
-                    registry=self.registry, problems=self.supervisor.problems)
+                    registry=self.registry, problems=self.supervisor.problems,
+                    check=self._check_worker_env)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
@@ -571,8 +587,9 @@ class Gateway(Service):
             stream_args, stream_secrets = self._audit_stream_args(s.audit_kafka, worker)
             cmd += stream_args
             secrets = {**secrets, **stream_secrets}
-        worker.proc = subprocess.Popen(die_with_parent(cmd),
-                                       env=self._ext_proc_environment(secrets))
+        environment = self._ext_proc_environment(secrets)
+        worker.proc = subprocess.Popen(die_with_parent(cmd), env=environment)
+        worker.env_names = frozenset(environment)
         try:
             wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
             if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
@@ -587,6 +604,26 @@ class Gateway(Service):
         s = self.settings
         names = {*s.ext_proc_env, *self._rule_secret_env_names()}
         return child_environment((*PYTHON, *sorted(names)), {**s.extra_env, **secrets})
+
+    def _check_worker_env(self, ruleset: RuleSet) -> None:
+        """A rule set naming a key variable the running workers were not given is refused
+        (RuleSetInvalid, at the rule's line) before the store takes it. A worker's
+        environment is fixed when it starts, with the variables the rules named then: the
+        control plane (this process, whose environment may have it) accepted such a rule,
+        every worker refused it, and so every later version holding it, whatever else
+        they changed. Before the first worker starts, it is given what the rules name."""
+        from filter_rules import RuleSetInvalid
+        from interceptors.secrets import env_refs_outside
+
+        started = [w.env_names for w in self.workers if w.env_names is not None]
+        if not started:
+            return
+        available = frozenset.intersection(*started)
+        errors = env_refs_outside(ruleset, available, "the running ext_proc workers (they "
+                                  "get the variables the rules named when they started: "
+                                  "restart the gateway with it set)")
+        if errors:
+            raise RuleSetInvalid(errors)
 
     def _rule_secret_env_names(self) -> set[str]:
         """The environment variables the served rules read keys from: those of the

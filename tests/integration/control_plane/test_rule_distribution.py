@@ -157,13 +157,15 @@ def test_keg_up_gateway_takes_its_rules_from_the_control_plane(
 
 
 @contextlib.contextmanager
-def gateway_with_api(kafka: EmbeddedKafka, tmp_path: Path,
-                     rules_dir: Path) -> Iterator[tuple[Gateway, Any, str]]:
+def gateway_with_api(kafka: EmbeddedKafka, tmp_path: Path, rules_dir: Path,
+                     **overrides: Any) -> Iterator[tuple[Gateway, Any, str]]:
     """`keg up`'s arrangement: the directory applied to the store, the REST API (tokens
-    in tmp_path/tokens) and the fleet served from the store. (gateway, store, API URL)."""
+    in tmp_path/tokens) and the fleet served from the store. (gateway, store, API URL).
+    `overrides`: more GatewaySettings."""
     settings = gateway_settings(
         kafka, tmp_path / "work", rules_dir=rules_dir,
-        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"))
+        api=ApiOptions(data_dir=tmp_path / "store", port=0, tokens_file=tmp_path / "tokens"),
+        **overrides)
     with Gateway(settings) as gateway:
         assert gateway.app is not None and gateway.app.store is not None
         yield gateway, gateway.app.store, f"http://127.0.0.1:{gateway.app.api_server.port}"
@@ -172,9 +174,10 @@ def gateway_with_api(kafka: EmbeddedKafka, tmp_path: Path,
 def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
         kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`keg up`'s control plane (store, REST API, xDS) and its real ext_proc child. The
-    directory's second version names a key the ext_proc service does not have: it NACKs
-    it. The store marks it rejected, serves the first version again -- a fresh instance
-    gets that, not the rejected one -- and the API and `keg diff` never call it live."""
+    directory's second version names a key the ext_proc service cannot use (its variable
+    is given to the workers, with a value that is no key): it NACKs it. The store marks
+    it rejected, serves the first version again -- a fresh instance gets that, not the
+    rejected one -- and the API and `keg diff` never call it live."""
     monkeypatch.delenv("KEG_TEST_ABSENT_KEY", raising=False)  # the ext_proc child's env
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
@@ -185,7 +188,9 @@ def test_a_rule_set_the_ext_proc_service_refuses_is_rejected_and_never_served(
     (tmp_path / "tokens").write_text(f"ci:{token}\n")
     (tmp_path / "token").write_text(f"{token}\n")
     topic = create_topic(kafka.bootstrap, name=f"nack.{time.monotonic_ns()}")
-    with gateway_with_api(kafka, tmp_path, rules_dir) as (gateway, store, api):
+    with gateway_with_api(kafka, tmp_path, rules_dir, ext_proc_env=("KEG_TEST_ABSENT_KEY",),
+                          extra_env={"KEG_TEST_ABSENT_KEY": "not a key"}) as (
+            gateway, store, api):
 
         def get(path: str) -> Any:
             request = urllib.request.Request(f"{api}{path}",
@@ -363,3 +368,41 @@ def test_a_rule_written_with_a_repeated_key_is_refused_and_traffic_goes_on(
         assert [r.id for r in store.rules()[1]] == ["watch"]
         time.sleep(1.5)  # a change would have reached the fleet by now
         assert produce_one(gateway.bootstrap, topic) is None
+
+
+def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_nothing(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway has KEG_TEST_LATE_KEY; its ext_proc workers, started before any rule
+    named it, do not. A REST rule naming it was taken (this process could read it),
+    every worker refused the version, and every later version held the rule: a deny
+    then written to the rule directory was never enforced (regression). The rule is now
+    refused with 422, at its field; the directory's deny is enforced."""
+    monkeypatch.setenv("KEG_TEST_LATE_KEY", "11" * 32)
+    token = "admin-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    rules = rule_dir(tmp_path / "rules", {
+        "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
+    topic = create_topic(kafka.bootstrap, name=f"late.{time.monotonic_ns()}")
+    body = json.dumps({"match": {"topics": {"prefix": ["late."]}}, "action": {"encrypt": {
+        "key": {"id": "k1", "secret": {"env": "KEG_TEST_LATE_KEY"}}}}}).encode()
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
+        request = urllib.request.Request(
+            f"{api}/v1/rules/encrypt-late", data=body, method="PUT", headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                "If-None-Match": "*"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        problem = json.loads(refused.value.read())
+        assert refused.value.code == 422, problem
+        (error,) = problem["errors"]
+        assert "KEG_TEST_LATE_KEY is not given to the running ext_proc workers" in \
+            error["message"]
+        assert error["field"].startswith("encrypt-late.action.encrypt.key.secret")
+        (rules / "deny.yaml").write_text(
+            "rules:\n  - id: deny-late\n    match: {apis: [Produce], topics: {prefix: "
+            "[late.]}}\n    action: {deny: {}}\n")
+        deadline = time.monotonic() + 30
+        while produce_one(gateway.bootstrap, topic) is None:
+            assert time.monotonic() < deadline, store.rules()[0]
+            time.sleep(0.5)
+        assert {r.id for r in store.rules()[1]} == {"watch", "deny-late"}
