@@ -175,12 +175,19 @@ class ControlPlaneApp:
                                                  ready=lambda: plane.plan is not None,
                                                  impact_dir=api.impact_dir,
                                                  registry=self.registry,
-                                                 problems=self.problems),
+                                                 problems=self.problems,
+                                                 directory_owner=self._directory_owner),
                          plane.fleet_status,
                          Observability(metrics_urls=api.ext_proc_metrics,
                                        audit_logs=api.audit_logs))
         self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
+
+    @property
+    def _directory_owner(self) -> str | None:
+        """The owner of the rule directory's rules in the store, if one is served."""
+        rules_dir = self.api.rules_dir if self.api is not None else None
+        return None if rules_dir is None else f"dir:{rules_dir}"
 
     def _reconcile(self) -> None:
         """Apply the directory again, off the loop (the store calls its subscribers
@@ -197,7 +204,8 @@ class ControlPlaneApp:
 
         assert self.api is not None and self.api.rules_dir is not None
         _, ruleset = self._directory.current()
-        owner = f"dir:{self.api.rules_dir}"
+        owner = self._directory_owner
+        assert owner is not None
         try:
             # At start a version the fleet once rejected is tried again: the ext_proc
             # environment (a key, a module) may be fixed since.

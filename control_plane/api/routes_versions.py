@@ -61,9 +61,11 @@ def diff_version(
              responses=problem_responses(401, 403, 404, 422, 503))
 def rollback(number: Number, ctx: Context, who: Writer, why: Reason,
              response: Response) -> VersionOut:
-    """A new version whose rules (owners and sources too) are those of `number`."""
+    """A new version whose rules (owners and sources too) are those of `number`; the
+    rules of the served rule directory, if any (`keg up --rules`), stay as they are: the
+    directory, not the history, says what they are."""
     info = ctx.store.rollback(number, change(who, why or f"rollback to version {number}"),
-                              scope=who.scope)
+                              scope=who.scope, keep=ctx.settings.directory_owner)
     ctx.metrics.rule_changes.labels(info.operation).inc()
     response.headers["Location"] = f"/v1/versions/{info.number}"
     return VersionOut.of(info, None)

@@ -290,3 +290,6 @@ class ApiSettings:
     title: str = "keg control plane"
     # Where `keg analyze --follow` writes the live rule impact (/v1/impact); None: none.
     impact_dir: Path | None = None
+    # The owner of the rules a rule directory holds (`dir:<path>`, `keg up --rules`): the
+    # directory is their source of truth, so a rollback keeps them as they are now.
+    directory_owner: str | None = None

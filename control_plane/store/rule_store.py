@@ -236,14 +236,20 @@ class RuleStore:
         return ApplyResult(owner, result.diff, version.info, version.number)
 
     def rollback(self, number: int, change: Change, *,
-                 scope: OwnerScope = EVERY_OWNER) -> VersionInfo:
-        """A new version whose rules (owners and sources too) are those of `number`.
-        The writer's `scope` must cover the owners of every rule that changes."""
+                 scope: OwnerScope = EVERY_OWNER, keep: str | None = None) -> VersionInfo:
+        """A new version whose rules (owners and sources too) are those of `number`,
+        but for the rules owner `keep` has now (a rule directory's: the directory, not
+        the history, says what they are), which it keeps as they are. The writer's
+        `scope` must cover the owners of every rule that changes."""
         target = self.version(number)
 
         def build(head: Version | None) -> Pending:
-            _check_scope(scope, owners_touched(head.rules if head else (), target.rules))
-            return self._pending(target.rules, change, "rollback", parent=number)
+            rules = target.rules
+            if keep is not None:
+                kept = tuple(r for r in (head.rules if head else ()) if r.owner == keep)
+                rules = (*(r for r in rules if r.owner != keep), *kept)
+            _check_scope(scope, owners_touched(head.rules if head else (), rules))
+            return self._pending(rules, change, "rollback", parent=number)
 
         version = self._commit(build)
         assert version is not None

@@ -259,8 +259,9 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
     """The rule directory is the source of truth for its rules, yet a rollback to a
     version before one of them removed it from the store, and the directory never put
     it back (it applies itself only when its files change): a deny in a file stopped
-    being enforced. The gateway now applies the directory again whenever the store
-    changes its rules: the rollback's version is followed by one that restores them."""
+    being enforced. Then the gateway applied the directory again after the rollback,
+    which the caller was never told, and the deny was off meanwhile. A rollback now
+    keeps the directory's rules as they are and takes the others (REST writes) back."""
     token = "admin-token-0123456789"
     (tmp_path / "tokens").write_text(f"ops:{token}\n")
     rules = rule_dir(tmp_path / "rules", {
@@ -277,20 +278,27 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
                 assert time.monotonic() < deadline, (number, store.rules()[0])
                 time.sleep(0.1)
 
+        def post(path: str, body: bytes | None = None, method: str = "POST") -> Any:
+            request = urllib.request.Request(f"{api}{path}", data=body, method=method, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+
         assert produce_one(gateway.bootstrap, topic) is None
         (rules / "deny.yaml").write_text(
             "rules:\n  - id: deny-held\n    match: {apis: [Produce], topics: {prefix: [held.]}}\n"
             "    action: {deny: {}}\n")
         runs(2)
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        post("/v1/rules/from-rest", b'{"action": {"observe": {}}}', method="PUT")
+        runs(3)
 
-        request = urllib.request.Request(f"{api}/v1/versions/1/rollback", method="POST",
-                                         headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert json.loads(response.read())["number"] == 3
-        runs(4)  # 3 is the rollback; 4 the directory's rules again
+        assert post("/v1/versions/1/rollback")["number"] == 4
+        runs(4)
         assert {r.id for r in store.rules()[1]} == {"watch", "deny-held"}
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        time.sleep(2)  # the directory is polled each second: nothing for it to undo
+        assert store.rules()[0] == 4
 
 
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
