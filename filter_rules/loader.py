@@ -35,9 +35,10 @@ RULE_FILE_SUFFIXES: Final = (".yaml", ".yml")
 
 @dataclass(frozen=True, slots=True)
 class _Loaded:
-    rule: Rule
+    rule: Rule | None  # None: a rule of a document that did not validate (its id alone)
     source: RuleSource
     field_path: str  # "rules[3]"
+    rule_id: str
 
 
 def load_rule_dir(path: str | os.PathLike[str] | None = None) -> RuleSet:
@@ -189,19 +190,25 @@ def _validate(
             f"not {_describe(data)}",
         ))
         return
+    def source_of(index: int) -> RuleSource:
+        if not lines:
+            return RuleSource(file=name)
+        line, column = document.locate(("rules", index, "id"))
+        return RuleSource(file=name, line=line, column=column)
+
     try:
         parsed = RuleFile.model_validate(data)
     except ValidationError as exc:
         errors.extend(_translate(error, document, name, lines) for error in exc.errors())
+        # Its ids still count: a duplicate among them is reported with the other errors,
+        # not only once they are fixed.
+        raw = data.get("rules")
+        for index, entry in enumerate(raw if isinstance(raw, list) else ()):
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                loaded.append(_Loaded(None, source_of(index), f"rules[{index}]", entry["id"]))
         return
     for index, rule in enumerate(parsed.rules):
-        path: _yaml.Path = ("rules", index)
-        if lines:
-            line, column = document.locate((*path, "id"))
-            source = RuleSource(file=name, line=line, column=column)
-        else:
-            source = RuleSource(file=name)
-        loaded.append(_Loaded(rule, source, f"rules[{index}]"))
+        loaded.append(_Loaded(rule, source_of(index), f"rules[{index}]", rule.id))
 
 
 def _translate(error: ErrorDetails, document: _yaml.Document, name: str, lines: bool) -> RuleError:
@@ -337,17 +344,15 @@ def locate_in_rule(source: RuleSource, path: tuple[str | int, ...]) -> RuleSourc
 def _assemble(loaded: list[_Loaded], errors: list[RuleError]) -> RuleSet:
     first: dict[str, _Loaded] = {}
     for item in loaded:
-        previous = first.get(item.rule.id)
+        previous = first.get(item.rule_id)
         if previous is None:
-            first[item.rule.id] = item
+            first[item.rule_id] = item
             continue
         errors.append(RuleError(
             item.source.file, item.source.line, item.source.column, f"{item.field_path}.id",
-            f"duplicate rule id '{item.rule.id}' (first defined at {previous.source})",
+            f"duplicate rule id '{item.rule_id}' (first defined at {previous.source})",
         ))
-    if errors:
+    rules = [item.rule for item in loaded if item.rule is not None]
+    if errors or len(rules) < len(loaded):
         raise RuleSetInvalid(errors)
-    return RuleSet(
-        rules=[item.rule for item in loaded],
-        sources={item.rule.id: item.source for item in loaded},
-    )
+    return RuleSet(rules=rules, sources={item.rule_id: item.source for item in loaded})

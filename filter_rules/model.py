@@ -189,6 +189,20 @@ class Match(_Model):
         default=None, alias="not", description="Matches when this nested match does not."
     )
 
+    @model_validator(mode="after")
+    def _no_anonymous(self) -> Match:
+        """A principal matcher naming ANONYMOUS would match nothing: principal rules
+        match authenticated clients only (a client that has not authenticated yet, or
+        never will, is matched by none; docs/rules.md)."""
+        principals = self.principals
+        named = [*(principals.exact or ()), *(principals.prefix or ())] if principals else []
+        if any(name.removeprefix("User:") == "ANONYMOUS" for name in named):
+            raise ValueError(
+                "principals: User:ANONYMOUS (a client without SASL or a client certificate) "
+                "is never matched: principal rules match authenticated clients only; match "
+                "the others with not: {principals: {regex: ['.*']}}")
+        return self
+
     def walk(self) -> Iterator[Match]:
         """This match and every match nested under `not`."""
         match: Match | None = self
@@ -413,6 +427,20 @@ class Rule(_Model):
     match: Match = Field(default_factory=Match)
     action: Action
     audit: AuditSpec = Field(default_factory=AuditSpec)
+
+    @model_validator(mode="after")
+    def _bytes_are_produced(self) -> Rule:
+        """A byte rate counts the record bytes of Produce requests: on a rule that names
+        APIs without Produce it would count nothing and never throttle (a consumer's
+        Fetch carries no records; its answer's size is not known when it is judged)."""
+        apis = self.match.apis
+        if (isinstance(self.action, RateAction) and self.action.rate.bytes_per_second
+                and apis is not None and not {"Produce", 0} & set(apis)):
+            raise ValueError(
+                "rate.bytes_per_second counts the record bytes of Produce requests, and "
+                f"this rule names no Produce (apis: {', '.join(map(str, apis))}): it would "
+                "never throttle; limit other requests with requests_per_second")
+        return self
 
     @property
     def direction(self) -> Literal["request", "response", "both"]:

@@ -51,8 +51,9 @@ def test_validate_accepts_a_rule_file_and_locates_every_problem(client: TestClie
     bad = client.post("/v1/validate?file=rules/x.yaml", content=broken, headers=ADMIN)
     assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
     errors = bad.json()["errors"]
-    assert {(e["file"], e["line"]) for e in errors} == {("rules/x.yaml", 5)}
-    assert errors[0]["field"] == "rules[1].action"
+    # Every problem at once: the bad action, and the duplicate id beside it.
+    assert [(e["file"], e["line"], e["field"]) for e in errors] == [
+        ("rules/x.yaml", 5, "rules[1].action"), ("rules/x.yaml", 4, "rules[1].id")]
     assert client.post("/v1/validate", content=b"\xff\xfe\xfa", headers=ADMIN).status_code == 422
 
 

@@ -371,3 +371,31 @@ def test_rule_shaped_documents_never_crash_the_loader(document: object) -> None:
         load_rule_data(document)
     except RuleSetInvalid as exc:
         assert all("internal error" not in e.message for e in exc.errors)
+
+
+def test_a_duplicate_id_is_reported_beside_the_other_errors_of_its_file() -> None:
+    """A file that did not validate kept its ids out of the duplicate check: the
+    duplicate appeared only once the other error was fixed (regression)."""
+    text = ("- id: a\n  match: {topics: {regex: ['(a)\\1']}}\n  action: {deny: {}}\n"
+            "- id: a\n  action: {observe: {}}\n")
+    errors = text_errors(text)
+    assert [(e.line, e.field_path) for e in errors] == [
+        (2, "rules[0].match.topics.regex[0]"), (4, "rules[1].id")]
+    assert "duplicate rule id 'a'" in errors[1].message
+
+
+@pytest.mark.parametrize("name", ["ANONYMOUS", "User:ANONYMOUS"])
+def test_a_principal_matcher_naming_anonymous_is_refused(name: str) -> None:
+    """It would match nothing: principal rules match authenticated clients only."""
+    (error,) = text_errors(f"- id: a\n  match: {{principals: {{exact: ['{name}']}}}}\n"
+                           "  action: {deny: {}}\n")
+    assert "User:ANONYMOUS" in error.message and "not: {principals" in error.message
+
+
+def test_a_byte_rate_on_apis_without_produce_is_refused() -> None:
+    """It counted nothing and never throttled a consumer (regression: silently)."""
+    (error,) = text_errors("- id: a\n  match: {apis: [Fetch]}\n"
+                           "  action: {rate: {bytes_per_second: 2000}}\n")
+    assert "bytes_per_second counts the record bytes of Produce requests" in error.message
+    load_rule_text("- id: a\n  match: {apis: [Fetch, Produce]}\n"
+                   "  action: {rate: {bytes_per_second: 2000}}\n", "t.yaml")
