@@ -345,6 +345,20 @@ def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
         consumer.close()
 
 
+def put_refused_rule(url: str, body: bytes, token: str,
+                     content_type: str = "application/json") -> dict[str, Any]:
+    """PUT a new rule the API must refuse: asserts 422 with one error, returns it."""
+    request = urllib.request.Request(url, data=body, method="PUT", headers={
+        "Authorization": f"Bearer {token}", "Content-Type": content_type,
+        "If-None-Match": "*"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    problem = json.loads(refused.value.read())
+    assert refused.value.code == 422, problem
+    (error,) = problem["errors"]
+    return dict(error)
+
+
 def test_a_rule_written_with_a_repeated_key_is_refused_and_traffic_goes_on(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """A PUT whose JSON repeats a key: Python's decoder kept the last copy, so
@@ -361,15 +375,7 @@ def test_a_rule_written_with_a_repeated_key_is_refused_and_traffic_goes_on(
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
         assert produce_one(gateway.bootstrap, topic) is None
         for content_type in ("application/json", "application/x-www-form-urlencoded"):
-            request = urllib.request.Request(
-                f"{api}/v1/rules/everything", data=body, method="PUT", headers={
-                    "Authorization": f"Bearer {token}", "Content-Type": content_type,
-                    "If-None-Match": "*"})
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(request, timeout=10)
-            problem = json.loads(refused.value.read())
-            assert refused.value.code == 422, problem
-            (error,) = problem["errors"]
+            error = put_refused_rule(f"{api}/v1/rules/everything", body, token, content_type)
             assert (error["field"], error["message"]) == ("action", "duplicate key 'action'")
             if content_type != "application/json":  # read by the route: where it is
                 assert (error["line"], error["column"]) == (2, 2)
@@ -394,15 +400,7 @@ def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_not
     body = json.dumps({"match": {"topics": {"prefix": ["late."]}}, "action": {"encrypt": {
         "key": {"id": "k1", "secret": {"env": "KEG_TEST_LATE_KEY"}}}}}).encode()
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
-        request = urllib.request.Request(
-            f"{api}/v1/rules/encrypt-late", data=body, method="PUT", headers={
-                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                "If-None-Match": "*"})
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
-        problem = json.loads(refused.value.read())
-        assert refused.value.code == 422, problem
-        (error,) = problem["errors"]
+        error = put_refused_rule(f"{api}/v1/rules/encrypt-late", body, token)
         assert "KEG_TEST_LATE_KEY is not given to the running ext_proc workers" in \
             error["message"]
         assert error["field"].startswith("encrypt-late.action.encrypt.key.secret")
