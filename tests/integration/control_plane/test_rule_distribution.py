@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from benchmarks import rule_churn
 from benchmarks.fleet_rollout import run
 from control_plane.service import ControlPlaneSettings, free_port
 from filter_rules import load_rule_dir
@@ -412,3 +413,25 @@ def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_not
             assert time.monotonic() < deadline, store.rules()[0]
             time.sleep(0.5)
         assert {r.id for r in store.rules()[1]} == {"watch", "deny-late"}
+
+
+def test_rule_changes_under_load_close_no_connection_and_lose_no_record(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """20 REST changes of one rule (a Produce deny of a topic, then an observe of it,
+    alternately) while an idempotent librdkafka producer's records flow through a mask
+    rule: every change is enforced on a live connection (a bare Kafka connection's next
+    Produce answers it), no connection closes, nothing fails, and the topic holds
+    exactly the records acknowledged. The times are printed, not asserted:
+    benchmarks/rule_churn.py measures them with 100 changes and 200,000 records."""
+    token = "churn-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    rules = rule_dir(tmp_path / "rules", {"flow.yaml": rule_churn.FLOW_RULES})
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, api):
+        result = rule_churn.churn(gateway.bootstrap, api, token, records=20_000, changes=20,
+                                  admin_bootstrap=kafka.bootstrap)
+    print(f"rule changes under load: {result.summary()}")
+    assert result.unenforced == [], result.enforced_s
+    assert result.flow_errors == []
+    assert result.disconnects == 0
+    assert result.records_during_changes > 0  # the changes happened under load
+    assert result.flow_stored == result.flow_acknowledged >= 20_000
