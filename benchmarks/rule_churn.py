@@ -51,10 +51,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import kafka_wire
 from benchmarks.gateway_vs_direct import RESULTS_DIR, create_topics, git_commit, machine_info
 from benchmarks.record_rules import order_value
-from kafka_wire import ApiKey
+from benchmarks.wire import produce_answer
 from kafka_wire.records import BatchHeader, Record, encode_batch
 
 log = logging.getLogger("benchmarks.rule_churn")
@@ -63,7 +62,6 @@ GOAL_S = 1.0  # each change enforced within this long after the API accepted it
 FLOW_PREFIX = "churn.flow."
 PROBE_RULE = "churn-probe"
 DENIED = 29  # TOPIC_AUTHORIZATION_FAILED
-PRODUCE_VERSION = 9
 # The rule directory: the flow's records are masked (a record rule on every Produce).
 FLOW_RULES = f"""\
 rules:
@@ -173,39 +171,23 @@ class _Flow:
 
 
 class _Probe:
-    """One Produce at a time to the probe topic, on one bare connection (kafka_wire), so
-    each answer is the gateway's, not a client's cached view of the topic."""
+    """One Produce at a time to the probe topic, on one bare connection, so each answer
+    is the gateway's, not a client's cached view of the topic."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=15)
-        self.correlation = 0
-        batch = encode_batch(BatchHeader(base_timestamp=int(time.time() * 1000)),
-                             [Record(0, 0, None, b"probe", [])])
-        self.body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 10_000, "TopicData": [
-            {"Name": topic, "PartitionData": [{"Index": 0, "Records": batch}]}]}
+        self.topic, self.correlation = topic, 0
+        self.batch = encode_batch(BatchHeader(base_timestamp=int(time.time() * 1000)),
+                                  [Record(0, 0, None, b"probe", [])])
 
     def send(self) -> int:
         """The partition's error code (0: stored). ConnectionError: the gateway closed
         the connection."""
         self.correlation += 1
-        header = kafka_wire.RequestHeader(ApiKey.PRODUCE, PRODUCE_VERSION, self.correlation,
-                                          "keg-churn-probe", {})
-        self.sock.sendall(kafka_wire.encode_request(header, self.body))
-        size = int.from_bytes(self._exactly(4), "big")
-        correlation, answer = kafka_wire.decode_response(self._exactly(size), ApiKey.PRODUCE,
-                                                         PRODUCE_VERSION)
-        assert correlation == self.correlation, (correlation, self.correlation)
-        return int(answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"])
-
-    def _exactly(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the gateway closed the probe's connection")
-            data += chunk
-        return data
+        code, _message = produce_answer(self.sock, self.correlation, self.topic, self.batch,
+                                        "keg-churn-probe")
+        return code
 
     def close(self) -> None:
         self.sock.close()

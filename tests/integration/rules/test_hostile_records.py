@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import select
 import socket
-import struct
 import threading
 import time
 import uuid
@@ -21,15 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import cramjam
-import google_crc32c
 import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection, TopicPartition
 
 import kafka_wire
+from benchmarks.hostile import bomb_loop
+from benchmarks.wire import produce_frame, read_frame
 from kafka_wire import ApiKey
-from kafka_wire.compression import Compression
 from kafka_wire.records import (
     BatchHeader,
     BatchView,
@@ -63,56 +61,6 @@ def guarded(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     rules = rule_dir(base / "rules", {"rules.yaml": RULES})
     with Gateway(gateway_settings(kafka, base / "envoy", rules_dir=rules)) as gateway:
         yield gateway
-
-
-def record_count_bomb(records: int = 1_000_000) -> bytes:
-    """A zstd batch claiming `records` records whose payload is a few hundred bytes of
-    zstd expanding to `records` minimal records (7 bytes each)."""
-    one = encode_batch(BatchHeader(base_timestamp=1_700_000_000_000),
-                       [Record(0, 0, None, b"", [])])
-    record = one[61:]  # a 7-byte record: length, attributes, deltas, null key, empty value
-    payload = bytes(cramjam.zstd.compress(record * records, level=19))
-    data = bytearray(one[:61]) + payload
-    struct.pack_into(">h", data, 21, int(Compression.ZSTD))  # attributes
-    struct.pack_into(">i", data, 23, records - 1)  # last offset delta
-    struct.pack_into(">i", data, 57, records)  # records count
-    struct.pack_into(">i", data, 8, len(data) - 12)  # batch length
-    struct.pack_into(">I", data, 17, google_crc32c.value(bytes(data[21:])))
-    return bytes(data)
-
-
-def produce_frame(cid: int, topic: str, records: bytes) -> bytes:
-    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 10000, "TopicData": [
-        {"Name": topic, "PartitionData": [{"Index": 0, "Records": records}]}]}
-    return kafka_wire.encode_request(
-        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, cid, "bomber", {}), body
-    )
-
-
-def read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the gateway closed the connection")
-            data += chunk
-        return data
-
-    size = int.from_bytes(exactly(4), "big")
-    return exactly(size)
-
-
-def bomb_loop(bootstrap: str, topic: str, rounds: int, results: list[Any]) -> None:
-    """One connection, bombs in a loop, each answered before the next."""
-    host, port = bootstrap.rsplit(":", 1)
-    bomb = record_count_bomb()
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        for cid in range(1, rounds + 1):
-            sock.sendall(produce_frame(cid, topic, bomb))
-            _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
-            partition = answer["Responses"][0]["PartitionResponses"][0]
-            results.append((partition["ErrorCode"], partition["ErrorMessage"]))
 
 
 def test_bombs_are_refused_on_their_connection_while_a_healthy_producer_delivers(
