@@ -1,11 +1,15 @@
-"""Structured logs: one JSON object per line (or plain text for a terminal)."""
+"""Structured logs: one JSON object per line (or plain text for a terminal), and a bound
+on how fast one kind of line may repeat (clients choose how often some lines happen)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,8 +26,56 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(event, separators=(",", ":"))
 
 
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+    suppressed: int = 0
+
+
+class RepeatLimit(logging.Filter):
+    """At most `burst` lines of one kind at once, then one per `every_s` seconds; a kind is
+    a logger, a level and a message template (`"refused %s-%d: %s"`, not the text it
+    became), so a client that sends a refused frame thousands of times a second writes a
+    line now and then, not thousands, while every other kind of line still gets through.
+    The next line of a kind that passes says how many of its kind were left out.
+
+    Kinds are bounded (`max_kinds`, the oldest forgotten first): templates are the
+    code's, not the clients', but a message built without a template is its own kind."""
+
+    def __init__(self, burst: int = 10, every_s: float = 5.0, max_kinds: int = 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.burst, self.every_s, self.max_kinds, self.clock = burst, every_s, max_kinds, clock
+        self._buckets: dict[tuple[str, int, str], _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        with self._lock:
+            bucket = self._buckets.pop(kind, None)  # re-inserted: the newest kind last
+            if bucket is None:
+                bucket = _Bucket(tokens=float(self.burst), at=now)
+                if len(self._buckets) >= self.max_kinds:
+                    del self._buckets[next(iter(self._buckets))]
+            self._buckets[kind] = bucket
+            bucket.tokens = min(float(self.burst),
+                                bucket.tokens + (now - bucket.at) / self.every_s)
+            bucket.at = now
+            if bucket.tokens < 1:
+                bucket.suppressed += 1
+                return False
+            bucket.tokens -= 1
+            suppressed, bucket.suppressed = bucket.suppressed, 0
+        if suppressed:  # no % in the words added: the template's arguments stay its own
+            record.msg = f"{record.msg} [{suppressed} more like this left out]"
+        return True
+
+
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatLimit())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

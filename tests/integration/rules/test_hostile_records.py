@@ -96,6 +96,25 @@ def test_bombs_are_refused_on_their_connection_while_a_healthy_producer_delivers
         consumer.close()
 
 
+def test_a_bomb_loop_writes_a_few_log_lines_not_one_per_bomb(
+        kafka: EmbeddedKafka, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Each refused bomb wrote a warning to the ext_proc service's log: a client sending
+    them in a loop (hundreds a second) filled the operator's terminal and disk at its
+    own pace (regression). A kind of line now passes ten at once, then one per five
+    seconds, saying how many like it were left out; every bomb is still answered."""
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": RULES})
+    topic = create_topic(kafka.bootstrap, name=f"pii.flood-{uuid.uuid4().hex[:6]}")
+    answers: list[Any] = []
+    with Gateway(gateway_settings(kafka, tmp_path / "envoy", rules_dir=rules)) as gateway:
+        capfd.readouterr()  # what the start wrote
+        bomb_loop(gateway.bootstrap, topic, 200, answers)
+        time.sleep(0.5)  # the workers' last lines
+        logged = capfd.readouterr().err
+    assert {code for code, _ in answers} == {MESSAGE_TOO_LARGE} and len(answers) == 200
+    refusals = [line for line in logged.splitlines() if "record rules refused" in line]
+    assert 1 <= len(refusals) <= 12, len(refusals)  # 10 at once, one per 5 s after
+
+
 def deep_card() -> bytes:
     return b'{"card": "4111111111111111", "x": ' + b"[" * DEEP + b"]" * DEEP + b"}"
 
