@@ -70,6 +70,14 @@ pub const STATUS_STOP_ITERATION: u32 = 1;
 pub const CLOSE_FLUSH_WRITE: u32 = 0;
 pub const CLOSE_NO_FLUSH: u32 = 1;
 
+/// `envoy_dynamic_module_type_network_connection_event`: the two that end a connection.
+pub const EVENT_REMOTE_CLOSE: u32 = 0;
+pub const EVENT_LOCAL_CLOSE: u32 = 1;
+
+/// `envoy_dynamic_module_type_network_connection_state`: only an open connection takes
+/// injected bytes (Envoy writes them to its socket, which a closed one no longer has).
+pub const CONNECTION_OPEN: u32 = 0;
+
 /// `envoy_dynamic_module_type_log_level`.
 pub const LOG_INFO: u32 = 2;
 pub const LOG_WARN: u32 = 3;
@@ -92,6 +100,7 @@ type SchedulerNew = unsafe extern "C" fn(FilterEnvoyPtr) -> SchedulerPtr;
 type SchedulerCommit = unsafe extern "C" fn(SchedulerPtr, u64);
 type SchedulerDelete = unsafe extern "C" fn(SchedulerPtr);
 type ReadDisable = unsafe extern "C" fn(FilterEnvoyPtr, bool) -> u32;
+type ConnectionState = unsafe extern "C" fn(FilterEnvoyPtr) -> u32;
 /// TLS of the client connection (1.40's ABI; the argument and return registers checked
 /// against the 1.40.0 binary): `is_ssl`; the peer certificate's subject (RFC 2253; true
 /// with an empty subject on a TLS connection without a client certificate, false
@@ -132,10 +141,11 @@ pub struct Callbacks {
     pub ssl_subject: GetSslSubject,
     pub ssl_uri_sans_size: GetSslSansSize,
     pub ssl_uri_sans: GetSslSans,
+    pub connection_state: ConnectionState,
 }
 
 /// Every callback by its symbol name, in the order [`Callbacks::from_symbols`] takes them.
-pub const CALLBACK_SYMBOLS: [&CStr; 23] = [
+pub const CALLBACK_SYMBOLS: [&CStr; 24] = [
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks_size",
     c"envoy_dynamic_module_callback_network_filter_get_read_buffer_chunks",
     c"envoy_dynamic_module_callback_network_filter_drain_read_buffer",
@@ -159,6 +169,7 @@ pub const CALLBACK_SYMBOLS: [&CStr; 23] = [
     c"envoy_dynamic_module_callback_network_filter_get_ssl_subject",
     c"envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans_size",
     c"envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans",
+    c"envoy_dynamic_module_callback_network_filter_get_connection_state",
 ];
 
 static CALLBACKS: OnceLock<Callbacks> = OnceLock::new();
@@ -207,6 +218,7 @@ impl Callbacks {
             ssl_subject: f::<*mut c_void, GetSslSubject>(s[20]),
             ssl_uri_sans_size: f::<*mut c_void, GetSslSansSize>(s[21]),
             ssl_uri_sans: f::<*mut c_void, GetSslSans>(s[22]),
+            connection_state: f::<*mut c_void, ConnectionState>(s[23]),
         }
     }
 

@@ -630,12 +630,12 @@ impl Filter {
         self.session.ready_requests(&mut out);
         let end = self.read_end && !self.session.requests_waiting();
         self.read_end &= !end;
-        inject(envoy, cb.inject_read, &out, end);
+        inject(envoy, cb, cb.inject_read, &out, end);
         let mut out = Output::default();
         self.session.ready_responses(&mut out);
         let end = self.write_end && !self.session.responses_waiting();
         self.write_end &= !end;
-        inject(envoy, cb.inject_write, &out, end);
+        inject(envoy, cb, cb.inject_write, &out, end);
     }
 
     /// Keeps the process-wide count of held bytes; Err when this connection grew past it.
@@ -674,14 +674,23 @@ const PRINCIPAL_RULES: &str = "x-keg-principal-rules";
 const PRINCIPAL_FROM: &str = "x-keg-principal-from";
 
 /// Injects `out` (bytes the core owns) and an end of stream, if there is either.
-fn inject(envoy: FilterEnvoyPtr, how: unsafe extern "C" fn(FilterEnvoyPtr, ModuleBuffer, bool), out: &Output, end: bool) {
-    if out.is_empty() && !end {
+fn inject(envoy: FilterEnvoyPtr, cb: &Callbacks, how: abi::Inject, out: &Output, end: bool) {
+    if (out.is_empty() && !end) || !is_open(envoy, cb) {
         return;
     }
     let mut bytes = Vec::with_capacity(out.len());
     out.write_to(&[], &mut bytes);
     // SAFETY: a live filter on its worker thread; Envoy copies the bytes.
     unsafe { how(envoy, ModuleBuffer::from_slice(&bytes), end) };
+}
+
+/// Whether the connection still takes bytes. Envoy writes injected bytes to the
+/// connection's socket, and a closed connection has none: injecting into one took the
+/// whole Envoy down. It may close inside a hook (the filters after this one can close
+/// it while taking what was injected) as well as between hooks.
+fn is_open(envoy: FilterEnvoyPtr, cb: &Callbacks) -> bool {
+    // SAFETY: a live filter on its worker thread.
+    unsafe { (cb.connection_state)(envoy) == abi::CONNECTION_OPEN }
 }
 
 /// An address Envoy reports (local or remote), copied.
@@ -766,8 +775,8 @@ fn replace_chunks(
     filter: &mut Filter,
     total: usize,
     end_stream: bool,
-    drain: abi::Drain,
-    inject: abi::Inject,
+    (drain, inject): (abi::Drain, abi::Inject),
+    open: impl FnOnce() -> bool,
     ready: impl FnOnce(&mut Session<Policy>, &mut Output) -> bool,
 ) -> bool {
     let mut bytes = gather(filter);
@@ -778,7 +787,7 @@ fn replace_chunks(
     // SAFETY: a live filter; the injected bytes are copied by Envoy.
     unsafe {
         drain(envoy, total);
-        if !bytes.is_empty() || end {
+        if (!bytes.is_empty() || end) && open() {
             inject(envoy, ModuleBuffer::from_slice(&bytes), end);
         }
     }
@@ -829,7 +838,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         let status = if whole && !resolved && !hold_end {
             abi::STATUS_CONTINUE
         } else {
-            let held = replace_chunks(envoy, filter, total, end_stream, cb.drain_read, cb.inject_read, |session, out| {
+            let held = replace_chunks(envoy, filter, total, end_stream, (cb.drain_read, cb.inject_read), || is_open(envoy, cb), |session, out| {
                 session.ready_requests(out);
                 session.requests_waiting()
             });
@@ -840,7 +849,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         // here) go to the client.
         let mut local = Output::default();
         filter.session.ready_responses(&mut local);
-        inject(envoy, cb.inject_write, &local, false);
+        inject(envoy, cb, cb.inject_write, &local, false);
         Ok(status)
     })
 }
@@ -865,7 +874,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
         if whole && !resolved && !hold_end {
             return Ok(abi::STATUS_CONTINUE);
         }
-        let held = replace_chunks(envoy, filter, total, end_stream, cb.drain_write, cb.inject_write, |session, out| {
+        let held = replace_chunks(envoy, filter, total, end_stream, (cb.drain_write, cb.inject_write), || is_open(envoy, cb), |session, out| {
             session.ready_responses(out);
             session.responses_waiting()
         });
@@ -874,8 +883,25 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
     })
 }
 
+/// The connection closed (either end): nothing of this filter touches it again. An
+/// answer from the hand-off thread may already be on its way as a scheduled event,
+/// which Envoy runs while the filter lives (until the connection's deferred deletion):
+/// the link is closed so it brings nothing, and every later hook returns at once.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_network_filter_event(_: FilterEnvoyPtr, _: FilterModulePtr, _event: u32) {}
+pub extern "C" fn envoy_dynamic_module_on_network_filter_event(_: FilterEnvoyPtr, module: FilterModulePtr, event: u32) {
+    if event != abi::EVENT_REMOTE_CLOSE && event != abi::EVENT_LOCAL_CLOSE {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: Envoy passes the pointer filter_new returned, alive until destroy.
+        if let Some(filter) = unsafe { filter(module) } {
+            filter.closed = true;
+            if let Some(h) = &filter.handoffs {
+                h.link.close(); // answers still to come are dropped
+            }
+        }
+    }));
+}
 
 /// Answers from the hand-off thread are ready (the scheduler committed).
 #[no_mangle]

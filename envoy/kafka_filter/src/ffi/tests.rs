@@ -24,6 +24,10 @@ struct FakeConnection {
     scheduler: Option<&'static FakeScheduler>,
     /// TLS: None is a plaintext connection; Some((subject, URI SANs)) a TLS one.
     tls: Option<(String, Vec<String>)>,
+    /// Envoy's connection state (0: open); bytes injected into a closed connection are
+    /// counted here, where the real Envoy crashed.
+    state: u32,
+    injected_after_close: usize,
 }
 
 /// Envoy's scheduler, faked: counts commits (each would post an event to the worker).
@@ -52,6 +56,9 @@ unsafe extern "C" fn read_chunks_size(e: FilterEnvoyPtr) -> usize { usize::from(
 unsafe extern "C" fn read_chunks(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool { chunk(&conn(e).read, out) }
 unsafe extern "C" fn drain_read(e: FilterEnvoyPtr, n: usize) -> bool { conn(e).read.drain(..n); true }
 unsafe extern "C" fn inject_read(e: FilterEnvoyPtr, data: ModuleBuffer, end: bool) {
+    if conn(e).state != abi::CONNECTION_OPEN {
+        conn(e).injected_after_close += 1;
+    }
     if data.length > 0 {
         conn(e).to_broker.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
     }
@@ -61,6 +68,9 @@ unsafe extern "C" fn write_chunks_size(e: FilterEnvoyPtr) -> usize { usize::from
 unsafe extern "C" fn write_chunks(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool { chunk(&conn(e).write, out) }
 unsafe extern "C" fn drain_write(e: FilterEnvoyPtr, n: usize) -> bool { conn(e).write.drain(..n); true }
 unsafe extern "C" fn inject_write(e: FilterEnvoyPtr, data: ModuleBuffer, end: bool) {
+    if conn(e).state != abi::CONNECTION_OPEN {
+        conn(e).injected_after_close += 1;
+    }
     if data.length > 0 {
         conn(e).to_client.extend_from_slice(std::slice::from_raw_parts(data.ptr.cast(), data.length));
     }
@@ -109,6 +119,7 @@ unsafe extern "C" fn read_disable(e: FilterEnvoyPtr, disable: bool) -> u32 {
 }
 
 unsafe extern "C" fn is_ssl(e: FilterEnvoyPtr) -> bool { conn(e).tls.is_some() }
+unsafe extern "C" fn connection_state(e: FilterEnvoyPtr) -> u32 { conn(e).state }
 unsafe extern "C" fn ssl_subject(e: FilterEnvoyPtr, out: *mut EnvoyBuffer) -> bool {
     let Some((subject, _)) = &conn(e).tls else { return false };
     *out = EnvoyBuffer { ptr: subject.as_ptr().cast(), length: subject.len() };
@@ -129,7 +140,7 @@ fn install_fake_envoy() {
         write_chunks_size, write_chunks, drain_write, inject_write,
         close, define_counter, increment_counter, log, local_address,
         remote_address, connection_id, scheduler_new, scheduler_commit, scheduler_delete, read_disable,
-        is_ssl, ssl_subject, ssl_uri_sans_size, ssl_uri_sans,
+        is_ssl, ssl_subject, ssl_uri_sans_size, ssl_uri_sans, connection_state,
     });
     crate::handoff::install_connector(fake_service().clone());
 }
@@ -314,6 +325,13 @@ fn connect(config: ConfigModulePtr, c: &mut FakeConnection) -> FilterModulePtr {
 /// Waits for the hand-off thread to commit `n` events in all, then runs the scheduled
 /// hook as Envoy's dispatcher would (on "the worker thread": this one).
 fn run_scheduled(c: &mut FakeConnection, module: FilterModulePtr, n: usize) {
+    wait_for_commits(c, n);
+    let envoy = (c as *mut FakeConnection).cast::<c_void>();
+    envoy_dynamic_module_on_network_filter_scheduled(envoy, module, 0);
+}
+
+/// Waits for the hand-off thread to commit `n` events in all (answers are ready).
+fn wait_for_commits(c: &FakeConnection, n: usize) {
     let scheduler = c.scheduler.expect("a scheduler was made on the first hand-off");
     let mut commits = scheduler.commits.lock().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -321,9 +339,6 @@ fn run_scheduled(c: &mut FakeConnection, module: FilterModulePtr, n: usize) {
         commits = scheduler.committed.wait_timeout(commits, Duration::from_millis(20)).unwrap().0;
     }
     assert!(*commits >= n, "{} commits, {n} expected", *commits);
-    drop(commits);
-    let envoy = (c as *mut FakeConnection).cast::<c_void>();
-    envoy_dynamic_module_on_network_filter_scheduled(envoy, module, 0);
 }
 
 /// A Produce request (v9) kafka-protocol can read: the fail-closed answer needs one.
@@ -410,6 +425,61 @@ fn a_connection_closed_with_a_handoff_pending_never_hears_of_it_again() {
     assert_eq!(*scheduler.commits.lock().unwrap(), 0, "no event for a destroyed filter");
     assert_eq!(scheduler.commits_after_delete.load(Ordering::SeqCst), 0);
     envoy_dynamic_module_on_network_filter_destroy(witness_module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+/// Envoy closed the connection (the client reset it) while a hand-off was with the
+/// service; its answer came as a scheduled event before the filter was destroyed and
+/// was injected into the closed connection: the real Envoy died of a segmentation fault.
+#[test]
+fn an_answer_for_a_connection_envoy_closed_is_dropped_not_injected() {
+    const CONNECTION_CLOSED: u32 = 2;
+    let config = handoff_config("ffi-closed", "echo:1", false, 2000, 1 << 20);
+    for event in [abi::EVENT_REMOTE_CLOSE, abi::EVENT_LOCAL_CLOSE] {
+        let mut c = FakeConnection::default();
+        let module = connect(config, &mut c);
+        read(&mut c, module, &[produce(1), request(3, 12, 2)].concat());
+        wait_for_commits(&c, 1); // the answer is on its way
+        c.state = CONNECTION_CLOSED;
+        let envoy = (&mut c as *mut FakeConnection).cast::<c_void>();
+        envoy_dynamic_module_on_network_filter_event(envoy, module, event);
+        envoy_dynamic_module_on_network_filter_scheduled(envoy, module, 0);
+        assert_eq!(c.injected_after_close, 0);
+        assert!(c.to_broker.is_empty() && c.to_client.is_empty());
+        envoy_dynamic_module_on_network_filter_destroy(module);
+    }
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+/// The connection closed without the filter hearing of it yet (inside a hook, by a
+/// filter after this one): what is ready is not injected either.
+#[test]
+fn nothing_is_injected_into_a_connection_that_is_no_longer_open() {
+    let config = handoff_config("ffi-closing", "echo:1", false, 2000, 1 << 20);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    read(&mut c, module, &[produce(1), request(3, 12, 2)].concat());
+    c.state = 1; // closing: its last bytes are being written
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.injected_after_close, 0);
+    assert!(c.to_broker.is_empty());
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+/// Events that do not end the connection change nothing.
+#[test]
+fn a_connected_event_leaves_the_connection_working() {
+    let config = handoff_config("ffi-connected", "echo:1", false, 2000, 1 << 20);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let envoy = (&mut c as *mut FakeConnection).cast::<c_void>();
+    envoy_dynamic_module_on_network_filter_event(envoy, module, 2); // Connected
+    let p = produce(1);
+    read(&mut c, module, &p);
+    run_scheduled(&mut c, module, 1);
+    assert_eq!(c.to_broker, p);
+    envoy_dynamic_module_on_network_filter_destroy(module);
     envoy_dynamic_module_on_network_filter_config_destroy(config);
 }
 
