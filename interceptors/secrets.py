@@ -104,11 +104,12 @@ def env_refs_outside(ruleset: RuleSet, available: Collection[str], why: str
     return errors
 
 
-def check_secrets(ruleset: RuleSet, environ: Mapping[str, str] | None = None
-                  ) -> tuple[int, list[RuleError]]:
+def check_secrets(ruleset: RuleSet, environ: Mapping[str, str] | None = None,
+                  kinds: Collection[str] = ("env", "file")) -> tuple[int, list[RuleError]]:
     """Read every secret the enabled rules of `ruleset` name (environment variables from
-    `environ`, default the process's; files relative to the rule's file). Returns how
-    many were checked and one error per missing or unusable one, at its line."""
+    `environ`, default the process's; files relative to the rule's file), of the `kinds`
+    given (`env`, `file`). Returns how many were checked and one error per missing or
+    unusable one, at its line."""
     checked, errors = 0, []
     for rule in ruleset.rules:
         if rule.mode == "disabled":  # never built, so never read
@@ -117,6 +118,8 @@ def check_secrets(ruleset: RuleSet, environ: Mapping[str, str] | None = None
         base_dir = Path(source.file).parent if source is not None else Path.cwd()
         context = BuildContext(base_dir=base_dir, environ=environ)
         for use in secret_uses(rule):
+            if _source(use.ref) not in kinds:
+                continue
             checked += 1
             try:
                 use.read(context)

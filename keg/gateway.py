@@ -479,7 +479,7 @@ class Gateway(Service):
                     audit_logs=s.api.audit_logs or self.audit_logs,
                     ext_proc_metrics=s.api.ext_proc_metrics or metrics),
                     registry=self.registry, problems=self.supervisor.problems,
-                    check=self._check_worker_env)
+                    check=self._check_workers_can_build)
                 self.control_plane = self._loop.run(self.app.start(), timeout=60)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
@@ -613,23 +613,25 @@ class Gateway(Service):
         names = {*s.ext_proc_env, *self._rule_secret_env_names()}
         return child_environment((*PYTHON, *sorted(names)), {**s.extra_env, **secrets})
 
-    def _check_worker_env(self, ruleset: RuleSet) -> None:
-        """A rule set naming a key variable the running workers were not given is refused
-        (RuleSetInvalid, at the rule's line) before the store takes it. A worker's
-        environment is fixed when it starts, with the variables the rules named then: the
-        control plane (this process, whose environment may have it) accepted such a rule,
-        every worker refused it, and so every later version holding it, whatever else
-        they changed. Before the first worker starts, it is given what the rules name."""
+    def _check_workers_can_build(self, ruleset: RuleSet) -> None:
+        """A rule set the local workers could not build for want of a key is refused
+        (RuleSetInvalid, at the rule's line) before the store takes it: a key file they
+        cannot read (they run here, on this file system), or a key variable the running
+        workers were not given. A worker's environment is fixed when it starts, with the
+        variables the rules named then. The control plane took such a rule, every worker
+        refused it, and so every later version holding it, whatever else they changed
+        (a deny written next was never enforced). Before the first worker starts, it is
+        given what the rules name."""
         from filter_rules import RuleSetInvalid
-        from interceptors.secrets import env_refs_outside
+        from interceptors.secrets import check_secrets, env_refs_outside
 
+        _checked, errors = check_secrets(ruleset, kinds=("file",))
         started = [w.env_names for w in self.workers if w.env_names is not None]
-        if not started:
-            return
-        available = frozenset.intersection(*started)
-        errors = env_refs_outside(ruleset, available, "the running ext_proc workers (they "
-                                  "get the variables the rules named when they started: "
-                                  "restart the gateway with it set)")
+        if started:
+            available = frozenset.intersection(*started)
+            errors += env_refs_outside(
+                ruleset, available, "the running ext_proc workers (they get the variables "
+                "the rules named when they started: restart the gateway with it set)")
         if errors:
             raise RuleSetInvalid(errors)
 

@@ -415,6 +415,35 @@ def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_not
         assert {r.id for r in store.rules()[1]} == {"watch", "deny-late"}
 
 
+def test_a_rule_naming_a_key_file_the_workers_cannot_read_is_refused_and_blocks_nothing(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """A REST rule whose encryption key is a file that is not there was taken (201),
+    every worker refused the version, and every later version held the rule: a deny
+    then written to the rule directory was never enforced (regression). `keg up`'s
+    workers run on the control plane's host, so the rule is now refused with 422 at its
+    field, as `POST /v1/dry-run` already did; the directory's deny is enforced."""
+    token = "admin-token-0123456789"
+    (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    rules = rule_dir(tmp_path / "rules", {
+        "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
+    topic = create_topic(kafka.bootstrap, name=f"keyfile.{time.monotonic_ns()}")
+    missing = tmp_path / "no-such-key"
+    body = json.dumps({"match": {"topics": {"prefix": ["keyfile."]}}, "action": {"encrypt": {
+        "key": {"id": "k1", "secret": {"file": str(missing)}}}}}).encode()
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
+        error = put_refused_rule(f"{api}/v1/rules/encrypt-missing", body, token)
+        assert error["field"] == "encrypt-missing.action.encrypt.key.secret.file", error
+        assert str(missing) in error["message"]
+        (rules / "deny.yaml").write_text(
+            "rules:\n  - id: deny-keyfile\n    match: {apis: [Produce], topics: {prefix: "
+            "[keyfile.]}}\n    action: {deny: {}}\n")
+        deadline = time.monotonic() + 30
+        while produce_one(gateway.bootstrap, topic) is None:
+            assert time.monotonic() < deadline, store.rules()[0]
+            time.sleep(0.5)
+        assert {r.id for r in store.rules()[1]} == {"watch", "deny-keyfile"}
+
+
 def test_rule_changes_under_load_close_no_connection_and_lose_no_record(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """20 REST changes of one rule (a Produce deny of a topic, then an observe of it,

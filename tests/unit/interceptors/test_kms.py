@@ -248,3 +248,21 @@ def test_decryption_asks_the_kms_once_per_data_key(tmp_path: Path, keyring: Path
         f"v{i}".encode() for i in range(20)]
     client = kms_client(spec, consumer_side)
     assert client.caller.calls == 4  # 20 records, 4 data keys: one unwrap each
+
+
+def test_secrets_of_one_kind_are_checked_alone(tmp_path: Path) -> None:
+    """`kinds`: the gateway checks key files where its workers read them; variables have
+    a check of their own (what the workers were given)."""
+    rules = textwrap.dedent("""\
+    rules:
+      - id: by-file
+        action: {encrypt: {fields: [$.a], key: {id: k, secret: {file: absent.key}}}}
+      - id: by-env
+        action: {encrypt: {fields: [$.a], key: {id: k, secret: {env: KEG_TEST_NOT_SET}}}}
+    """)
+    ruleset = load_rule_text(rules, str(tmp_path / "r.yaml"))
+    checked, errors = check_secrets(ruleset, environ={}, kinds=("file",))
+    assert checked == 1
+    assert [e.field_path for e in errors] == ["by-file.action.encrypt.key.secret.file"]
+    assert check_secrets(ruleset, environ={}, kinds=("env",))[0] == 1
+    assert check_secrets(ruleset, environ={})[0] == 2
