@@ -54,6 +54,10 @@ class PreconditionRequired(StoreError):
     """An update or delete without the ETag it would overwrite (HTTP 428)."""
 
 
+# The owner RuleOwned names for rules written through the REST API (adopt takes them).
+NOBODY = "nobody: written through the REST API"
+
+
 class RuleOwned(StoreError):
     """A write to rules that a rule directory (GitOps) owns, by someone else (HTTP 409)."""
 
@@ -68,8 +72,17 @@ class RuleOwned(StoreError):
         else:
             message = (
                 f"rule(s) {listed} are not owned by {writer}; a rule directory may only "
-                "change its own rules (pass adopt to take over rules nobody owns)"
+                "change its own rules"
             )
+            others = sorted(set(owners.values()))
+            if others == [NOBODY]:
+                message += " (pass adopt to take over rules nobody owns)"
+            elif len(others) == 1:  # one directory owns them: name how to write as it
+                message += (
+                    f". To compare or apply as their owner, pass --owner {others[0]} (`keg "
+                    "up --rules DIR` owns the rules of DIR as dir:<its full path>); adopt "
+                    "takes over only rules nobody owns"
+                )
         super().__init__(message)
 
 

@@ -213,8 +213,7 @@ class RuleStore:
                 raise errors.RuleOwned(foreign, writer=owner)
             unowned = [r.id for r in incoming if r.id in current and current[r.id] is None]
             if unowned and not adopt:
-                nobody = "nobody: written through the REST API"
-                raise errors.RuleOwned(dict.fromkeys(unowned, nobody), writer=owner)
+                raise errors.RuleOwned(dict.fromkeys(unowned, errors.NOBODY), writer=owner)
             if unowned and not dry_run:
                 _check_scope(scope, {None})  # adopting changes REST-written rules
             new_rules = plan_apply(rules, owner, incoming)

@@ -163,11 +163,14 @@ def test_a_directory_owns_what_it_applies(store: RuleStore) -> None:
 
 def test_a_directory_cannot_take_other_owners_rules(store: RuleStore) -> None:
     store.apply("dir:team-a", ruleset(rule("shared")), Change("ci"))
-    with pytest.raises(RuleOwned, match="not owned by dir:team-b"):
+    with pytest.raises(RuleOwned, match="not owned by dir:team-b") as owned:
         store.apply("dir:team-b", ruleset(rule("shared")), Change("ci"))
+    # How to write as the owner (`keg diff` of the directory `keg up` serves, say).
+    assert "pass --owner dir:team-a" in str(owned.value)
     store.put_rule(rule("loose"), ALICE)
-    with pytest.raises(RuleOwned, match="adopt"):
+    with pytest.raises(RuleOwned, match="adopt") as unowned:
         store.apply("dir:team-b", ruleset(rule("loose")), Change("ci"))
+    assert "--owner" not in str(unowned.value)
     adopted = store.apply("dir:team-b", ruleset(rule("loose")), Change("ci"), adopt=True)
     assert adopted.diff.owners_changed == ("loose",)
     assert store.rule("loose").owner == "dir:team-b"
