@@ -214,6 +214,9 @@ def merge_partials(partials: Iterable[Mapping[str, pa.Table]]) -> dict[str, pa.T
     for partial in partials:
         for name, table in partial.items():
             collected.setdefault(name, []).append(table)
+    if not collected:  # no events at all (a gateway that saw no traffic): empty tables
+        for name, table in partial_aggregates(parsed_schema().empty_table()).items():
+            collected[name] = [table]
     merged: dict[str, pa.Table] = {}
     for name, tables in collected.items():
         table = pa.concat_tables(tables, promote_options="permissive")
@@ -268,7 +271,8 @@ def finish(merged: Mapping[str, pa.Table]) -> tuple[dict[str, Any], dict[str, pa
     tables["timeline"] = timeline(merged["timeline"], first, last)
     latency, by_api = latency_tables(merged["latency"])
     tables["latency"] = pa.Table.from_pylist(latency)
-    tables["latency_by_api"] = pa.Table.from_pylist(by_api) if by_api else pa.table({})
+    tables["latency_by_api"] = pa.Table.from_pylist(by_api) if by_api else pa.table(
+        {"api_name": pa.array([], pa.string()), "events": pa.array([], pa.int64())})
     summary: dict[str, Any] = {"totals": totals}
     for name, table in tables.items():
         summary[name] = table.slice(0, SUMMARY_ROWS).to_pylist()

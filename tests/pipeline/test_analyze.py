@@ -114,6 +114,18 @@ def test_empty_audit_directory(spark: Any, tmp_path: Path) -> None:
         run_analyze(spark, tmp_path, tmp_path / "out")
 
 
+def test_an_empty_audit_log_gives_an_empty_report(spark: Any, tmp_path: Path) -> None:
+    """A gateway that saw no traffic writes an empty audit log: `keg analyze` died with
+    KeyError 'totals' and a traceback (regression). It now reports nothing happened."""
+    log = tmp_path / "audit.jsonl"
+    log.write_text("")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["analyze", "--audit", str(log), "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert '"events": 0' in result.output and "Traceback" not in result.output
+    assert (out / "report.html").is_file() and (out / "topics.parquet").is_file()
+
+
 @pytest.fixture(scope="module")
 def analyzed(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """`keg analyze` run once from the command line: its output and result directory."""
