@@ -49,7 +49,31 @@ def parse_input(value: str) -> Path | KafkaInput:
         raise PipelineError(f"input {path} is not readable")
     if path.is_dir() and not any(path.rglob("*.parquet")):
         raise PipelineError(f"input {path} holds no Parquet files")
+    check_capture_files(path)
     return path
+
+
+def check_capture_files(path: Path) -> None:
+    """Every Parquet file under `path` has the columns a capture always holds (read
+    from the files' footers, not their rows): Spark reads a file without them as rows
+    of nulls, and the job then failed deep inside with a stack trace."""
+    import pyarrow.parquet as pq
+
+    from interceptors.capture import capture_schema
+
+    required = [f.name for f in capture_schema() if not f.nullable]
+    files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+    for file in files:
+        try:
+            names = set(pq.read_schema(file).names)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise PipelineError(f"{file} is not a readable Parquet file: {err}") from None
+        missing = [name for name in required if name not in names]
+        if missing:
+            raise PipelineError(
+                f"{file} is not a capture file: it lacks the column(s) {', '.join(missing)} "
+                f"(a capture has {', '.join(f.name for f in capture_schema())}; "
+                "docs/pipeline.md)")
 
 
 def read_records(spark: SparkSession, source: Path | KafkaInput) -> DataFrame:

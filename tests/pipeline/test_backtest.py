@@ -142,12 +142,32 @@ def test_unreadable_parquet_is_one_clear_error(spark: Any, tmp_path: Path) -> No
     capture.mkdir()
     (capture / "part-0.parquet").write_bytes(b"this is not parquet")
     rules = load_rules(rule_dir(tmp_path / "rules", LIVE_RULES))
-    for source in (read_records(spark, parse_input(str(capture))), capture):
+    with pytest.raises(PipelineError, match="is not a readable Parquet file") as early:
+        parse_input(str(capture))  # `--input` is checked before Spark starts
+    assert "\n" not in str(early.value)
+    for source in (read_records(spark, capture), capture):
         with pytest.raises(PipelineError) as err:
             run_backtest(spark, source, rules, None, tmp_path / "out")
         message = str(err.value)
         assert message.startswith("the backtest failed:")
         assert "\n" not in message and "\tat " not in message
+
+
+def test_parquet_without_the_capture_columns_is_refused_by_name(tmp_path: Path) -> None:
+    """A Parquet file that is not a capture was read as rows of nulls and the backtest
+    died with a Spark stack trace and `IndexError: index out of bounds` (regression)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    capture = tmp_path / "capture"
+    (capture / "date=2026-01-01").mkdir(parents=True)
+    pq.write_table(pa.table({"foo": [1, 2]}), capture / "date=2026-01-01" / "x.parquet")
+    rules = rule_dir(tmp_path / "rules", LIVE_RULES)
+    result = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture)])
+    assert result.exit_code == 2, result.output
+    assert "is not a capture file: it lacks the column(s) topic, partition, direction, " \
+        "captured_at" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and "\tat " not in result.output
 
 
 runner = CliRunner()
