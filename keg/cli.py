@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
+import typer.rich_utils
 
 from keg import cli_pipeline, cli_rules
 from keg.cli_options import option_group
@@ -25,6 +26,13 @@ from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import AUDIT_KAFKA_PASSWORD_ENV, SIDE_EFFECTS_PASSWORD_ENV
 from keg.security import SERVICE_PASSWORD_ENV
+
+# Off a terminal (a pipe, `| less`, a CI log) rich draws help 80 columns wide and cuts
+# long option names ("--failure-mode-all…"): give it room, unless a width was chosen.
+HELP_WIDTH_OFF_TERMINAL: Final = 160
+if not (os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH")) and \
+        not os.isatty(1):
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
 
 if TYPE_CHECKING:  # the commands import what they run lazily: `keg --help` stays fast
     from ext_proc import ExtProcServer, ProcessorSettings
