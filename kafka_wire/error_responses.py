@@ -763,6 +763,63 @@ def _describe_topic_partitions(c: _Ctx, r: Body) -> Body:
             "NextCursor": None}
 
 
+def _share_offsets_partition(c: _Ctx, index: Any) -> Body:
+    return {"PartitionIndex": index, "StartOffset": -1, "LeaderEpoch": -1,
+            "ErrorCode": c.error, "ErrorMessage": c.message}
+
+
+def _describe_share_group_offsets(c: _Ctx, r: Body) -> Body:
+    # A refusal of the topics: each partition asked carries it (the group's error is 0);
+    # of the request: each group does.
+    groups = []
+    for g in _list(r, "Groups"):
+        topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+                   "Partitions": [_share_offsets_partition(c, p)
+                                  for p in _list(t, "Partitions")]}
+                  for t in _list(g, "Topics")] if c.per_topic else []
+        groups.append({"GroupId": g.get("GroupId", ""), "Topics": topics,
+                       "ErrorCode": 0 if c.per_topic else c.error,
+                       "ErrorMessage": None if c.per_topic else c.message})
+    return {"ThrottleTimeMs": c.throttle, "Groups": groups}
+
+
+def _alter_share_group_offsets(c: _Ctx, r: Body) -> Body:
+    topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+               "Partitions": [{"PartitionIndex": p.get("PartitionIndex", 0),
+                               "ErrorCode": c.error, "ErrorMessage": c.message}
+                              for p in _list(t, "Partitions")]}
+              for t in _list(r, "Topics")]
+    return _share_offsets_answer(c, topics)
+
+
+def _delete_share_group_offsets(c: _Ctx, r: Body) -> Body:
+    topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+               "ErrorCode": c.error, "ErrorMessage": c.message}
+              for t in _list(r, "Topics")]
+    return _share_offsets_answer(c, topics)
+
+
+def _share_offsets_answer(c: _Ctx, topics: list[Body]) -> Body:
+    # Alter/DeleteShareGroupOffsets: every topic carries the error; the top level too
+    # unless the refusal is about the topics alone.
+    if c.per_topic:
+        return {"ThrottleTimeMs": c.throttle, "ErrorCode": 0, "ErrorMessage": None,
+                "Responses": topics}
+    return _top(c, Responses=topics)
+
+
+def _streams_group_describe(c: _Ctx, r: Body) -> Body:
+    return {
+        "ThrottleTimeMs": c.throttle,
+        "Groups": [
+            {"ErrorCode": c.error, "ErrorMessage": c.message, "GroupId": g, "GroupState": "",
+             "GroupEpoch": -1, "AssignmentEpoch": -1, "Topology": None, "Members": [],
+             "AuthorizedOperations": AUTHORIZED_OPERATIONS_OMITTED}
+            for g in _list(r, "GroupIds")
+        ],
+    }
+
+
 def _topics(api_key: int, c: _Ctx) -> _Topics:
     spec = _topics_of(api_key, c.version)
     assert spec is not None
@@ -838,6 +895,14 @@ _BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
     ApiKey.SHARE_ACKNOWLEDGE: _top_and(Responses=[], NodeEndpoints=[]),
     ApiKey.ADD_RAFT_VOTER: _top_and(),
     ApiKey.REMOVE_RAFT_VOTER: _top_and(),
+    # Kafka Streams' group protocol (KIP-1071): the error, no member, no tasks
+    ApiKey.STREAMS_GROUP_HEARTBEAT: _top_and(MemberId="", MemberEpoch=0,
+                                             HeartbeatIntervalMs=0, ActiveTasks=None,
+                                             StandbyTasks=None, WarmupTasks=None),
+    ApiKey.STREAMS_GROUP_DESCRIBE: _streams_group_describe,
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: _describe_share_group_offsets,
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: _alter_share_group_offsets,
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: _delete_share_group_offsets,
 }
 
 #: API keys `error_response` can answer.

@@ -538,6 +538,40 @@ def test_describe_topic_partitions_of_every_topic_leaves_denied_ones_out(env: En
         assert public in names and not any(n.startswith("hidden.") for n in names), names
 
 
+def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection(
+        env: Env) -> None:
+    """Describe/Alter/DeleteShareGroupOffsets (Kafka 4.1's share-group admin calls)
+    naming a denied topic: the gateway had no refusal for them and closed the
+    connection; Java's Admin reconnected every second until it timed out (regression).
+    Each is now answered TOPIC_AUTHORIZATION_FAILED for the topic, as Kafka's
+    authorizer answers, and the connection stays open."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    group = f"share-offsets-{uuid.uuid4().hex[:6]}"
+    raw = RawConnection(env.gateway.bootstrap)
+    try:
+        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        auth = b"\0alice\0" + USERS["alice"].encode()
+        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+        described = raw.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
+            {"GroupId": group, "Topics": [{"TopicName": hidden, "Partitions": [0]}]}]})
+        altered = raw.request(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": group, "Topics": [{"TopicName": hidden, "Partitions": [
+                {"PartitionIndex": 0, "StartOffset": 3}]}]})
+        deleted = raw.request(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": group, "Topics": [{"TopicName": hidden}]})
+        # Still open: the next request is answered on it.
+        assert raw.request(ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t",
+                                                    "ClientSoftwareVersion": "1"})[
+            "ErrorCode"] == 0
+    finally:
+        raw.close()
+    [[partition]] = [t["Partitions"] for g in described["Groups"] for t in g["Topics"]]
+    assert partition["ErrorCode"] == TOPIC_AUTHORIZATION_FAILED
+    [[partition]] = [t["Partitions"] for t in altered["Responses"]]
+    assert partition["ErrorCode"] == TOPIC_AUTHORIZATION_FAILED
+    assert [t["ErrorCode"] for t in deleted["Responses"]] == [TOPIC_AUTHORIZATION_FAILED]
+
+
 def test_deleting_a_groups_offsets_refuses_only_the_denied_topic(env: Env) -> None:
     """`kafka-consumer-groups.sh --delete-offsets` describes the topics
     (DescribeTopicPartitions), then deletes (OffsetDelete): each request naming a denied
