@@ -64,6 +64,7 @@ from ext_proc.sasl.termination import (
 )
 from ext_proc.sequences import SharedSequenceLedger
 from ext_proc.session import KafkaSession, ProtocolViolation
+from ext_proc.shared_topic_ids import SharedTopicIds
 from ext_proc.tls_principal import MappingRuleError, NoMatchingRule, certificate_principal
 from filter_rules import CompiledRuleSet, RuleSet
 from interceptors import BuildContext, NoSideEffects
@@ -72,6 +73,7 @@ from interceptors.side_effects import DataPathSideEffects
 from kafka_wire import ApiKey
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.framing import DEFAULT_MAX_FRAME_SIZE, HeldBytes
+from kafka_wire.topic_ids import TopicIds
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,8 @@ def shared_state(directory: Path | None) -> dict[str, Any]:
         return {}
     private_dir(directory)
     return {"rates": SharedRates(directory / "rates"),
-            "sequences": SharedSequenceLedger(directory / "sequences")}
+            "sequences": SharedSequenceLedger(directory / "sequences"),
+            "topic_ids": TopicIds(shared=SharedTopicIds(directory / "topic-ids"))}
 
 
 class DataPath:

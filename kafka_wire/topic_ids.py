@@ -9,7 +9,11 @@ restarted since the client's last Metadata) is the caller's to refuse with
 UNKNOWN_TOPIC_ID, which makes the client refresh its metadata through the gateway.
 
 One map serves every connection of a process; it is bounded (oldest ids forgotten
-first) because ids of deleted topics are otherwise never dropped.
+first) because ids of deleted topics are otherwise never dropped. Processes that serve
+one client's connections between them (a pool of workers: its Metadata answer reaches
+one, its group heartbeat another) share what they learn through `shared`, a
+`SharedNames` the caller provides: learned ids are published to it, and an id this
+process has not seen is looked up there before it counts as unknown.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kafka_wire.entity_names import topic_id_pairs
 from kafka_wire.enums import ApiKey
@@ -28,10 +32,22 @@ LEARNING_APIS: Final = frozenset({ApiKey.METADATA, ApiKey.CREATE_TOPICS,
 DEFAULT_CAPACITY: Final = 1_000_000
 
 
+class SharedNames(Protocol):
+    """Topic names by id that other processes learned too (see the module's text)."""
+
+    def publish(self, topic_id: uuid.UUID, name: str) -> None: ...
+
+    def lookup(self, topic_id: uuid.UUID) -> str | None: ...
+
+    def forget(self, topic_id: uuid.UUID) -> None: ...
+
+
 class TopicIds:
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY,
+                 shared: SharedNames | None = None) -> None:
         self._names: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._capacity = capacity
+        self._shared = shared
 
     def __len__(self) -> int:
         return len(self._names)
@@ -47,14 +63,18 @@ class TopicIds:
             for name, topic_id in pairs:
                 if (name, topic_id) in deleted:
                     self._names.pop(topic_id, None)
+                    if self._shared is not None:
+                        self._shared.forget(topic_id)
             return
         for name, topic_id in pairs:
             self.add(topic_id, name)
 
-    def add(self, topic_id: uuid.UUID, name: str) -> None:
+    def add(self, topic_id: uuid.UUID, name: str, publish: bool = True) -> None:
         names = self._names
         if names.get(topic_id) != name:
             names[topic_id] = name
+            if publish and self._shared is not None:
+                self._shared.publish(topic_id, name)
         names.move_to_end(topic_id)
         while len(names) > self._capacity:
             names.popitem(last=False)
@@ -62,19 +82,28 @@ class TopicIds:
     def name(self, topic_id: uuid.UUID | None) -> str | None:
         if topic_id is None:
             return None
-        return self._names.get(topic_id)
+        name = self._names.get(topic_id)
+        if name is None and self._shared is not None:
+            name = self._shared.lookup(topic_id)
+            if name is not None:  # another process learned it: keep it here too
+                self.add(topic_id, name, publish=False)
+        return name
 
     def names_of(self, topic_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
         """The known ones of `topic_ids`, with their names."""
-        names = self._names
-        return {i: names[i] for i in topic_ids if i in names}
+        found = {}
+        for topic_id in topic_ids:
+            name = self.name(topic_id)
+            if name is not None:
+                found[topic_id] = name
+        return found
 
     def resolve(self, topic_ids: Iterable[uuid.UUID]) -> tuple[list[str], list[uuid.UUID]]:
         """(names of the known ids, the unknown ids)."""
         names: list[str] = []
         unknown: list[uuid.UUID] = []
         for topic_id in topic_ids:
-            name = self._names.get(topic_id)
+            name = self.name(topic_id)
             if name is None:
                 unknown.append(topic_id)
             else:

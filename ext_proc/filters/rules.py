@@ -194,15 +194,19 @@ class RuleEngine:
                  context: BuildContext | None = None,
                  limits: RecordLimits = DEFAULT_LIMITS,
                  on_over_budget: Callable[[str], None] | None = None,
-                 rates: RateBuckets | None = None, sequences: Ledger | None = None) -> None:
+                 rates: RateBuckets | None = None, sequences: Ledger | None = None,
+                 topic_ids: TopicIds | None = None) -> None:
         self.sink = sink or (lambda decision: None)
         self.limits = limits  # what record rules may do for one frame
         self.over_budget = on_over_budget or (lambda topic: None)
-        # The pool's (SharedRates, SharedSequenceLedger) when the service is one of
-        # several workers: a rate and a producer's sequences are not one process's.
+        # The pool's (SharedRates, SharedSequenceLedger, shared TopicIds) when the
+        # service is one of several workers: a rate, a producer's sequences and what the
+        # pool learned of topic ids are not one process's.
         self.rates = rates or RateLimiter()
         self.sequences = sequences or SequenceLedger()
-        self.topic_ids = TopicIds()  # learned from the answers every connection sees
+        # Learned from the answers every connection sees (and, in a pool, the answers
+        # the other workers saw: ext_proc.shared_topic_ids).
+        self.topic_ids = topic_ids if topic_ids is not None else TopicIds()
         self.context = context or BuildContext()
         self.records = RecordEngine(CompiledRuleSet(RuleSet()), self.context, builders={})
         self.compiled = compiled

@@ -860,6 +860,47 @@ pub fn learn_topic_id(id: [u8; 16], name: &str) {
     }
 }
 
+/// The APIs besides Produce, Fetch and ShareFetch (read field by field above) whose
+/// frames carry topic ids clients send or read (a `uuid` TopicId in Kafka 4.1.1's
+/// schemas, either way): OffsetCommit and OffsetFetch (v10), CreateTopics, DeleteTopics,
+/// ConsumerGroupHeartbeat, ConsumerGroupDescribe, DescribeTopicPartitions,
+/// ShareGroupHeartbeat, ShareGroupDescribe, ShareAcknowledge, StreamsGroupDescribe and
+/// Describe/Alter/DeleteShareGroupOffsets.
+const ID_CARRIERS: [i16; 14] = [8, 9, 19, 20, 68, 69, 75, 76, 77, 79, 89, 90, 91, 92];
+/// How much of such a frame is searched for ids (a group description can be large).
+const MAX_ID_SCAN: usize = 256 * 1024;
+
+/// The topic ids the module knows by name that a frame of an [`ID_CARRIERS`] API holds,
+/// found by looking up every 16-byte window of its first [`MAX_ID_SCAN`] bytes (these
+/// APIs are low-rate: heartbeats, commits, admin calls). Handed to the Python service
+/// with the frame, as [`named_ids`] for Produce and Fetch: the worker judging a
+/// consumer's heartbeat may never have seen the Metadata answer that named its topics
+/// (it went to another worker of the pool), and refused it UNKNOWN_TOPIC_ID, which
+/// Java's consumer takes as fatal. A random 16 bytes equal to a known id is as likely
+/// as guessing a UUID; at most [`MAX_TOPICS`].
+pub fn scanned_ids(api_key: i16, frame: &[u8]) -> Vec<([u8; 16], Arc<str>)> {
+    let mut named: Vec<([u8; 16], Arc<str>)> = Vec::new();
+    if !ID_CARRIERS.contains(&api_key) {
+        return named;
+    }
+    let map = topic_ids().read().unwrap_or_else(|e| e.into_inner());
+    if map.is_empty() {
+        return named;
+    }
+    for window in frame[..frame.len().min(MAX_ID_SCAN)].windows(16) {
+        let Ok(id) = <[u8; 16]>::try_from(window) else { continue };
+        if let Some(name) = map.get(&id) {
+            if !named.iter().any(|(known, _)| *known == id) {
+                named.push((id, name.clone()));
+                if named.len() >= MAX_TOPICS {
+                    break;
+                }
+            }
+        }
+    }
+    named
+}
+
 /// The name of a topic id the module has seen in a Metadata answer.
 pub fn topic_name(id: &[u8; 16]) -> Option<Arc<str>> {
     topic_ids().read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()

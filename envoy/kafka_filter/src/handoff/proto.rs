@@ -87,6 +87,8 @@ pub fn message(handoff: &HandOff) -> ProcessingRequest {
         Direction::Response if topics::judged_by_answer(handoff.api_key) => topics::answer_named_ids(handoff.api_key, handoff.api_version, &handoff.frame),
         Direction::Response => Vec::new(),
     };
+    // Heartbeats, commits and admin calls carry ids too, wherever their schemas put them.
+    let named = if named.is_empty() { topics::scanned_ids(handoff.api_key, &handoff.frame) } else { named };
     if !named.is_empty() {
         let ids = named.into_iter().map(|(id, name)| (hex(&id), string(name.as_ref()))).collect();
         fields.insert("topic_ids".to_string(), Value { kind: Some(Kind::StructValue(Struct { fields: ids })) });

@@ -301,3 +301,30 @@ fn a_fetch_request_is_decodable_only_whole_and_within_bounds() {
     forged[at..at + 4].copy_from_slice(&(MAX_PARTITIONS as i32 + 1).to_be_bytes());
     assert!(!fetch_is_bounded(&forged, version));
 }
+
+/// A ConsumerGroupHeartbeat request (v1, flexible) whose owned partitions name `ids`.
+fn heartbeat(ids: &[Uuid]) -> Vec<u8> {
+    use kafka_protocol::messages::consumer_group_heartbeat_request::TopicPartitions;
+    use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, GroupId, RequestHeader};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default().with_request_api_key(68).with_request_api_version(1).with_correlation_id(7)
+        .encode(&mut buf, 2).unwrap();
+    ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("g")))
+        .with_member_id(StrBytes::from_static_str("m"))
+        .with_topic_partitions(Some(ids.iter().map(|id| TopicPartitions::default().with_topic_id(*id).with_partitions(vec![0, 1])).collect()))
+        .encode(&mut buf, 1).unwrap();
+    let mut frame = (buf.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&buf);
+    frame
+}
+
+#[test]
+fn a_heartbeat_names_the_topic_ids_the_module_knows() {
+    let (orders, payments, unknown) = (known("orders"), known("payments"), fresh_id());
+    let frame = heartbeat(&[orders, unknown, payments, orders]);
+    let named: Vec<_> = scanned_ids(68, &frame).into_iter().map(|(id, name)| (Uuid::from_bytes(id), name.to_string())).collect();
+    assert_eq!(named, [(orders, "orders".to_string()), (payments, "payments".to_string())]);
+    assert!(scanned_ids(18, &frame).is_empty(), "only APIs whose schemas carry topic ids are searched");
+}
