@@ -159,7 +159,7 @@ def backtest_cmd(
 ) -> None:
     """Run a candidate rule set over captured records with the gateway's own engine."""
     from pipeline.backtest import METHODS, load_rules, run_backtest
-    from pipeline.inputs import KafkaInput, parse_input, read_records
+    from pipeline.inputs import KafkaInput, check_capture_files, parse_input, read_records
     from pipeline.progress import spark_progress
     from pipeline.reports import backtest_report
     from pipeline.thresholds import check, parse_threshold
@@ -171,6 +171,8 @@ def backtest_cmd(
         candidate = load_rules(rules)
         live = load_rules(live_rules) if live_rules is not None else None
         source = parse_input(input_)
+        if isinstance(source, Path):
+            check_capture_files(source)
         kafka = isinstance(source, KafkaInput)
         if kafka and method == "direct":
             raise typer.BadParameter("the direct route reads capture files; kafka:// input "

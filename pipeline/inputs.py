@@ -49,14 +49,14 @@ def parse_input(value: str) -> Path | KafkaInput:
         raise PipelineError(f"input {path} is not readable")
     if path.is_dir() and not any(path.rglob("*.parquet")):
         raise PipelineError(f"input {path} holds no Parquet files")
-    check_capture_files(path)
     return path
 
 
 def check_capture_files(path: Path) -> None:
-    """Every Parquet file under `path` has the columns a capture always holds (read
-    from the files' footers, not their rows): Spark reads a file without them as rows
-    of nulls, and the job then failed deep inside with a stack trace."""
+    """Every Parquet file under `path` (a backtest's `--input`) has the columns a
+    capture always holds (read from the files' footers, not their rows): Spark reads a
+    file without them as rows of nulls, and the job then failed deep inside with a
+    stack trace."""
     import pyarrow.parquet as pq
 
     from interceptors.capture import capture_schema

@@ -15,7 +15,7 @@ from keg.cli import app
 from pipeline.backtest import RulesInvalid, load_rules, run_backtest
 from pipeline.errors import PipelineError
 from pipeline.evaluate import differs, record_bytes
-from pipeline.inputs import KafkaInput, parse_input, read_records
+from pipeline.inputs import KafkaInput, check_capture_files, parse_input, read_records
 from tests.pipeline.conftest import (
     CANDIDATE_RULES,
     LIVE_RULES,
@@ -143,9 +143,9 @@ def test_unreadable_parquet_is_one_clear_error(spark: Any, tmp_path: Path) -> No
     (capture / "part-0.parquet").write_bytes(b"this is not parquet")
     rules = load_rules(rule_dir(tmp_path / "rules", LIVE_RULES))
     with pytest.raises(PipelineError, match="is not a readable Parquet file") as early:
-        parse_input(str(capture))  # `--input` is checked before Spark starts
+        check_capture_files(capture)  # `keg backtest --input`, before Spark starts
     assert "\n" not in str(early.value)
-    for source in (read_records(spark, capture), capture):
+    for source in (read_records(spark, parse_input(str(capture))), capture):
         with pytest.raises(PipelineError) as err:
             run_backtest(spark, source, rules, None, tmp_path / "out")
         message = str(err.value)

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 from ext_proc.shared_topic_ids import MAX_NAME_BYTES, SharedTopicIds
+from kafka_wire import ApiKey
 from kafka_wire.topic_ids import TopicIds
 
 
@@ -19,7 +20,7 @@ def test_an_id_one_worker_learned_is_known_to_another(tmp_path: Path) -> None:
     first = TopicIds(shared=SharedTopicIds(tmp_path / "ids"))
     second = TopicIds(shared=SharedTopicIds(tmp_path / "ids"))
     orders, payments, never = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    first.learn(3, 12, metadata_answer({"orders": orders, "payments": payments}))
+    first.learn(ApiKey.METADATA, 12, metadata_answer({"orders": orders, "payments": payments}))
     assert second.resolve([orders, never, payments]) == (["orders", "payments"], [never])
     assert second.names_of([payments]) == {payments: "payments"}
 
@@ -45,7 +46,8 @@ def test_a_deleted_topics_id_is_forgotten_everywhere(tmp_path: Path) -> None:
     second = TopicIds(shared=SharedTopicIds(tmp_path / "ids"))
     gone = uuid.uuid4()
     first.add(gone, "gone")
-    first.learn(20, 6, {"Responses": [{"Name": "gone", "TopicId": gone, "ErrorCode": 0}]})
+    first.learn(ApiKey.DELETE_TOPICS, 6,
+                {"Responses": [{"Name": "gone", "TopicId": gone, "ErrorCode": 0}]})
     assert first.name(gone) is None and second.name(gone) is None
 
 
