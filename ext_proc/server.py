@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 from envoy.service.network_ext_proc.v3 import network_external_processor_pb2 as pb
@@ -150,6 +150,17 @@ class ProcessorSettings:
         if self.control_plane is not None and self.rules_dir is not None:
             raise ValueError("rules come from a rule directory or from the control plane, "
                              "not both: give rules_dir or control_plane")
+
+
+# keg's Kafka filter keeps its streams to this service alive with an HTTP/2 ping every
+# 30 s while a connection is quiet. gRPC's server default takes a ping without data
+# between more often than every 5 minutes as abuse: after two it sent GOAWAY
+# ("too_many_pings"), every stream of that Envoy worker broke, and the next request a
+# quiet Kafka connection handed off failed (fail-closed: the connection was closed).
+KEEPALIVE_ACCEPTED: Final = (
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
 
 
 def shared_state(directory: Path | None) -> dict[str, Any]:
@@ -489,6 +500,7 @@ class ExtProcServer:
         server = exclusive_server([
             ("grpc.max_receive_message_length", 256 * 1024 * 1024),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            *KEEPALIVE_ACCEPTED,
         ])
         pb_grpc.add_NetworkExternalProcessorServicer_to_server(self.processor, server)
         self.port = listen(server, f"{self.settings.host}:{self.settings.port}",

@@ -120,6 +120,14 @@ def capture_cmd(
     if to_offset is not None and to_time is not None:
         raise typer.BadParameter("give --to-offset or --to-time, not both")
     start_ms, end_ms = _parse_time(from_time, "--from-time"), _parse_time(to_time, "--to-time")
+    # An empty range is a mistake, not a capture of nothing (it exited 0 with 0 records).
+    if from_offset is not None and to_offset is not None and to_offset <= from_offset:
+        raise typer.BadParameter(f"--to-offset {to_offset} is not after --from-offset "
+                                 f"{from_offset} (the capture stops before it)",
+                                 param_hint="--to-offset")
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise typer.BadParameter(f"--to-time {to_time} is before --from-time {from_time}",
+                                 param_hint="--to-time")
     progress = Progress(plain_column("bold"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("offsets"), TimeElapsedColumn(), console=console,
                         disable=quiet)

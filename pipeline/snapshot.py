@@ -60,15 +60,21 @@ def plan_ranges(consumer: Any, topic: str, partitions: list[int] | None,
                 from_offset: int | None, to_offset: int | None,
                 from_time_ms: int | None, to_time_ms: int | None) -> list[Range]:
     """The offset range to read per partition (empty ranges included)."""
-    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     try:
         meta = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
         raise PipelineError(f"cannot reach Kafka: {exc.args[0]}") from None
     info = meta.topics.get(topic)
+    if info is not None and info.error is not None and \
+            info.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise PipelineError(f"topic '{topic}': not authorized ({info.error.str()})")
     if info is None or info.error is not None or not info.partitions:
-        raise PipelineError(f"topic '{topic}' does not exist")
+        # A gateway leaves the topics a rule denies out of Metadata, as Kafka's authorizer
+        # leaves out those a client may not describe: to this client they do not exist.
+        raise PipelineError(f"topic '{topic}' does not exist (or is hidden from this "
+                            "client: a gateway or broker that denies it leaves it out)")
     known = sorted(info.partitions)
     chosen = partitions if partitions else known
     missing = sorted(set(chosen) - set(known))

@@ -7,8 +7,10 @@ the hand-off protocol (docs/native.md) as the Rust module does.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +22,7 @@ from google.protobuf.json_format import MessageToDict
 
 import kafka_wire
 from ext_proc import ExtProcServer, ProcessorSettings
+from ext_proc import server as server_module
 from ext_proc.connection import ConnectionInfo
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.frames import (
@@ -480,3 +483,55 @@ def test_an_incremental_fetchs_answer_is_read_with_the_topic_ids_the_module_name
     unnamed = answered(None)
     assert unnamed["Responses"][0]["Partitions"][0]["ErrorCode"] == 100  # UNKNOWN_TOPIC_ID
     assert not unnamed["Responses"][0]["Partitions"][0]["Records"], "no record goes out"
+
+
+def test_a_quiet_stream_whose_client_pings_stays_up(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keg's Kafka filter pings its streams every 30 s while a Kafka connection is
+    quiet. The service took pings between no data as abuse (gRPC's default: more often
+    than every 5 minutes, two strikes), sent GOAWAY ("too_many_pings"), and the next
+    frame of a quiet connection failed: fail-closed, Envoy closed it (regression; seen
+    after 150 s of quiet through the real Envoy). Time scaled down 30x: the client pings
+    every second, the service accepts pings 1/3 s apart (as it accepts the module's 30 s
+    ones, 10 s apart), the stream stays quiet for 8 s, then a frame on it is answered."""
+    monkeypatch.setattr(server_module, "KEEPALIVE_ACCEPTED", (
+        ("grpc.http2.min_ping_interval_without_data_ms", 333),
+        ("grpc.keepalive_permit_without_calls", 1)))
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "r.yaml").write_text(RULES)
+    pinging = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_permit_without_calls", 1),
+               ("grpc.http2.max_pings_without_data", 0),
+               ("grpc.http2.min_time_between_pings_ms", 1000)]
+
+    async def run() -> list[pb.ProcessingResponse]:
+        server = ExtProcServer(ProcessorSettings(port=0, rules_dir=rules_dir))
+        port = await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                                 options=pinging) as channel:
+                stub = pb_grpc.NetworkExternalProcessorStub(channel)
+
+                async def messages() -> AsyncIterator[pb.ProcessingRequest]:
+                    yield message(produce(1, "secret.x"))
+                    await asyncio.sleep(8)  # quiet: pings only (two strikes: GOAWAY)
+                    yield message(produce(2, "secret.x"))
+
+                call = stub.Process(messages(), metadata=((MODE_HEADER, FRAMES_MODE),))
+                return [reply async for reply in call]
+        finally:
+            await server.stop()
+
+    first, second = asyncio.run(run())
+    assert first.write_data.data and second.write_data.data  # both refused, in their slots
+
+
+def test_the_service_accepts_the_modules_keepalive_pings() -> None:
+    """What the service accepts keeps up with what the module sends (its Rust client)."""
+    source = (Path(__file__).parents[3] / "envoy/kafka_filter/src/handoff/grpc.rs").read_text()
+    found = re.search(r"http2_keep_alive_interval\(Duration::from_secs\((\d+)\)\)", source)
+    assert found is not None, "the module's keepalive interval moved"
+    accepted = dict(server_module.KEEPALIVE_ACCEPTED)
+    assert accepted["grpc.http2.min_ping_interval_without_data_ms"] * 2 <= \
+        int(found.group(1)) * 1000
+    assert accepted["grpc.keepalive_permit_without_calls"] == 1

@@ -281,9 +281,15 @@ impl Task {
             let deadline = unanswered.front().map(|u| u.deadline);
             tokio::select! {
                 biased;
-                reply = exchange.next(), if !unanswered.is_empty() => match reply {
+                // Read while idle too: a stream that breaks with nothing unanswered (the
+                // service restarted, the HTTP/2 connection went) is dropped then, and the
+                // next message opens another. Unread, its break surfaced only as the
+                // failure of the next message sent on it: a quiet Kafka connection's next
+                // handed-off request failed and, fail-closed, the connection was closed.
+                reply = exchange.next() => match reply {
                     Some(Ok(reply)) => {
-                        let Some(u) = unanswered.pop_front() else { continue };
+                        // An answer nobody asked for: the service broke the protocol.
+                        let Some(u) = unanswered.pop_front() else { return true };
                         let throttle = proto::throttle(&reply);
                         if !self.link.deliver(u.id, proto::resolution(u.direction, reply)) {
                             return false;
@@ -292,6 +298,7 @@ impl Task {
                             self.pause(pause, &mut unanswered).await;
                         }
                     }
+                    Some(Err(_)) | None if unanswered.is_empty() => return true,
                     Some(Err(_)) | None => return self.fail(&mut unanswered, Failure::Unavailable),
                 },
                 _ = sleep_until(deadline) => return self.fail(&mut unanswered, Failure::Timeout),

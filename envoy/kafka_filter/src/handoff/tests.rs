@@ -16,6 +16,7 @@ use crate::core::handoff::HandOff;
 
 /// Endpoint names say how the fake service behaves: `echo`, `dead`, `silent`,
 /// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message),
+/// `once` (answers the first message, then ends the stream while it is idle),
 /// `throttles` (echoes, each reply saying its request was over a rate by [`THROTTLE`]).
 #[derive(Default)]
 pub(crate) struct FakeService {
@@ -56,7 +57,7 @@ impl Connector for FakeService {
                         let pause = Value { kind: Some(Kind::NumberValue(THROTTLE.as_millis() as f64)) };
                         reply = proto::tests::with_keg(reply, vec![("throttle_ms", pause)]);
                     }
-                    if outgoing.send(reply).is_err() {
+                    if outgoing.send(reply).is_err() || mode == "once" {
                         return;
                     }
                 }
@@ -182,6 +183,24 @@ fn a_broken_stream_fails_what_it_held() {
     let conn = rt.connect(link.clone(), vec![], 0, interest(&["breaks:1"], 2000));
     conn.send(outgoing(1, Direction::Response, b"a"));
     assert_eq!(answers(&link, &wakes, 1), vec![(1, Resolution::Failed(Failure::Unavailable))]);
+}
+
+/// A stream that ended while nothing was unanswered (the service restarted, the HTTP/2
+/// connection went away while the Kafka connection was quiet) is dropped then: the
+/// next message opens another instead of failing on the dead one (which, fail-closed,
+/// closed a quiet Kafka connection at its next handed-off request).
+#[test]
+fn a_stream_that_ends_while_idle_is_replaced_not_failed() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["once:1"], 2000));
+    conn.send(outgoing(1, Direction::Request, b"a"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"a"))]);
+    std::thread::sleep(Duration::from_millis(100)); // the stream ends, idle
+    conn.send(outgoing(2, Direction::Request, b"b"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"b"))]);
+    assert_eq!(service.opened.lock().unwrap().len(), 2);
 }
 
 #[test]
