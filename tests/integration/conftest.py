@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -131,6 +132,33 @@ def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> 
                             "work_dir": work_dir, "ext_proc_log_level": "WARNING",
                             "data_path": DATA_PATH}
     return GatewaySettings(**(base | overrides))
+
+
+# A topic rule on every API: Metadata, group heartbeats and the rest of a client's
+# requests (and Metadata answers) go to the Python service, which hides the topics.
+HIDE_HIDDEN_RULES = """
+rules:
+  - id: hide-hidden
+    match: {topics: {prefix: [hidden.]}}
+    action: {deny: {}}
+"""
+
+
+@contextlib.contextmanager
+def gateway_with_static_rules(kafka: EmbeddedKafka, work_dir: Path, rules: str,
+                              **overrides: Any) -> Iterator[Gateway]:
+    """A gateway serving `rules` (as one rule file, version 1) from memory, quiet logs;
+    `overrides`: more GatewaySettings (data_path, workers, timeouts...)."""
+    from control_plane.providers import StaticRuleProvider
+    from filter_rules import load_rule_text
+
+    base: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap, "listen_port_base": 0, "work_dir": work_dir,
+        "rules_provider": StaticRuleProvider(load_rule_text(rules, "rules.yaml"), version="1"),
+        "ext_proc_log_level": "WARNING", "data_path": DATA_PATH}
+    settings = GatewaySettings(**(base | overrides))
+    with Gateway(settings) as gateway:
+        yield gateway
 
 
 def scrape_metrics(gateway: Gateway) -> str:

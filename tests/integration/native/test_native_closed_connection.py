@@ -22,40 +22,26 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 import kafka_wire
-from control_plane.providers import StaticRuleProvider
-from filter_rules import load_rule_text
 from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
 
 pytestmark = pytest.mark.integration
 
-# Every Metadata request and answer goes to the Python service (it hides the topics).
-RULES = """
-rules:
-  - id: hide-hidden
-    match: {topics: {prefix: [hidden.]}}
-    action: {deny: {}}
-"""
 PIPELINED = 200  # requests a client leaves behind, each with the service
 CLIENTS = 40
 
 
 @pytest.fixture(scope="module")
 def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    work: Path = tmp_path_factory.mktemp("native-closed")
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-        rules_provider=StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1"),
-        work_dir=work, ext_proc_log_level="WARNING", data_path="native")
-    with Gateway(settings) as gw:
+    with gateway_with_static_rules(kafka, tmp_path_factory.mktemp("native-closed"),
+                                   HIDE_HIDDEN_RULES, data_path="native") as gw:
         yield gw
 
 

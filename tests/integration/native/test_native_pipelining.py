@@ -13,42 +13,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import kafka_wire
-from control_plane.providers import StaticRuleProvider
-from filter_rules import load_rule_text
 from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic
+from keg.gateway import Gateway
+from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
 from tests.integration.raw_kafka import RawConnection, read_frame
 
 pytestmark = pytest.mark.integration
 
 REQUESTS = 10_000
-# A topic rule on every API: each Metadata request goes to the Python service.
-RULES = """
-rules:
-  - id: hide-hidden
-    match: {topics: {prefix: [hidden.]}}
-    action: {deny: {}}
-"""
 
 
 @pytest.fixture(scope="module")
 def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    work: Path = tmp_path_factory.mktemp("native-pipelining")
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-        rules_provider=StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1"),
-        work_dir=work, ext_proc_log_level="WARNING", data_path="native",
-        # The hand-off timeout, short: a queue of thousands outwaits it on any machine,
-        # 64 frames (a few ms of the service's work) on none.
-        message_timeout_s=0.5)
-    with Gateway(settings) as gw:
+    # The hand-off timeout, short: a queue of thousands outwaits it on any machine, 64
+    # frames (a few ms of the service's work) on none.
+    with gateway_with_static_rules(kafka, tmp_path_factory.mktemp("native-pipelining"),
+                                   HIDE_HIDDEN_RULES, data_path="native",
+                                   message_timeout_s=0.5) as gw:
         yield gw
 
 

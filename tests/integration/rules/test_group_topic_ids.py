@@ -15,38 +15,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from control_plane.providers import StaticRuleProvider
-from filter_rules import load_rule_text
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway, GatewaySettings
-from tests.integration.conftest import create_topic, produce_one
+from keg.gateway import Gateway
+from tests.integration.conftest import (
+    HIDE_HIDDEN_RULES,
+    create_topic,
+    gateway_with_static_rules,
+    produce_one,
+)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_data_path]  # both paths, in the first pass
 
-# A topic rule on every API: heartbeats go to the Python service.
-RULES = """
-rules:
-  - id: hide-hidden
-    match: {topics: {prefix: [hidden.]}}
-    action: {deny: {}}
-"""
 CONSUMERS = 6  # each on fresh topics: a worker that never saw them named serves some
 
 
 @pytest.fixture(scope="module", params=["ext-proc", "native"])
 def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory,
             request: pytest.FixtureRequest) -> Iterator[Gateway]:
-    work: Path = tmp_path_factory.mktemp("group-ids")
-    settings = GatewaySettings(
-        bootstrap_servers=kafka.bootstrap, listen_port_base=0,
-        rules_provider=StaticRuleProvider(load_rule_text(RULES, "rules.yaml"), version="1"),
-        work_dir=work, ext_proc_log_level="WARNING", data_path=request.param,
-        ext_proc_workers=2, envoy_concurrency=2)
-    with Gateway(settings) as gw:
+    with gateway_with_static_rules(kafka, tmp_path_factory.mktemp("group-ids"),
+                                   HIDE_HIDDEN_RULES, data_path=request.param,
+                                   ext_proc_workers=2, envoy_concurrency=2) as gw:
         yield gw
 
 
