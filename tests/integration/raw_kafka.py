@@ -12,6 +12,21 @@ import kafka_wire
 SIZE = struct.Struct(">i")
 
 
+# Metadata v12 for every topic: with a topic rule the service judges each answer too.
+ALL_TOPICS_METADATA = {"Topics": None, "AllowAutoTopicCreation": False,
+                       "IncludeTopicAuthorizedOperations": False}
+
+
+def pipelined_metadata(count: int, client_id: str) -> bytes:
+    """`count` Metadata v12 requests for every topic, correlation ids 1..count, as one
+    run of bytes a client pipelines."""
+    return b"".join(
+        kafka_wire.encode_request(
+            kafka_wire.RequestHeader(kafka_wire.ApiKey.METADATA, 12, correlation, client_id,
+                                     {}), ALL_TOPICS_METADATA)
+        for correlation in range(1, count + 1))
+
+
 def read_exact(sock: socket.socket, n: int) -> bytes | None:
     """`n` bytes, or None once the peer has closed (or the socket failed) before them."""
     buf = bytearray()

@@ -26,11 +26,10 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
-import kafka_wire
-from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
+from tests.integration.raw_kafka import pipelined_metadata
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +47,7 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
 def leave_with_requests_pending(bootstrap: str, reset: bool) -> None:
     """Pipelines Metadata requests the service must judge, then closes at once: with a
     reset (SO_LINGER 0) or a FIN."""
-    body = {"Topics": None, "AllowAutoTopicCreation": False,
-            "IncludeTopicAuthorizedOperations": False}
-    frames = b"".join(
-        kafka_wire.encode_request(
-            kafka_wire.RequestHeader(ApiKey.METADATA, 12, correlation, "leaver", {}), body)
-        for correlation in range(1, PIPELINED + 1))
+    frames = pipelined_metadata(PIPELINED, "leaver")
     host, port = bootstrap.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     if reset:

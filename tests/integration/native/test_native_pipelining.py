@@ -21,7 +21,7 @@ from kafka_wire import ApiKey
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
-from tests.integration.raw_kafka import RawConnection, read_frame
+from tests.integration.raw_kafka import RawConnection, pipelined_metadata, read_frame
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +44,7 @@ def test_thousands_of_pipelined_requests_a_rule_needs_are_all_answered(
     create_topic(kafka.bootstrap, name="hidden.pipelined")
     connection = RawConnection(gateway.bootstrap, timeout=60)
     # All topics: the service judges each answer too (it hides the denied topics).
-    body = {"Topics": None, "AllowAutoTopicCreation": False,
-            "IncludeTopicAuthorizedOperations": False}
-    frames = b"".join(
-        kafka_wire.encode_request(
-            kafka_wire.RequestHeader(ApiKey.METADATA, 12, correlation, "pipeliner", {}), body)
-        for correlation in range(1, REQUESTS + 1))
+    frames = pipelined_metadata(REQUESTS, "pipeliner")
     # Sent from a thread: the gateway may stop reading until answers are read here.
     sender = threading.Thread(target=connection.sock.sendall, args=(frames,), daemon=True)
     sender.start()
