@@ -18,7 +18,7 @@
 //!   new one.
 //! - A stream that breaks fails its unanswered messages the same way.
 //! - Throttles: a reply that says its request was over a rate (`keg.throttle_ms`) holds
-//!   the connection's next messages back that long (`Task::pause`).
+//!   the replies to the connection's next requests back that long ([`Mute`]).
 //! - Closed connections: the filter closes its link on destroy; answers that come later
 //!   are dropped (counted) and the task ends, dropping its stream.
 
@@ -268,6 +268,7 @@ impl Task {
     /// message) or the connection is gone (false).
     async fn serve(&mut self, mut exchange: Box<dyn Exchange>, first: Outgoing, timeout: Duration) -> bool {
         let mut unanswered: VecDeque<Unanswered> = VecDeque::new();
+        let mut mute = Mute::default();
         let mut pending = Some(first);
         loop {
             if let Some(outgoing) = pending.take() {
@@ -275,7 +276,7 @@ impl Task {
                 let id = outgoing.id;
                 unanswered.push_back(Unanswered { id, direction: outgoing.direction, deadline });
                 if exchange.send(outgoing.message).is_err() {
-                    return self.fail(&mut unanswered, Failure::Unavailable);
+                    return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Unavailable);
                 }
             }
             let deadline = unanswered.front().map(|u| u.deadline);
@@ -289,37 +290,33 @@ impl Task {
                 reply = exchange.next() => match reply {
                     Some(Ok(reply)) => {
                         // An answer nobody asked for: the service broke the protocol.
-                        let Some(u) = unanswered.pop_front() else { return true };
+                        let Some(u) = unanswered.pop_front() else { return mute.release(&self.link) };
                         let throttle = proto::throttle(&reply);
-                        if !self.link.deliver(u.id, proto::resolution(u.direction, reply)) {
+                        if !mute.deliver(&self.link, u.id, u.direction, proto::resolution(u.direction, reply)) {
                             return false;
                         }
                         if let Some(pause) = throttle {
-                            self.pause(pause, &mut unanswered).await;
+                            mute.extend(pause);
                         }
                     }
-                    Some(Err(_)) | None if unanswered.is_empty() => return true,
-                    Some(Err(_)) | None => return self.fail(&mut unanswered, Failure::Unavailable),
+                    Some(Err(_)) | None if unanswered.is_empty() => return mute.release(&self.link),
+                    Some(Err(_)) | None => {
+                        return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Unavailable)
+                    }
                 },
-                _ = sleep_until(deadline) => return self.fail(&mut unanswered, Failure::Timeout),
+                _ = sleep_until(deadline) => {
+                    return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Timeout)
+                }
+                _ = sleep_until(mute.release_at()) => {
+                    if !mute.release(&self.link) {
+                        return false;
+                    }
+                }
                 outgoing = self.rx.recv() => match outgoing {
                     Some(outgoing) => pending = Some(outgoing),
                     None => return false, // the connection is gone: drop the stream
                 },
             }
-        }
-    }
-
-    /// A request over a rate was answered: its answer goes at once, with the throttle
-    /// time Kafka's clients back off on; the connection's next hand-offs wait `pause`,
-    /// as Kafka mutes a throttled client's channel (KIP-219), so a client that ignores
-    /// the throttle time (librdkafka) is held to the rate too. Messages sent before wait
-    /// as long more for their answers; those not sent yet stay in the queue, whose
-    /// per-connection bound then stops the connection's reads.
-    async fn pause(&self, pause: Duration, unanswered: &mut VecDeque<Unanswered>) {
-        tokio::time::sleep(pause).await;
-        for u in unanswered.iter_mut() {
-            u.deadline += pause;
         }
     }
 
@@ -337,6 +334,58 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A connection muted for a rate it went over, as Kafka mutes a throttled client's
+/// channel (KIP-219): the request over the rate goes on at once and its answer carries
+/// the throttle time Kafka's clients back off on; the replies to the connection's next
+/// requests (what lets them reach the broker) are held until the throttle time has
+/// passed, so a client that ignores the throttle time (librdkafka) is held to the rate
+/// too, and their frames, still pending, count against the connection's bound, which
+/// then stops its reads. Replies to the broker's answers are never held: a client waits
+/// for none of its answers longer than the broker made it (holding them too held a
+/// throttled Produce's answer for the whole throttle time, which a Java client then
+/// waited out a second time).
+#[derive(Default)]
+struct Mute {
+    until: Option<tokio::time::Instant>,
+    /// Replies to requests, in order, that wait for `until`.
+    held: VecDeque<(u64, Resolution)>,
+}
+
+impl Mute {
+    /// Each pause is what one request adds to the connection's (the service keeps until
+    /// when it asked the module to wait): requests judged back to back mute the
+    /// connection for the last one's throttle, not for the sum of all.
+    fn extend(&mut self, pause: Duration) {
+        let now = tokio::time::Instant::now();
+        self.until = Some(self.until.map_or(now, |until| until.max(now)) + pause);
+    }
+
+    fn muted(&self) -> bool {
+        self.until.is_some_and(|until| until > tokio::time::Instant::now())
+    }
+
+    /// Delivers a reply now, or holds it while muted (a request's, or any behind a
+    /// held one). False when the connection is gone.
+    fn deliver(&mut self, link: &Link, id: u64, direction: Direction, resolution: Resolution) -> bool {
+        if direction == Direction::Request && (self.muted() || !self.held.is_empty()) {
+            self.held.push_back((id, resolution));
+            return true;
+        }
+        link.deliver(id, resolution)
+    }
+
+    /// When the held replies may go (never while none is held).
+    fn release_at(&self) -> Option<tokio::time::Instant> {
+        if self.held.is_empty() { None } else { self.until }
+    }
+
+    /// Delivers every held reply (the mute is over, or the stream ends: its replies
+    /// came, and a next stream starts unmuted). False when the connection is gone.
+    fn release(&mut self, link: &Link) -> bool {
+        self.held.drain(..).all(|(id, resolution)| link.deliver(id, resolution))
     }
 }
 

@@ -17,7 +17,8 @@ use crate::core::handoff::HandOff;
 /// Endpoint names say how the fake service behaves: `echo`, `dead`, `silent`,
 /// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message),
 /// `once` (answers the first message, then ends the stream while it is idle),
-/// `throttles` (echoes, each reply saying its request was over a rate by [`THROTTLE`]).
+/// `throttles` (echoes, each reply to a request saying it was over a rate by
+/// [`THROTTLE`]).
 #[derive(Default)]
 pub(crate) struct FakeService {
     /// Streams opened: endpoint and initial metadata.
@@ -52,8 +53,9 @@ impl Connector for FakeService {
                         _ => {}
                     }
                     // Echo: the frame back where it came from.
+                    let is_request = request.read_data.is_some();
                     let mut reply = ProcessingResponse { read_data: request.read_data, write_data: request.write_data, ..Default::default() };
-                    if mode == "throttles" {
+                    if mode == "throttles" && is_request {
                         let pause = Value { kind: Some(Kind::NumberValue(THROTTLE.as_millis() as f64)) };
                         reply = proto::tests::with_keg(reply, vec![("throttle_ms", pause)]);
                     }
@@ -257,4 +259,24 @@ fn a_throttled_answer_goes_at_once_and_holds_the_connections_next_ones_back_with
     std::thread::sleep(Duration::from_millis(100));
     assert!(link.take().is_empty(), "the next answer waits for the pause");
     assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"next"))]);
+}
+
+#[test]
+fn the_brokers_answers_go_at_once_while_the_connection_is_muted() {
+    // A throttled Produce's answer (handed off for the rule's patch) waited the whole
+    // pause behind it: a Java client then backed off the throttle time a second time.
+    let (rt, _) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["throttles:1"], 300));
+    let start = std::time::Instant::now();
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"over"))]);
+    conn.send(outgoing(2, Direction::Request, b"next"));
+    conn.send(outgoing(3, Direction::Response, b"answer to over"));
+    let answer = Resolution::Response { answer: b"answer to over".to_vec(), vouched: vec![] };
+    assert_eq!(answers(&link, &wakes, 1), vec![(3, answer)]);
+    assert!(start.elapsed() < THROTTLE, "the answer waited for the pause: {:?}", start.elapsed());
+    assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"next"))]);
+    assert!(start.elapsed() >= THROTTLE, "the next request went before the pause ended");
 }
