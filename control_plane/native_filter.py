@@ -115,7 +115,8 @@ class NativeFilter:
 
 
 # The node metadata key an Envoy names its module's metrics exporter with: {"address":
-# "host:port", and optionally "topics", "max_topics", "max_clients", "max_principals"}.
+# "host:port", and optionally "topics", "max_topics", "max_clients", "max_principals",
+# "max_series"}.
 METRICS_KEY = "keg.metrics"
 
 

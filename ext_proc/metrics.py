@@ -45,6 +45,11 @@ get their own label value; later ones are counted as "other". The first ones see
 kept (not the busiest: a counter's past cannot move to another series), so
 established series stay stable; a restart starts over. Rules, actions, APIs and
 error codes are bounded by the rule set and the protocol.
+
+Bounding each label does not bound their combinations (1,000 topics x 1,000 client ids
+is a million series, which one client can make by changing its client id), so each
+series family with labels clients choose admits the first `max_series` (10,000)
+combinations; a later one is counted with all of those labels "other".
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ OTHER = "other"
 DEFAULT_MAX_PRINCIPALS = 1000
 DEFAULT_MAX_TOPICS = 1000
 DEFAULT_MAX_CLIENTS = 1000
+DEFAULT_MAX_SERIES = 10_000  # per series family, of the combinations of clients' labels
 NO_CLIENT_ID = ""  # a null client id (or one keg could not read)
 # 50 µs to 1 s: a pass-through frame costs tens of µs, a held and rewritten one more.
 LATENCY_BUCKETS = (
@@ -95,6 +101,29 @@ class BoundedLabel:
                 self._seen.add(value)
                 return value
         return OTHER
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class BoundedSeries:
+    """Admits the first `limit` distinct label combinations of one series family; a later
+    one has every label at a position in `chosen` (those clients choose) "other"."""
+
+    def __init__(self, limit: int, chosen: tuple[int, ...]) -> None:
+        self.limit = limit
+        self._chosen = frozenset(chosen)
+        self._seen: set[tuple[str, ...]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, *labels: str) -> tuple[str, ...]:
+        if labels in self._seen:
+            return labels
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(labels)
+                return labels
+        return tuple(OTHER if i in self._chosen else label for i, label in enumerate(labels))
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -126,6 +155,7 @@ class Metrics:
         max_clients: int = DEFAULT_MAX_CLIENTS,
         topic_ids: TopicIds | None = None,
         read_topics: bool = True,
+        max_series: int = DEFAULT_MAX_SERIES,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.meters: weakref.WeakSet[ConnectionMeter] = weakref.WeakSet()
@@ -134,6 +164,12 @@ class Metrics:
         self.principal_label = BoundedLabel(max_principals)
         self.topic_label = BoundedLabel(max_topics)
         self.client_label = BoundedLabel(max_clients)
+        # (api, version, client id, principal); (api, topic, client id, principal);
+        # (api, topic, client id, principal, rule, error)
+        self.request_series = BoundedSeries(max_series, (2, 3))
+        self.handed_off_series = BoundedSeries(max_series, (2, 3))
+        self.topic_series = BoundedSeries(max_series, (1, 2, 3))
+        self.refusal_series = BoundedSeries(max_series, (1, 2, 3))
         # Read the topics of passing Produce requests (a few µs per request and
         # partition: the one cost of these metrics that grows with traffic).
         self.read_topics = read_topics
@@ -226,14 +262,14 @@ class Metrics:
     def request(self, api_key: int, api_version: int, principal: str,
                 client_id: str = NO_CLIENT_ID) -> None:
         """One request (connections count theirs in a ConnectionMeter instead)."""
-        self.requests.labels(api_label(api_key), str(api_version),
-                             self.client_label(client_id),
-                             self.principal_label(principal)).inc()
+        self.requests.labels(*self.request_series(
+            api_label(api_key), str(api_version), self.client_label(client_id),
+            self.principal_label(principal))).inc()
 
     def topic_request(self, api_key: int, topic: str, client_id: str, principal: str,
                       record_bytes: int = 0, count: int = 1) -> None:
-        labels = (api_label(api_key), self.topic_label(topic), self.client_label(client_id),
-                  self.principal_label(principal))
+        labels = self.topic_series(api_label(api_key), self.topic_label(topic),
+                                   self.client_label(client_id), self.principal_label(principal))
         self.topic_requests.labels(*labels).inc(count)
         if record_bytes:
             self.topic_record_bytes.labels(*labels).inc(record_bytes)
@@ -250,10 +286,10 @@ class Metrics:
     def refusal(self, api_key: int, topic: str | None, client_id: str | None, principal: str,
                 rule: str, error_code: int, count: int = 1) -> None:
         """A request (or batch) refused with `error_code`; `topic` None: not about one."""
-        self.refusals.labels(
+        self.refusals.labels(*self.refusal_series(
             api_label(api_key), "" if topic is None else self.topic_label(topic),
             self.client_label(client_id or NO_CLIENT_ID), self.principal_label(principal),
-            rule, error_label(error_code)).inc(count)
+            rule, error_label(error_code))).inc(count)
 
     def audit_event(self) -> None:
         self.audit_events.inc()
@@ -354,10 +390,12 @@ class Metrics:
 __all__ = [
     "DEFAULT_MAX_CLIENTS",
     "DEFAULT_MAX_PRINCIPALS",
+    "DEFAULT_MAX_SERIES",
     "DEFAULT_MAX_TOPICS",
     "LATENCY_BUCKETS",
     "OTHER",
     "BoundedLabel",
+    "BoundedSeries",
     "Metrics",
     "api_label",
     "error_label",
@@ -437,11 +475,11 @@ class ConnectionMeter:
         nbytes, self._bytes = self._bytes, {}
         topics, self._topics = self._topics, {}
         forwarded, self._forwarded = self._forwarded, 0
-        series = m.handed_off_requests if self._handed_off else m.requests
+        series, bound = ((m.handed_off_requests, m.handed_off_series) if self._handed_off
+                         else (m.requests, m.request_series))
         for (api_key, version, client, principal), count in requests.items():
-            series.labels(api_label(api_key), str(version),
-                              m.client_label(_text(client)),
-                              m.principal_label(principal)).inc(count)
+            series.labels(*bound(api_label(api_key), str(version), m.client_label(_text(client)),
+                                 m.principal_label(principal))).inc(count)
         for (api_key, topic, is_id, client, principal), (count, size) in topics.items():
             m.topic_request(api_key, _topic_label(topic, is_id, m.topic_ids), _text(client),
                             principal, size, count)

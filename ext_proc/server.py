@@ -44,6 +44,7 @@ from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import (
     DEFAULT_MAX_CLIENTS,
     DEFAULT_MAX_PRINCIPALS,
+    DEFAULT_MAX_SERIES,
     DEFAULT_MAX_TOPICS,
     ConnectionMeter,
     Metrics,
@@ -100,6 +101,7 @@ class ProcessorSettings:
     metrics_max_topics: int = DEFAULT_MAX_TOPICS
     metrics_max_clients: int = DEFAULT_MAX_CLIENTS
     metrics_max_principals: int = DEFAULT_MAX_PRINCIPALS
+    metrics_max_series: int = DEFAULT_MAX_SERIES
     metrics_topics: bool = True  # topic labels: read the topics of passing Produce requests
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
     # message_timeout (5 s by default) runs for each, so holds stay short: clients
@@ -181,6 +183,7 @@ class DataPath:
         self.metrics = Metrics(max_principals=settings.metrics_max_principals,
                                max_topics=settings.metrics_max_topics,
                                max_clients=settings.metrics_max_clients,
+                               max_series=settings.metrics_max_series,
                                read_topics=settings.metrics_topics)
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)

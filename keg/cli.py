@@ -79,10 +79,11 @@ AuditFormatOption = Annotated[str, typer.Option(
 
 
 
-def _metrics_label_bound(envvar: str, which: str) -> Any:
-    """The option bounding one label of the ext_proc metrics (its distinct values)."""
+def _metrics_label_bound(envvar: str, which: str, default: int = 1000) -> Any:
+    """The option bounding one label of the ext_proc metrics (its distinct values), or
+    their combinations."""
     return typer.Option(envvar=envvar, min=1,
-                        help=f"{which}; later ones count as 'other'. Default 1000.")
+                        help=f"{which}; later ones count as 'other'. Default {default}.")
 
 
 def audit_log_setting(value: Path | None, default: Path | None) -> Path | None:
@@ -465,6 +466,9 @@ def ext_proc_cmd(
              "as it passes (a few µs per request; off: no keg_topic_* series).")] = True,
     metrics_max_principals: Annotated[int | None, _metrics_label_bound(
         "KEG_METRICS_MAX_PRINCIPALS", "Principals with a series of their own")] = None,
+    metrics_max_series: Annotated[int | None, _metrics_label_bound(
+        "KEG_METRICS_MAX_SERIES", "Series per labelled family (its combinations of topic, "
+        "client id and principal)", 10_000)] = None,  # ext_proc.metrics.DEFAULT_MAX_SERIES
     control_plane: Annotated[str | None, typer.Option(
         help="host:port of the control plane's xDS server: take the rules from it "
              "(instead of --rules).")] = None,
@@ -559,6 +563,7 @@ def ext_proc_cmd(
         metrics_max_topics=metrics_max_topics or default.metrics_max_topics,
         metrics_max_clients=metrics_max_clients or default.metrics_max_clients,
         metrics_max_principals=metrics_max_principals or default.metrics_max_principals,
+        metrics_max_series=metrics_max_series or default.metrics_max_series,
         metrics_topics=metrics_topics,
         sasl_termination=sasl_termination,
         service_sasl=service,

@@ -260,7 +260,12 @@ class AuditStream:
 # takes the same ones, so both data paths bound their series alike.
 MODULE_METRICS_ENV: Final = {"max_topics": "KEG_METRICS_MAX_TOPICS",
                              "max_clients": "KEG_METRICS_MAX_CLIENTS",
-                             "max_principals": "KEG_METRICS_MAX_PRINCIPALS"}
+                             "max_principals": "KEG_METRICS_MAX_PRINCIPALS",
+                             "max_series": "KEG_METRICS_MAX_SERIES"}
+
+
+# What of `keg up`'s environment its ext_proc workers get for their metrics.
+METRICS_ENV: Final = "KEG_METRICS_*"
 
 
 def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, Any]:
@@ -607,10 +612,12 @@ class Gateway(Service):
             raise
 
     def _ext_proc_environment(self, secrets: dict[str, str]) -> dict[str, str]:
-        """The allow-list of a Python child, the key variables the rules name, what the
-        settings add, and `secrets` (the brokers' passwords: never on a command line)."""
+        """The allow-list of a Python child, the metrics' bounds (KEG_METRICS_*, which the
+        module takes from this process's environment too), the key variables the rules
+        name, what the settings add, and `secrets` (the brokers' passwords: never on a
+        command line)."""
         s = self.settings
-        names = {*s.ext_proc_env, *self._rule_secret_env_names()}
+        names = {METRICS_ENV, *s.ext_proc_env, *self._rule_secret_env_names()}
         return child_environment((*PYTHON, *sorted(names)), {**s.extra_env, **secrets})
 
     def _check_workers_can_build(self, ruleset: RuleSet) -> None:

@@ -62,6 +62,7 @@ fn main() {
     let rounds = args.next().unwrap_or(5);
     let exporter = Arc::new(Exporter::new(MetricsConfig {
         address: "127.0.0.1:0".into(), topics: true, max_topics: 1000, max_clients: 1000, max_principals: 1000,
+        max_series: 10_000,
     }));
     let mut results = Vec::new();
     for records in [1usize, 16] {

@@ -20,7 +20,10 @@
 //!
 //! Cardinality, as on the ext_proc path: topics, client ids and principals come from
 //! clients, so only the first `max_topics` / `max_clients` / `max_principals` distinct
-//! values get a series of their own, later ones count as `other`.
+//! values get a series of their own, later ones count as `other`. Their combinations are
+//! bounded too (1,000 topics x 1,000 client ids is a million series, which one client
+//! makes by changing its client id): a family admits its first `max_series` label sets,
+//! a later one counts with its topic, client id and principal `other`.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -61,6 +64,9 @@ pub struct MetricsConfig {
     pub max_clients: usize,
     #[serde(default = "thousand")]
     pub max_principals: usize,
+    /// Label sets per series family.
+    #[serde(default = "ten_thousand")]
+    pub max_series: usize,
 }
 
 fn yes() -> bool {
@@ -69,6 +75,10 @@ fn yes() -> bool {
 
 fn thousand() -> usize {
     1000
+}
+
+fn ten_thousand() -> usize {
+    10_000
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +121,31 @@ impl Bounded {
     }
 }
 
+/// Admits the first `limit` distinct label sets of a series family; a later one is
+/// folded (its labels that clients choose become [`OTHER`]).
+struct BoundedSeries<L> {
+    limit: usize,
+    seen: Mutex<HashSet<L>>,
+}
+
+impl<L: Clone + Eq + std::hash::Hash> BoundedSeries<L> {
+    fn new(limit: usize) -> Self {
+        BoundedSeries { limit, seen: Mutex::new(HashSet::new()) }
+    }
+
+    fn admit(&self, labels: L, fold: impl FnOnce(L) -> L) -> L {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&labels) {
+            return labels;
+        }
+        if seen.len() < self.limit {
+            seen.insert(labels.clone());
+            return labels;
+        }
+        fold(labels)
+    }
+}
+
 /// The process's labelled series and their HTTP server.
 pub struct Exporter {
     config: MetricsConfig,
@@ -122,6 +157,8 @@ pub struct Exporter {
     topics: Bounded,
     clients: Bounded,
     principals: Bounded,
+    request_series: BoundedSeries<RequestLabels>,
+    topic_series: BoundedSeries<TopicLabels>,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -146,6 +183,8 @@ impl Exporter {
             topics: Bounded::new(config.max_topics),
             clients: Bounded::new(config.max_clients),
             principals: Bounded::new(config.max_principals),
+            request_series: BoundedSeries::new(config.max_series),
+            topic_series: BoundedSeries::new(config.max_series),
             config,
             registry,
             requests,
@@ -289,6 +328,11 @@ impl Exporter {
             client_id: self.clients.label(client_id),
             principal: self.principals.label(principal),
         };
+        let labels = self.request_series.admit(labels, |l| RequestLabels {
+            client_id: OTHER.to_string(),
+            principal: OTHER.to_string(),
+            ..l
+        });
         self.requests.get_or_create(&labels).clone()
     }
 
@@ -309,6 +353,12 @@ impl Exporter {
             client_id: self.clients.label(client_id),
             principal: self.principals.label(principal),
         };
+        let labels = self.topic_series.admit(labels, |l| TopicLabels {
+            topic: OTHER.to_string(),
+            client_id: OTHER.to_string(),
+            principal: OTHER.to_string(),
+            ..l
+        });
         (self.topic_requests.get_or_create(&labels).clone(), self.topic_record_bytes.get_or_create(&labels).clone())
     }
 }
@@ -353,7 +403,7 @@ mod tests {
     use super::*;
 
     fn config(max: usize) -> MetricsConfig {
-        MetricsConfig { address: "127.0.0.1:0".into(), topics: true, max_topics: max, max_clients: max, max_principals: max }
+        MetricsConfig { address: "127.0.0.1:0".into(), topics: true, max_topics: max, max_clients: max, max_principals: max, max_series: 10_000 }
     }
 
     #[test]
@@ -388,6 +438,30 @@ mod tests {
             .and_then(|l| l.rsplit(' ').next()).map(|n| n.to_string());
         assert_eq!((count("a"), count("b"), count("other")), (Some("2".into()), Some("1".into()), Some("2".into())));
         assert_eq!(count("c"), None);
+    }
+
+    #[test]
+    fn combinations_of_bounded_labels_are_bounded_too() {
+        // Each label under its bound, their combinations were not: one client changing
+        // its client id per request made topics x client ids series.
+        let exporter = Arc::new(Exporter::new(MetricsConfig { max_series: 4, ..config(100) }));
+        for n in 0..10 {
+            let mut sink = ConnectionCounters::new(Arc::clone(&exporter));
+            for t in 0..10 {
+                sink.topic(&TopicKey::Name(format!("t{t}").into()), &format!("c{n}"), "User:a", 1, 10);
+                sink.requests(0, 9, &format!("c{n}-{t}"), "User:a", 1);
+            }
+        }
+        let text = exporter.encode();
+        let series = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        assert_eq!((series("keg_topic_requests_total{"), series("keg_requests_total{")), (5, 5), "{text}");
+        for line in [
+            r#"keg_topic_requests_total{api="Produce",topic="other",client_id="other",principal="other"} 96"#,
+            r#"keg_topic_record_bytes_total{api="Produce",topic="other",client_id="other",principal="other"} 960"#,
+            r#"keg_requests_total{api="Produce",version="9",client_id="other",principal="other"} 96"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
     }
 
     #[test]

@@ -162,3 +162,31 @@ def test_the_dashboard_queries_what_this_data_path_exposes(
         assert unknown_references(series, ["keg_requests_total", "keg_topic_"]) == []
     else:
         assert unknown_references(series, ["keg_"], ["keg_api_", "keg_rules_"]) == []
+
+
+def test_combinations_of_topics_and_client_ids_are_bounded_too(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each label had its bound, their combinations had none: a client changing its client
+    id from one request to the next made topics x client ids series (40,885 from one raw
+    connection, a 9.5 MB page). A family now admits its first label sets (here 20); the
+    others count with topic, client id and principal "other", and none is lost."""
+    monkeypatch.setenv("KEG_METRICS_MAX_SERIES", "20")
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": RULES})
+    settings = gateway_settings(kafka, tmp_path / "envoy", rules_dir=rules,
+                                metrics_port=free_port())
+    topic = create_topic(kafka.bootstrap, name=f"many.{uuid.uuid4().hex[:6]}")
+    with Gateway(settings) as gateway:
+        for n in range(30):
+            assert produce(gateway.bootstrap, topic, 1, f"client-{n}") == [0]
+        samples = [sample for family in text_string_to_metric_families(scrape_metrics(gateway))
+                   for sample in family.samples]
+    topics = [s for s in samples if s.name == "keg_topic_requests_total"]
+    assert len(topics) <= 21, [s.labels for s in topics]
+    assert sum(s.value for s in topics if s.labels["topic"] == topic) >= 10  # admitted
+    folded = {"api": "Produce", "topic": "other", "client_id": "other", "principal": "other"}
+    assert [s.value for s in topics if s.labels == folded] != []
+    assert sum(s.value for s in topics) == 30  # every Produce counted, once
+    requests = [s for s in samples if s.name == "keg_requests_total"]
+    assert len({tuple(sorted(s.labels.items())) for s in requests}) <= 20 + len(
+        {(s.labels["api"], s.labels["version"]) for s in requests})
+    assert any(s.labels["client_id"] == "other" for s in requests)

@@ -14,6 +14,7 @@ from ext_proc.metrics import (
     LATENCY_BUCKETS,
     OTHER,
     BoundedLabel,
+    BoundedSeries,
     ConnectionMeter,
     Metrics,
     api_label,
@@ -25,6 +26,12 @@ from kafka_wire.produce_topics import ProduceTopics, client_id_of
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
     return m.registry.get_sample_value(name, labels)
+
+
+def samples(m: Metrics, name: str) -> list[dict[str, str]]:
+    """The label sets of `name`'s samples."""
+    return [sample.labels for family in m.registry.collect() for sample in family.samples
+            if sample.name == name]
 
 
 def exercised() -> Metrics:
@@ -121,6 +128,32 @@ def test_principals_clients_and_topics_are_bounded() -> None:
     assert value(m, "keg_topic_requests_total", api="Produce", topic=OTHER, client_id="c1",
                  principal="User:a") == 1
     assert len(m.principal_label) == 2 and len(m.topic_label) == 1
+
+
+def test_combinations_of_bounded_labels_are_bounded_too() -> None:
+    """Each label under its bound, their combinations were not: one client changing its
+    client id per request made topics x client ids series."""
+    m = Metrics(max_series=4)
+    for n in range(10):
+        for t in range(10):
+            m.topic_request(ApiKey.PRODUCE, f"t{t}", f"c{n}", "User:a", record_bytes=10)
+            m.request(ApiKey.PRODUCE, 9, "User:a", f"c{n * 10 + t}")
+    # the first 4 combinations, then one of "other"
+    assert len(samples(m, "keg_topic_requests_total")) == 5
+    assert value(m, "keg_topic_requests_total", api="Produce", topic=OTHER, client_id=OTHER,
+                 principal=OTHER) == 96
+    assert value(m, "keg_topic_record_bytes_total", api="Produce", topic=OTHER,
+                 client_id=OTHER, principal=OTHER) == 960
+    assert len(samples(m, "keg_requests_total")) == 5
+    assert value(m, "keg_requests_total", api="Produce", version="9", client_id=OTHER,
+                 principal=OTHER) == 96
+
+
+def test_bounded_series_folds_only_the_labels_clients_choose() -> None:
+    series = BoundedSeries(1, (1,))
+    assert series("Produce", "t1") == ("Produce", "t1")
+    assert series("Fetch", "t2") == ("Fetch", OTHER)
+    assert series("Produce", "t1") == ("Produce", "t1")
 
 
 def test_bounded_label() -> None:
