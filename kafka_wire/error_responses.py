@@ -820,6 +820,32 @@ def _streams_group_describe(c: _Ctx, r: Body) -> Body:
     }
 
 
+def _write_txn_markers(c: _Ctx, r: Body) -> Body:
+    # Each partition of each marker carries the error (the response has no other place).
+    return {"Markers": [
+        {"ProducerId": m.get("ProducerId", -1),
+         "Topics": [{"Name": t.get("Name", ""),
+                     "Partitions": [{"PartitionIndex": p, "ErrorCode": c.error}
+                                    for p in _list(t, "PartitionIndexes")]}
+                    for t in _list(m, "Topics")]}
+        for m in _list(r, "Markers")]}
+
+
+def _share_group_state(**state: Any) -> Callable[[_Ctx, Body], Body]:
+    """Initialize/Read/Write/Delete/ReadSummary ShareGroupState (broker to share
+    coordinator): each partition asked carries the error, with `state` (unknown: -1)."""
+
+    def build(c: _Ctx, r: Body) -> Body:
+        return {"Results": [
+            {"TopicId": _topic_id(t),
+             "Partitions": [{"Partition": p.get("Partition", 0), "ErrorCode": c.error,
+                             "ErrorMessage": c.message, **copy.deepcopy(state)}
+                            for p in _list(t, "Partitions")]}
+            for t in _list(r, "Topics")]}
+
+    return build
+
+
 def _topics(api_key: int, c: _Ctx) -> _Topics:
     spec = _topics_of(api_key, c.version)
     assert spec is not None
@@ -888,6 +914,14 @@ _BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
     ApiKey.PUSH_TELEMETRY: _error_and(),
     ApiKey.LIST_CONFIG_RESOURCES: _error_and(ConfigResources=[]),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: _describe_topic_partitions,
+    ApiKey.WRITE_TXN_MARKERS: _write_txn_markers,
+    ApiKey.INITIALIZE_SHARE_GROUP_STATE: _share_group_state(),
+    ApiKey.READ_SHARE_GROUP_STATE: _share_group_state(
+        StateEpoch=-1, StartOffset=-1, StateBatches=[]),
+    ApiKey.WRITE_SHARE_GROUP_STATE: _share_group_state(),
+    ApiKey.DELETE_SHARE_GROUP_STATE: _share_group_state(),
+    ApiKey.READ_SHARE_GROUP_STATE_SUMMARY: _share_group_state(
+        StateEpoch=-1, LeaderEpoch=-1, StartOffset=-1),
     ApiKey.SHARE_GROUP_HEARTBEAT: _group_heartbeat,
     ApiKey.SHARE_GROUP_DESCRIBE: _group_describe,
     # ShareFetch and ShareAcknowledge: the top-level error alone, as Kafka answers

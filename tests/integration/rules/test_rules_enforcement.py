@@ -572,6 +572,31 @@ def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection
     assert [t["ErrorCode"] for t in deleted["Responses"]] == [TOPIC_AUTHORIZATION_FAILED]
 
 
+def test_write_txn_markers_naming_a_denied_topic_is_refused_on_an_open_connection(
+        env: Env) -> None:
+    """WriteTxnMarkers (a broker's call, which a client can send as well) naming a denied
+    topic: the gateway had no refusal for it and closed the connection. Each partition
+    is now answered TOPIC_AUTHORIZATION_FAILED and the connection stays open."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    raw = RawConnection(env.gateway.bootstrap)
+    try:
+        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        auth = b"\0alice\0" + USERS["alice"].encode()
+        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+        answer = raw.request(ApiKey.WRITE_TXN_MARKERS, 1, {"Markers": [{
+            "ProducerId": 41, "ProducerEpoch": 0, "TransactionResult": True,
+            "Topics": [{"Name": hidden, "PartitionIndexes": [0]}], "CoordinatorEpoch": 0}]})
+        assert raw.request(ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t",
+                                                    "ClientSoftwareVersion": "1"})[
+            "ErrorCode"] == 0
+    finally:
+        raw.close()
+    [marker] = answer["Markers"]
+    assert marker["ProducerId"] == 41
+    assert [(t["Name"], [p["ErrorCode"] for p in t["Partitions"]]) for t in marker["Topics"]] \
+        == [(hidden, [TOPIC_AUTHORIZATION_FAILED])]
+
+
 def test_deleting_a_groups_offsets_refuses_only_the_denied_topic(env: Env) -> None:
     """`kafka-consumer-groups.sh --delete-offsets` describes the topics
     (DescribeTopicPartitions), then deletes (OffsetDelete): each request naming a denied

@@ -463,6 +463,29 @@ def test_add_partitions_to_txn_shapes() -> None:
     assert v4 == {"ThrottleTimeMs": 0, "ErrorCode": 53, "ResultsByTransaction": []}
 
 
+def test_broker_to_broker_apis_with_topics_are_answered_per_partition() -> None:
+    """WriteTxnMarkers and the share-group state APIs carry topics a rule may deny: their
+    refusal closed the connection (no builder)."""
+    markers = {"Markers": [{"ProducerId": 7, "ProducerEpoch": 0, "TransactionResult": True,
+                            "Topics": [{"Name": "t", "PartitionIndexes": [0, 2]}],
+                            "CoordinatorEpoch": 1}]}
+    body = error_response(ApiKey.WRITE_TXN_MARKERS, 1, markers, 29)
+    assert body == {"Markers": [{"ProducerId": 7, "Topics": [{"Name": "t", "Partitions": [
+        {"PartitionIndex": 0, "ErrorCode": 29}, {"PartitionIndex": 2, "ErrorCode": 29}]}]}]}
+    roundtrip(ApiKey.WRITE_TXN_MARKERS, 1, body)
+    topic = uuid.uuid4()
+    state = {"GroupId": "g", "Topics": [{"TopicId": topic, "Partitions": [{"Partition": 3}]}]}
+    for api_key in (ApiKey.INITIALIZE_SHARE_GROUP_STATE, ApiKey.READ_SHARE_GROUP_STATE,
+                    ApiKey.WRITE_SHARE_GROUP_STATE, ApiKey.DELETE_SHARE_GROUP_STATE,
+                    ApiKey.READ_SHARE_GROUP_STATE_SUMMARY):
+        body = error_response(api_key, 0, state, 29, MESSAGE)
+        [result] = body["Results"]
+        assert result["TopicId"] == topic
+        assert [(p["Partition"], p["ErrorCode"], p["ErrorMessage"]) for p in
+                result["Partitions"]] == [(3, 29, MESSAGE)]
+        roundtrip(api_key, 0, body)
+
+
 def test_count_mirrors() -> None:
     """One result per ACL creation / filter / quota entry / SCRAM user, as Kafka answers."""
     for api_key, v in versions(
@@ -484,7 +507,6 @@ def test_unsupported_apis_raise() -> None:
         ApiKey.STOP_REPLICA,
         ApiKey.UPDATE_METADATA,
         ApiKey.CONTROLLED_SHUTDOWN,
-        ApiKey.WRITE_TXN_MARKERS,
         ApiKey.VOTE,
         ApiKey.ENVELOPE,
         999,
