@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
@@ -45,6 +45,9 @@ from filter_rules.record_actions import RECORD_KINDS
 from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
+
+# Kafka's sasl.oauthbearer.sub.claim.name default: the claim an OAUTHBEARER principal is.
+DEFAULT_OAUTH_CLAIM: Final = "sub"
 
 FILTER_NAME = "envoy.filters.network.dynamic_modules"
 FILTER_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3."
@@ -109,6 +112,8 @@ class NativeFilter:
     interest: Mapping[str, Any] | None = field(default=None, compare=False)
     principal_mapping_rules: str | None = None
     principal_from: str | None = None
+    # The JWT claim an OAUTHBEARER token's principal is (the brokers').
+    oauth_principal_claim: str = DEFAULT_OAUTH_CLAIM
     # The module's labelled metrics (its `metrics` object, envoy/kafka_filter/src/metrics.rs):
     # from the node's metadata, `module_metrics`.
     metrics: Mapping[str, Any] | None = field(default=None, compare=False)
@@ -251,6 +256,8 @@ def module_config(native: NativeFilter, routes: Mapping[int, tuple[str, int]],
     if native.principal_mapping_rules is not None:
         config["principal_mapping_rules"] = native.principal_mapping_rules
         config["principal_from"] = native.principal_from or SUBJECT
+    if native.oauth_principal_claim != DEFAULT_OAUTH_CLAIM:
+        config["oauth_principal_claim"] = native.oauth_principal_claim
     if native.metrics is not None:
         config["metrics"] = dict(native.metrics)
     return config

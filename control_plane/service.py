@@ -195,6 +195,8 @@ class ControlPlaneSettings:
     max_frame_size: int = 100 * 1024 * 1024
     # What keg's native filter may hold in frames being assembled, per Envoy process.
     max_held_bytes: int = 256 * 1024 * 1024
+    # The JWT claim an OAUTHBEARER token's principal is (keg's module reads it itself).
+    oauth_principal_claim: str = "sub"
     # Where keg's native filter hands frames to (host:port of the ext_proc service's
     # workers, frames mode); empty: the ext_proc service above.
     handoff_endpoints: tuple[str, ...] = ()
@@ -498,7 +500,8 @@ class ControlPlane:
             max_frame_size=self.settings.max_frame_size,
             max_held_bytes=self.settings.max_held_bytes, interest=self.native_interest(),
             principal_mapping_rules=mutual.principal_mapping_rules if mutual else None,
-            principal_from=mutual.principal_from if mutual else None, metrics=metrics)
+            principal_from=mutual.principal_from if mutual else None, metrics=metrics,
+            oauth_principal_claim=self.settings.oauth_principal_claim)
 
     def native_interest(self) -> dict[str, Any]:
         """The interest table native nodes get: the live rule set's (an empty rule set's

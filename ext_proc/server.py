@@ -103,6 +103,9 @@ class ProcessorSettings:
     metrics_max_principals: int = DEFAULT_MAX_PRINCIPALS
     metrics_max_series: int = DEFAULT_MAX_SERIES
     metrics_topics: bool = True  # topic labels: read the topics of passing Produce requests
+    # The JWT claim an OAUTHBEARER token's principal is, as the broker reads it (its
+    # sasl.oauthbearer.sub.claim.name): rules judge the principal the broker acts as.
+    oauth_principal_claim: str = "sub"
     # Longest a throttled request is held. Chunks queue behind a held one and Envoy's
     # message_timeout (5 s by default) runs for each, so holds stay short: clients
     # back off by themselves on the answer's throttle_time_ms (KIP-219).
@@ -187,6 +190,7 @@ class DataPath:
                                read_topics=settings.metrics_topics)
         self.held_bytes = HeldBytes(settings.max_held_bytes)
         self.metrics.watch_held_bytes(self.held_bytes)
+        self._oauth_principal_claim = settings.oauth_principal_claim
         self.audit = audit_sinks(settings, self.metrics)
         self._auditing = not isinstance(self.audit, NullAuditLog)
         self.side_effects = (
@@ -237,12 +241,12 @@ class DataPath:
         self.audit.close()
         log.info("ext_proc stopped: captures, copies and the audit log flushed")
 
-    @staticmethod
-    def identity(conn: ConnectionInfo) -> IdentityTracker:
+    def identity(self, conn: ConnectionInfo) -> IdentityTracker:
         """A connection's identity as it starts: TLS or not, and with mutual TLS the
         principal its client certificate names. NoMatchingRule / MappingRuleError when
         no principal can be given (the connection is refused, as a broker would)."""
-        return IdentityTracker(tls=conn.tls, certificate_principal=certificate_principal(conn))
+        return IdentityTracker(tls=conn.tls, certificate_principal=certificate_principal(conn),
+                               oauth_principal_claim=self._oauth_principal_claim)
 
     def frames_session(self, conn: ConnectionInfo) -> FramesSession:
         identity = self.identity(conn)

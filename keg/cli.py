@@ -63,6 +63,16 @@ MaxHeldBytes = Annotated[int, typer.Option(
     help="Most bytes all connections together hold in frames being assembled (those a rule "
          "must read), per process (ext_proc worker, Envoy); a frame past it closes its "
          "connection.")]
+def _claim_name(value: str) -> str:
+    if not value.strip():
+        raise typer.BadParameter("a JWT claim name, e.g. sub")
+    return value
+
+
+OauthPrincipalClaim = Annotated[str, typer.Option(
+    envvar="KEG_OAUTH_PRINCIPAL_CLAIM", callback=_claim_name,
+    help="The JWT claim an OAUTHBEARER token's principal is, as the brokers read it (their "
+         "sasl.oauthbearer.sub.claim.name): rules judge the principal the broker acts as.")]
 MetricsPort = Annotated[int | None, typer.Option(
     help="Serve Prometheus metrics on this port (0: a free one, printed).")]
 ImpactDir = Annotated[Path | None, typer.Option(
@@ -234,6 +244,7 @@ def up(
     )] = "native",
     max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
+    oauth_principal_claim: OauthPrincipalClaim = "sub",
     failure_mode_allow: Annotated[
         bool,
         typer.Option(help="Fail open: if the ext_proc service is down, pass bytes unprocessed."),
@@ -364,6 +375,7 @@ def up(
                 data_path=_usable_data_path(data_path),
                 max_frame_size=max_frame_size,
                 max_held_bytes=max_held_bytes,
+                oauth_principal_claim=oauth_principal_claim,
                 work_dir=state,
                 api=None if api_port is None else ApiOptions(
                     data_dir=state, port=api_port, tokens_file=api_tokens,
@@ -450,6 +462,7 @@ def ext_proc_cmd(
     port: Annotated[int, typer.Option(help="Port to bind.")] = 50051,
     max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
+    oauth_principal_claim: OauthPrincipalClaim = "sub",
     rules: RulesDir = None,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = None,
@@ -552,6 +565,7 @@ def ext_proc_cmd(
     try:
         server = _ext_proc_server(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
+        oauth_principal_claim=oauth_principal_claim,
         rules_dir=rules,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
@@ -626,6 +640,7 @@ def control_plane_cmd(
              "ext_proc chain.")] = "ext-proc",
     max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
+    oauth_principal_claim: OauthPrincipalClaim = "sub",
     api_port: Annotated[int | None, typer.Option(
         help="Serve the REST API (and keep the rules in the store) on this port; "
              "without it the rules come from --rules alone.")] = None,
@@ -707,6 +722,7 @@ def control_plane_cmd(
             data_path=data_path,
             max_frame_size=max_frame_size,
             max_held_bytes=max_held_bytes,
+            oauth_principal_claim=oauth_principal_claim,
             sasl=sasl,
             tls=listener_tls,
             upstream_tls=broker_tls,

@@ -285,7 +285,7 @@ def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, An
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
-    "max_frame_size", "max_held_bytes")
+    "max_frame_size", "max_held_bytes", "oauth_principal_claim")
 
 
 @dataclass
@@ -299,6 +299,8 @@ class GatewaySettings:
     failure_mode_allow: bool = False
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
+    # The JWT claim an OAUTHBEARER principal is, as the brokers read it (both data paths).
+    oauth_principal_claim: str = "sub"
     # Processes of the ext_proc service: a pool spreads connections over cores, and one
     # worker's stall or crash costs only its own connections' frames.
     ext_proc_workers: int = 1
@@ -576,6 +578,8 @@ class Gateway(Service):
             str(s.max_frame_size),
             "--max-held-bytes",
             str(s.max_held_bytes),
+            "--oauth-principal-claim",
+            s.oauth_principal_claim,
             "--log-level",
             s.ext_proc_log_level,
         ]

@@ -13,6 +13,11 @@
 //! client certificate's principal ([`crate::core::tls_principal`]). They belong to the
 //! configuration, not the table: a TLS change is a listener change anyway.
 //!
+//! `"oauth_principal_claim"` names the JWT claim an OAUTHBEARER token's principal is
+//! (the broker's `sasl.oauthbearer.sub.claim.name`, or its unsecured validator's
+//! `unsecuredValidatorPrincipalClaimName`; default `sub`), so rules judge the principal
+//! the broker acts as.
+//!
 //! Routes and the interest table (which requests go to the Python service, see
 //! [`crate::core::interest`]) live in a process-wide table named by `route_table`:
 //! loading a configuration (a listener or an ECDS update) replaces both, and every
@@ -25,6 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use serde::Deserialize;
 
+use crate::core::identity;
 use crate::core::interest::Interest;
 use crate::core::tls_principal::{PrincipalMapper, SUBJECT, URI_SAN};
 use crate::core::rewrite::{Endpoint, Routes};
@@ -57,6 +63,8 @@ struct RawConfig {
     principal_mapping_rules: Option<String>,
     #[serde(default)]
     principal_from: Option<String>,
+    #[serde(default)]
+    oauth_principal_claim: Option<String>,
     /// Labelled metrics (crate::metrics): none without.
     #[serde(default)]
     metrics: Option<MetricsConfig>,
@@ -93,6 +101,8 @@ pub struct FilterConfig {
     pub max_held_bytes: usize,
     /// Mutual TLS: how a client certificate names the connection's principal.
     pub certificates: Option<Arc<CertificateMapping>>,
+    /// The JWT claim an OAUTHBEARER token's principal is.
+    pub oauth_principal_claim: Arc<str>,
     /// The process's exporter of labelled metrics, when the configuration asks for them.
     pub metrics: Option<Arc<Exporter>>,
     /// What the configuration asks for that the module cannot give now (logged).
@@ -149,6 +159,11 @@ impl FilterConfig {
             return Err("filter_config: max_frame_size must be at least 8".into());
         }
         let certificates = CertificateMapping::load(raw.principal_mapping_rules, raw.principal_from)?.map(Arc::new);
+        let oauth_principal_claim: Arc<str> = match raw.oauth_principal_claim {
+            None => identity::DEFAULT_OAUTH_CLAIM.into(),
+            Some(claim) if claim.is_empty() => return Err("filter_config: oauth_principal_claim is empty".into()),
+            Some(claim) => claim.into(),
+        };
         let interest = match raw.interest {
             Some(value) => Interest::parse(value).map_err(|e| format!("filter_config: {e}"))?,
             None => Interest::default(),
@@ -178,6 +193,7 @@ impl FilterConfig {
             limits: SessionLimits { max_frame_size: raw.max_frame_size },
             max_held_bytes: raw.max_held_bytes,
             certificates,
+            oauth_principal_claim,
             metrics,
             warnings,
         })
@@ -219,6 +235,15 @@ mod tests {
         let err = FilterConfig::load(br#"{"route_table": "t2", "interest": {"requests": [[0, 0, 1]]}}"#).unwrap_err();
         assert!(err.contains("no endpoints"), "{err}");
         assert!(first.current_interest().wants(0, 9), "a refused config changes nothing");
+    }
+
+    #[test]
+    fn the_oauth_principal_claim_is_sub_unless_named() {
+        assert_eq!(&*FilterConfig::load(br#"{"route_table": "t4"}"#).unwrap().oauth_principal_claim, "sub");
+        let named = FilterConfig::load(br#"{"route_table": "t4", "oauth_principal_claim": "client_id"}"#).unwrap();
+        assert_eq!(&*named.oauth_principal_claim, "client_id");
+        let err = FilterConfig::load(br#"{"route_table": "t4", "oauth_principal_claim": ""}"#).unwrap_err();
+        assert!(err.contains("oauth_principal_claim"), "{err}");
     }
 
     #[test]

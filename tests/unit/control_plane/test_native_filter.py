@@ -336,3 +336,11 @@ def test_module_metrics_reads_only_its_own_key() -> None:
     assert module_metrics({"keg.role": "envoy"}) is None
     assert module_metrics({METRICS_KEY: {"address": "h:1", "max_clients": 2.5}}) == {
         "address": "h:1", "max_clients": 2.5}  # not whole: the module refuses it, by name
+
+
+def test_the_oauth_principal_claim_goes_into_the_module_config_when_not_sub() -> None:
+    routes = {1: ("gw", 19092)}
+    assert "oauth_principal_claim" not in module_config(NativeFilter("keg/default"), routes)
+    config = module_config(NativeFilter("keg/default", oauth_principal_claim="client_id"),
+                           routes)
+    assert config["oauth_principal_claim"] == "client_id"

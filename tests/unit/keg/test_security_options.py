@@ -65,3 +65,15 @@ def test_the_ext_proc_service_gets_settings_as_arguments_and_the_password_by_env
     assert env == {SIDE_EFFECTS_PASSWORD_ENV: "pw", SERVICE_PASSWORD_ENV: "pw"}
     with pytest.raises(SecretMissing, match="service account"):
         ext_proc_security(None, None, tmp_path / "termination.yaml")
+
+
+def test_an_empty_oauth_principal_claim_is_refused_before_anything_starts() -> None:
+    from typer.testing import CliRunner
+
+    from keg.cli import app
+
+    for command in (["up", "--bootstrap-servers", "127.0.0.1:1"], ["ext-proc"],
+                    ["control-plane", "--bootstrap-servers", "127.0.0.1:1"]):
+        result = CliRunner().invoke(app, [*command, "--oauth-principal-claim", " "])
+        assert result.exit_code == 2, (command, result.output)
+        assert "a JWT claim name" in result.output, result.output

@@ -25,6 +25,8 @@
 //! principal (`core::tls_principal`), which holds until a SASL exchange authenticates
 //! another one, as on a broker's SASL_SSL listener.
 
+use std::sync::Arc;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
@@ -46,8 +48,14 @@ pub fn observes(api_key: i16) -> bool {
     api_key == SASL_HANDSHAKE || api_key == SASL_AUTHENTICATE
 }
 
+/// The JWT claim an OAUTHBEARER token's principal is unless configured otherwise (Kafka's
+/// `sasl.oauthbearer.sub.claim.name` default).
+pub const DEFAULT_OAUTH_CLAIM: &str = "sub";
+
 #[derive(Debug, Default, Clone)]
 pub struct Identity {
+    /// The JWT claim naming an OAUTHBEARER principal (None: [`DEFAULT_OAUTH_CLAIM`]).
+    oauth_claim: Option<Arc<str>>,
     mechanism: Option<String>,
     authenticated: bool,
     handshake_seen: bool,
@@ -64,6 +72,11 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// Reads OAUTHBEARER principals from `claim`, as the broker does.
+    pub fn with_oauth_claim(claim: Arc<str>) -> Self {
+        Identity { oauth_claim: Some(claim), ..Identity::default() }
+    }
+
     /// The connection is TLS (Envoy terminated it); with mutual TLS, the principal its
     /// client certificate names.
     pub fn on_tls(&mut self, certificate_principal: Option<String>) {
@@ -194,7 +207,8 @@ impl Identity {
             Some("PLAIN") => parse_plain(data).map(Candidate::Name),
             Some("SCRAM-SHA-256" | "SCRAM-SHA-512") => parse_scram_client_first(data)
                 .map(|(user, token)| if token { Candidate::Opaque } else { Candidate::Name(user) }),
-            Some("OAUTHBEARER") => parse_oauthbearer(data).map(|s| s.map_or(Candidate::Opaque, Candidate::Name)),
+            Some("OAUTHBEARER") => parse_oauthbearer(data, self.oauth_claim.as_deref().unwrap_or(DEFAULT_OAUTH_CLAIM))
+                .map(|s| s.map_or(Candidate::Opaque, Candidate::Name)),
             _ => Some(Candidate::Name(UNKNOWN_NAME.to_string())),
         };
         match parsed {
@@ -363,7 +377,7 @@ pub fn jwt_claims(token: &str) -> Option<serde_json::Map<String, serde_json::Val
 
 /// The `sub` claim of an OAUTHBEARER client initial response (RFC 7628): Some(None)
 /// when the token is not a JWT (opaque), None when the bytes are malformed.
-pub fn parse_oauthbearer(data: &[u8]) -> Option<Option<String>> {
+pub fn parse_oauthbearer(data: &[u8], claim: &str) -> Option<Option<String>> {
     let text = std::str::from_utf8(data).ok()?;
     let (gs2, rest) = text.split_once('\x01')?;
     let gs2: Vec<&str> = gs2.split(',').collect();
@@ -392,7 +406,7 @@ pub fn parse_oauthbearer(data: &[u8]) -> Option<Option<String>> {
         return None;
     }
     let Some(claims) = jwt_claims(token) else { return Some(None) };
-    let subject = claims.get("sub")?.as_str().filter(|s| !s.is_empty())?.to_string();
+    let subject = claims.get(claim)?.as_str().filter(|s| !s.is_empty())?.to_string();
     let authzid = gs2[1].strip_prefix("a=").unwrap_or("");
     if !authzid.is_empty() && authzid != subject {
         return None;
@@ -427,7 +441,10 @@ mod tests {
 
     /// Runs one exchange: handshake, then (client bytes, server bytes, error) steps.
     fn exchange(mechanism: &'static str, steps: &[(&[u8], &[u8], i16)]) -> Identity {
-        let mut id = Identity::default();
+        exchange_as(Identity::default(), mechanism, steps)
+    }
+
+    fn exchange_as(mut id: Identity, mechanism: &'static str, steps: &[(&[u8], &[u8], i16)]) -> Identity {
         let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism));
         id.observe_request(SASL_HANDSHAKE, 1, &request_frame(ApiKey::SaslHandshake, 1, &hs));
         id.observe_response(SASL_HANDSHAKE, 1, &response_frame(ApiKey::SaslHandshake, 1, &SaslHandshakeResponse::default()));
@@ -482,6 +499,18 @@ mod tests {
     }
 
     #[test]
+    fn oauthbearer_reads_the_claim_the_broker_names_the_principal_with() {
+        // A broker reading another claim (sasl.oauthbearer.sub.claim.name) acted as alice
+        // while the rules judged bob, whose token's sub it was.
+        let bytes = format!("n,,\x01auth=Bearer {}\x01\x01", jwt(r#"{"sub":"bob","client_id":"alice"}"#));
+        let steps: &[(&[u8], &[u8], i16)] = &[(bytes.as_bytes(), b"", 0)];
+        assert_eq!(exchange("OAUTHBEARER", steps).principal(), "User:bob");
+        assert_eq!(exchange_as(Identity::with_oauth_claim("client_id".into()), "OAUTHBEARER", steps).principal(), "User:alice");
+        let missing = exchange_as(Identity::with_oauth_claim("azp".into()), "OAUTHBEARER", steps);
+        assert!(!missing.authenticated() || missing.principal() != "User:bob");
+    }
+
+    #[test]
     fn other_mechanisms_are_unknown_and_malformed_bytes_anonymous() {
         let gssapi = exchange("GSSAPI", &[(b"\x60\x82token", b"\x60", 0)]);
         assert_eq!(gssapi.principal(), "User:unknown");
@@ -520,7 +549,7 @@ mod tests {
         assert_eq!(unescape_saslname("a=4"), None);
         assert_eq!(parse_scram_client_first(b"n,a=bob,n=alice,r=x"), None, "authzid differs");
         assert_eq!(parse_scram_client_first(b"n,,m=ext,n=u,r=nonce"), Some(("u".into(), false)));
-        assert_eq!(parse_oauthbearer(b"n,,\x01auth=Basic abc\x01\x01"), None);
-        assert_eq!(parse_oauthbearer(format!("n,,\x01auth=Bearer {}\x01\x01", jwt("{}")).as_bytes()), None, "no sub");
+        assert_eq!(parse_oauthbearer(b"n,,\x01auth=Basic abc\x01\x01", DEFAULT_OAUTH_CLAIM), None);
+        assert_eq!(parse_oauthbearer(format!("n,,\x01auth=Bearer {}\x01\x01", jwt("{}")).as_bytes(), DEFAULT_OAUTH_CLAIM), None, "no sub");
     }
 }

@@ -42,6 +42,7 @@ use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, 
 use crate::config::{FilterConfig, TableSlot};
 use crate::core::handoff::{reading_paused, Failure};
 use crate::core::head::RequestHead;
+use crate::core::identity::Identity;
 use crate::core::interest::{Interest, Want};
 use crate::core::rewrite::{Endpoint, RouteView};
 use crate::core::meter::Meter;
@@ -328,6 +329,7 @@ impl Filter {
     fn new(config: Arc<Config>, policy: Policy) -> Filter {
         let limits = config.settings.limits;
         let mut session = Session::with_policy(limits, policy);
+        session.identity = Identity::with_oauth_claim(Arc::clone(&config.settings.oauth_principal_claim));
         session.meter = config.settings.metrics.as_ref().map(|exporter| Meter::new(exporter.config().topics));
         let counters = config.settings.metrics.clone().map(ConnectionCounters::new);
         Filter {
