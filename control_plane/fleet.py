@@ -117,6 +117,9 @@ class NodeStatus(NodeInfo):
     stream opened (the NodeInfo fields), how it is served, what it runs."""
 
     data_path: str = ""  # what the control plane compiled for it: native | ext-proc
+    # Why its Envoy could not load keg's module (its NACK), which put it on the ext_proc
+    # path; cleared when its stream opens again (an Envoy restarted with the module).
+    module_error: str | None = None
     transport: str = ""  # sotw | delta
     streams: int = 0  # a restarted node may open its new stream before the old one ends
     connected_at: float | None = None
@@ -147,6 +150,7 @@ class NodeStatus(NodeInfo):
             "locality": self.locality,
             "user_agent": self.user_agent,
             "data_path": self.data_path,
+            "module_error": self.module_error,
             "transport": self.transport,
             "connected": self.connected,
             "connected_at": _iso(self.connected_at),
@@ -174,6 +178,7 @@ class Fleet:
         if status is None:
             status = self.nodes[info.node_id] = NodeStatus(info.node_id)
         status.update_info(info)
+        status.module_error = None
         status.transport = transport
         status.streams += 1
         status.connected_at = status.last_seen = time.time()

@@ -46,6 +46,10 @@ from kafka_wire import ApiKey
 
 log = logging.getLogger(__name__)
 
+# What Envoy's NACK of a configuration naming the module says when it cannot load it
+# (not on ENVOY_DYNAMIC_MODULES_SEARCH_PATH, or built for another ABI).
+MODULE_LOAD_FAILED: Final = "Failed to load dynamic module"
+
 # Kafka's sasl.oauthbearer.sub.claim.name default: the claim an OAUTHBEARER principal is.
 DEFAULT_OAUTH_CLAIM: Final = "sub"
 

@@ -42,6 +42,7 @@ from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
 from control_plane.native_filter import (
+    MODULE_LOAD_FAILED,
     HandOff,
     NativeFilter,
     interest,
@@ -521,10 +522,22 @@ class ControlPlane:
 
     def runs_native(self, status: NodeStatus) -> bool:
         """Whether this Envoy gets keg's own filter: native asked for, its Envoy version
-        is the one the module is built for, and its listeners do not terminate SASL
-        (keg's service-account login to the brokers lives in the ext_proc service)."""
+        is the one the module is built for, it did not fail to load the module, and its
+        listeners do not terminate SASL (keg's service-account login to the brokers lives
+        in the ext_proc service)."""
         return (self.settings.data_path == NATIVE and runs_module(status.build_version)
+                and status.module_error is None
                 and not self.terminates_sasl(self.group_of(status)))
+
+    def _module_failed(self, status: NodeStatus, error: str) -> None:
+        """An Envoy of the module's version could not load it (not on its search path,
+        built for another ABI): its listeners refused every connection. It gets the
+        ext_proc data path until its stream opens again."""
+        status.module_error = error
+        status.data_path = EXT_PROC_PATH
+        log.warning("node %s cannot load keg's Envoy filter: it gets the ext_proc data path "
+                    "until it reconnects (%s)", status.node_id, error)
+        self._publish_node(status)
 
     def _publish_node(self, status: NodeStatus) -> None:
         if status.role == EXT_PROC:
@@ -558,6 +571,10 @@ class ControlPlane:
 
     def _node_verdict(self, status: NodeStatus, type_url: str, version: str,
                       error: str | None) -> None:
+        if (error is not None and status.role != EXT_PROC and status.data_path == NATIVE
+                and MODULE_LOAD_FAILED in error):
+            self._module_failed(status, error)
+            return
         # Once new listeners are accepted, clusters only the old ones used can go.
         if type_url == LISTENER and status.role != EXT_PROC:
             self._publish_node(status)

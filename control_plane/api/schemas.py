@@ -216,6 +216,9 @@ class NodeOut(_Out):
     data_path: str = Field(default="", description=(
         "For an Envoy: the data path compiled for it, native (keg's Kafka filter) or "
         "ext-proc; empty before its first listeners."))
+    module_error: str | None = Field(default=None, description=(
+        "Why this Envoy could not load keg's Kafka filter (its NACK), which put it on the "
+        "ext-proc data path until it reconnects; null otherwise."))
     connected: bool
     connected_at: datetime | None
     last_seen: datetime | None

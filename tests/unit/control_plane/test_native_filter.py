@@ -105,6 +105,38 @@ def test_a_mixed_fleet_gets_the_module_where_it_loads_and_ext_proc_elsewhere() -
     asyncio.run(scenario())
 
 
+def test_an_envoy_that_cannot_load_the_module_gets_the_ext_proc_path_until_it_reconnects(
+        ) -> None:
+    """An Envoy of the module's release without the module on its search path NACKed
+    the filter's config and closed every connection, while the fleet view said native."""
+    async def scenario() -> None:
+        plane = ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="unused:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            data_path="native"))
+        plane.set_topology(Topology("c", (Broker(1, "kafka-1", 9092),)))
+        info = NodeInfo("envoy-bare", "keg", build_version=(1, 40, 1))
+        status = plane.fleet.connected(info)
+        assert _filters(plane, "envoy-bare")[0] == f"ecds:{FILTER_TYPE}"
+        error = ("Failed to load dynamic module: libkeg_kafka_filter.so not found in any "
+                 "search path")
+        plane.fleet.nack(status, EXTENSION_CONFIG, "1", error)
+        assert _filters(plane, "envoy-bare") == ["envoy.filters.network.ext_proc",
+                                                 "envoy.filters.network.tcp_proxy"]
+        [view] = [n for n in plane.fleet.status() if n["node_id"] == "envoy-bare"]
+        assert (view["data_path"], view["module_error"]) == ("ext-proc", error)
+        # Another NACK (a bad config, say) is only reported.
+        other = plane.fleet.connected(NodeInfo("envoy-other", "keg", build_version=(1, 40, 1)))
+        plane.fleet.nack(other, EXTENSION_CONFIG, "1", "filter_config: max_frame_size ...")
+        assert other.data_path == "native"
+        # Restarted (with the module, say): the module again.
+        plane.fleet.disconnected("envoy-bare")
+        plane.fleet.connected(info)
+        assert _filters(plane, "envoy-bare")[0] == f"ecds:{FILTER_TYPE}"
+        assert status.module_error is None and status.data_path == "native"
+
+    asyncio.run(scenario())
+
+
 def test_a_route_change_changes_the_filter_config_not_the_listeners() -> None:
     """Listeners reference the module's configuration by name (ECDS): new routes reach
     live connections without a listener change, which would drain them."""
