@@ -165,8 +165,8 @@ def test_a_rate_limit_is_one_budget_for_every_worker(pool: Gateway, kafka: Embed
                              event.throttle_time)})
         late.produce(topic, b"late" * 250)
         # Its answer comes at once, with the throttle time (as Kafka's quotas answer,
-        # KIP-219): on the native path it was held the whole throttle time (10 s), which
-        # a Java client then waited out a second time.
+        # KIP-219): on the native path it was held the whole throttle time (10 s): its
+        # delivery report, and a flush, waited that long.
         assert late.flush(MAX_DEBT_S / 2) == 0
         told_to_wait.append(bool(throttles) and max(throttles) > 0)
     after = throttled()

@@ -264,7 +264,7 @@ fn a_throttled_answer_goes_at_once_and_holds_the_connections_next_ones_back_with
 #[test]
 fn the_brokers_answers_go_at_once_while_the_connection_is_muted() {
     // A throttled Produce's answer (handed off for the rule's patch) waited the whole
-    // pause behind it: a Java client then backed off the throttle time a second time.
+    // pause behind it: librdkafka saw a 10 s round trip where the broker answers at once.
     let (rt, _) = runtime();
     let wakes = Wakes::default();
     let link = Link::new(Box::new(wakes.clone()));
