@@ -182,6 +182,19 @@ def produce(conf: dict[str, Any], records: list[tuple[str, bytes]]) -> list[tupl
     return results
 
 
+@contextlib.contextmanager
+def alice_connection(env: Env) -> Iterator[RawConnection]:
+    """A bare Kafka connection to the gateway, logged in as alice (SASL PLAIN)."""
+    raw = RawConnection(env.gateway.bootstrap)
+    try:
+        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        auth = b"\0alice\0" + USERS["alice"].encode()
+        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+        yield raw
+    finally:
+        raw.close()
+
+
 def admin_topic(env: Env, name: str) -> str:
     return create_topic(env.kafka.bootstrap, name=name)
 
@@ -523,16 +536,10 @@ def test_describe_topic_partitions_of_every_topic_leaves_denied_ones_out(env: En
     all topics (and Kafka's authorizer): denied topics are left out, the page goes on."""
     hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
     public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
-    raw = RawConnection(env.gateway.bootstrap)
-    try:
-        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
-        auth = b"\0alice\0" + USERS["alice"].encode()
-        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+    with alice_connection(env) as raw:
         pages = [raw.request(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, {
             "Topics": [], "ResponsePartitionLimit": 2000, "Cursor": cursor})
             for cursor in (None, {"TopicName": hidden, "PartitionIndex": 0})]
-    finally:
-        raw.close()
     for page in pages:
         names = {t["Name"] for t in page["Topics"]}
         assert public in names and not any(n.startswith("hidden.") for n in names), names
@@ -547,11 +554,7 @@ def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection
     authorizer answers, and the connection stays open."""
     hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
     group = f"share-offsets-{uuid.uuid4().hex[:6]}"
-    raw = RawConnection(env.gateway.bootstrap)
-    try:
-        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
-        auth = b"\0alice\0" + USERS["alice"].encode()
-        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+    with alice_connection(env) as raw:
         described = raw.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
             {"GroupId": group, "Topics": [{"TopicName": hidden, "Partitions": [0]}]}]})
         altered = raw.request(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, {
@@ -563,8 +566,6 @@ def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection
         assert raw.request(ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t",
                                                     "ClientSoftwareVersion": "1"})[
             "ErrorCode"] == 0
-    finally:
-        raw.close()
     [[partition]] = [t["Partitions"] for g in described["Groups"] for t in g["Topics"]]
     assert partition["ErrorCode"] == TOPIC_AUTHORIZATION_FAILED
     [[partition]] = [t["Partitions"] for t in altered["Responses"]]
@@ -578,19 +579,13 @@ def test_write_txn_markers_naming_a_denied_topic_is_refused_on_an_open_connectio
     topic: the gateway had no refusal for it and closed the connection. Each partition
     is now answered TOPIC_AUTHORIZATION_FAILED and the connection stays open."""
     hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
-    raw = RawConnection(env.gateway.bootstrap)
-    try:
-        assert raw.request(ApiKey.SASL_HANDSHAKE, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
-        auth = b"\0alice\0" + USERS["alice"].encode()
-        assert raw.request(ApiKey.SASL_AUTHENTICATE, 2, {"AuthBytes": auth})["ErrorCode"] == 0
+    with alice_connection(env) as raw:
         answer = raw.request(ApiKey.WRITE_TXN_MARKERS, 1, {"Markers": [{
             "ProducerId": 41, "ProducerEpoch": 0, "TransactionResult": True,
             "Topics": [{"Name": hidden, "PartitionIndexes": [0]}], "CoordinatorEpoch": 0}]})
         assert raw.request(ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t",
                                                     "ClientSoftwareVersion": "1"})[
             "ErrorCode"] == 0
-    finally:
-        raw.close()
     [marker] = answer["Markers"]
     assert marker["ProducerId"] == 41
     assert [(t["Name"], [p["ErrorCode"] for p in t["Partitions"]]) for t in marker["Topics"]] \
