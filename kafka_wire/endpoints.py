@@ -229,6 +229,7 @@ def _redact(entry: dict[str, Any], node_id_field: str | None) -> tuple[bool, boo
 
 BROKER_RESOURCE: Final = 4  # ConfigResource.Type.BROKER
 ADVERTISED_LISTENERS: Final = "advertised.listeners"
+DEFAULT_CONFIG: Final = 5  # ConfigSource.DEFAULT_CONFIG
 # A host:port, with an optional listener name (`NAME://host:port`) and IPv6 brackets.
 _ENDPOINT = re.compile(r"(?:([A-Za-z0-9_]+)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})\b")
 
@@ -254,6 +255,8 @@ def _rewrite_config(config: dict[str, Any], broker: int | None, route: Route,
     value = config.get("Value")
     if not isinstance(value, str) or not _ENDPOINT.search(value):
         return False
+    if DEFAULT_CONFIG in (config.get("ConfigSource"), config.get("Source")):
+        return False  # Kafka's built-in default (`PLAINTEXT://:9092`): no address to hide
     if (name or config.get("Name")) == ADVERTISED_LISTENERS and broker is not None:
         host, port = route(broker)
         new = _ENDPOINT.sub(lambda m: f"{m.group(1)}://{host}:{port}" if m.group(1)

@@ -191,6 +191,34 @@ fn describe_configs_broker_addresses() {
 }
 
 #[test]
+fn kafkas_built_in_default_is_no_address_of_the_cluster() {
+    // `listeners`' DEFAULT_CONFIG synonym (PLAINTEXT://:9092 on every Kafka) read
+    // `PLAINTEXT://redacted:0` through the gateway: lossy, and no address to hide.
+    const STATIC_BROKER_CONFIG: i8 = 4;
+    const DEFAULT_CONFIG: i8 = 5;
+    let synonym = |value: &str, source: i8| cfg::DescribeConfigsSynonym::default()
+        .with_name(s("listeners")).with_value(Some(s(value))).with_source(source);
+    let message = cfg::DescribeConfigsResponse::default().with_results(vec![
+        cfg::DescribeConfigsResult::default().with_resource_type(4).with_resource_name(s("1")).with_configs(vec![
+            cfg::DescribeConfigsResourceResult::default().with_name(s("listeners"))
+                .with_value(Some(s("PLAINTEXT://kafka-1:9092"))).with_config_source(STATIC_BROKER_CONFIG)
+                .with_synonyms(vec![synonym("PLAINTEXT://kafka-1:9092", STATIC_BROKER_CONFIG),
+                                    synonym("PLAINTEXT://:9092", DEFAULT_CONFIG)]),
+            cfg::DescribeConfigsResourceResult::default().with_name(s("advertised.listeners"))
+                .with_value(Some(s("PLAINTEXT://:9092"))).with_config_source(DEFAULT_CONFIG),
+        ]),
+    ]);
+    for version in 1..=4 {
+        let (out, _) = through(ApiKey::DescribeConfigs, version, &encode_response(ApiKey::DescribeConfigs, version, 42, &message));
+        let (_, got): (i32, cfg::DescribeConfigsResponse) = decode_response(ApiKey::DescribeConfigs, version, &out);
+        let listeners = &got.results[0].configs[0];
+        let synonyms: Vec<&str> = listeners.synonyms.iter().map(|s| s.value.as_ref().unwrap().as_str()).collect();
+        assert_eq!(synonyms, ["PLAINTEXT://gateway.test:19092", "PLAINTEXT://:9092"], "v{version}");
+        assert_eq!(got.results[0].configs[1].value.as_ref().unwrap().as_str(), "PLAINTEXT://:9092", "v{version}");
+    }
+}
+
+#[test]
 fn metadata_in_every_version() {
     for version in 0..=13 {
         let (out, session) = through(ApiKey::Metadata, version, &metadata_response(version, 42));

@@ -36,6 +36,10 @@ def test_broker_configs_show_no_broker_address(kafka: EmbeddedKafka, gateway: Ga
     advertised = next(line for line in output.splitlines()
                       if line.strip().startswith("advertised.listeners="))
     assert f":{gateway_port}" in advertised
+    # Kafka's built-in default is no address of this cluster: it reads as it is (it read
+    # `PLAINTEXT://redacted:0`).
+    listeners = next(line for line in output.splitlines() if line.strip().startswith("listeners="))
+    assert "DEFAULT_CONFIG:listeners=PLAINTEXT://:9092" in listeners, listeners
 
     # librdkafka's DescribeConfigs: the same answer.
     admin = AdminClient({"bootstrap.servers": gateway.bootstrap})

@@ -114,6 +114,20 @@ def test_broker_configs_show_the_gateway_and_hide_other_endpoints() -> None:
     assert BROKER_HOST.encode() not in encoded and b"0.0.0.0" not in encoded
 
 
+def test_kafkas_built_in_default_is_left_as_it_is() -> None:
+    """`listeners`' DEFAULT_CONFIG synonym (PLAINTEXT://:9092 on every Kafka) was
+    redacted: lossy, and no address of the cluster."""
+    body = describe_configs([("listeners", "PLAINTEXT://kafka-1:9092")])
+    [config] = body["Results"][0]["Configs"]
+    config["Synonyms"].append({"Name": "listeners", "Value": "PLAINTEXT://:9092", "Source": 5})
+    assert rewrite_config_endpoints(body, route)
+    assert [s["Value"] for s in config["Synonyms"]] == [None, "PLAINTEXT://:9092"]
+    defaulted = describe_configs([("listeners", "PLAINTEXT://:9092")])
+    defaulted["Results"][0]["Configs"][0]["ConfigSource"] = 5
+    defaulted["Results"][0]["Configs"][0]["Synonyms"][0]["Source"] = 5
+    assert not rewrite_config_endpoints(defaulted, route)
+
+
 def test_an_error_answer_without_a_node_is_left_alone() -> None:
     body = {"ErrorCode": 15, "ErrorMessage": None, "NodeId": -1, "Host": "", "Port": -1}
     assert not rewrite_endpoints(ApiKey.FIND_COORDINATOR, 3, body, route)

@@ -226,8 +226,10 @@ pub fn rewrite(
             for result in m.results.iter_mut().filter(|r| r.resource_type == BROKER_RESOURCE) {
                 for config in &mut result.configs {
                     let Some(kind) = address_config(&config.name) else { continue };
-                    rewrite_config_value(&mut config.value, kind, view, report);
-                    for synonym in &mut config.synonyms {
+                    if config.config_source != DEFAULT_CONFIG {
+                        rewrite_config_value(&mut config.value, kind, view, report);
+                    }
+                    for synonym in config.synonyms.iter_mut().filter(|s| s.source != DEFAULT_CONFIG) {
                         rewrite_config_value(&mut synonym.value, kind, view, report);
                     }
                 }
@@ -276,6 +278,9 @@ impl Recode<'_> {
 }
 
 const BROKER_RESOURCE: i8 = 4;
+/// ConfigSource.DEFAULT_CONFIG: Kafka's built-in default (`listeners` is
+/// `PLAINTEXT://:9092` on every Kafka), no address of this cluster: left as it is.
+const DEFAULT_CONFIG: i8 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AddressConfig {
