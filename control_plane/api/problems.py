@@ -25,6 +25,7 @@ from control_plane.store import (
     PreconditionRequired,
     RuleNotFound,
     RuleOwned,
+    ServedDirectory,
     StoreError,
     StoreUnavailable,
     VersionNotFound,
@@ -135,6 +136,9 @@ def from_store_error(err: StoreError) -> Problem:
     if isinstance(err, OutOfScope):
         return Problem(403, "Out of the token's scope", str(err), kind="out-of-scope",
                        extra={"out_of_scope": err.owners})
+    if isinstance(err, ServedDirectory):
+        return Problem(409, "Rules of the served rule directory", str(err),
+                       kind="served-directory", extra={"owner": err.owner})
     if isinstance(err, RuleOwned):
         return Problem(409, "Rule owned by a rule directory", str(err), kind="rule-owned",
                        extra={"owners": err.owners})

@@ -30,7 +30,7 @@ from control_plane.api.schemas import (
     RuleWriteOut,
     VersionOut,
 )
-from control_plane.store import EVERY_OWNER, OutOfScope, StoredRule
+from control_plane.store import EVERY_OWNER, OutOfScope, ServedDirectory, StoredRule
 from filter_rules.model import RULE_ID_PATTERN
 
 router = APIRouter(tags=["rules"])
@@ -150,6 +150,8 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
     scope = who.scope if who else EVERY_OWNER
     if not dry_run and not scope.allows(body.owner):  # before reading what it sent
         raise OutOfScope({body.owner}, scope.describe())
+    if not dry_run and body.owner == ctx.settings.directory_owner:
+        raise ServedDirectory(body.owner)
     ruleset = parse_files(body.files)
     if not dry_run:
         # What the change adds or alters: a rule it carries unchanged was written by

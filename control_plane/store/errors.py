@@ -16,6 +16,7 @@ __all__ = [
     "PreconditionRequired",
     "RuleNotFound",
     "RuleOwned",
+    "ServedDirectory",
     "StoreError",
     "StoreUnavailable",
     "VersionNotFound",
@@ -67,7 +68,8 @@ class RuleOwned(StoreError):
         if writer is None:
             message = (
                 f"rule(s) {listed} are owned by a rule directory (GitOps): change them in "
-                "that directory and run `keg apply`, not through the REST API"
+                "that directory, not through the REST API (`keg up --rules DIR` applies "
+                "its own directory by itself; `keg apply DIR` applies any other)"
             )
         else:
             message = (
@@ -84,6 +86,19 @@ class RuleOwned(StoreError):
                     "takes over only rules nobody owns"
                 )
         super().__init__(message)
+
+
+class ServedDirectory(StoreError):
+    """`keg apply` as the owner of the rule directory `keg up --rules` serves (HTTP 409):
+    that directory's files are its rules, and keg up applies them again at once (the
+    applied version was undone in the same millisecond while the CLI said "applied")."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        super().__init__(
+            f"{owner} is the rule directory this control plane serves: its files are its "
+            "rules, and it applies them itself within a second of a change. Change the "
+            "files there, or apply another directory under an owner of its own")
 
 
 class OutOfScope(StoreError):

@@ -265,6 +265,8 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
     keeps the directory's rules as they are and takes the others (REST writes) back."""
     token = "admin-token-0123456789"
     (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    (tmp_path / "tokens-only").write_text(f"{token}\n")
+    (tmp_path / "tokens-only").chmod(0o600)
     rules = rule_dir(tmp_path / "rules", {
         "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
     topic = create_topic(kafka.bootstrap, name=f"held.{time.monotonic_ns()}")
@@ -300,6 +302,20 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
         time.sleep(2)  # the directory is polled each second: nothing for it to undo
         assert store.rules()[0] == 4
+
+        # `keg apply` as the served directory's owner: its version was undone by the
+        # directory in the same millisecond while the CLI said "applied". Refused now.
+        other = rule_dir(tmp_path / "elsewhere", {
+            "open.yaml": "rules:\n  - id: deny-held\n    action: {observe: {}}\n"})
+        applied = subprocess.run(
+            [sys.executable, "-m", "keg", "apply", str(other), "--api", api, "--token-file",
+             str(tmp_path / "tokens-only"), "--owner", f"dir:{rules}", "--wait"],
+            capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        assert applied.returncode == 4, applied.stdout + applied.stderr
+        assert "is the rule directory this control plane serves" in applied.stderr, (
+            applied.stdout + applied.stderr)
+        assert store.rules()[0] == 4
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
 
 
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
@@ -369,6 +385,8 @@ def test_a_rule_written_with_a_repeated_key_is_refused_and_traffic_goes_on(
     line and column of the repeated key; the gateway goes on serving."""
     token = "admin-token-0123456789"
     (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    (tmp_path / "tokens-only").write_text(f"{token}\n")
+    (tmp_path / "tokens-only").chmod(0o600)
     rules = rule_dir(tmp_path / "rules", {
         "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
     topic = create_topic(kafka.bootstrap)
@@ -395,6 +413,8 @@ def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_not
     monkeypatch.setenv("KEG_TEST_LATE_KEY", "11" * 32)
     token = "admin-token-0123456789"
     (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    (tmp_path / "tokens-only").write_text(f"{token}\n")
+    (tmp_path / "tokens-only").chmod(0o600)
     rules = rule_dir(tmp_path / "rules", {
         "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
     topic = create_topic(kafka.bootstrap, name=f"late.{time.monotonic_ns()}")
@@ -424,6 +444,8 @@ def test_a_rule_naming_a_key_file_the_workers_cannot_read_is_refused_and_blocks_
     field, as `POST /v1/dry-run` already did; the directory's deny is enforced."""
     token = "admin-token-0123456789"
     (tmp_path / "tokens").write_text(f"ops:{token}\n")
+    (tmp_path / "tokens-only").write_text(f"{token}\n")
+    (tmp_path / "tokens-only").chmod(0o600)
     rules = rule_dir(tmp_path / "rules", {
         "watch.yaml": "rules:\n  - id: watch\n    action: {observe: {}}\n"})
     topic = create_topic(kafka.bootstrap, name=f"keyfile.{time.monotonic_ns()}")
