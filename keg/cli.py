@@ -364,6 +364,7 @@ def up(
                 failure_mode_allow=failure_mode_allow,
                 message_timeout_s=message_timeout,
                 ext_proc_log_level=log_level,
+                ext_proc_log_format=log_format,
                 rules_dir=rules_dir,
                 # A directory of its own: one file per ext_proc worker, and rotated ones,
                 # which `keg analyze --audit <directory>` reads together.

@@ -305,6 +305,7 @@ class GatewaySettings:
     # worker's stall or crash costs only its own connections' frames.
     ext_proc_workers: int = 1
     ext_proc_log_level: str = "INFO"
+    ext_proc_log_format: str = "text"  # or json, as keg up's own --log-format
     rules_dir: Path | None = None
     audit_log: Path | None = None
     audit_kafka: AuditStream | None = None
@@ -582,6 +583,8 @@ class Gateway(Service):
             s.oauth_principal_claim,
             "--log-level",
             s.ext_proc_log_level,
+            "--log-format",
+            s.ext_proc_log_format,
         ]
         if s.rules_from_control_plane:
             cache = worker.own_path(self.rules_cache_file)

@@ -181,3 +181,25 @@ def test_keg_up_refuses_to_start_with_rules_its_ext_proc_service_refuses(
         assert "error: the ext_proc service refused the rule set (version 1)" in up.output
         assert "KEG_TEST_ABSENT_KEY" in up.output
         assert "keg is up" not in up.output and "Traceback" not in up.output
+
+
+def test_json_logs_are_json_in_every_process_of_keg_up(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`--log-format json`: the ext_proc workers logged text (their command line had no
+    --log-format), so a log shipper got a mix."""
+    import json
+
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    rules = rule_dir(tmp_path, "rules", "json.")
+    topic = create_topic(kafka.bootstrap, name=f"json.{time.monotonic_ns()}")
+    with keg_up(kafka, work, cache, rules, "--log-format", "json", "--log-level", "INFO",
+                "--audit-log", "none") as up:
+        assert produce_one(up.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        assert up.stop() == 0, up.output
+    text_logs = [line for line in up.lines
+                 if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ", line)]
+    assert text_logs == [], up.output
+    loggers = {json.loads(line)["logger"] for line in up.lines if line.startswith("{")}
+    assert any(name.startswith("ext_proc") for name in loggers), loggers
+    assert any(name.startswith("control_plane") for name in loggers), loggers
