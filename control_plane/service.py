@@ -53,12 +53,21 @@ from control_plane.providers import DirectoryRuleProvider, RuleProvider
 from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
 from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
-from control_plane.topology import DiscoveryError, SaslCredentials, Topology, fetch_topology
+from control_plane.topology import (
+    BrokerRefused,
+    DiscoveryError,
+    SaslCredentials,
+    Topology,
+    fetch_topology,
+)
 from ext_proc.grpc_listen import exclusive_server, listen
 from ext_proc.heap import building
 from filter_rules import CompiledRuleSet, RuleSet
 
 log = logging.getLogger(__name__)
+
+# How long a starting control plane waits for the brokers to answer (they may be starting).
+FIRST_REFRESH_TIMEOUT_S: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -363,13 +372,17 @@ class ControlPlane:
         if self.tls is not None:
             self._tasks.append(asyncio.create_task(self._watch_tls()))
 
-    async def _first_refresh(self, timeout: float = 60.0) -> None:
-        """The brokers may still be starting: retry until one answers."""
+    async def _first_refresh(self, timeout: float = FIRST_REFRESH_TIMEOUT_S) -> None:
+        """The brokers may still be starting: retry until one answers (not when one
+        refused keg's login: that does not go away by waiting, it failed after a minute
+        of "waiting for brokers" with an empty error)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
                 await self.refresh()
                 return
+            except BrokerRefused:
+                raise
             except (DiscoveryError, OSError) as err:
                 if asyncio.get_running_loop().time() > deadline:
                     raise DiscoveryError(f"no broker answered within {timeout}s: {err}") from err

@@ -30,6 +30,11 @@ class DiscoveryError(RuntimeError):
     """No bootstrap server answered a Metadata request."""
 
 
+class BrokerRefused(DiscoveryError):
+    """A broker refused keg's login or showed an untrusted certificate: waiting for the
+    brokers to start will not fix it."""
+
+
 @dataclass(frozen=True)
 class Broker:
     node_id: int
@@ -78,10 +83,10 @@ async def fetch_topology(bootstrap: str, timeout: float = 10.0,
             return await asyncio.wait_for(
                 _fetch_from(host.strip("[]"), int(port), sasl, context, tls), timeout)
         except LoginFailed as err:
-            raise DiscoveryError(f"{server}: {err}") from None
+            raise BrokerRefused(f"{server}: {err}") from None
         except ssl.SSLCertVerificationError as err:
-            raise DiscoveryError(f"{server}: the broker's TLS certificate is not trusted: "
-                                 f"{err.verify_message}") from None
+            raise BrokerRefused(f"{server}: the broker's TLS certificate is not trusted: "
+                                f"{err.verify_message}") from None
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as err:
             errors.append(f"{server}: {err or type(err).__name__}")
     raise DiscoveryError("no bootstrap server answered: " + "; ".join(errors))

@@ -41,6 +41,7 @@ from control_plane.providers import RuleProvider
 from control_plane.service import (
     DATA_PATHS,
     EXT_PROC_PATH,
+    FIRST_REFRESH_TIMEOUT_S,
     NATIVE,
     ControlPlane,
     ControlPlaneSettings,
@@ -255,6 +256,10 @@ class AuditStream:
     format: str = "json"
     spool_dir: Path | None = None  # default: <work_dir>/audit-spool
 
+
+# The control plane's start: longer than its wait for the brokers, whose error (the last
+# broker's answer) then says why rather than a bare timeout.
+START_TIMEOUT_S: Final = FIRST_REFRESH_TIMEOUT_S + 30.0
 
 # The ext_proc service's label bounds (keg ext-proc's environment variables): the module
 # takes the same ones, so both data paths bound their series alike.
@@ -488,10 +493,10 @@ class Gateway(Service):
                     ext_proc_metrics=s.api.ext_proc_metrics or metrics),
                     registry=self.registry, problems=self.supervisor.problems,
                     check=self._check_workers_can_build)
-                self.control_plane = self._loop.run(self.app.start(), timeout=60)
+                self.control_plane = self._loop.run(self.app.start(), timeout=START_TIMEOUT_S)
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
-                self._loop.run(self.control_plane.start(), timeout=60)
+                self._loop.run(self.control_plane.start(), timeout=START_TIMEOUT_S)
             # The pool's shared state outlives a worker's restart, not the gateway's.
             shutil.rmtree(self.shared_state_dir, ignore_errors=True)
             self.start_ext_proc()
@@ -502,7 +507,7 @@ class Gateway(Service):
             self.stop()
             if isinstance(err, TimeoutError | DiscoveryError | TlsConfigError | SecretMissing
                                 | PlaintextTokens):
-                raise GatewayError(str(err)) from err
+                raise GatewayError(str(err) or f"{type(err).__name__} while starting") from err
             raise
 
     def supervise(self, name: str, child: Child) -> None:

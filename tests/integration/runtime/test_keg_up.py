@@ -203,3 +203,22 @@ def test_json_logs_are_json_in_every_process_of_keg_up(
     loggers = {json.loads(line)["logger"] for line in up.lines if line.startswith("{")}
     assert any(name.startswith("ext_proc") for name in loggers), loggers
     assert any(name.startswith("control_plane") for name in loggers), loggers
+
+
+def test_a_refused_login_to_the_brokers_stops_keg_up_at_once_saying_why(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """A wrong password for keg's own login: `keg up` waited a minute ("waiting for
+    brokers" at INFO) and then exited with `error: ` and nothing after it."""
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    password = tmp_path / "password"
+    password.write_text("not-the-password\n")
+    password.chmod(0o600)
+    started = time.monotonic()
+    with keg_up(kafka, work, cache, rule_dir(tmp_path, "rules", "x."), "--sasl-mechanism",
+                "PLAIN", "--sasl-username", "alice", "--sasl-password-file", str(password),
+                bootstrap=kafka.sasl_bootstrap) as up:
+        assert up.process.wait(120) == 2, up.output
+    assert "SASL" in up.output and "error: \n" not in up.output + "\n", up.output
+    assert "not-the-password" not in up.output
+    print(f"refused after {time.monotonic() - started:.1f} s")
