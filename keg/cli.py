@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -26,6 +27,8 @@ from keg.console import error_line, make_console, styled
 from keg.logs import setup_logging
 from keg.paths import AUDIT_KAFKA_PASSWORD_ENV, SIDE_EFFECTS_PASSWORD_ENV
 from keg.security import SERVICE_PASSWORD_ENV
+
+log = logging.getLogger(__name__)
 
 # Off a terminal (a pipe, `| less`, a CI log) rich draws help 80 columns wide and cuts
 # long option names ("--failure-mode-all…"): give it room, unless a width was chosen.
@@ -183,6 +186,20 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _check_api_tokens(path: Path | None) -> None:
+    """The REST API's tokens, read before anything starts: a missing or invalid file
+    stopped keg up with a traceback once its broker had started and stopped again."""
+    from control_plane.api import TokenError, Tokens
+
+    try:
+        Tokens.load(path)
+    except TokenError as err:
+        raise _fail(f"--api-tokens: {err}") from None
+    if path is not None and path.stat().st_mode & 0o077:
+        log.warning("the API token file %s can be read by other users (mode %o): chmod 600 "
+                    "it", path, path.stat().st_mode & 0o777)
+
+
 def _dim(message: str) -> None:
     console.print(message, style="dim")
 
@@ -309,6 +326,8 @@ def up(
     if (sasl is not None or broker_tls is not None) and bootstrap_servers is None:
         raise _fail("--sasl-* and --upstream-tls-* are for an existing cluster: give "
                     "--bootstrap-servers")
+    if api_port is not None:
+        _check_api_tokens(api_tokens)
     from control_plane.store import StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
@@ -687,6 +706,8 @@ def control_plane_cmd(
 ) -> None:
     """Run the control plane alone (xDS for a fleet of Envoys and ext_proc instances)."""
     setup_logging(log_level, log_format)
+    if api_port is not None:
+        _check_api_tokens(api_tokens)
     from control_plane.service import ControlPlaneSettings, load_groups
     from control_plane.store import StoreError
     from control_plane.tls import ServerTls

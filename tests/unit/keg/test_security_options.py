@@ -77,3 +77,23 @@ def test_an_empty_oauth_principal_claim_is_refused_before_anything_starts() -> N
         result = CliRunner().invoke(app, [*command, "--oauth-principal-claim", " "])
         assert result.exit_code == 2, (command, result.output)
         assert "a JWT claim name" in result.output, result.output
+
+
+def test_api_tokens_are_checked_before_anything_starts(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A missing or invalid --api-tokens file ended keg up with a traceback, after its
+    broker had started and stopped again."""
+    from typer.testing import CliRunner
+
+    from keg.cli import app
+
+    short = tmp_path / "short"
+    short.write_text("ops:tiny\n")
+    for tokens, says in ((tmp_path / "missing", "cannot read token file"),
+                         (short, "must be at least")):
+        for command in (["up"], ["control-plane", "--bootstrap-servers", "127.0.0.1:1",
+                                 "--ext-proc", "127.0.0.1:2"]):
+            result = CliRunner().invoke(app, [*command, "--api-port", "1", "--api-tokens",
+                                              str(tokens)])
+            assert result.exit_code == 2, (command, result.output)
+            assert says in result.output and "Traceback" not in result.output, result.output
