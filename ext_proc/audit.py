@@ -224,8 +224,16 @@ class MemoryAuditLog:
         pass
 
 
+# How often a writer looks whether its file is still the one at its path.
+REOPEN_CHECK_S = 1.0
+
+
 class _RotatingWriter:
-    """Appends bytes to `path`; before a write would pass `max_bytes`, rotates.
+    """Appends bytes to `path`; before a write would pass `max_bytes`, rotates. A file
+    removed or renamed by someone else (logrotate, a disk-full clean-up) is noticed
+    within REOPEN_CHECK_S and `path` opened again, as logging's WatchedFileHandler does:
+    before, events went on into the deleted file (its space never freed, the API's
+    audit view empty) until the next rotation or restart.
 
     Not thread-safe by itself: JsonlAuditLog holds a lock around every call.
     """
@@ -235,11 +243,19 @@ class _RotatingWriter:
         self.max_bytes = max_bytes
         self.backups = backups
         self._file: Any = None
+        self._check_at = 0.0
         self._reopen("ab")
 
     def write(self, data: builtins.bytes) -> None:
         if self._file is None:  # a failed rotation left no file: try again
             self._reopen("ab")
+        now = time.monotonic()
+        if now >= self._check_at:
+            self._check_at = now + REOPEN_CHECK_S
+            if self._moved():
+                self._file.close()
+                self._file = None
+                self._reopen("ab")
         if self.max_bytes > 0 and self._size and self._size + len(data) > self.max_bytes:
             self._rotate()
         # Unbuffered: one write(2) per line, appended whole (O_APPEND).
@@ -247,6 +263,15 @@ class _RotatingWriter:
         self._size += written
         if written != len(data):
             raise OSError(f"short write: {written} of {len(data)} bytes")
+
+    def _moved(self) -> bool:
+        """Whether `path` no longer names the open file."""
+        try:
+            at_path = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        held = os.fstat(self._file.fileno())
+        return (at_path.st_dev, at_path.st_ino) != (held.st_dev, held.st_ino)
 
     def _rotate(self) -> None:
         self._file.close()

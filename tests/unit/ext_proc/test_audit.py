@@ -189,6 +189,26 @@ def test_rotation(tmp_path: Path) -> None:
     assert ids[-1] == 299 and ids == list(range(ids[0], 300)), "the newest events are kept"
 
 
+def test_a_file_removed_or_renamed_by_someone_else_is_opened_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events went on into the deleted file (its space never freed, the audit view
+    empty) until the next rotation or restart."""
+    import ext_proc.audit
+
+    monkeypatch.setattr(ext_proc.audit, "REOPEN_CHECK_S", 0.0)
+    path = tmp_path / "audit.jsonl"
+    with JsonlAuditLog(path) as log:
+        log.emit(event(correlation_id=1))
+        path.unlink()  # a clean-up
+        log.emit(event(correlation_id=2))
+        assert [r["correlation_id"] for r in read_lines(path)] == [2]
+        path.rename(tmp_path / "audit.jsonl.old")  # logrotate, without copytruncate
+        log.emit(event(correlation_id=3))
+    assert [r["correlation_id"] for r in read_lines(path)] == [3]
+    assert [r["correlation_id"] for r in read_lines(tmp_path / "audit.jsonl.old")] == [2]
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_concurrent_writers(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     log = JsonlAuditLog(path, max_bytes=50_000, backups=50)
