@@ -461,10 +461,10 @@ def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float 
     return Exit.OK
 
 
-def _changes(directory: Path, stop: threading.Event) -> Iterator[None]:
-    """One item as soon as the watcher is up, then one per batch of file changes
-    (debounced). The first comes only once changes are being seen, so nothing written
-    before it can be missed."""
+def _changes(directory: Path, stop: threading.Event) -> Iterator[bool]:
+    """True as soon as the watcher is up, then True per batch of file changes
+    (debounced), and False on each quiet tick (about 5 a second, for retries). The first
+    comes only once changes are being seen, so nothing written before it can be missed."""
     import watchfiles
 
     def relevant(_: watchfiles.Change, path: str) -> bool:
@@ -475,22 +475,34 @@ def _changes(directory: Path, stop: threading.Event) -> Iterator[None]:
     for changes in watchfiles.watch(directory, watch_filter=relevant, stop_event=stop,
                                     debounce=300, recursive=False, raise_interrupt=False,
                                     rust_timeout=200, yield_on_timeout=True):
-        if changes or not up:
-            up = True
-            yield None
+        yield bool(changes) or not up
+        up = True
+
+
+# How long `keg apply --watch` waits before applying again after the control plane could
+# not be reached (it applied again only on the next file change: the live rules stayed
+# behind the directory until someone edited a file).
+WATCH_RETRY_S: Final = 5.0
 
 
 def _watch(client: Client, directory: Path, owner: str, reason: str, adopt: bool,
            stop: threading.Event | None = None) -> Exit:
-    """Apply once the watcher is up, then on every change, until Ctrl-C."""
+    """Apply once the watcher is up, then on every change, and again every WATCH_RETRY_S
+    while the control plane cannot be reached, until Ctrl-C."""
     first = True
-    for _ in _changes(directory, stop or threading.Event()):
+    retry_at: float | None = None
+    for changed in _changes(directory, stop or threading.Event()):
+        if not changed and (retry_at is None or time.monotonic() < retry_at):
+            continue
         code, _live = _apply_once(client, directory, owner, reason, adopt)
         if first and code in (Exit.REFUSED, Exit.USAGE):
             return code  # a wrong token or a conflict will not fix itself
         if first:
             console.print(f"watching {directory} (Ctrl-C stops)")
             first = False
+        retry_at = time.monotonic() + WATCH_RETRY_S if code == Exit.UNREACHABLE else None
+        if retry_at is not None:
+            console.print(f"trying again in {WATCH_RETRY_S:.0f} s", style="yellow")
         if code == Exit.INVALID:
             console.print("the rules are unchanged until the files are valid", style="yellow")
     console.print("stopped watching")

@@ -328,3 +328,26 @@ def test_output_off_a_terminal_is_whole_and_as_written(
     diff = keg("diff", str(directory))
     assert f"+  description: '{description}'\n" in diff, diff
     assert "\u231a" not in applied + diff  # rich's :watch: emoji
+
+
+def test_watch_applies_again_while_the_control_plane_cannot_be_reached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save while the control plane was down was applied only at the next file change:
+    the live rules stayed behind the directory."""
+    import keg.cli_rules as cli_rules
+
+    attempts: list[str] = []
+
+    class Down:
+        api = "http://127.0.0.1:1"
+
+        def apply(self, owner: str, *_: object, **__: object) -> dict[str, object]:
+            attempts.append(owner)
+            raise cli_rules.ApiFailure(cli_rules.Exit.UNREACHABLE, "cannot reach it")
+
+    monkeypatch.setattr(cli_rules, "WATCH_RETRY_S", 0.0)
+    monkeypatch.setattr(cli_rules, "_changes", lambda *_: iter([True, False, False, False]))
+    directory = rules_dir(tmp_path, team=ONE)
+    code = cli_rules._watch(Down(), directory, "dir:team", "test", adopt=False)  # type: ignore[arg-type]
+    assert code == cli_rules.Exit.OK
+    assert attempts == ["dir:team"] * 4  # the first, then once per quiet tick
