@@ -471,7 +471,7 @@ def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
     others = len(served.rules) - len(ruleset.rules)
     line += f", store version {number}"
     if others > 0:
-        line += f", plus {others} rule(s) written through the REST API"
+        line += f", plus {others} rule(s) written through the REST API or keg apply"
     return line
 
 
