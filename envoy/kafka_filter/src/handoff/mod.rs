@@ -367,8 +367,8 @@ impl Mute {
         self.until.is_some_and(|until| until > tokio::time::Instant::now())
     }
 
-    /// Delivers a reply now, or holds it while muted (a request's, or any behind a
-    /// held one). False when the connection is gone.
+    /// Delivers a reply now, or holds it: a request's while muted or while earlier ones
+    /// are held (they go in order). False when the connection is gone.
     fn deliver(&mut self, link: &Link, id: u64, direction: Direction, resolution: Resolution) -> bool {
         if direction == Direction::Request && (self.muted() || !self.held.is_empty()) {
             self.held.push_back((id, resolution));
