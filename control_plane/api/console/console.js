@@ -361,8 +361,13 @@ function schedule() {
   refreshTimer = setTimeout(() => route(true), REFRESH_MS);
 }
 
+// Each route() call's turn: only the newest one may show its page. A page whose read is
+// slow would otherwise replace the page the user went to meanwhile.
+let routeTurn = 0;
+
 async function route(refreshing = false) {
   clearTimeout(refreshTimer);
+  const turn = ++routeTurn;
   const name = (location.hash.replace(/^#\//, "") || "rules").split("?")[0];
   const render = pages[name] || pages.rules;
   for (const link of document.querySelectorAll("#nav a")) {
@@ -379,6 +384,7 @@ async function route(refreshing = false) {
     }
   }
   delete page.dataset.loading;
+  if (turn !== routeTurn) return;
   if (refreshing && document.getElementById("page").firstChild?.dataset.page !== name) return;
   document.getElementById("page").replaceChildren(page);
   document.body.dataset.ready = name;

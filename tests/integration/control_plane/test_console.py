@@ -61,6 +61,17 @@ class Console:
         }})()""")
         self.browser.wait_for(f"document.body.dataset.ready === '{name}'")
 
+    def sign_in(self) -> None:
+        """The console open and signed in with the test's token (from the start, or from
+        where an earlier test left it)."""
+        if not self.browser.evaluate("location.href.includes('/console')"):
+            self.browser.goto(f"{self.api}/console")
+            self.browser.wait_for("document.body.dataset.ready !== undefined")
+        if self.browser.evaluate("document.body.dataset.signedIn") != "yes":
+            self.browser.evaluate(f"""document.getElementById('token').value = {json.dumps(TOKEN)};
+                document.getElementById('sign-in').click()""")
+            self.browser.wait_for("document.body.dataset.signedIn === 'yes'")
+
     def until(self, name: str, expression: str, timeout: float = 60) -> Any:
         """Re-read page `name` until `expression` holds there."""
         deadline = time.monotonic() + timeout
@@ -114,10 +125,8 @@ def test_sign_in_edit_a_rule_and_see_it_acked_by_the_ext_proc_process(
     assert browser.evaluate("!!document.getElementById('sign-in-needed')")
     console.shot("0-signed-out")
 
-    browser.evaluate(f"""document.getElementById('token').value = {json.dumps(TOKEN)};
-        document.getElementById('sign-in').click()""")
-    browser.wait_for("document.body.dataset.signedIn === 'yes' && "
-                     "!!document.querySelector('tr[data-rule-id=\"watch-orders\"]')")
+    console.sign_in()
+    browser.wait_for("!!document.querySelector('tr[data-rule-id=\"watch-orders\"]')")
     rows = browser.evaluate("[...document.querySelectorAll('tr[data-rule-id]')]"
                             ".map(r => r.dataset.ruleId)")
     assert set(rows) == {"no-frozen-writes", "watch-orders"}
@@ -156,6 +165,36 @@ def test_sign_in_edit_a_rule_and_see_it_acked_by_the_ext_proc_process(
                             ".includes('ACK')")
     console.shot("4-fleet")
     assert browser.console_errors() == []
+
+
+def test_a_page_left_before_it_loaded_never_replaces_the_page_shown_after(
+        console: Console) -> None:
+    """Leaving a page before its data arrived: the page navigated to stays (the rules
+    page, read slowly, replaced the versions page a user had opened meanwhile; seen as
+    this suite's versions page never showing under load)."""
+    browser = console.browser
+    console.sign_in()
+    console.page("fleet")
+    browser.evaluate("""(() => {
+        const fetched = window.fetch;
+        window.fetch = (url, init) => String(url).endsWith('/v1/rules')
+            ? new Promise(wait => setTimeout(wait, 1500)).then(() => fetched(url, init))
+            : fetched(url, init);
+        delete document.body.dataset.ready;
+        location.hash = '#/rules';
+        setTimeout(() => { location.hash = '#/versions'; }, 100);
+    })()""")
+    browser.wait_for("document.body.dataset.ready === 'versions'")
+    time.sleep(2.5)  # the rules page's read has long come back
+    try:
+        assert browser.evaluate("document.body.dataset.ready") == "versions"
+        assert browser.evaluate("document.querySelector('#page > section').dataset.page") \
+            == "versions"
+        assert browser.evaluate("location.hash") == "#/versions"
+    finally:
+        browser.evaluate("location.reload()")
+        browser.wait_for("document.readyState === 'complete' && "
+                         "document.body.dataset.ready !== undefined")
 
 
 def test_decisions_audit_and_a_dry_run_of_recent_traffic(console: Console) -> None:
