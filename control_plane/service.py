@@ -32,6 +32,7 @@ import yaml
 from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from control_plane.ads import AggregatedDiscovery
+from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
 from control_plane.envoy_resources import (
     BrokerRoute,
     GatewayPlan,
@@ -172,7 +173,7 @@ class ControlPlaneSettings:
     listen_port_base: int = 19092
     message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
-    refresh_interval_s: float = 30.0
+    refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER).
     sasl: SaslCredentials | None = None
     # TLS on the gateway's listeners (SDS; mutual with a client CA) and to the brokers
@@ -307,7 +308,7 @@ class ControlPlane:
         self.rules = rules or (DirectoryRuleProvider(settings.rules_dir)
                                if settings.rules_dir is not None else None)
         self._fetch = topology_source or (lambda: fetch_topology(
-            settings.bootstrap_servers, sasl=settings.sasl, tls=settings.upstream_tls))
+            self._discovery_servers(), sasl=settings.sasl, tls=settings.upstream_tls))
         # TlsConfigError here: a certificate that cannot serve stops the start.
         self.tls = (TlsMaterial(settings.tls, settings.upstream_tls)
                     if settings.tls is not None or settings.upstream_tls is not None else None)
@@ -429,6 +430,17 @@ class ControlPlane:
     async def refresh(self) -> bool:
         """Re-read the topology; publish new snapshots when it changed."""
         return self.set_topology(await self._fetch())
+
+    def _discovery_servers(self) -> str:
+        """Whom discovery asks: the bootstrap servers, then every broker already known,
+        as Kafka's clients do. With the bootstrap servers alone, one of them down (often
+        the only one given) froze the topology: a broker added meanwhile never got a
+        listener, and clients sent to it timed out."""
+        servers = [s.strip() for s in self.settings.bootstrap_servers.split(",") if s.strip()]
+        if self.topology is not None:
+            servers += [f"[{b.host}]:{b.port}" if ":" in b.host else f"{b.host}:{b.port}"
+                        for b in self.topology.brokers]
+        return ",".join(dict.fromkeys(servers))
 
     def set_topology(self, topology: Topology) -> bool:
         if topology == self.topology:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 import typer.rich_utils
 
+from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
 from keg import cli_pipeline, cli_rules
 from keg.cli_options import option_group
 from keg.cli_security import (
@@ -59,6 +60,10 @@ AuditLogPath = Annotated[Path | None, typer.Option(
     help="Audit log file (JSON Lines, rotated); none or off: no audit log (a file of that "
          "name: ./none).")]
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
+RefreshInterval = Annotated[float, typer.Option(
+    help="Seconds between asking the brokers which brokers there are (a broker added gets "
+         "its listener then; the bootstrap servers are asked first, then every broker "
+         "known).")]
 DEFAULT_MAX_HELD_BYTES: Final = 256 * 1024 * 1024
 MaxFrameSize = Annotated[int, typer.Option(
     help="Largest Kafka frame accepted, in bytes; larger ones close the connection.")]
@@ -261,6 +266,7 @@ def up(
     )] = "native",
     max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
+    refresh_interval: RefreshInterval = DEFAULT_REFRESH_INTERVAL_S,
     oauth_principal_claim: OauthPrincipalClaim = "sub",
     failure_mode_allow: Annotated[
         bool,
@@ -378,6 +384,7 @@ def up(
                 listen_host=listen_host,
                 advertised_host=advertised_host,
                 listen_port_base=listen_port_base,
+                refresh_interval_s=refresh_interval,
                 envoy_concurrency=envoy_concurrency or cores,
                 ext_proc_workers=ext_proc_workers or cores,
                 failure_mode_allow=failure_mode_allow,
@@ -652,8 +659,7 @@ def control_plane_cmd(
     groups: Annotated[Path | None, typer.Option(
         help="Envoy groups of a mesh (YAML): which brokers each node cluster fronts, "
              "on which ports (docs/xds.md).")] = None,
-    refresh_interval: Annotated[float, typer.Option(
-        help="Seconds between topology refreshes.")] = 30.0,
+    refresh_interval: RefreshInterval = DEFAULT_REFRESH_INTERVAL_S,
     data_path: Annotated[str, typer.Option(
         help="ext-proc, or native: Envoys of the module's version get keg's Kafka filter "
              "(a dynamic module on their ENVOY_DYNAMIC_MODULES_SEARCH_PATH), others the "

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry
 
+from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
 from control_plane.fleet import EXT_PROC, NodeStatus
 from control_plane.native_filter import METRICS_KEY
 from control_plane.providers import RuleProvider
@@ -290,7 +291,7 @@ def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, An
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
-    "max_frame_size", "max_held_bytes", "oauth_principal_claim")
+    "max_frame_size", "max_held_bytes", "oauth_principal_claim", "refresh_interval_s")
 
 
 @dataclass
@@ -302,6 +303,7 @@ class GatewaySettings:
     envoy_concurrency: int = 1
     message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
+    refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     max_frame_size: int = 100 * 1024 * 1024
     max_held_bytes: int = 256 * 1024 * 1024  # frames being assembled, all connections
     # The JWT claim an OAUTHBEARER principal is, as the brokers read it (both data paths).

@@ -493,6 +493,10 @@ class EmbeddedKafka(HoldsProcess, Service):
     override the generated ``server.properties``. ``features`` are finalized when the
     storage is formatted: by default share groups (KIP-932, `share.version=1`), which
     Kafka 4.1 ships but leaves off, so every group protocol works against this broker.
+
+    ``joins`` makes this a broker-only node (``node_id``) of the cluster another running
+    EmbeddedKafka is the controller of: a multi-broker cluster for the tests that need one
+    (discovery, leaders on other brokers). Its replication factors stay 1.
     """
 
     def __init__(
@@ -506,7 +510,13 @@ class EmbeddedKafka(HoldsProcess, Service):
         heap: str = "1g",
         features: dict[str, int] | None = None,
         tls: BrokerTls | None = None,
+        joins: EmbeddedKafka | None = None,
+        node_id: int = 1,
     ) -> None:
+        if joins is not None and (sasl_users or tls is not None):
+            raise ValueError("a joining broker has PLAINTEXT listeners only")
+        if joins is not None and node_id == 1:
+            raise ValueError("a joining broker needs a node id other than the controller's (1)")
         for name in sasl_users or {}:
             if not _USER_RE.match(name):
                 raise ValueError(f"unsupported SASL user name {name!r} (use [A-Za-z0-9._-])")
@@ -524,6 +534,8 @@ class EmbeddedKafka(HoldsProcess, Service):
         self._features = dict(DEFAULT_FEATURES if features is None else features)
         self._start_timeout = start_timeout
         self._heap = heap
+        self._joins = joins
+        self._node_id = node_id
         self._proc: subprocess.Popen[bytes] | None = None
         self._console: IO[bytes] | None = None
         self._lock: DirectoryLock | None = None
@@ -544,6 +556,17 @@ class EmbeddedKafka(HoldsProcess, Service):
     @property
     def controller_port(self) -> int:
         return self._controller_port
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id its storage was formatted with (after the first start)."""
+        meta = (self._kraft_dir / "meta.properties").read_text()
+        return next(line.split("=", 1)[1].strip() for line in meta.splitlines()
+                    if line.startswith("cluster.id="))
 
     @property
     def sasl_port(self) -> int:
@@ -685,7 +708,8 @@ class EmbeddedKafka(HoldsProcess, Service):
         with contextlib.suppress(OSError, ValueError):
             saved = {k: int(v) for k, v in json.loads(ports_file.read_text()).items()}
         want_sasl = bool(self._sasl_users)
-        wanted = [("port", True), ("controller_port", True), ("sasl_port", want_sasl),
+        wanted = [("port", True), ("controller_port", self._joins is None),
+                  ("sasl_port", want_sasl),
                   ("ssl_port", self._tls is not None),
                   ("sasl_ssl_port", want_sasl and self._tls is not None)]
         for name, needed in wanted:
@@ -706,14 +730,13 @@ class EmbeddedKafka(HoldsProcess, Service):
     def server_properties(self) -> dict[str, str]:
         """The broker configuration (ports must have been chosen, i.e. after start)."""
         host = "127.0.0.1"
-        listeners = [
-            f"PLAINTEXT://{host}:{self._port}",
-            f"CONTROLLER://{host}:{self._controller_port}",
-        ]
-        advertised = [
-            f"PLAINTEXT://{host}:{self._port}",
-            f"CONTROLLER://{host}:{self._controller_port}",
-        ]
+        listeners = [f"PLAINTEXT://{host}:{self._port}"]
+        advertised = [f"PLAINTEXT://{host}:{self._port}"]
+        if self._joins is None:
+            listeners.append(f"CONTROLLER://{host}:{self._controller_port}")
+            advertised.append(f"CONTROLLER://{host}:{self._controller_port}")
+        controller_port = (self._joins.controller_port if self._joins is not None
+                           else self._controller_port)
         protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
         extra = [("SASL_PLAINTEXT", self._sasl_port)] if self._sasl_users else []
         if self._tls is not None:
@@ -725,9 +748,9 @@ class EmbeddedKafka(HoldsProcess, Service):
             advertised.append(f"{name}://{host}:{port}")
             protocols.append(f"{name}:{name}")
         props: dict[str, str] = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"{host}:{self._controller_port}",
+            "process.roles": "broker,controller" if self._joins is None else "broker",
+            "node.id": str(self._node_id),
+            "controller.quorum.bootstrap.servers": f"{host}:{controller_port}",
             "controller.listener.names": "CONTROLLER",
             "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
@@ -809,7 +832,7 @@ class EmbeddedKafka(HoldsProcess, Service):
         return text
 
     def _format_storage(self, java: str, libs: Path) -> None:
-        cluster_id = random_cluster_id()
+        cluster_id = random_cluster_id() if self._joins is None else self._joins.cluster_id
         cmd = [
             java,
             "-Xmx256m",
@@ -822,10 +845,10 @@ class EmbeddedKafka(HoldsProcess, Service):
             cluster_id,
             "--config",
             str(self.config_path),
-            "--standalone",
+            "--standalone" if self._joins is None else "--no-initial-controllers",
         ]
-        for feature, level in sorted(self._features.items()):
-            cmd += ["--feature", f"{feature}={level}"]
+        for feature, level in sorted(self._features.items() if self._joins is None else ()):
+            cmd += ["--feature", f"{feature}={level}"]  # the controller's, cluster-wide
         for name, password in sorted(self._sasl_users.items()):
             for mechanism in _SCRAM_MECHANISMS:
                 cmd += ["--add-scram", scram_credential_spec(mechanism, name, password)]

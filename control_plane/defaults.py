@@ -1,0 +1,9 @@
+"""Defaults the control plane shares with the CLI, kept apart from the modules that do the
+work so that `keg --help` imports nothing heavy."""
+
+from typing import Final
+
+# How often the brokers are asked which brokers there are. A broker added (or back on
+# another address) is sent to the listener of the client's own broker until then, and
+# its clients retry: 17 s of retries measured with 30 s. One Metadata request each time.
+DEFAULT_REFRESH_INTERVAL_S: Final = 10.0
