@@ -192,6 +192,10 @@ class ControlPlaneSettings:
     sasl_termination: bool = False
     # A watched rule directory as the rule source (when no provider is passed).
     rules_dir: Path | None = None
+    # Where the order brokers were first seen in is kept (JSON): a broker's listener is
+    # listen_port_base + its place there, so it keeps its port across restarts, even one
+    # that starts while an earlier broker is down. None: kept in memory only.
+    broker_order_file: Path | None = None
     # Envoy groups of a mesh; nodes of other clusters get the default group.
     groups: tuple[EnvoyGroup, ...] = ()
     # Put the rule set's global API lists into the kafka_broker filter of nodes that
@@ -320,7 +324,8 @@ class ControlPlane:
             "", None, settings.listen_host, settings.advertised_host or settings.listen_host,
             settings.listen_port_base)
         self._groups = {g.name: g for g in settings.groups}
-        self._broker_order: list[int] = []
+        # The cluster the kept order is of: another cluster's starts afresh.
+        self._order_cluster, self._broker_order = self._load_broker_order()
         self._ports: dict[tuple[str, int], int] = {}
         self._plans: dict[str, GroupPlan] = {}
         # (group, kafka_broker filter, native, the node's module metrics as JSON)
@@ -446,9 +451,16 @@ class ControlPlane:
         if topology == self.topology:
             return False
         self.topology = topology
-        for broker in topology.brokers:
-            if broker.node_id not in self._broker_order:
-                self._broker_order.append(broker.node_id)
+        if topology.cluster_id != self._order_cluster:
+            if self._broker_order:
+                log.info("brokers of cluster %s: listener ports given afresh (the kept order "
+                         "was cluster %s's)", topology.cluster_id, self._order_cluster)
+            self._order_cluster, self._broker_order = topology.cluster_id, []
+            self._ports.clear()
+        new = [b.node_id for b in topology.brokers if b.node_id not in self._broker_order]
+        if new:
+            self._broker_order += new
+            self._save_broker_order()
         self._plans.clear()
         self._compiled.clear()
         self.plan = self._group_plan(self.default_group)
@@ -456,6 +468,39 @@ class ControlPlane:
         log.info("topology: cluster %s, brokers %s", topology.cluster_id,
                  ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
         return True
+
+    def _load_broker_order(self) -> tuple[str | None, list[int]]:
+        """The kept cluster id and order ({"cluster_id": ..., "brokers": [node ids]})."""
+        path = self.settings.broker_order_file
+        if path is None or not path.exists():
+            return None, []
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            log.warning("broker order in %s unreadable (%s): ports follow this run's order",
+                        path, err)
+            return None, []
+        order = kept.get("brokers") if isinstance(kept, dict) else None
+        cluster = kept.get("cluster_id") if isinstance(kept, dict) else None
+        if not (isinstance(order, list) and all(type(n) is int for n in order)
+                and len(set(order)) == len(order) and isinstance(cluster, str | None)):
+            log.warning("broker order in %s is not {cluster_id, brokers: distinct node ids}: "
+                        "ports follow this run's order", path)
+            return None, []
+        return cluster, order
+
+    def _save_broker_order(self) -> None:
+        path = self.settings.broker_order_file
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written = path.with_name(path.name + ".tmp")
+            written.write_text(json.dumps({"cluster_id": self._order_cluster,
+                                           "brokers": self._broker_order}) + "\n")
+            written.replace(path)
+        except OSError as err:
+            log.warning("cannot keep the broker order in %s: %s", path, err)
 
     def group_of(self, status: NodeStatus) -> EnvoyGroup:
         return self._groups.get(status.cluster, self.default_group)

@@ -288,6 +288,8 @@ def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, An
 
 # The settings the gateway gives its control plane as they are (ControlPlaneSettings has
 # fields of the same names); the others it works out in Gateway.start.
+# In the gateway's state: the order brokers were first seen in (their listener ports).
+BROKER_ORDER_FILE: Final = "broker-order.json"
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
@@ -480,6 +482,8 @@ class Gateway(Service):
                 sasl_termination=s.sasl_termination is not None,
                 xds_tls=s.control_plane_tls,
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
+                broker_order_file=(s.work_dir / BROKER_ORDER_FILE if s.work_dir is not None
+                                   else None),
                 **{name: getattr(s, name) for name in CONTROL_PLANE_SETTINGS},
             )
             # The control plane first: the ext_proc service is given the key variables

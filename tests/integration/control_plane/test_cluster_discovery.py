@@ -3,6 +3,9 @@ joining it, Kafka 4.1.1 from its jars), through real Envoy and a real client."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -17,11 +20,21 @@ from tests.integration.conftest import gateway_settings
 HEAP = "256m"
 
 
-def routed_brokers(gateway: Gateway) -> set[int]:
-    """The node ids the gateway has a listener for."""
+def listener_ports(gateway: Gateway) -> dict[int, int]:
+    """The gateway's listener port of each broker it has one for."""
     assert gateway.control_plane is not None
     plane = gateway.control_plane
-    return set(gateway.call(lambda: [r.node_id for r in plane.plan.routes]))
+
+    def ports() -> list[tuple[int, int]]:
+        assert plane.plan is not None
+        return [(r.node_id, r.listen_port) for r in plane.plan.routes]
+
+    return dict(gateway.call(ports))
+
+
+def routed_brokers(gateway: Gateway) -> set[int]:
+    """The node ids the gateway has a listener for."""
+    return set(listener_ports(gateway))
 
 
 def until_routed(gateway: Gateway, node_id: int, timeout: float = 30) -> bool:
@@ -52,8 +65,7 @@ def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
                     [added.node_id]])])[topic].result(30)
                 assert until_routed(gateway, 3), (
                     f"no listener for broker 3 (routes: {sorted(routed_brokers(gateway))})")
-                listener = next(f"127.0.0.1:{r.listen_port}" for r in gateway.call(
-                    lambda: list(gateway.control_plane.plan.routes)) if r.node_id == 1)
+                listener = f"127.0.0.1:{listener_ports(gateway)[controller.node_id]}"
                 failures: list[str] = []
                 producer = Producer({"bootstrap.servers": listener, "message.timeout.ms": 30000})
                 for i in range(10):
@@ -61,3 +73,50 @@ def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
                                      failures.append(str(err)) if err is not None else None)
                 assert producer.flush(60) == 0
                 assert failures == []
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 (below the ephemeral range)."""
+    for _ in range(200):
+        base = random.randrange(24000, 32000)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_down(
+        tmp_path: Path) -> None:
+    """Listener ports went to brokers in the order one run of keg first saw them: keg
+    restarted while a broker was down gave the next broker that one's port (clients,
+    firewall rules and dashboards keyed by port then reached another broker). The order
+    is now kept in the gateway's state."""
+    base = free_port_run(3)
+    with EmbeddedKafka(heap=HEAP) as controller, \
+            EmbeddedKafka(heap=HEAP, joins=controller, node_id=2) as second, \
+            EmbeddedKafka(heap=HEAP, joins=controller, node_id=3) as third:
+        settings = gateway_settings(controller, tmp_path / "state", listen_port_base=base)
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 2) and until_routed(gateway, 3)
+            before = listener_ports(gateway)
+        assert before == {1: base, 2: base + 1, 3: base + 2}
+        second.stop()
+        topic = f"on-broker-3.{uuid.uuid4().hex[:6]}"
+        admin = AdminClient({"bootstrap.servers": controller.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
+            [third.node_id]])])[topic].result(30)
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 3)
+            assert listener_ports(gateway) == {1: base, 3: base + 2}
+            # A client that knows broker 3 by its port still reaches broker 3.
+            producer = Producer({"bootstrap.servers": f"127.0.0.1:{base + 2}",
+                                 "message.timeout.ms": 30000})
+            failures: list[str] = []
+            producer.produce(topic, b"kept", on_delivery=lambda err, _m:
+                             failures.append(str(err)) if err is not None else None)
+            assert producer.flush(60) == 0 and failures == []
