@@ -7,3 +7,7 @@ from typing import Final
 # another address) is sent to the listener of the client's own broker until then, and
 # its clients retry: 17 s of retries measured with 30 s. One Metadata request each time.
 DEFAULT_REFRESH_INTERVAL_S: Final = 10.0
+
+# In the control plane's state directory: the order brokers were first seen in, which
+# their listener ports follow (ControlPlaneSettings.broker_order_file).
+BROKER_ORDER_FILE: Final = "broker-order.json"

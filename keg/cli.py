@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 import typer.rich_utils
 
-from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
+from control_plane.defaults import BROKER_ORDER_FILE, DEFAULT_REFRESH_INTERVAL_S
 from keg import cli_pipeline, cli_rules
 from keg.cli_options import option_group
 from keg.cli_security import (
@@ -676,7 +676,8 @@ def control_plane_cmd(
         help="Rule store URL (postgresql://... for several control planes); default: "
              "SQLite in --data-dir.")] = None,
     data_dir: Annotated[Path | None, typer.Option(
-        help="Where the SQLite store lives (default: the user cache).")] = None,
+        help="Where the SQLite store lives (default: the user cache), and the order brokers "
+             "were first seen in (their listener ports, kept across restarts).")] = None,
     api_tokens: Annotated[Path | None, typer.Option(
         help="File of name:token lines allowed to write (also KEG_API_TOKENS).")] = None,
     public_reads: Annotated[bool, typer.Option(
@@ -756,6 +757,7 @@ def control_plane_cmd(
             upstream_tls=broker_tls,
             sasl_termination=terminate_sasl,
             xds_tls=xds_tls,
+            broker_order_file=(data_dir or cache_dir() / "control-plane") / BROKER_ORDER_FILE,
         )
     except (RuleSetInvalid, ValueError, OSError) as err:
         raise _fail(str(err)) from None

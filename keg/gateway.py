@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
+from control_plane.defaults import BROKER_ORDER_FILE, DEFAULT_REFRESH_INTERVAL_S
 from control_plane.fleet import EXT_PROC, NodeStatus
 from control_plane.native_filter import METRICS_KEY
 from control_plane.providers import RuleProvider
@@ -288,8 +288,6 @@ def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, An
 
 # The settings the gateway gives its control plane as they are (ControlPlaneSettings has
 # fields of the same names); the others it works out in Gateway.start.
-# In the gateway's state: the order brokers were first seen in (their listener ports).
-BROKER_ORDER_FILE: Final = "broker-order.json"
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
