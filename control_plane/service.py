@@ -528,12 +528,25 @@ class ControlPlane:
                          self.default_group)
             elsewhere.append((broker.node_id, owner.advertised_host,
                               self._port(owner, broker.node_id)))
+        elsewhere += self._absent(group)
         plan = self._plans[group.name] = GroupPlan(
             routes=tuple(routes), elsewhere=tuple(elsewhere),
             listen_host=group.listen_host, advertised_host=group.advertised_host,
             sasl_termination=self.terminates_sasl(group),
             **{name: getattr(s, name) for name in PLAN_SETTINGS})
         return plan
+
+    def _absent(self, group: EnvoyGroup) -> list[tuple[int, str, int]]:
+        """Brokers seen before and missing from the cluster's Metadata now (down, fenced)
+        whose port is known, advertised there: an answer naming one (DescribeCluster of
+        fenced brokers, a coordinator back before the next refresh) names its own port,
+        which listens again once it is back, not another broker's listener."""
+        assert self.topology is not None
+        present = {b.node_id for b in self.topology.brokers}
+        return [(node_id, group.advertised_host, self._port(group, node_id))
+                for node_id in self._broker_order
+                if node_id not in present and group.fronts(node_id)
+                and (group.listen_port_base or (group.name, node_id) in self._ports)]
 
     def terminates_sasl(self, group: EnvoyGroup) -> bool:
         return (self.settings.sasl_termination if group.sasl_termination is None

@@ -13,7 +13,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keg.embedded.kafka import EmbeddedKafka
+from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import gateway_settings
 
@@ -120,3 +120,28 @@ def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_dow
             producer.produce(topic, b"kept", on_delivery=lambda err, _m:
                              failures.append(str(err)) if err is not None else None)
             assert producer.flush(60) == 0 and failures == []
+
+
+def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> None:
+    """Kafka's ClusterTool listing fenced brokers through keg showed a stopped broker at
+    another broker's listener (directly: at its own address). It is now shown at the
+    port its listener has whenever it is up."""
+    with EmbeddedKafka(heap=HEAP) as controller, \
+            EmbeddedKafka(heap=HEAP, joins=controller, node_id=2) as stopped:
+        settings = gateway_settings(controller, tmp_path / "work", refresh_interval_s=0.5)
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 2)
+            ports = listener_ports(gateway)
+            stopped.stop()
+            deadline = time.monotonic() + 30
+            while 2 in routed_brokers(gateway) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert routed_brokers(gateway) == {1}
+            done = run_java_tool(
+                "org.apache.kafka.tools.ClusterTool", "list-endpoints", "--bootstrap-server",
+                f"127.0.0.1:{ports[1]}", "--include-fenced-brokers", timeout=120, check=True)
+            rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()
+                    if line.split() and line.split()[0].isdigit()}
+            assert rows["2"][1:3] == ["127.0.0.1", str(ports[2])], done.stdout
+            assert "fenced" in rows["2"], done.stdout
+            assert rows["1"][1:3] == ["127.0.0.1", str(ports[1])], done.stdout

@@ -67,3 +67,15 @@ def test_discovery_asks_the_bootstrap_servers_then_every_known_broker(tmp_path: 
     assert control_plane._discovery_servers() == "lb:9092,kafka-1:9092"
     control_plane.set_topology(Topology("c", (*brokers(1, 2), Broker(3, "::1", 9093))))
     assert control_plane._discovery_servers() == "lb:9092,kafka-1:9092,kafka-2:9092,[::1]:9093"
+
+
+def test_a_broker_gone_from_the_metadata_is_still_advertised_at_its_own_port(
+        tmp_path: Path) -> None:
+    control_plane = plane(tmp_path)
+    control_plane.set_topology(Topology("c", brokers(1, 2, 3)))
+    control_plane.set_topology(Topology("c", brokers(1, 3)))
+    assert control_plane.plan is not None
+    assert ports(control_plane) == {1: BASE, 3: BASE + 2}  # no listener for broker 2
+    host = control_plane.plan.advertised_host
+    assert control_plane.plan.advertised_routes() == {
+        1: (host, BASE), 2: (host, BASE + 1), 3: (host, BASE + 2)}
