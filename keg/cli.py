@@ -257,7 +257,7 @@ def up(
         help="Envoy worker threads (0: one per core).")] = 0,
     ext_proc_workers: Annotated[int, typer.Option(
         help="Processes of the ext_proc service (0: one per core); each has its own "
-             "/metrics port after --metrics-port's and its own audit log file.")] = 0,
+             "/metrics port (worker i: --metrics-port + i) and its own audit log file.")] = 0,
     data_path: Annotated[str, typer.Option(
         help="native: keg's Kafka filter inside Envoy (a dynamic module built by make "
              "setup), which hands the ext_proc service only the frames rules need; "
@@ -356,9 +356,17 @@ def up(
             typer.echo(str(error), err=True)
         raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
                     f"only (keg validate {rules_dir})") from None
+    workers = ext_proc_workers or os.cpu_count() or 1
+    worker_metrics = ([(f"--metrics-port (+{i}: ext_proc worker {i})" if i else "--metrics-port",
+                        "127.0.0.1", metrics_port + i) for i in range(workers)]
+                      if metrics_port else [])
+    clash = {api_port, module_metrics_port} & {port for _, _, port in worker_metrics}
+    if clash:
+        raise _fail(f"port {min(clash)} is one of the ext_proc workers' /metrics ports "
+                    f"(--metrics-port {metrics_port} and the {workers - 1} after it): "
+                    f"choose ports apart")
     taken = _ports_in_use([("--listen-port-base", listen_host, listen_port_base),
-                           ("--api-port", "127.0.0.1", api_port),
-                           ("--metrics-port", "127.0.0.1", metrics_port),
+                           ("--api-port", "127.0.0.1", api_port), *worker_metrics,
                            ("--module-metrics-port", "127.0.0.1", module_metrics_port)])
     if taken:
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "

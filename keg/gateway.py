@@ -469,7 +469,8 @@ class Gateway(Service):
             for worker in self.workers:
                 worker.port = worker.port or free_port()
                 if s.metrics_port is not None:  # known before the control plane starts
-                    given = s.metrics_port if worker.index == 0 else 0
+                    # Worker i: the port i after the first (stable scrape targets).
+                    given = s.metrics_port + worker.index if s.metrics_port else 0
                     worker.metrics_port = given or worker.metrics_port or free_port()
             self._loop = BackgroundLoop()
             settings = ControlPlaneSettings(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import shutil
+import socket
 import subprocess
 import urllib.request
 import uuid
@@ -124,6 +126,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @functools.cache
 def _builds_gateway_settings(path: Path) -> bool:
     return "gateway_settings(" in path.read_text()
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 (below the ephemeral range)."""
+    for _ in range(200):
+        base = random.randrange(24000, 32000)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> GatewaySettings:

@@ -3,9 +3,6 @@ joining it, Kafka 4.1.1 from its jars), through real Envoy and a real client."""
 
 from __future__ import annotations
 
-import contextlib
-import random
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
-from tests.integration.conftest import gateway_settings
+from tests.integration.conftest import free_port_run, gateway_settings
 
 HEAP = "256m"
 
@@ -73,21 +70,6 @@ def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
                                      failures.append(str(err)) if err is not None else None)
                 assert producer.flush(60) == 0
                 assert failures == []
-
-
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive ports free on 127.0.0.1 (below the ephemeral range)."""
-    for _ in range(200):
-        base = random.randrange(24000, 32000)
-        try:
-            with contextlib.ExitStack() as held:
-                for port in range(base, base + count):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_down(

@@ -21,7 +21,7 @@ import pytest
 
 from control_plane.service import free_port
 from keg.embedded.kafka import EmbeddedKafka
-from tests.integration.conftest import create_topic, produce_one
+from tests.integration.conftest import create_topic, free_port_run, produce_one
 
 pytestmark = pytest.mark.integration
 
@@ -222,3 +222,29 @@ def test_a_refused_login_to_the_brokers_stops_keg_up_at_once_saying_why(
     assert "SASL" in up.output and "error: \n" not in up.output + "\n", up.output
     assert "not-the-password" not in up.output
     print(f"refused after {time.monotonic() - started:.1f} s")
+
+
+def test_each_ext_proc_worker_serves_metrics_on_the_port_after_the_last(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`--metrics-port P` gave the first worker P and every other worker a random port
+    (its help said "after --metrics-port's"): unscrapeable without reading the banner.
+    Worker i now serves on P + i; a port of keg's own inside that run is refused."""
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    rules = rule_dir(tmp_path, "rules", "a.")
+    base = free_port_run(2)
+    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                "--metrics-port", str(base), "--api-port", str(base + 1)) as refused:
+        assert refused.process.wait(60) == 2, refused.output
+        assert f"port {base + 1} is one of the ext_proc workers' /metrics ports" \
+            in refused.output, refused.output
+    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                "--metrics-port", str(base)) as up:
+        up.wait_for(r"keg is up")
+        printed = up.wait_for(r"metrics: (http://\S+/metrics) (http://\S+/metrics)")
+        assert printed.groups() == (f"http://127.0.0.1:{base}/metrics",
+                                    f"http://127.0.0.1:{base + 1}/metrics")
+        for url in printed.groups():
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert b"keg_" in response.read()
+        assert up.stop() == 0, up.output
