@@ -357,12 +357,13 @@ def up(
         raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
                     f"only (keg validate {rules_dir})") from None
     workers = ext_proc_workers or os.cpu_count() or 1
-    worker_metrics = ([(f"--metrics-port (+{i}: ext_proc worker {i})" if i else "--metrics-port",
-                        "127.0.0.1", metrics_port + i) for i in range(workers)]
-                      if metrics_port else [])
-    clash = {api_port, module_metrics_port} & {port for _, _, port in worker_metrics}
+    worker_metrics: list[tuple[str, str, int | None]] = (
+        [(f"--metrics-port (+{i}: ext_proc worker {i})" if i else "--metrics-port",
+          "127.0.0.1", metrics_port + i) for i in range(workers)] if metrics_port else [])
+    clash = sorted(port for port in {api_port, module_metrics_port} & {
+        port for _, _, port in worker_metrics} if port)
     if clash:
-        raise _fail(f"port {min(clash)} is one of the ext_proc workers' /metrics ports "
+        raise _fail(f"port {clash[0]} is one of the ext_proc workers' /metrics ports "
                     f"(--metrics-port {metrics_port} and the {workers - 1} after it): "
                     f"choose ports apart")
     taken = _ports_in_use([("--listen-port-base", listen_host, listen_port_base),
