@@ -95,9 +95,10 @@ class SharedSequenceLedger:
     a few microseconds per idempotent batch of a topic with record rules. A producer
     partition forgotten (its set full of fresher ones) shifts nothing again."""
 
-    def __init__(self, path: Path, sets: int = DEFAULT_SETS,
-                 clock: Clock = time.monotonic) -> None:
-        self._slots = SharedSlots(path, _POINTS, sets, clock)
+    def __init__(self, path: Path, sets: int = DEFAULT_SETS, clock: Clock = time.time) -> None:
+        # The wall clock: the ledger is kept across restarts of the pool, and of the host
+        # (a producer outlives both); its time only orders evictions.
+        self._slots = SharedSlots(path, _POINTS, sets, clock, future_is_stale=False)
 
     def shift(self, key: ProducerKey, base_sequence: int) -> int:
         if not self._slots.any_taken:  # no record was ever dropped: every batch's case

@@ -64,11 +64,15 @@ class Slot:
 
 class SharedSlots:
     def __init__(self, path: Path, payload: struct.Struct, sets: int,
-                 clock: Clock = time.monotonic) -> None:
-        """Map `path`, made and sized by the first process that needs it (the pool's
-        owner removes it before the pool starts: nothing outlives the gateway)."""
+                 clock: Clock = time.monotonic, *, future_is_stale: bool = True) -> None:
+        """Map `path`, made and sized by the first process that needs it (it may be kept
+        from an earlier run of the pool: keg up keeps it across restarts).
+        `future_is_stale`: a slot last used after now was used before a reboot restarted
+        the clock (CLOCK_MONOTONIC): read as fresh. A wall clock (time.time) survives
+        reboots; its slots are kept whatever the time says (a clock stepped back)."""
         self.payload = payload
         self._clock = clock
+        self._future_is_stale = future_is_stale
         self._slot_bytes = _HEAD.size + payload.size
         self._set_bytes = WAYS * self._slot_bytes
         self._thread_lock = threading.Lock()
@@ -95,7 +99,8 @@ class SharedSlots:
         with self._locked(key_hash) as (start, now):
             at = self._find(start, key_hash, claim=True)
             stored, used = _HEAD.unpack_from(self.view, at)
-            yield Slot(self, at, fresh=stored != key_hash or used > now, used=used, now=now)
+            yield Slot(self, at, fresh=stored != key_hash or self._stale(used, now), used=used,
+                       now=now)
             _HEAD.pack_into(self.view, at, key_hash, now)
             if not self.view[0]:
                 self.view[0] = 1
@@ -113,7 +118,10 @@ class SharedSlots:
         with self._locked(key_hash) as (start, now):
             at = self._find(start, key_hash, claim=False)
             used = _HEAD.unpack_from(self.view, at)[1] if at >= 0 else now
-            yield None if at < 0 or used > now else Slot(self, at, False, used, now)
+            yield None if at < 0 or self._stale(used, now) else Slot(self, at, False, used, now)
+
+    def _stale(self, used: float, now: float) -> bool:
+        return self._future_is_stale and used > now
 
     @contextmanager
     def _locked(self, key_hash: int) -> Iterator[tuple[int, float]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -288,10 +289,17 @@ def module_metrics_options(address: str, env: Mapping[str, str]) -> dict[str, An
 
 # The settings the gateway gives its control plane as they are (ControlPlaneSettings has
 # fields of the same names); the others it works out in Gateway.start.
+# In a gateway's work directory: the ext_proc pool's shared state, one per cluster.
+SHARED_STATE_DIR: Final = "keg-shared-state"
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
     "max_frame_size", "max_held_bytes", "oauth_principal_claim", "refresh_interval_s")
+
+
+def _file_name(text: str) -> str:
+    """`text` as one safe path component (a Kafka cluster id already is one)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text)[:64] or "_"
 
 
 @dataclass
@@ -502,8 +510,7 @@ class Gateway(Service):
             else:
                 self.control_plane = ControlPlane(settings, rules=s.rules_provider)
                 self._loop.run(self.control_plane.start(), timeout=START_TIMEOUT_S)
-            # The pool's shared state outlives a worker's restart, not the gateway's.
-            shutil.rmtree(self.shared_state_dir, ignore_errors=True)
+            self._prepare_shared_state()
             self.start_ext_proc()
             if s.rules_from_control_plane and self.control_plane.rules is not None:
                 self.wait_for_rules()
@@ -690,11 +697,29 @@ class Gateway(Service):
     @property
     def shared_state_dir(self) -> Path:
         """What the workers share (`ext_proc.shared_slots`: rate buckets, the sequences
-        of producers whose records rules dropped): whichever worker judges a connection
-        sees the same; removed at start and stop."""
-        if self.settings.work_dir is not None:
-            return self.settings.work_dir / "keg-shared-state"
-        return Path(tempfile.gettempdir()) / f"keg-shared-state-{self.xds_port}"
+        of producers whose records rules dropped, topic ids): whichever worker judges a
+        connection sees the same. In a gateway's own work directory (keg up's state), one
+        per cluster, kept across restarts: an idempotent producer outlives the gateway,
+        and its batches after a restart must be shifted down by what rules dropped before
+        it, or the broker refuses them as out of order (fatal to the producer). Another
+        cluster (or the same one made anew) reuses producer ids: it gets its own. Without
+        a work directory: a temporary one, removed at stop."""
+        assert self.control_plane is not None and self.control_plane.topology is not None
+        if self.settings.work_dir is None:
+            return Path(tempfile.gettempdir()) / f"keg-shared-state-{self.xds_port}"
+        cluster = self.control_plane.topology.cluster_id or "unknown-cluster"
+        return self.settings.work_dir / SHARED_STATE_DIR / _file_name(cluster)
+
+    def _prepare_shared_state(self) -> None:
+        """The shared state of this run: a temporary one made empty; in a work directory
+        the cluster's own kept, other clusters' removed."""
+        here = self.shared_state_dir
+        if self.settings.work_dir is None:
+            shutil.rmtree(here, ignore_errors=True)
+            return
+        for other in here.parent.glob("*"):
+            if other != here and other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
 
     def _audit_stream_args(self, stream: AuditStream, worker: ExtProcWorker
                            ) -> tuple[list[str], dict[str, str]]:
@@ -862,7 +887,9 @@ class Gateway(Service):
             self._loop.close()
             self._loop = None
         self.stop_ext_proc()
-        shutil.rmtree(self.shared_state_dir, ignore_errors=True)
+        if self.settings.work_dir is None and self.control_plane is not None \
+                and self.control_plane.topology is not None:
+            shutil.rmtree(self.shared_state_dir, ignore_errors=True)
         if self.settings.rules_from_control_plane:
             for worker in self.workers:
                 worker.own_path(self.rules_cache_file).unlink(missing_ok=True)

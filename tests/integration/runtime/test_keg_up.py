@@ -248,3 +248,72 @@ def test_each_ext_proc_worker_serves_metrics_on_the_port_after_the_last(
             with urllib.request.urlopen(url, timeout=10) as response:
                 assert b"keg_" in response.read()
         assert up.stop() == 0, up.output
+
+
+DROP = """rules:
+  - id: drop-noise
+    match: {apis: [Produce], direction: request, topics: {prefix: [idem.]}}
+    action: {drop: {when: {key: {exact: [noise]}}}}
+"""
+
+
+def test_an_idempotent_producer_goes_on_after_keg_up_restarts(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """Records a rule drops from an idempotent producer's batches shift its later
+    batches' sequence numbers down; keg up emptied that ledger at every start, so after
+    a restart the producer's next batch left a gap the broker refused as
+    OUT_OF_ORDER_SEQUENCE_NUMBER, fatal to librdkafka. The ledger is now kept."""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    cache, work, rules = tmp_path / "cache", tmp_path / "work", tmp_path / "rules"
+    work.mkdir()
+    rules.mkdir()
+    (rules / "drop.yaml").write_text(DROP)
+    topic = create_topic(kafka.bootstrap, name=f"idem.{time.monotonic_ns()}")
+    port = free_port_run(1)
+    fatal: list[str] = []
+
+    def on_error(err: KafkaError) -> None:
+        if err.fatal():
+            fatal.append(str(err))
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5, "message.timeout.ms": 60000,
+                         "error_cb": on_error})
+    failed: list[str] = []
+
+    sent = iter(range(1_000_000))
+
+    def send(key: str, count: int) -> None:
+        for _ in range(count):
+            producer.produce(topic, f"{key}-{next(sent)}".encode(), key=key.encode(),
+                             on_delivery=lambda err, _m: failed.append(str(err))
+                             if err is not None else None)
+
+    for _restart in range(2):
+        with keg_up(kafka, work, cache, rules, "--listen-port-base", str(port)) as up:
+            up.wait_for(r"keg is up")
+            send("kept", 20)
+            send("noise", 5)
+            send("kept", 20)
+            assert producer.flush(60) == 0
+            assert failed == [] and fatal == [], (failed, fatal)
+            assert up.stop() == 0, up.output
+    with keg_up(kafka, work, cache, rules, "--listen-port-base", str(port)) as up:
+        up.wait_for(r"keg is up")
+        send("after", 20)
+        assert producer.flush(90) == 0
+        assert fatal == [] and failed == [], (fatal, failed, up.output[-3000:])
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"g{port}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(values) < 100 and time.monotonic() < deadline:
+        message = consumer.poll(1)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    consumer.close()
+    assert len(values) == 100 and len(set(values)) == 100  # 80 kept and 20 after, once
+    assert not any(v.startswith(b"noise") for v in values)

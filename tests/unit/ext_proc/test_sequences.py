@@ -60,3 +60,16 @@ def test_a_producer_finds_its_drops_in_another_process_of_the_pool(tmp_path: Pat
     here.dropped(KEY, 0, 3)  # the same batch retried through this worker: counted once
     assert here.shift(KEY, 5) == 3
     here.close()
+
+
+def test_a_kept_ledger_still_shifts_after_the_host_restarted(tmp_path: Path) -> None:
+    """A producer outlives a restart of the pool and of its host: the ledger is kept,
+    and read on whatever a clock said before (a monotonic clock restarts at boot)."""
+    before = SharedSequenceLedger(tmp_path / "sequences", sets=4, clock=lambda: 1_000_000.0)
+    before.dropped(KEY, 10, 3)
+    before.close()
+    after = SharedSequenceLedger(tmp_path / "sequences", sets=4, clock=lambda: 5.0)
+    assert after.shift(KEY, 20) == 3
+    after.dropped(KEY, 20, 1)
+    assert after.shift(KEY, 30) == 4
+    after.close()
