@@ -101,9 +101,11 @@ _GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is
                              "authorized to describe.")
 # Answers that list topics their requests do not name: an open transaction's partitions
 # (the request names transactional ids), config resources (it names resource types), and
-# every topic's log directories and reassignments (the request names none: null topics).
+# every topic's log directories, reassignments and leader elections (the request names
+# none: null topics).
 _TOPIC_LISTING_APIS = frozenset({ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_CONFIG_RESOURCES,
-                                 ApiKey.DESCRIBE_LOG_DIRS, ApiKey.LIST_PARTITION_REASSIGNMENTS})
+                                 ApiKey.DESCRIBE_LOG_DIRS, ApiKey.LIST_PARTITION_REASSIGNMENTS,
+                                 ApiKey.ELECT_LEADERS})
 _TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
 # A list of an answer: the dict holding it, its key, the topic an entry names (or None).
 TopicListing = tuple[dict[str, Any], str, Callable[[dict[str, Any]], str | None]]
@@ -401,9 +403,10 @@ class RulesFilter(RuleSetJudge):
         self._acks_zero = not expects_response(api_key, version, body)
         ctx = self._match_context(header, conn, principal, client_host)
         named = request_entities(api_key, version, body, self._engine.topic_ids)
-        # Metadata for all topics, DescribeTopicPartitions naming none: the answer lists
-        # every topic, and is judged (its cursor says where a page starts, nothing more).
-        lists_all = (body.get("Topics") is None if api_key == ApiKey.METADATA
+        # Metadata for all topics (null; v0: an empty list), DescribeTopicPartitions
+        # naming none: the answer lists every topic, and is judged (its cursor says where
+        # a page starts, nothing more).
+        lists_all = (_asks_all_topics(version, body) if api_key == ApiKey.METADATA
                      else api_key == ApiKey.DESCRIBE_TOPIC_PARTITIONS and not body.get("Topics"))
         topics = [] if lists_all else named.topics
         self._topics = topics
@@ -472,7 +475,9 @@ class RulesFilter(RuleSetJudge):
                        else self._refuse_groups_of_denied_topics(ctx, header, conn)
                        if api_key in _GROUP_DESCRIBES
                        else self._hide_listed_topics(ctx)
-                       if api_key in _TOPIC_LISTING_APIS else None)
+                       if api_key in _TOPIC_LISTING_APIS
+                       else self._hide_listed_groups(ctx)
+                       if api_key == ApiKey.LIST_GROUPS else None)
         elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
             # Recorded above, each denied topic once.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
@@ -681,6 +686,24 @@ class RulesFilter(RuleSetJudge):
                 changed |= kept != entries
                 owner[key] = kept
             return changed
+
+        return RequestVerdict(patch=hide)
+
+    def _hide_listed_groups(self, ctx: MatchContext) -> RequestVerdict | None:
+        """ListGroups: the groups a rule denies are left out, as Kafka leaves out the
+        groups a caller may not describe (an admin tool that lists, then describes every
+        group, failed on the first denied one)."""
+        rules = [r for r in self._engine.requests.candidates(ctx.api_key, ctx.api_version)
+                 if r.kind in DENYING_KINDS and r.uses_groups and not r.dry_run]
+        if not rules:
+            return None
+
+        def hide(response: dict[str, Any]) -> bool:
+            groups = response.get("Groups") or []
+            kept = [g for g in groups
+                    if not any(r.matches(ctx, None, g.get("GroupId")) for r in rules)]
+            response["Groups"] = kept
+            return kept != groups
 
         return RequestVerdict(patch=hide)
 
@@ -933,6 +956,15 @@ def _topic_listings(api_key: int, response: dict[str, Any]) -> Iterator[TopicLis
             yield log_dir, "Topics", lambda entry: entry.get("Name")
     elif api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
         yield response, "Topics", lambda entry: entry.get("Name")
+    elif api_key == ApiKey.ELECT_LEADERS:
+        yield response, "ReplicaElectionResults", lambda entry: entry.get("Topic")
+
+
+def _asks_all_topics(api_version: int, body: dict[str, Any]) -> bool:
+    """Whether a Metadata request asks for every topic: null topics, or in v0 (which
+    has no null) an empty list."""
+    topics = body.get("Topics")
+    return topics is None or (api_version == 0 and not topics)
 
 
 def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:

@@ -1,0 +1,115 @@
+"""Answers that list topics or groups the request did not name hide what a deny rule
+covers, as Kafka's authorizer leaves out what the caller may not describe: through real
+Envoy, the real broker and real clients (raw requests where no client sends the version)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kafka_wire import ApiKey
+from keg.embedded.kafka import EmbeddedKafka
+from keg.gateway import Gateway
+from tests.integration.conftest import create_topic, gateway_with_static_rules
+from tests.integration.raw_kafka import RawConnection
+
+pytestmark = pytest.mark.integration
+
+RULES = """
+rules:
+  - id: deny-secret
+    match: {topics: {prefix: [secret.]}}
+    action: {deny: {}}
+  - id: deny-locked
+    match: {groups: {prefix: [locked-]}}
+    action: {deny: {}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with gateway_with_static_rules(kafka, tmp_path_factory.mktemp("listing"), RULES) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def secret(kafka: EmbeddedKafka) -> str:
+    return create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:6]}")
+
+
+def test_metadata_v0_for_every_topic_hides_a_denied_one(kafka: EmbeddedKafka, gateway: Gateway,
+                                                        secret: str) -> None:
+    """Metadata v0 has no null topics: its empty list asks for every topic, and its answer
+    listed the denied ones with their partitions (kcat -L with broker.version.fallback
+    0.8.2); v1+ (null) hid them."""
+    public = create_topic(kafka.bootstrap, name=f"public.{uuid.uuid4().hex[:6]}")
+    for bootstrap, hidden in ((kafka.bootstrap, False), (gateway.bootstrap, True)):
+        connection = RawConnection(bootstrap)
+        try:
+            for version in (0, 1, 4):
+                topics: list[dict[str, str]] | None = [] if version == 0 else None
+                deadline = time.monotonic() + 15  # until the new topic is in the metadata
+                while True:
+                    answer = connection.request(ApiKey.METADATA, version, {"Topics": topics})
+                    names = {t["Name"] for t in answer["Topics"]}
+                    if public in names or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+                assert public in names, (bootstrap, version, names)
+                assert (secret not in names) == hidden, (bootstrap, version, names)
+        finally:
+            connection.close()
+
+
+def test_a_leader_election_of_every_partition_hides_a_denied_topic(
+        kafka: EmbeddedKafka, gateway: Gateway, secret: str) -> None:
+    """ElectLeaders for all partitions (null) answered with the denied topics' names, as
+    the broker does for a caller allowed to see them (its results name every topic,
+    with the partitions elected; librdkafka shows partitions only, so raw requests)."""
+    for bootstrap, hidden in ((kafka.bootstrap, False), (gateway.bootstrap, True)):
+        connection = RawConnection(bootstrap)
+        try:
+            for version, body in ((0, {}), (2, {"ElectionType": 0})):
+                answer = connection.request(ApiKey.ELECT_LEADERS, version, {
+                    **body, "TopicPartitions": None, "TimeoutMs": 10000})
+                names = {r["Topic"] for r in answer["ReplicaElectionResults"]}
+                assert (secret not in names) == hidden, (bootstrap, version, names)
+        finally:
+            connection.close()
+
+
+def test_listing_groups_hides_a_denied_group(kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    """ListGroups listed a denied group; Kafka's authorizer leaves out groups the caller
+    may not describe, and admin tools that describe every listed group then failed on
+    it (ConsumerGroupCommand --describe --all-groups: GroupAuthorizationException)."""
+    topic = create_topic(kafka.bootstrap, name=f"groups.{uuid.uuid4().hex[:6]}")
+    groups = {name: f"{name}-{uuid.uuid4().hex[:6]}" for name in ("locked", "open")}
+    for group in groups.values():  # made directly on the broker: committed offsets
+        consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        consumer.close()
+
+    def listed(bootstrap: str) -> set[str]:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        deadline = time.monotonic() + 30
+        while True:
+            found = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+            if groups["open"] in found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+    assert set(groups.values()) <= listed(kafka.bootstrap)
+    through = listed(gateway.bootstrap)
+    assert groups["open"] in through and groups["locked"] not in through
+    # ... and describing what is listed works (the open group's offsets too).
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    offsets = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(groups["open"])])[groups["open"]].result(30)
+    assert [(tp.topic, tp.offset) for tp in offsets.topic_partitions] == [(topic, 0)]
+
+
