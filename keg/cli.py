@@ -267,6 +267,9 @@ def up(
     max_frame_size: MaxFrameSize = DEFAULT_MAX_FRAME_SIZE,
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
     refresh_interval: RefreshInterval = DEFAULT_REFRESH_INTERVAL_S,
+    internal_port_base: Annotated[int, typer.Option(
+        help="Loopback ports of keg's own parts from here: the xDS server, each ext_proc "
+             "worker's gRPC port, Envoy's admin (1 + workers + 1 ports; 0: free ports).")] = 0,
     oauth_principal_claim: OauthPrincipalClaim = "sub",
     failure_mode_allow: Annotated[
         bool,
@@ -344,6 +347,7 @@ def up(
         Gateway,
         GatewayError,
         GatewaySettings,
+        internal_ports,
     )
     from keg.state import DirectoryLock, StateInUse, up_state_dir
     from keg.supervisor import Child
@@ -357,18 +361,21 @@ def up(
         raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
                     f"only (keg validate {rules_dir})") from None
     workers = ext_proc_workers or os.cpu_count() or 1
-    worker_metrics: list[tuple[str, str, int | None]] = (
-        [(f"--metrics-port (+{i}: ext_proc worker {i})" if i else "--metrics-port",
-          "127.0.0.1", metrics_port + i) for i in range(workers)] if metrics_port else [])
-    clash = sorted(port for port in {api_port, module_metrics_port} & {
-        port for _, _, port in worker_metrics} if port)
-    if clash:
-        raise _fail(f"port {clash[0]} is one of the ext_proc workers' /metrics ports "
-                    f"(--metrics-port {metrics_port} and the {workers - 1} after it): "
-                    f"choose ports apart")
-    taken = _ports_in_use([("--listen-port-base", listen_host, listen_port_base),
-                           ("--api-port", "127.0.0.1", api_port), *worker_metrics,
-                           ("--module-metrics-port", "127.0.0.1", module_metrics_port)])
+    ports: list[tuple[str, str, int | None]] = [
+        ("--listen-port-base", listen_host, listen_port_base),
+        ("--api-port", "127.0.0.1", api_port),
+        *((f"--metrics-port (+{i}: ext_proc worker {i})" if i else "--metrics-port",
+           "127.0.0.1", metrics_port + i) for i in range(workers) if metrics_port),
+        ("--module-metrics-port", "127.0.0.1", module_metrics_port),
+        *((f"--internal-port-base (+{port - internal_port_base}: {name})", "127.0.0.1", port)
+          for name, port in internal_ports(internal_port_base, workers).items())]
+    owners: dict[int, str] = {}
+    for option, _host, port in ports:
+        if port and port in owners:
+            raise _fail(f"port {port} is both {owners[port]} and {option}: choose ports apart")
+        if port:
+            owners[port] = option
+    taken = _ports_in_use(ports)
     if taken:
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
                     f"others, 0 for free ones (--api-port 0: no API)")
@@ -394,6 +401,7 @@ def up(
                 advertised_host=advertised_host,
                 listen_port_base=listen_port_base,
                 refresh_interval_s=refresh_interval,
+                internal_port_base=internal_port_base,
                 envoy_concurrency=envoy_concurrency or cores,
                 ext_proc_workers=ext_proc_workers or cores,
                 failure_mode_allow=failure_mode_allow,
@@ -436,9 +444,9 @@ def up(
                 console.print(_security_line(listener_tls is not None,
                                              listener_tls is not None and listener_tls.mutual,
                                              terminated))
-            ports = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
-            metrics = ("off" if not ports else
-                       " ".join(f"http://127.0.0.1:{port}/metrics" for port in ports))
+            scraped = [w.metrics_port for w in gateway.workers if w.metrics_port is not None]
+            metrics = ("off" if not scraped else
+                       " ".join(f"http://127.0.0.1:{port}/metrics" for port in scraped))
             if gateway.module_metrics_port is not None:
                 metrics += f" (Kafka filter: http://127.0.0.1:{gateway.module_metrics_port}/metrics)"
             audits = " ".join(str(path) for path in gateway.audit_logs) or "off"

@@ -297,6 +297,15 @@ CONTROL_PLANE_SETTINGS: Final = (
     "max_frame_size", "max_held_bytes", "oauth_principal_claim", "refresh_interval_s")
 
 
+def internal_ports(base: int, workers: int) -> dict[str, int]:
+    """The loopback ports of keg's own parts from `base` (none when 0): the xDS server,
+    each ext_proc worker's gRPC port (`ext_proc-<i>`), Envoy's admin."""
+    if not base:
+        return {}
+    names = ["xds", *(f"ext_proc-{i}" for i in range(workers)), "envoy-admin"]
+    return {name: base + i for i, name in enumerate(names)}
+
+
 def _file_name(text: str) -> str:
     """`text` as one safe path component (a Kafka cluster id already is one)."""
     return re.sub(r"[^A-Za-z0-9_-]", "_", text)[:64] or "_"
@@ -348,6 +357,9 @@ class GatewaySettings:
     rules_delivery: str = "directory"  # or "control-plane" (xDS to the ext_proc service)
     rules_provider: RuleProvider | None = None  # e.g. the store; implies "control-plane"
     xds_port: int = 0  # 0: a free port
+    # The loopback ports of keg's own parts from here, when not 0 (free ports): the xDS
+    # server, then each ext_proc worker's gRPC port, then Envoy's admin (internal_ports).
+    internal_port_base: int = 0
     envoy_delta: bool = False  # incremental ADS instead of state of the world
     api: ApiOptions | None = None  # the store + REST API (implies "control-plane")
     # "native": keg's Kafka filter inside Envoy (a dynamic module; Envoys of another
@@ -473,9 +485,11 @@ class Gateway(Service):
     def start(self) -> None:
         s = self.settings
         try:
-            self.xds_port = s.xds_port or free_port()
+            internal = internal_ports(s.internal_port_base, len(self.workers))
+            self.xds_port = s.xds_port or internal.get("xds") or free_port()
             for worker in self.workers:
-                worker.port = worker.port or free_port()
+                worker.port = (worker.port or internal.get(f"ext_proc-{worker.index}")
+                               or free_port())
                 if s.metrics_port is not None:  # known before the control plane starts
                     # Worker i: the port i after the first (stable scrape targets).
                     given = s.metrics_port + worker.index if s.metrics_port else 0
@@ -847,6 +861,8 @@ class Gateway(Service):
             runtime=runtime,
             xds_tls=self.settings.control_plane_client_tls,
             metadata=metadata,
+            admin_port=internal_ports(self.settings.internal_port_base,
+                                      len(self.workers)).get("envoy-admin", 0),
         )
         envoy = self.envoy
         envoy.start()

@@ -136,10 +136,12 @@ class EmbeddedEnvoy(Service):
         runtime: dict[str, Any] | None = None,
         xds_tls: ClientTls | None = None,
         metadata: dict[str, Any] | None = None,
+        admin_port: int = 0,
     ) -> None:
         self.node_id = node_id
         self._bootstrap = render_bootstrap(node_id, node_cluster, xds_host, xds_port,
-                                           delta=delta, locality=locality, runtime=runtime,
+                                           admin_port=admin_port, delta=delta,
+                                           locality=locality, runtime=runtime,
                                            xds_tls=xds_tls, metadata=metadata)
         # Envoy's allow-list only: nothing of keg's own environment (keys, passwords).
         self._env = child_environment(ENVOY, extra_env)

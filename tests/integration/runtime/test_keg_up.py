@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -236,8 +237,8 @@ def test_each_ext_proc_worker_serves_metrics_on_the_port_after_the_last(
     with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
                 "--metrics-port", str(base), "--api-port", str(base + 1)) as refused:
         assert refused.process.wait(60) == 2, refused.output
-        assert f"port {base + 1} is one of the ext_proc workers' /metrics ports" \
-            in refused.output, refused.output
+        assert (f"port {base + 1} is both --api-port and --metrics-port (+1: ext_proc "
+                f"worker 1)") in refused.output, refused.output
     with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
                 "--metrics-port", str(base)) as up:
         up.wait_for(r"keg is up")
@@ -317,3 +318,30 @@ def test_an_idempotent_producer_goes_on_after_keg_up_restarts(
     consumer.close()
     assert len(values) == 100 and len(set(values)) == 100  # 80 kept and 20 after, once
     assert not any(v.startswith(b"noise") for v in values)
+
+
+def test_keg_ups_own_ports_can_be_pinned(kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """The xDS server, the ext_proc workers and Envoy's admin took free ports, outside
+    any range an operator assigns (firewalls, containers): --internal-port-base pins
+    them, and a port of that run that another option takes is refused up front."""
+    cache, work = tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    rules = rule_dir(tmp_path, "rules", "a.")
+    base = free_port_run(4)  # xDS, two workers, Envoy's admin
+    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                "--internal-port-base", str(base), "--api-port", str(base + 3)) as refused:
+        assert refused.process.wait(60) == 2, refused.output
+        assert (f"port {base + 3} is both --api-port and --internal-port-base (+3: "
+                f"envoy-admin)") in refused.output, refused.output
+    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                "--internal-port-base", str(base)) as up:
+        up.wait_for(r"keg is up")
+        with urllib.request.urlopen(f"http://127.0.0.1:{base + 3}/ready", timeout=10) as ready:
+            assert ready.read().strip() == b"LIVE"  # Envoy's admin
+        for port in (base, base + 1, base + 2):  # xDS, the workers' gRPC
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+        assert produce_one(up.bootstrap, create_topic(kafka.bootstrap,
+                                                      name=f"a.{time.monotonic_ns()}")) \
+            == "TOPIC_AUTHORIZATION_FAILED"
+        assert up.stop() == 0, up.output
