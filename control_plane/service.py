@@ -412,7 +412,7 @@ class ControlPlane:
 
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.refresh_interval_s)
+            await asyncio.sleep(max(self.settings.refresh_interval_s, 0.1))  # never a spin
             for node_id in self.fleet.forget(self.settings.forget_after_s):
                 self.cache.clear(node_id)
             try:

@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 import typer.rich_utils
 
-from control_plane.defaults import BROKER_ORDER_FILE, DEFAULT_REFRESH_INTERVAL_S
+from control_plane.defaults import (
+    BROKER_ORDER_FILE,
+    DEFAULT_REFRESH_INTERVAL_S,
+    MIN_REFRESH_INTERVAL_S,
+)
 from keg import cli_pipeline, cli_rules
 from keg.cli_options import option_group
 from keg.cli_security import (
@@ -61,6 +65,7 @@ AuditLogPath = Annotated[Path | None, typer.Option(
          "name: ./none).")]
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 RefreshInterval = Annotated[float, typer.Option(
+    min=MIN_REFRESH_INTERVAL_S,
     help="Seconds between asking the brokers which brokers there are (a broker added gets "
          "its listener then; the bootstrap servers are asked first, then every broker "
          "known).")]

@@ -24,3 +24,14 @@ def test_help_off_a_terminal_cuts_no_option_name(command: str) -> None:
     cut = [line for line in result.stdout.splitlines() if "…" in line]
     assert cut == [], cut
     assert "Usage: keg" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["up", "control-plane"])
+@pytest.mark.parametrize("interval", ["0", "-1", "0.5"])
+def test_a_refresh_interval_below_a_second_is_refused(command: str, interval: str) -> None:
+    """--refresh-interval 0 or -1 was taken: keg then asked the brokers for their
+    topology without pause (1,000 connections a second to one broker, 57% of a core)."""
+    result = subprocess.run([sys.executable, "-m", "keg", command, "--refresh-interval",
+                             interval], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--refresh-interval" in result.stderr
