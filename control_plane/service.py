@@ -196,6 +196,9 @@ class ControlPlaneSettings:
     # listen_port_base + its place there, so it keeps its port across restarts, even one
     # that starts while an earlier broker is down. None: kept in memory only.
     broker_order_file: Path | None = None
+    # Ports keg's own parts listen on (metrics, the REST API, xDS...): a broker's
+    # listener never gets one; the brokers' ports from listen_port_base go around them.
+    reserved_ports: frozenset[int] = frozenset()
     # Envoy groups of a mesh; nodes of other clusters get the default group.
     groups: tuple[EnvoyGroup, ...] = ()
     # Put the rule set's global API lists into the kafka_broker filter of nodes that
@@ -508,9 +511,20 @@ class ControlPlane:
     def _port(self, group: EnvoyGroup, broker: int) -> int:
         key = (group.name, broker)
         if key not in self._ports:
-            self._ports[key] = (group.listen_port_base + self._broker_order.index(broker)
+            self._ports[key] = (self._nth_port(group.listen_port_base,
+                                               self._broker_order.index(broker))
                                 if group.listen_port_base else free_port(group.listen_host))
         return self._ports[key]
+
+    def _nth_port(self, base: int, index: int) -> int:
+        """The `index`-th port from `base` that keg's own parts do not use (a broker's
+        listener on a port of keg's own could not bind: its clients timed out)."""
+        port = base - 1
+        for _ in range(index + 1):
+            port += 1
+            while port in self.settings.reserved_ports:
+                port += 1
+        return port
 
     def _group_plan(self, group: EnvoyGroup) -> GroupPlan:
         plan = self._plans.get(group.name)

@@ -505,6 +505,7 @@ class Gateway(Service):
                 rules_dir=s.rules_dir if s.rules_provider is None else None,
                 broker_order_file=(s.work_dir / BROKER_ORDER_FILE if s.work_dir is not None
                                    else None),
+                reserved_ports=self._own_ports(),
                 **{name: getattr(s, name) for name in CONTROL_PLANE_SETTINGS},
             )
             # The control plane first: the ext_proc service is given the key variables
@@ -723,6 +724,16 @@ class Gateway(Service):
             return Path(tempfile.gettempdir()) / f"keg-shared-state-{self.xds_port}"
         cluster = self.control_plane.topology.cluster_id or "unknown-cluster"
         return self.settings.work_dir / SHARED_STATE_DIR / _file_name(cluster)
+
+    def _own_ports(self) -> frozenset[int]:
+        """The ports this gateway's own parts listen on (chosen before the control plane
+        starts): no broker listener may take one."""
+        s = self.settings
+        ports = {self.xds_port, s.module_metrics_port or 0, s.api.port if s.api else 0,
+                 internal_ports(s.internal_port_base, len(self.workers)).get("envoy-admin", 0)}
+        for worker in self.workers:
+            ports |= {worker.port, worker.metrics_port or 0}
+        return frozenset(ports - {0})
 
     def _prepare_shared_state(self) -> None:
         """The shared state of this run: a temporary one made empty; in a work directory

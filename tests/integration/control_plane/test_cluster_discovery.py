@@ -127,3 +127,27 @@ def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> No
             assert rows["2"][1:3] == ["127.0.0.1", str(ports[2])], done.stdout
             assert "fenced" in rows["2"], done.stdout
             assert rows["1"][1:3] == ["127.0.0.1", str(ports[1])], done.stdout
+
+
+def test_a_brokers_listener_never_takes_a_port_of_kegs_own(tmp_path: Path) -> None:
+    """A broker's listener port is the next one from the base: it was given a port keg
+    itself serves (its metrics here), Envoy could not bind it, and the broker's clients
+    were sent there and timed out. Brokers' ports now go around keg's own."""
+    base = free_port_run(3)
+    with EmbeddedKafka(heap=HEAP) as controller, \
+            EmbeddedKafka(heap=HEAP, joins=controller, node_id=2) as second:
+        settings = gateway_settings(controller, tmp_path / "work", listen_port_base=base,
+                                    metrics_port=base + 1)
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 2)
+            assert listener_ports(gateway) == {1: base, 2: base + 2}
+            topic = f"on-broker-2.{uuid.uuid4().hex[:6]}"
+            admin = AdminClient({"bootstrap.servers": controller.bootstrap})
+            admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
+                [second.node_id]])])[topic].result(30)
+            producer = Producer({"bootstrap.servers": f"127.0.0.1:{base}",
+                                 "message.timeout.ms": 30000})
+            failures: list[str] = []
+            producer.produce(topic, b"reached", on_delivery=lambda err, _m:
+                             failures.append(str(err)) if err is not None else None)
+            assert producer.flush(60) == 0 and failures == []

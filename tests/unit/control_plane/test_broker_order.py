@@ -79,3 +79,13 @@ def test_a_broker_gone_from_the_metadata_is_still_advertised_at_its_own_port(
     host = control_plane.plan.advertised_host
     assert control_plane.plan.advertised_routes() == {
         1: (host, BASE), 2: (host, BASE + 1), 3: (host, BASE + 2)}
+
+
+def test_brokers_listeners_go_around_the_ports_keg_itself_uses(tmp_path: Path) -> None:
+    async def made() -> ControlPlane:
+        return ControlPlane(ControlPlaneSettings(
+            bootstrap_servers="boot:9092", ext_proc_host="127.0.0.1", ext_proc_port=1,
+            listen_port_base=BASE, reserved_ports=frozenset({BASE + 1, BASE + 2, BASE + 4})))
+    control_plane = asyncio.run(made())
+    control_plane.set_topology(Topology("c", brokers(1, 2, 3)))
+    assert ports(control_plane) == {1: BASE, 2: BASE + 3, 3: BASE + 5}
