@@ -55,6 +55,7 @@ from control_plane.rules_distribution import rules_snapshot
 from control_plane.snapshot import LISTENER, RULES, SECRET, Snapshot, SnapshotCache
 from control_plane.tls import ListenerTls, ServerTls, TlsMaterial, UpstreamTls
 from control_plane.topology import (
+    Broker,
     BrokerRefused,
     DiscoveryError,
     SaslCredentials,
@@ -128,6 +129,12 @@ def load_groups(path: Path) -> tuple[EnvoyGroup, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: group names must be unique")
     return tuple(groups)
+
+
+def _address(broker: Broker) -> str:
+    """host:port of a broker, an IPv6 host in brackets."""
+    host = f"[{broker.host}]" if ":" in broker.host else broker.host
+    return f"{host}:{broker.port}"
 
 
 @dataclass(frozen=True)
@@ -328,7 +335,7 @@ class ControlPlane:
             settings.listen_port_base)
         self._groups = {g.name: g for g in settings.groups}
         # The cluster the kept order is of: another cluster's starts afresh.
-        self._order_cluster, self._broker_order = self._load_broker_order()
+        self._order_cluster, self._broker_order, self._kept_addresses = self._load_broker_order()
         self._ports: dict[tuple[str, int], int] = {}
         self._plans: dict[str, GroupPlan] = {}
         # (group, kafka_broker filter, native, the node's module metrics as JSON)
@@ -445,9 +452,10 @@ class ControlPlane:
         the only one given) froze the topology: a broker added meanwhile never got a
         listener, and clients sent to it timed out."""
         servers = [s.strip() for s in self.settings.bootstrap_servers.split(",") if s.strip()]
-        if self.topology is not None:
-            servers += [f"[{b.host}]:{b.port}" if ":" in b.host else f"{b.host}:{b.port}"
-                        for b in self.topology.brokers]
+        # Before this run knows any: the brokers the last run knew (a restart while the
+        # bootstrap server is down).
+        servers += ([_address(b) for b in self.topology.brokers] if self.topology is not None
+                    else self._kept_addresses)
         return ",".join(dict.fromkeys(servers))
 
     def set_topology(self, topology: Topology) -> bool:
@@ -460,10 +468,10 @@ class ControlPlane:
                          "was cluster %s's)", topology.cluster_id, self._order_cluster)
             self._order_cluster, self._broker_order = topology.cluster_id, []
             self._ports.clear()
-        new = [b.node_id for b in topology.brokers if b.node_id not in self._broker_order]
-        if new:
-            self._broker_order += new
-            self._save_broker_order()
+        self._broker_order += [b.node_id for b in topology.brokers
+                               if b.node_id not in self._broker_order]
+        self._kept_addresses = [_address(b) for b in topology.brokers]
+        self._save_broker_order()
         self._plans.clear()
         self._compiled.clear()
         self.plan = self._group_plan(self.default_group)
@@ -472,25 +480,28 @@ class ControlPlane:
                  ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
         return True
 
-    def _load_broker_order(self) -> tuple[str | None, list[int]]:
-        """The kept cluster id and order ({"cluster_id": ..., "brokers": [node ids]})."""
+    def _load_broker_order(self) -> tuple[str | None, list[int], list[str]]:
+        """The kept cluster id, order and the brokers' last addresses ({"cluster_id": ...,
+        "brokers": [node ids], "addresses": ["host:port", ...]})."""
         path = self.settings.broker_order_file
         if path is None or not path.exists():
-            return None, []
+            return None, [], []
         try:
             kept = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             log.warning("broker order in %s unreadable (%s): ports follow this run's order",
                         path, err)
-            return None, []
-        order = kept.get("brokers") if isinstance(kept, dict) else None
-        cluster = kept.get("cluster_id") if isinstance(kept, dict) else None
+            return None, [], []
+        kept = kept if isinstance(kept, dict) else {}
+        order, cluster = kept.get("brokers"), kept.get("cluster_id")
+        addresses = kept.get("addresses", [])
         if not (isinstance(order, list) and all(type(n) is int for n in order)
-                and len(set(order)) == len(order) and isinstance(cluster, str | None)):
-            log.warning("broker order in %s is not {cluster_id, brokers: distinct node ids}: "
-                        "ports follow this run's order", path)
-            return None, []
-        return cluster, order
+                and len(set(order)) == len(order) and isinstance(cluster, str | None)
+                and isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)):
+            log.warning("broker order in %s is not {cluster_id, brokers: distinct node ids, "
+                        "addresses}: ports follow this run's order", path)
+            return None, [], []
+        return cluster, order, addresses
 
     def _save_broker_order(self) -> None:
         path = self.settings.broker_order_file
@@ -500,7 +511,8 @@ class ControlPlane:
             path.parent.mkdir(parents=True, exist_ok=True)
             written = path.with_name(path.name + ".tmp")
             written.write_text(json.dumps({"cluster_id": self._order_cluster,
-                                           "brokers": self._broker_order}) + "\n")
+                                           "brokers": self._broker_order,
+                                           "addresses": self._kept_addresses}) + "\n")
             written.replace(path)
         except OSError as err:
             log.warning("cannot keep the broker order in %s: %s", path, err)

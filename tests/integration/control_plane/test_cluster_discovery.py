@@ -151,3 +151,27 @@ def test_a_brokers_listener_never_takes_a_port_of_kegs_own(tmp_path: Path) -> No
             producer.produce(topic, b"reached", on_delivery=lambda err, _m:
                              failures.append(str(err)) if err is not None else None)
             assert producer.flush(60) == 0 and failures == []
+
+
+def test_keg_starts_again_while_its_only_bootstrap_server_is_down(tmp_path: Path) -> None:
+    """keg restarted while the one broker of --bootstrap-servers was down gave up after
+    a minute ("no bootstrap server answered"), the other brokers up: it now asks the
+    brokers its last run knew too."""
+    with EmbeddedKafka(heap=HEAP) as controller, \
+            EmbeddedKafka(heap=HEAP, joins=controller, node_id=2) as bootstrap:
+        settings = gateway_settings(bootstrap, tmp_path / "work")
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 1) and until_routed(gateway, 2)
+        bootstrap.stop()
+        with Gateway(settings) as gateway:
+            assert until_routed(gateway, 1)
+            topic = f"restarted.{uuid.uuid4().hex[:6]}"
+            admin = AdminClient({"bootstrap.servers": controller.bootstrap})
+            admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
+                [controller.node_id]])])[topic].result(30)
+            failures: list[str] = []
+            producer = Producer({"bootstrap.servers": gateway.bootstrap,
+                                 "message.timeout.ms": 30000})
+            producer.produce(topic, b"up again", on_delivery=lambda err, _m:
+                             failures.append(str(err)) if err is not None else None)
+            assert producer.flush(60) == 0 and failures == []

@@ -48,7 +48,15 @@ def test_another_clusters_brokers_get_ports_afresh(tmp_path: Path) -> None:
     other.set_topology(Topology("new", brokers(6, 7)))
     assert ports(other) == {6: BASE, 7: BASE + 1}
     assert json.loads((tmp_path / "order.json").read_text()) == {
-        "cluster_id": "new", "brokers": [6, 7]}
+        "cluster_id": "new", "brokers": [6, 7], "addresses": ["kafka-6:9092", "kafka-7:9092"]}
+
+
+def test_a_restart_asks_the_brokers_the_last_run_knew(tmp_path: Path) -> None:
+    """keg restarted while its only bootstrap server was down could not start, although
+    the other brokers were up: discovery now asks the brokers the last run knew too."""
+    plane(tmp_path).set_topology(Topology("c", brokers(1, 2)))
+    again = plane(tmp_path, bootstrap="kafka-1:9092")
+    assert again._discovery_servers() == "kafka-1:9092,kafka-2:9092"
 
 
 @pytest.mark.parametrize("kept", ["not json", "[1, 2]", '{"cluster_id": "c", "brokers": [1, 1]}',
