@@ -12,7 +12,7 @@ import logging
 import ssl
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import kafka_wire
 from control_plane.tls import UpstreamTls
@@ -70,14 +70,24 @@ async def _round_trip(
 SaslPlain = SaslCredentials
 
 
+# How long discovery waits for one server before asking the next one too: a server that
+# hangs (a stopped process, a black-holed address) held every refresh for the whole
+# timeout before the next was asked.
+NEXT_SERVER_AFTER_S: Final = 1.0
+
+
 async def fetch_topology(bootstrap: str, timeout: float = 10.0,
                          sasl: SaslCredentials | None = None,
                          tls: UpstreamTls | None = None) -> Topology:
-    """Metadata from the first bootstrap server that answers. A refused login or an
-    untrusted certificate is a DiscoveryError at once (retrying will not fix it)."""
+    """Metadata from the first of the servers (in order) that answers: each is asked
+    when the one before failed or has not answered for NEXT_SERVER_AFTER_S, and each
+    has `timeout`. A refused login or an untrusted certificate is a DiscoveryError at
+    once (retrying will not fix it)."""
     errors: list[str] = []
     context = tls.client_context() if tls is not None else None
-    for server in filter(None, (s.strip() for s in bootstrap.split(","))):
+    servers = [s for s in (s.strip() for s in bootstrap.split(",")) if s]
+
+    async def ask(server: str) -> Topology:
         host, _, port = server.rpartition(":")
         try:
             return await asyncio.wait_for(
@@ -87,8 +97,25 @@ async def fetch_topology(bootstrap: str, timeout: float = 10.0,
         except ssl.SSLCertVerificationError as err:
             raise BrokerRefused(f"{server}: the broker's TLS certificate is not trusted: "
                                 f"{err.verify_message}") from None
-        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as err:
-            errors.append(f"{server}: {err or type(err).__name__}")
+
+    asking: dict[asyncio.Task[Topology], str] = {}
+    try:
+        while servers or asking:
+            if servers:
+                server = servers.pop(0)
+                asking[asyncio.create_task(ask(server))] = server
+            done, _ = await asyncio.wait(
+                asking, timeout=NEXT_SERVER_AFTER_S if servers else None,
+                return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                server = asking.pop(task)
+                try:
+                    return task.result()
+                except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as err:
+                    errors.append(f"{server}: {err or type(err).__name__}")
+    finally:
+        for task in asking:
+            task.cancel()
     raise DiscoveryError("no bootstrap server answered: " + "; ".join(errors))
 
 

@@ -3,6 +3,8 @@ joining it, Kafka 4.1.1 from its jars), through real Envoy and a real client."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from control_plane.topology import fetch_topology
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import free_port_run, gateway_settings
@@ -175,3 +178,15 @@ def test_keg_starts_again_while_its_only_bootstrap_server_is_down(tmp_path: Path
             producer.produce(topic, b"up again", on_delivery=lambda err, _m:
                              failures.append(str(err)) if err is not None else None)
             assert producer.flush(60) == 0 and failures == []
+
+
+def test_a_server_that_never_answers_does_not_hold_discovery(kafka: EmbeddedKafka) -> None:
+    """Discovery asked one server after another, each for the whole timeout: one that
+    accepts and never answers (a stopped process) held every refresh that long before
+    the next was asked. The next one is now asked after a second without an answer."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()  # connections complete in the backlog; nothing ever answers
+        servers = f"127.0.0.1:{hung.getsockname()[1]},{kafka.bootstrap}"
+        topology = asyncio.run(asyncio.wait_for(fetch_topology(servers, timeout=600), 60))
+    assert [(b.host, b.port) for b in topology.brokers] == [("127.0.0.1", kafka.port)]
