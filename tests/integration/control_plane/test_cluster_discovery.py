@@ -1,5 +1,8 @@
 """Broker discovery against a real cluster of several brokers (a controller and brokers
-joining it, Kafka 4.1.1 from its jars), through real Envoy and a real client."""
+joining it, Kafka 4.1.1 from its jars), through real Envoy and a real client.
+
+Discovery and listener ports are the control plane's: those tests run on one data path
+(`one_data_path`); how an answer names a broker is the data path's, and runs on both."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -46,6 +50,7 @@ def until_routed(gateway: Gateway, node_id: int, timeout: float = 30) -> bool:
     return False
 
 
+@pytest.mark.one_data_path
 def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
         tmp_path: Path) -> None:
     """keg asked only its bootstrap servers which brokers there are: with the one it was
@@ -75,6 +80,7 @@ def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
                 assert failures == []
 
 
+@pytest.mark.one_data_path
 def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_down(
         tmp_path: Path) -> None:
     """Listener ports went to brokers in the order one run of keg first saw them: keg
@@ -132,6 +138,7 @@ def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> No
             assert rows["1"][1:3] == ["127.0.0.1", str(ports[1])], done.stdout
 
 
+@pytest.mark.one_data_path
 def test_a_brokers_listener_never_takes_a_port_of_kegs_own(tmp_path: Path) -> None:
     """A broker's listener port is the next one from the base: it was given a port keg
     itself serves (its metrics here), Envoy could not bind it, and the broker's clients
@@ -156,6 +163,7 @@ def test_a_brokers_listener_never_takes_a_port_of_kegs_own(tmp_path: Path) -> No
             assert producer.flush(60) == 0 and failures == []
 
 
+@pytest.mark.one_data_path
 def test_keg_starts_again_while_its_only_bootstrap_server_is_down(tmp_path: Path) -> None:
     """keg restarted while the one broker of --bootstrap-servers was down gave up after
     a minute ("no bootstrap server answered"), the other brokers up: it now asks the
@@ -180,6 +188,7 @@ def test_keg_starts_again_while_its_only_bootstrap_server_is_down(tmp_path: Path
             assert producer.flush(60) == 0 and failures == []
 
 
+@pytest.mark.one_data_path
 def test_a_server_that_never_answers_does_not_hold_discovery(kafka: EmbeddedKafka) -> None:
     """Discovery asked one server after another, each for the whole timeout: one that
     accepts and never answers (a stopped process) held every refresh that long before
