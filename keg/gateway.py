@@ -471,6 +471,8 @@ class Gateway(Service):
         self.workers = [ExtProcWorker(i) for i in range(settings.ext_proc_workers)]
         self._loop: BackgroundLoop | None = None
         self.xds_port = 0
+        # The ports of --internal-port-base by part (internal_ports), chosen at start.
+        self.internal_ports: dict[str, int] = {}
         self.control_plane: ControlPlane | None = None
         self.app: ControlPlaneApp | None = None
         self.envoy: EmbeddedEnvoy | None = None
@@ -485,7 +487,8 @@ class Gateway(Service):
     def start(self) -> None:
         s = self.settings
         try:
-            internal = internal_ports(s.internal_port_base, len(self.workers))
+            internal = self.internal_ports = internal_ports(s.internal_port_base,
+                                                            len(self.workers))
             self.xds_port = s.xds_port or internal.get("xds") or free_port()
             for worker in self.workers:
                 worker.port = (worker.port or internal.get(f"ext_proc-{worker.index}")
@@ -730,7 +733,7 @@ class Gateway(Service):
         starts): no broker listener may take one."""
         s = self.settings
         ports = {self.xds_port, s.module_metrics_port or 0, s.api.port if s.api else 0,
-                 internal_ports(s.internal_port_base, len(self.workers)).get("envoy-admin", 0)}
+                 self.internal_ports.get("envoy-admin", 0)}
         for worker in self.workers:
             ports |= {worker.port, worker.metrics_port or 0}
         return frozenset(ports - {0})
@@ -872,8 +875,7 @@ class Gateway(Service):
             runtime=runtime,
             xds_tls=self.settings.control_plane_client_tls,
             metadata=metadata,
-            admin_port=internal_ports(self.settings.internal_port_base,
-                                      len(self.workers)).get("envoy-admin", 0),
+            admin_port=self.internal_ports.get("envoy-admin", 0),
         )
         envoy = self.envoy
         envoy.start()

@@ -50,6 +50,26 @@ def until_routed(gateway: Gateway, node_id: int, timeout: float = 30) -> bool:
     return False
 
 
+def topic_on(controller: EmbeddedKafka, prefix: str, node_id: int) -> str:
+    """A new topic of one partition, led by broker `node_id` (made through the controller)."""
+    topic = f"{prefix}.{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": controller.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
+        [node_id]])])[topic].result(30)
+    return topic
+
+
+def deliver(bootstrap: str, topic: str, values: list[bytes]) -> tuple[int, list[str]]:
+    """librdkafka produces `values`: the records still undelivered after a flush, and
+    the delivery errors."""
+    failures: list[str] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 30000})
+    for value in values:
+        producer.produce(topic, value, on_delivery=lambda err, _m:
+                         failures.append(str(err)) if err is not None else None)
+    return producer.flush(60), failures
+
+
 @pytest.mark.one_data_path
 def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
         tmp_path: Path) -> None:
@@ -64,20 +84,12 @@ def test_a_broker_added_while_the_only_bootstrap_server_is_down_gets_a_listener(
             assert until_routed(gateway, 1) and until_routed(gateway, 2)
             bootstrap.stop()
             with EmbeddedKafka(heap=HEAP, joins=controller, node_id=3) as added:
-                topic = f"on-broker-3.{uuid.uuid4().hex[:6]}"
-                admin = AdminClient({"bootstrap.servers": controller.bootstrap})
-                admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
-                    [added.node_id]])])[topic].result(30)
+                topic = topic_on(controller, "on-broker-3", added.node_id)
                 assert until_routed(gateway, 3), (
                     f"no listener for broker 3 (routes: {sorted(routed_brokers(gateway))})")
                 listener = f"127.0.0.1:{listener_ports(gateway)[controller.node_id]}"
-                failures: list[str] = []
-                producer = Producer({"bootstrap.servers": listener, "message.timeout.ms": 30000})
-                for i in range(10):
-                    producer.produce(topic, f"record {i}".encode(), on_delivery=lambda err, _m:
-                                     failures.append(str(err)) if err is not None else None)
-                assert producer.flush(60) == 0
-                assert failures == []
+                assert deliver(listener, topic, [f"record {i}".encode() for i in range(10)]) \
+                    == (0, [])
 
 
 @pytest.mark.one_data_path
@@ -97,20 +109,12 @@ def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_dow
             before = listener_ports(gateway)
         assert before == {1: base, 2: base + 1, 3: base + 2}
         second.stop()
-        topic = f"on-broker-3.{uuid.uuid4().hex[:6]}"
-        admin = AdminClient({"bootstrap.servers": controller.bootstrap})
-        admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
-            [third.node_id]])])[topic].result(30)
+        topic = topic_on(controller, "on-broker-3", third.node_id)
         with Gateway(settings) as gateway:
             assert until_routed(gateway, 3)
             assert listener_ports(gateway) == {1: base, 3: base + 2}
             # A client that knows broker 3 by its port still reaches broker 3.
-            producer = Producer({"bootstrap.servers": f"127.0.0.1:{base + 2}",
-                                 "message.timeout.ms": 30000})
-            failures: list[str] = []
-            producer.produce(topic, b"kept", on_delivery=lambda err, _m:
-                             failures.append(str(err)) if err is not None else None)
-            assert producer.flush(60) == 0 and failures == []
+            assert deliver(f"127.0.0.1:{base + 2}", topic, [b"kept"]) == (0, [])
 
 
 def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> None:
@@ -151,16 +155,8 @@ def test_a_brokers_listener_never_takes_a_port_of_kegs_own(tmp_path: Path) -> No
         with Gateway(settings) as gateway:
             assert until_routed(gateway, 2)
             assert listener_ports(gateway) == {1: base, 2: base + 2}
-            topic = f"on-broker-2.{uuid.uuid4().hex[:6]}"
-            admin = AdminClient({"bootstrap.servers": controller.bootstrap})
-            admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
-                [second.node_id]])])[topic].result(30)
-            producer = Producer({"bootstrap.servers": f"127.0.0.1:{base}",
-                                 "message.timeout.ms": 30000})
-            failures: list[str] = []
-            producer.produce(topic, b"reached", on_delivery=lambda err, _m:
-                             failures.append(str(err)) if err is not None else None)
-            assert producer.flush(60) == 0 and failures == []
+            topic = topic_on(controller, "on-broker-2", second.node_id)
+            assert deliver(f"127.0.0.1:{base}", topic, [b"reached"]) == (0, [])
 
 
 @pytest.mark.one_data_path
@@ -176,16 +172,8 @@ def test_keg_starts_again_while_its_only_bootstrap_server_is_down(tmp_path: Path
         bootstrap.stop()
         with Gateway(settings) as gateway:
             assert until_routed(gateway, 1)
-            topic = f"restarted.{uuid.uuid4().hex[:6]}"
-            admin = AdminClient({"bootstrap.servers": controller.bootstrap})
-            admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[
-                [controller.node_id]])])[topic].result(30)
-            failures: list[str] = []
-            producer = Producer({"bootstrap.servers": gateway.bootstrap,
-                                 "message.timeout.ms": 30000})
-            producer.produce(topic, b"up again", on_delivery=lambda err, _m:
-                             failures.append(str(err)) if err is not None else None)
-            assert producer.flush(60) == 0 and failures == []
+            topic = topic_on(controller, "restarted", controller.node_id)
+            assert deliver(gateway.bootstrap, topic, [b"up again"]) == (0, [])
 
 
 @pytest.mark.one_data_path

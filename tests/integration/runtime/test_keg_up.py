@@ -225,6 +225,13 @@ def test_a_refused_login_to_the_brokers_stops_keg_up_at_once_saying_why(
     print(f"refused after {time.monotonic() - started:.1f} s")
 
 
+def refused(kafka: EmbeddedKafka, cwd: Path, cache: Path, rules: Path, *extra: str) -> str:
+    """The output of a `keg up` that refuses to start (exit 2) with `extra` options."""
+    with keg_up(kafka, cwd, cache, rules, *extra) as up:
+        assert up.process.wait(60) == 2, up.output
+        return up.output
+
+
 def test_each_ext_proc_worker_serves_metrics_on_the_port_after_the_last(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """`--metrics-port P` gave the first worker P and every other worker a random port
@@ -234,11 +241,10 @@ def test_each_ext_proc_worker_serves_metrics_on_the_port_after_the_last(
     work.mkdir()
     rules = rule_dir(tmp_path, "rules", "a.")
     base = free_port_run(2)
-    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
-                "--metrics-port", str(base), "--api-port", str(base + 1)) as refused:
-        assert refused.process.wait(60) == 2, refused.output
-        assert (f"port {base + 1} is both --api-port and --metrics-port (+1: ext_proc "
-                f"worker 1)") in refused.output, refused.output
+    output = refused(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                     "--metrics-port", str(base), "--api-port", str(base + 1))
+    assert (f"port {base + 1} is both --api-port and --metrics-port (+1: ext_proc "
+            f"worker 1)") in output, output
     with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
                 "--metrics-port", str(base)) as up:
         up.wait_for(r"keg is up")
@@ -328,11 +334,10 @@ def test_keg_ups_own_ports_can_be_pinned(kafka: EmbeddedKafka, tmp_path: Path) -
     work.mkdir()
     rules = rule_dir(tmp_path, "rules", "a.")
     base = free_port_run(4)  # xDS, two workers, Envoy's admin
-    with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
-                "--internal-port-base", str(base), "--api-port", str(base + 3)) as refused:
-        assert refused.process.wait(60) == 2, refused.output
-        assert (f"port {base + 3} is both --api-port and --internal-port-base (+3: "
-                f"envoy-admin)") in refused.output, refused.output
+    output = refused(kafka, work, cache, rules, "--ext-proc-workers", "2",
+                     "--internal-port-base", str(base), "--api-port", str(base + 3))
+    assert (f"port {base + 3} is both --api-port and --internal-port-base (+3: "
+            f"envoy-admin)") in output, output
     with keg_up(kafka, work, cache, rules, "--ext-proc-workers", "2",
                 "--internal-port-base", str(base)) as up:
         up.wait_for(r"keg is up")
