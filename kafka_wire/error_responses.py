@@ -1126,13 +1126,107 @@ def remove_topics(
     return out
 
 
+# --- requests naming several groups --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _GroupList:
+    """Where a request lists groups, and where its answer gives one entry per group."""
+
+    request: str
+    response: str
+    key: Callable[[Any], str | None]  # a request entry's group id
+
+
+def _by_name(entry: Any) -> str | None:
+    return entry if isinstance(entry, str) else None
+
+
+def _by_group_id(entry: Any) -> str | None:
+    return entry.get("GroupId") if isinstance(entry, Mapping) else None
+
+
+_IDS_TO_GROUPS: Final = _GroupList("GroupIds", "Groups", _by_name)
+# (api key, first version): the requests that name several groups, one answer entry each.
+_GROUP_LISTS: Final[dict[int, tuple[int, _GroupList]]] = {
+    ApiKey.FIND_COORDINATOR: (4, _GroupList("CoordinatorKeys", "Coordinators", _by_name)),
+    ApiKey.DESCRIBE_GROUPS: (0, _GroupList("Groups", "Groups", _by_name)),
+    ApiKey.DELETE_GROUPS: (0, _GroupList("GroupsNames", "Results", _by_name)),
+    ApiKey.OFFSET_FETCH: (8, _GroupList("Groups", "Groups", _by_group_id)),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, _IDS_TO_GROUPS),
+    ApiKey.SHARE_GROUP_DESCRIBE: (0, _IDS_TO_GROUPS),
+    ApiKey.STREAMS_GROUP_DESCRIBE: (0, _IDS_TO_GROUPS),
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: (0, _GroupList("Groups", "Groups", _by_group_id)),
+}
+_FIND_COORDINATOR_GROUP_KEYS: Final = frozenset({0, 2})  # KeyType GROUP, SHARE (not a txn)
+
+
+def _group_list(api_key: int, api_version: int,
+                request: Mapping[str, Any]) -> _GroupList | None:
+    found = _GROUP_LISTS.get(api_key)
+    if found is None or api_version < found[0]:
+        return None
+    if (api_key == ApiKey.FIND_COORDINATOR
+            and request.get("KeyType", 0) not in _FIND_COORDINATOR_GROUP_KEYS):
+        return None
+    return found[1]
+
+
+def answers_groups_apart(api_key: int, api_version: int, request: Mapping[str, Any]) -> bool:
+    """Whether `request` lists groups its answer gives an entry each (`split_groups`)."""
+    return _group_list(api_key, api_version, request) is not None
+
+
+def split_groups(
+    api_key: int,
+    api_version: int,
+    request: Mapping[str, Any],
+    groups: Collection[str],
+    error_code: int,
+    message: str | None = None,
+) -> tuple[Body, list[Body]] | None:
+    """`request` without `groups`, and the answer's entries refusing them.
+
+    For the requests that name several groups, each answered in an entry of its own
+    (FindCoordinator v4+ for groups, DescribeGroups, DeleteGroups, OffsetFetch v8+, the
+    consumer, share and streams group descriptions, DescribeShareGroupOffsets), as
+    Kafka's authorizer refuses each group it may not touch and answers the others. The
+    entries have `error_response`'s shape; `merge_group_entries` adds them to the
+    broker's answer to the rest. None when the request lists no groups that way (an
+    older version, FindCoordinator for transactions).
+    """
+    spec = _group_list(api_key, api_version, request)
+    if spec is None:
+        return None
+    listed = _list(request, spec.request)
+    refused = [entry for entry in listed if spec.key(entry) in groups]
+    rest = dict(request)
+    rest[spec.request] = [entry for entry in listed if spec.key(entry) not in groups]
+    answer = error_response(api_key, api_version, {**request, spec.request: refused},
+                            error_code, message)
+    return rest, list(answer.get(spec.response) or [])
+
+
+def merge_group_entries(api_key: int, api_version: int, request: Mapping[str, Any],
+                        response: dict[str, Any], entries: list[Body]) -> bool:
+    """Add `split_groups`' entries to the broker's answer to the rest of `request`."""
+    spec = _group_list(api_key, api_version, request)
+    if spec is None:
+        return False
+    response[spec.response] = [*(response.get(spec.response) or []), *entries]
+    return True
+
+
 __all__ = [
     "ERROR_RESPONSE_APIS",
     "PARTIAL_APIS",
     "UnsupportedErrorResponse",
+    "answers_groups_apart",
     "error_response",
     "expects_response",
     "merge_error_entries",
+    "merge_group_entries",
     "partial_error_entries",
     "remove_topics",
+    "split_groups",
 ]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +67,14 @@ from kafka_wire.envelope import read_envelope_request
 from kafka_wire.error_responses import (
     AUTHORIZED_OPERATIONS_OMITTED,
     PARTIAL_APIS,
+    answers_groups_apart,
     error_response,
     expects_response,
     merge_error_entries,
+    merge_group_entries,
     partial_error_entries,
     remove_topics,
+    split_groups,
 )
 from kafka_wire.errors import KafkaWireError
 from kafka_wire.records import BatchView, iter_batches
@@ -428,6 +431,7 @@ class RulesFilter(RuleSetJudge):
                 "refresh metadata"), per_topic=True)
         rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
         denied: dict[str, Refusal] = {}
+        denied_groups: dict[str, Refusal] = {}
         changed = False
         throttle_s = 0.0
         for rule in rules:
@@ -461,11 +465,22 @@ class RulesFilter(RuleSetJudge):
             if rule.dry_run:
                 self._record(rule, "would-deny", header, conn, hits, code, reason)
                 continue
-            self._record(rule, "denied", header, conn, hits, code, reason)
             refusal = Refusal(code, _refusal_message(rule, reason))
+            if None in hits and (own := self._groups_apart(
+                    rule, ctx, header, body, named.groups, denied_groups)) is not None:
+                # Some of the groups the request names: refused each, as Kafka does.
+                self._record(rule, "denied", header, conn, hits, code, reason)
+                denied_groups.update(dict.fromkeys(own, refusal))
+                continue
+            self._record(rule, "denied", header, conn, hits, code, reason)
             if None in hits:  # the request as a whole
                 return self._answer(header, body, refusal, throttle_s)
             denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
+        apart: ResponsePatch | None = None
+        if denied_groups:
+            answer, apart = self._refuse_groups(header, body, denied_groups, throttle_s)
+            if answer is not None:
+                return answer
         verdict: RequestVerdict | None
         if not denied:
             verdict = (self._hide_topics(ctx, named.unknown_topic_ids)
@@ -495,6 +510,10 @@ class RulesFilter(RuleSetJudge):
         if api_key == ApiKey.OFFSET_FETCH and (hide_offsets := self._hide_offsets(ctx, body)):
             verdict = verdict or RequestVerdict()
             verdict.patch = _both(verdict.patch, hide_offsets)
+        if apart is not None:
+            verdict = verdict or RequestVerdict()
+            verdict.changed = True
+            verdict.patch = _both(apart, verdict)
         if changed or throttle_s:
             verdict = verdict or RequestVerdict()
             verdict.changed |= changed
@@ -759,6 +778,49 @@ class RulesFilter(RuleSetJudge):
             _name_records(answer.get("Responses") or (), refusal.records,
                           self._engine.topic_ids)
         return RequestVerdict(answer=answer, expects_response=expects, delay_s=throttle_s)
+
+    @staticmethod
+    def _groups_apart(rule: CompiledRule, ctx: MatchContext, header: kafka_wire.RequestHeader,
+                      body: dict[str, Any], groups: list[str],
+                      refused: Mapping[str, Refusal]) -> list[str] | None:
+        """The groups `rule` denies (that no earlier rule did) when the request answers
+        each group apart (`split_groups`) and names one the rule lets through; None when
+        the request is refused whole (the rule denies every group, or is not about
+        groups)."""
+        if not rule.uses_groups or len(groups) < 2 or not answers_groups_apart(
+                header.api_key, header.api_version, body):
+            return None
+        own = [g for g in groups if g not in refused and rule.matches(ctx, None, g)]
+        return own if len(own) < len(groups) else None
+
+    def _refuse_groups(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
+                       denied: dict[str, Refusal], throttle_s: float
+                       ) -> tuple[RequestVerdict | None, ResponsePatch | None]:
+        """Take the denied groups out of the request, and their refusals into its answer:
+        (None, the patch adding them) when groups are left to forward, (the gateway's
+        answer, None) when none are."""
+        api_key, version = header.api_key, header.api_version
+        entries: list[dict[str, Any]] = []
+        rest: dict[str, Any] = body
+        for refusal in dict.fromkeys(denied.values()):
+            names = {g for g, r in denied.items() if r == refusal}
+            split = split_groups(api_key, version, rest, names, refusal.code, refusal.message)
+            assert split is not None  # (_groups_apart checked that the request splits)
+            rest, found = split
+            entries += found
+        body.clear()
+        body.update(rest)
+
+        def merge(response: dict[str, Any]) -> bool:
+            return merge_group_entries(api_key, version, body, response, entries)
+
+        if request_entities(api_key, version, body, self._engine.topic_ids).groups:
+            return None, merge
+        first = next(iter(denied.values()))
+        answer = self._answer(header, body, first, throttle_s)
+        assert answer.answer is not None
+        merge(answer.answer)
+        return answer, None
 
     def _refuse_all_or_nothing(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                                denied: dict[str, Refusal], throttle_s: float) -> RequestVerdict:

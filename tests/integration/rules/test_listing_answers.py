@@ -1,18 +1,21 @@
 """Answers that list topics or groups the request did not name hide what a deny rule
-covers, as Kafka's authorizer leaves out what the caller may not describe: through real
-Envoy, the real broker and real clients (raw requests where no client sends the version)."""
+covers, as Kafka's authorizer leaves out what the caller may not describe, and requests
+naming several groups have only the denied ones refused: through real Envoy, the real
+broker and real clients (raw requests where no client sends the version)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kafka_wire import ApiKey
+import kafka_wire
+from kafka_wire import ApiKey, ErrorCode
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_with_static_rules
@@ -113,3 +116,63 @@ def test_listing_groups_hides_a_denied_group(kafka: EmbeddedKafka, gateway: Gate
     assert [(tp.topic, tp.offset) for tp in offsets.topic_partitions] == [(topic, 0)]
 
 
+
+
+# (API, version, body for the groups, the answer's group -> error code)
+_SEVERAL_GROUPS: list[tuple[int, int, Callable[[list[str]], dict[str, Any]],
+                            Callable[[dict[str, Any]], dict[str, int]]]] = [
+    (ApiKey.FIND_COORDINATOR, 4, lambda gs: {"KeyType": 0, "CoordinatorKeys": gs},
+     lambda a: {c["Key"]: c["ErrorCode"] for c in a["Coordinators"]}),
+    (ApiKey.DESCRIBE_GROUPS, 5, lambda gs: {"Groups": gs, "IncludeAuthorizedOperations": False},
+     lambda a: {g["GroupId"]: g["ErrorCode"] for g in a["Groups"]}),
+    (ApiKey.OFFSET_FETCH, 9, lambda gs: {
+        "Groups": [{"GroupId": g, "MemberId": None, "MemberEpoch": -1, "Topics": None}
+                   for g in gs], "RequireStable": False},
+     lambda a: {g["GroupId"]: g["ErrorCode"] for g in a["Groups"]}),
+    (ApiKey.CONSUMER_GROUP_DESCRIBE, 0, lambda gs: {
+        "GroupIds": gs, "IncludeAuthorizedOperations": False},
+     lambda a: {g["GroupId"]: g["ErrorCode"] for g in a["Groups"]}),
+    (ApiKey.DELETE_GROUPS, 2, lambda gs: {"GroupsNames": gs},
+     lambda a: {r["GroupId"]: r["ErrorCode"] for r in a["Results"]}),
+]
+
+
+@pytest.mark.parametrize("api_key, version, request_for, codes", _SEVERAL_GROUPS,
+                         ids=[kafka_wire.api_name(api) for api, *_ in _SEVERAL_GROUPS])
+def test_a_request_naming_several_groups_is_refused_only_the_denied_ones(
+        kafka: EmbeddedKafka, gateway: Gateway, api_key: int, version: int,
+        request_for: Callable[[list[str]], dict[str, Any]],
+        codes: Callable[[dict[str, Any]], dict[str, int]]) -> None:
+    """A request naming an open and a denied group was refused whole (every group
+    GROUP_AUTHORIZATION_FAILED): Kafka authorizes each group, so the open one is answered
+    as the broker answers it and only the denied one is refused (Java's admin client
+    batches FindCoordinator, DescribeGroups, OffsetFetch and DeleteGroups this way)."""
+    topic = create_topic(kafka.bootstrap, name=f"several.{uuid.uuid4().hex[:6]}")
+    open_group, locked = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("open", "locked"))
+    for group in (open_group, locked):  # made on the broker, with committed offsets
+        consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+        consumer.close()
+    connection = RawConnection(gateway.bootstrap)
+    try:
+        answer = connection.request(api_key, version, request_for([open_group, locked]))
+    finally:
+        connection.close()
+    through = codes(answer)
+    assert through[locked] == ErrorCode.GROUP_AUTHORIZATION_FAILED, answer
+    assert through[open_group] == ErrorCode.NONE or (
+        api_key == ApiKey.CONSUMER_GROUP_DESCRIBE  # a classic group, as the broker says
+        and through[open_group] == ErrorCode.GROUP_ID_NOT_FOUND), answer
+    assert len(through) == 2, answer
+    if api_key == ApiKey.OFFSET_FETCH:
+        group = next(g for g in answer["Groups"] if g["GroupId"] == open_group)
+        assert [(t["Name"], [p["CommittedOffset"] for p in t["Partitions"]])
+                for t in group["Topics"]] == [(topic, [7])], answer
+    if api_key == ApiKey.DELETE_GROUPS:  # the denied group is still there
+        direct = RawConnection(kafka.bootstrap)
+        try:
+            left = direct.request(ApiKey.DESCRIBE_GROUPS, 5, {"Groups": [open_group, locked]})
+        finally:
+            direct.close()
+        states = {g["GroupId"]: g["GroupState"] for g in left["Groups"]}
+        assert states == {open_group: "Dead", locked: "Empty"}, left

@@ -24,10 +24,13 @@ from kafka_wire.error_responses import (
     PARTIAL_APIS,
     UnsupportedErrorResponse,
     _Ctx,
+    answers_groups_apart,
     error_response,
     expects_response,
+    merge_group_entries,
     partial_error_entries,
     remove_topics,
+    split_groups,
 )
 
 ERROR = 29  # TOPIC_AUTHORIZATION_FAILED
@@ -642,3 +645,44 @@ def test_offset_fetch_v8_groups() -> None:
 
 def test_partial_apis_have_whole_request_builders() -> None:
     assert PARTIAL_APIS <= ERROR_RESPONSE_APIS
+
+
+GROUP_ERROR = 30  # GROUP_AUTHORIZATION_FAILED
+
+
+@pytest.mark.parametrize("api_key, version, field, response_field, entry", [
+    (ApiKey.FIND_COORDINATOR, 4, "CoordinatorKeys", "Coordinators", lambda g: g),
+    (ApiKey.DESCRIBE_GROUPS, 5, "Groups", "Groups", lambda g: g),
+    (ApiKey.DELETE_GROUPS, 2, "GroupsNames", "Results", lambda g: g),
+    (ApiKey.OFFSET_FETCH, 8, "Groups", "Groups", lambda g: {"GroupId": g, "Topics": None}),
+    (ApiKey.CONSUMER_GROUP_DESCRIBE, 1, "GroupIds", "Groups", lambda g: g),
+    (ApiKey.SHARE_GROUP_DESCRIBE, 1, "GroupIds", "Groups", lambda g: g),
+    (ApiKey.STREAMS_GROUP_DESCRIBE, 0, "GroupIds", "Groups", lambda g: g),
+    (ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, "Groups", "Groups",
+     lambda g: {"GroupId": g, "Topics": None}),
+])
+def test_a_request_naming_several_groups_splits_by_group(
+        api_key: int, version: int, field: str, response_field: str, entry: Any) -> None:
+    request: dict[str, Any] = {field: [entry("a"), entry("b"), entry("c")], "KeyType": 0}
+    split = split_groups(api_key, version, request, {"b", "c"}, GROUP_ERROR, MESSAGE)
+    assert split is not None
+    rest, entries = split
+    assert rest[field] == [entry("a")] and len(request[field]) == 3
+    key = "Key" if api_key == ApiKey.FIND_COORDINATOR else "GroupId"
+    assert [(e[key], e["ErrorCode"]) for e in entries] == [("b", GROUP_ERROR), ("c", GROUP_ERROR)]
+    kw.encode_response(1, api_key, version, {response_field: entries})
+    answer = {response_field: [{key: "a", "ErrorCode": 0}]}
+    assert merge_group_entries(api_key, version, rest, answer, entries)
+    assert [e[key] for e in answer[response_field]] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("api_key, version, request_body", [
+    (ApiKey.FIND_COORDINATOR, 3, {"Key": "a", "KeyType": 0}),  # one key per request
+    (ApiKey.FIND_COORDINATOR, 4, {"KeyType": 1, "CoordinatorKeys": ["t"]}),  # transactions
+    (ApiKey.OFFSET_FETCH, 7, {"GroupId": "a", "Topics": None}),
+    (ApiKey.JOIN_GROUP, 9, {"GroupId": "a"}),
+])
+def test_requests_naming_one_group_or_none_do_not_split(
+        api_key: int, version: int, request_body: dict[str, Any]) -> None:
+    assert not answers_groups_apart(api_key, version, request_body)
+    assert split_groups(api_key, version, request_body, {"a"}, GROUP_ERROR) is None
