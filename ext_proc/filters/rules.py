@@ -493,8 +493,12 @@ class RulesFilter(RuleSetJudge):
                        if api_key in _TOPIC_LISTING_APIS
                        else self._hide_listed_groups(ctx)
                        if api_key == ApiKey.LIST_GROUPS else None)
-        elif api_key == ApiKey.FETCH and not set(denied) >= set(topics):
-            # Recorded above, each denied topic once.
+        elif api_key == ApiKey.FETCH and (not set(denied) >= set(topics)
+                                          or _incremental_fetch(body)):
+            # Recorded above, each denied topic once. An incremental fetch goes on even
+            # when it only adds denied partitions: answered here, its session epoch would
+            # never reach the broker, which then refuses the client's next fetch
+            # (INVALID_FETCH_SESSION_EPOCH) and every partition of the session waits.
             verdict = self._refuse_in_answer(ctx, header, conn, recorded=set(denied))
         elif api_key == ApiKey.ADD_PARTITIONS_TO_TXN and not set(denied) >= set(topics):
             return self._refuse_all_or_nothing(header, body, denied, throttle_s)
@@ -1020,6 +1024,12 @@ def _topic_listings(api_key: int, response: dict[str, Any]) -> Iterator[TopicLis
         yield response, "Topics", lambda entry: entry.get("Name")
     elif api_key == ApiKey.ELECT_LEADERS:
         yield response, "ReplicaElectionResults", lambda entry: entry.get("Topic")
+
+
+def _incremental_fetch(body: dict[str, Any]) -> bool:
+    """A Fetch in an existing session (KIP-227: epoch 1 and up; 0 opens a session, -1
+    fetches without one)."""
+    return int(body.get("SessionEpoch", -1)) > 0
 
 
 def _asks_all_topics(api_version: int, body: dict[str, Any]) -> bool:
