@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from ext_proc.heap import building
 from ext_proc.rule_source import WatchedDirectory
 from filter_rules import RuleSet, RuleSetInvalid, load_rule_dir
@@ -86,7 +87,7 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
 
     use_in_worker = True
 
-    def __init__(self, directory: Path, interval: float = 1.0) -> None:
+    def __init__(self, directory: Path, interval: float = DEFAULT_POLL_INTERVAL_S) -> None:
         if not directory.is_dir():
             raise FileNotFoundError(f"rule directory {directory} does not exist")
         _Subscribers.__init__(self)

@@ -62,6 +62,7 @@ from control_plane.topology import (
     Topology,
     fetch_topology,
 )
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from ext_proc.grpc_listen import exclusive_server, listen
 from ext_proc.heap import building
 from filter_rules import CompiledRuleSet, RuleSet
@@ -197,8 +198,10 @@ class ControlPlaneSettings:
     # otherwise (EnvoyGroup.sasl_termination). Such listeners run the ext_proc chain on
     # every node: the native module cannot log in to brokers (docs/production.md).
     sasl_termination: bool = False
-    # A watched rule directory as the rule source (when no provider is passed).
+    # A watched rule directory as the rule source (when no provider is passed), and how
+    # often it is looked at.
     rules_dir: Path | None = None
+    rules_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     # Where the order brokers were first seen in is kept (JSON): a broker's listener is
     # listen_port_base + its place there, so it keeps its port across restarts, even one
     # that starts while an earlier broker is down. None: kept in memory only.
@@ -319,7 +322,8 @@ class ControlPlane:
     def __init__(self, settings: ControlPlaneSettings, rules: RuleProvider | None = None,
                  topology_source: TopologySource | None = None) -> None:
         self.settings = settings
-        self.rules = rules or (DirectoryRuleProvider(settings.rules_dir)
+        self.rules = rules or (DirectoryRuleProvider(settings.rules_dir,
+                                                     settings.rules_poll_interval_s)
                                if settings.rules_dir is not None else None)
         self._fetch = topology_source or (lambda: fetch_topology(
             self._discovery_servers(), sasl=settings.sasl, tls=settings.upstream_tls))

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from ext_proc.filters.rules import RuleEngine
 from ext_proc.heap import building
 from ext_proc.metrics import Metrics
@@ -62,7 +63,7 @@ class WatchedDirectory(Generic[Loaded]):
 
     use_in_worker: ClassVar[bool] = False
 
-    def __init__(self, directory: Path, interval: float = 1.0) -> None:
+    def __init__(self, directory: Path, interval: float = DEFAULT_POLL_INTERVAL_S) -> None:
         self.directory = directory
         self.interval = interval
         self._signature: Signature | None = directory_signature(directory)
@@ -145,7 +146,7 @@ class RuleDirectory(WatchedDirectory[_Loaded]):
     swapped into the engine on the event loop (live connections use it there)."""
 
     def __init__(self, directory: Path, engine: RuleEngine, metrics: Metrics | None = None,
-                 interval: float = 1.0) -> None:
+                 interval: float = DEFAULT_POLL_INTERVAL_S) -> None:
         super().__init__(directory, interval)
         self.engine = engine
         self.metrics = metrics

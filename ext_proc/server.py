@@ -35,6 +35,7 @@ from ext_proc.audit import (
 )
 from ext_proc.audit_kafka import KafkaAuditLog, KafkaAuditSettings
 from ext_proc.connection import ConnectionInfo
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rates import SharedRates
 from ext_proc.filters.rules import RuleDecision, RuleEngine
@@ -94,6 +95,7 @@ class ProcessorSettings:
     # connection. Envoy bounds what it buffers per connection on its side.
     max_held_bytes: int = HeldBytes.DEFAULT_LIMIT
     rules_dir: Path | None = None
+    rules_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often rules_dir is looked at
     audit_log: Path | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics endpoint
@@ -210,7 +212,8 @@ class DataPath:
         if settings.control_plane is None:
             self.rules_ready.set()
         self.metrics.topic_ids = self.engine.topic_ids  # names Produce v13's topic ids
-        self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics)
+        self.rules = (RuleDirectory(settings.rules_dir, self.engine, self.metrics,
+                                    settings.rules_poll_interval_s)
                       if settings.rules_dir else None)
         self.termination: Authenticator | None = None
         if settings.sasl_termination is not None:

@@ -20,6 +20,7 @@ from control_plane.defaults import (
     DEFAULT_REFRESH_INTERVAL_S,
     MIN_REFRESH_INTERVAL_S,
 )
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S, MIN_POLL_INTERVAL_S
 from keg import cli_pipeline, cli_rules
 from keg.cli_options import option_group
 from keg.cli_security import (
@@ -59,6 +60,10 @@ LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING
 LogFormat = Annotated[str, typer.Option("--log-format", help="text or json (one object a line).")]
 RulesDir = Annotated[Path | None, typer.Option(
     help="Rule directory (YAML files), watched: valid changes apply to live connections.")]
+RulesPollInterval = Annotated[float, typer.Option(
+    min=MIN_POLL_INTERVAL_S,
+    help="Seconds between looks at the rule directory: a change is in force one to two "
+         "of them after it was written (the directory must hold still for one).")]
 AUDIT_LOG_OFF: Final = ("none", "off")
 AuditLogPath = Annotated[Path | None, typer.Option(
     help="Audit log file (JSON Lines, rotated); none or off: no audit log (a file of that "
@@ -285,6 +290,7 @@ def up(
         typer.Option(help="Seconds Envoy waits for the ext_proc service per chunk before closing."),
     ] = 2.0,
     rules: RulesDir = None,
+    rules_poll_interval: RulesPollInterval = DEFAULT_POLL_INTERVAL_S,
     rules_delivery: Annotated[str, typer.Option(
         help="control-plane: the control plane distributes the rules to the ext_proc "
              "service over xDS (ACKed, kept across restarts); directory: the ext_proc "
@@ -414,6 +420,7 @@ def up(
                 ext_proc_log_level=log_level,
                 ext_proc_log_format=log_format,
                 rules_dir=rules_dir,
+                rules_poll_interval_s=rules_poll_interval,
                 # A directory of its own: one file per ext_proc worker, and rotated ones,
                 # which `keg analyze --audit <directory>` reads together.
                 audit_log=audit_log_setting(audit_log, state / "audit" / "audit.jsonl"),
@@ -513,6 +520,7 @@ def ext_proc_cmd(
     max_held_bytes: MaxHeldBytes = DEFAULT_MAX_HELD_BYTES,
     oauth_principal_claim: OauthPrincipalClaim = "sub",
     rules: RulesDir = None,
+    rules_poll_interval: RulesPollInterval = DEFAULT_POLL_INTERVAL_S,
     audit_log: AuditLogPath = None,
     metrics_port: MetricsPort = None,
     metrics_host: Annotated[str, typer.Option(help="Address the metrics endpoint binds.")]
@@ -615,7 +623,7 @@ def ext_proc_cmd(
         server = _ext_proc_server(ProcessorSettings(
         host=host, port=port, max_frame_size=max_frame_size, max_held_bytes=max_held_bytes,
         oauth_principal_claim=oauth_principal_claim,
-        rules_dir=rules,
+        rules_dir=rules, rules_poll_interval_s=rules_poll_interval,
         audit_log=audit_log_setting(audit_log, None), metrics_port=metrics_port,
         metrics_host=metrics_host,
         control_plane=control_plane, node_id=node_id, rules_cache=rules_cache,
@@ -678,6 +686,7 @@ def control_plane_cmd(
     rules: Annotated[Path | None, typer.Option(
         help="Rule directory (watched) whose rule set goes to every ext_proc instance.")]
         = None,
+    rules_poll_interval: RulesPollInterval = DEFAULT_POLL_INTERVAL_S,
     groups: Annotated[Path | None, typer.Option(
         help="Envoy groups of a mesh (YAML): which brokers each node cluster fronts, "
              "on which ports (docs/xds.md).")] = None,
@@ -768,6 +777,7 @@ def control_plane_cmd(
             advertised_host=advertised_host,
             listen_port_base=listen_port_base,
             rules_dir=rules,
+            rules_poll_interval_s=rules_poll_interval,
             groups=load_groups(groups) if groups is not None else (),
             refresh_interval_s=refresh_interval,
             data_path=data_path,

@@ -52,6 +52,7 @@ from control_plane.service import (
 from control_plane.snapshot import RULES
 from control_plane.tls import ClientTls, ListenerTls, ServerTls, TlsConfigError, UpstreamTls
 from control_plane.topology import DiscoveryError, SaslCredentials
+from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from keg.children import PYTHON, child_environment, die_with_parent
 from keg.embedded.envoy import EmbeddedEnvoy
 from keg.lifecycle import Service
@@ -162,7 +163,8 @@ class ControlPlaneApp:
 
         self.store = open_store(api.store_url, api.data_dir, validator=validator)
         if api.rules_dir is not None:
-            self._directory = DirectoryRuleProvider(api.rules_dir)
+            self._directory = DirectoryRuleProvider(api.rules_dir,
+                                                    self.settings.rules_poll_interval_s)
             self._apply_directory(at_start=True)
             self._directory.subscribe(lambda *_: self._apply_directory())
             self._watch = asyncio.create_task(self._directory.watch())
@@ -294,7 +296,8 @@ SHARED_STATE_DIR: Final = "keg-shared-state"
 CONTROL_PLANE_SETTINGS: Final = (
     "bootstrap_servers", "listen_host", "advertised_host", "listen_port_base",
     "message_timeout_s", "failure_mode_allow", "sasl", "tls", "upstream_tls", "data_path",
-    "max_frame_size", "max_held_bytes", "oauth_principal_claim", "refresh_interval_s")
+    "max_frame_size", "max_held_bytes", "oauth_principal_claim", "refresh_interval_s",
+    "rules_poll_interval_s")
 
 
 def internal_ports(base: int, workers: int) -> dict[str, int]:
@@ -331,6 +334,7 @@ class GatewaySettings:
     ext_proc_log_level: str = "INFO"
     ext_proc_log_format: str = "text"  # or json, as keg up's own --log-format
     rules_dir: Path | None = None
+    rules_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often rules_dir is looked at
     audit_log: Path | None = None
     audit_kafka: AuditStream | None = None
     metrics_port: int | None = None
@@ -626,7 +630,8 @@ class Gateway(Service):
             cmd += ["--control-plane", f"127.0.0.1:{self.xds_port}", "--node-id",
                     worker.node_id, "--rules-cache", str(cache)]
         elif s.rules_dir is not None:
-            cmd += ["--rules", str(s.rules_dir)]
+            cmd += ["--rules", str(s.rules_dir),
+                    "--rules-poll-interval", str(s.rules_poll_interval_s)]
         cmd += ["--shared-state", str(self.shared_state_dir)]
         if s.audit_log is not None:
             cmd += ["--audit-log", str(worker.own_path(s.audit_log))]

@@ -63,8 +63,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RECORDS = 100_000
 PARTITIONS = 3
 VALID_WRITES = 50
-WRITE_SPACING = 2.2  # between two writes: the watcher polls every 1 s and reads a
-# directory once it held still for a poll (up to two polls after a write)
+POLL_INTERVAL = 0.25  # the watchers' (--rules-poll-interval): they read a directory once it
+# held still for a poll, so a write is read up to two polls after it was made
+WRITE_SPACING = 0.8  # between two writes
 PRODUCE_TAIL = 4.0  # the producer's pace: RECORDS over the writes' time plus this
 STEP_TIMEOUT = 15.0  # for one write to show in the metrics
 
@@ -220,7 +221,7 @@ def env(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Itera
     (rules / "rules.yaml").write_text(RULES_A.format(topic=topic))
     metrics_port = free_port()
     settings = gateway_settings(kafka, base / "envoy", rules_dir=rules,
-                                metrics_port=metrics_port)
+                                metrics_port=metrics_port, rules_poll_interval_s=POLL_INTERVAL)
     with Gateway(settings) as gateway:
         create_topic(kafka.bootstrap, PARTITIONS, name=topic)
         yield Env(kafka, gateway, rules, metrics_port, topic)
@@ -407,8 +408,10 @@ def test_rules_reloaded_50_times_during_100k_records(env: Env) -> None:
     reloader.start()
     # A steady pace that lasts as long as the writes (and a little longer); should the
     # writes be slower, the producer waits for them: it may run at most two windows
-    # ahead, and its last window waits for the last write.
-    windows = reloader.writes + 2
+    # ahead, and its last window waits for the last write. (One window more than the
+    # writes and those two: after each write, even the one before the last, records
+    # are left to show the new set deciding.)
+    windows = reloader.writes + 3
     started = time.monotonic()
     rate = RECORDS / (reloader.writes * WRITE_SPACING + PRODUCE_TAIL)
     waited_for_reloads = 0.0
