@@ -239,14 +239,19 @@ class RuleStore:
         """A new version whose rules (owners and sources too) are those of `number`,
         but for the rules owner `keep` has now (a rule directory's: the directory, not
         the history, says what they are), which it keeps as they are. The writer's
-        `scope` must cover the owners of every rule that changes."""
+        `scope` must cover the owners of every rule that changes. A rule of `number`
+        whose id the kept rules have now (a rule written through REST, or another
+        directory's, since moved into that directory) is the kept one's: two rules of
+        one id would be no rule set."""
         target = self.version(number)
 
         def build(head: Version | None) -> Pending:
             rules = target.rules
             if keep is not None:
                 kept = tuple(r for r in (head.rules if head else ()) if r.owner == keep)
-                rules = (*(r for r in rules if r.owner != keep), *kept)
+                kept_ids = {r.id for r in kept}
+                rules = (*(r for r in rules if r.owner != keep and r.id not in kept_ids),
+                         *kept)
             _check_scope(scope, owners_touched(head.rules if head else (), rules))
             return self._pending(rules, change, "rollback", parent=number)
 

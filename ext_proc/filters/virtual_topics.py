@@ -19,8 +19,10 @@ topics). The walk is `kafka_wire.entity_names`; here are what it cannot know alo
 - regular expressions (ConsumerGroupHeartbeat SubscribedTopicRegex, ListTransactions
   TransactionalIdPattern): the broker matches them in full (RE2/J `matches()`), so
   the client's `R` becomes `<escaped prefix>(?:R)`, which matches only names of the
-  namespace. A leading `^` is dropped (it would anchor inside). A pattern RE2 refuses
-  is answered INVALID_REGULAR_EXPRESSION with the reason, never forwarded.
+  namespace. A `^` (or `\\A`) where the client's name starts is dropped, wherever the
+  pattern puts it (`^a`, `(^a.*)` as librdkafka sends it, `^a|^b`): after the prefix it
+  could never match. A pattern RE2 refuses is answered INVALID_REGULAR_EXPRESSION with
+  the reason, never forwarded, and the broker's messages quote the client's pattern.
 
 Dry-run `virtual_topics` rules rename nothing (renaming cannot be half done).
 """
@@ -75,6 +77,10 @@ _LEGAL_TOPIC_CHARACTERS = frozenset(
 # The requests that create topics (Metadata by auto-creation).
 _CREATING = frozenset({ApiKey.CREATE_TOPICS, ApiKey.METADATA})
 
+# Kafka's CreateTopics refusal of a name that differs from an existing topic's only by
+# '.' and '_' (Topic.hasCollision): the topic it names may be outside the namespace.
+_COLLIDES = re.compile(r"collides with existing topic: ([A-Za-z0-9._-]+)")
+
 # Kafka 4.0's error for a refused regex subscription (KIP-848); not in older tables.
 _MAX_GROUPS = 64  # JoinGroup protocol types remembered per connection
 
@@ -95,11 +101,12 @@ class Namespace:
     def __post_init__(self) -> None:
         prefix, size = self.prefix, len(self.prefix)
 
+        # "": no name (Kafka's Java client names a topic it looks up by id so in Metadata).
         def add(name: str) -> str:
-            return prefix + name
+            return prefix + name if name else name
 
         def strip(name: str) -> str | None:
-            return name[size:] if name.startswith(prefix) else None
+            return name[size:] if name.startswith(prefix) else None if name else name
 
         kinds = [TOPIC] + ([GROUP] if self.groups else []) + (
             [TRANSACTIONAL_ID] if self.transactional_ids else [])
@@ -114,7 +121,7 @@ class Namespace:
 
     def anchor(self, pattern: str) -> str:
         """The broker-side regex for a client's; PatternError if RE2 refuses it."""
-        inner = pattern[1:] if pattern.startswith("^") else pattern
+        inner = _without_start_anchors(pattern)
         compile_re2(inner)  # balanced on its own: `(?:inner)` cannot be left
         anchored = f"{self.regex_prefix}(?:{inner})"
         compile_re2(anchored)  # e.g. a `\Q` without `\E` swallows the `)`
@@ -136,9 +143,16 @@ class Namespace:
             return
         raise InvalidTopicName(f"Topic name is invalid: {why}")
 
-    def strip_from_message(self, message: str) -> str:
+    def strip_from_message(self, message: str, patterns: dict[str, str] | None = None) -> str:
         """A broker's error message without the prefix of the names it quotes: it would
-        tell the tenant its namespace (`Topic 'tenant-a.orders' already exists.`)."""
+        tell the tenant its namespace (`Topic 'tenant-a.orders' already exists.`), with
+        the client's own patterns for the ones sent in their place (`patterns`), and
+        without a name outside the namespace (a topic a new one collides with)."""
+        for anchored, pattern in (patterns or {}).items():
+            message = message.replace(anchored, pattern)
+        message = _COLLIDES.sub(
+            lambda m: m.group() if m.group(1).startswith(self.prefix)
+            else "collides with an existing topic", message)
         return self.quoted.sub("", message) if self.prefix in message else message
 
     def unanchor(self, pattern: str) -> str | None:
@@ -174,14 +188,15 @@ class VirtualTopicsFilter(RuleSetJudge):
         if ns is None:
             return None
         key, version = header.api_key, header.api_version
+        patterns: dict[str, str] = {}
         try:
-            changed = self._rename_request(key, version, body, ns)
+            changed = self._rename_request(key, version, body, ns, patterns)
         except (EntityNameError, PatternError) as err:
             return self._refuse(header, body, ns, err)
         protocol_type = self._request_protocol_type(key, version, body)
 
         def patch(response: dict[str, Any]) -> bool:
-            return self._rename_response(key, version, response, ns, protocol_type)
+            return self._rename_response(key, version, response, ns, protocol_type, patterns)
 
         return RequestVerdict(changed=changed, patch=patch)
 
@@ -207,7 +222,9 @@ class VirtualTopicsFilter(RuleSetJudge):
     # -- requests ----------------------------------------------------------------------
 
     def _rename_request(self, key: int, version: int, body: dict[str, Any],
-                        ns: Namespace) -> bool:
+                        ns: Namespace, patterns: dict[str, str]) -> bool:
+        """Rename `body` for the broker; `patterns` gets each regex sent in place of the
+        client's (the broker's messages quote it)."""
         topics = body.get("Topics") or []
         if key == ApiKey.DELETE_TOPICS and any(t.get("Name") is None for t in topics):
             # The answer would hide a foreign topic, but only after the broker deleted it.
@@ -216,9 +233,9 @@ class VirtualTopicsFilter(RuleSetJudge):
         self._confine_topic_ids(key, version, body, ns)
         if key in _CREATING:
             for topic in topics:
-                if isinstance(topic.get("Name"), str):
+                if isinstance(topic.get("Name"), str) and not _by_id(topic):
                     ns.check_topic(topic["Name"])
-        changed = self._anchor_patterns(key, body, ns)  # may refuse: before any rename
+        changed = self._anchor_patterns(key, body, ns, patterns)  # may refuse: before renames
         changed |= rename_entities(key, version, "request", body, ns.to_broker)
         if key == ApiKey.JOIN_GROUP:
             protocol_type = body.get("ProtocolType")
@@ -251,18 +268,17 @@ class VirtualTopicsFilter(RuleSetJudge):
             if name is None or ns.to_client[TOPIC](name) is None:
                 raise ForeignTopicId(f"topic id {topic_id} is not a topic of this namespace")
 
-    def _anchor_patterns(self, key: int, body: dict[str, Any], ns: Namespace) -> bool:
-        if key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
-            regex = body.get("SubscribedTopicRegex")
-            if regex:
-                body["SubscribedTopicRegex"] = ns.anchor(regex)
-                return True
-        elif key == ApiKey.LIST_TRANSACTIONS and ns.transactional_ids:
-            pattern = body.get("TransactionalIdPattern")
-            if pattern:
-                body["TransactionalIdPattern"] = ns.anchor(pattern)
-                return True
-        return False
+    @staticmethod
+    def _anchor_patterns(key: int, body: dict[str, Any], ns: Namespace,
+                         patterns: dict[str, str]) -> bool:
+        field_name = ("SubscribedTopicRegex" if key == ApiKey.CONSUMER_GROUP_HEARTBEAT
+                      else "TransactionalIdPattern"
+                      if key == ApiKey.LIST_TRANSACTIONS and ns.transactional_ids else None)
+        if field_name is None or not (pattern := body.get(field_name)):
+            return False
+        anchored = body[field_name] = ns.anchor(pattern)
+        patterns[anchored] = pattern
+        return True
 
     def _request_protocol_type(self, key: int, version: int, body: dict[str, Any]) -> str | None:
         if key == ApiKey.JOIN_GROUP:
@@ -301,9 +317,10 @@ class VirtualTopicsFilter(RuleSetJudge):
     # -- responses -----------------------------------------------------------------
 
     def _rename_response(self, key: int, version: int, response: dict[str, Any],
-                         ns: Namespace, protocol_type: str | None) -> bool:
+                         ns: Namespace, protocol_type: str | None,
+                         patterns: dict[str, str]) -> bool:
         changed = rename_entities(key, version, "response", response, ns.to_client)
-        changed |= _strip_messages(response, ns)
+        changed |= _strip_messages(response, ns, patterns)
         if key == ApiKey.JOIN_GROUP:
             said = response.get("ProtocolType") if version >= 7 else None
             ptype = said if isinstance(said, str) else protocol_type
@@ -329,22 +346,106 @@ class VirtualTopicsFilter(RuleSetJudge):
         return changed
 
 
-def _strip_messages(value: Any, ns: Namespace) -> bool:
-    """Every `ErrorMessage` of an answer, at any depth, without the namespace's prefix."""
+def _strip_messages(value: Any, ns: Namespace, patterns: dict[str, str]) -> bool:
+    """Every error message of an answer (`ErrorMessage`, Produce's
+    `BatchIndexErrorMessage`, ShareAcknowledge's `AcknowledgeErrorMessage`), at any
+    depth, without the namespace: its prefix, the regex sent for the client's, a name
+    outside it."""
     changed = False
     if isinstance(value, dict):
         for key, item in value.items():
-            if key == "ErrorMessage" and isinstance(item, str):
-                stripped = ns.strip_from_message(item)
+            if key.endswith("ErrorMessage") and isinstance(item, str):
+                stripped = ns.strip_from_message(item, patterns)
                 if stripped != item:
                     value[key], changed = stripped, True
             elif isinstance(item, (dict, list)):
-                changed |= _strip_messages(item, ns)
+                changed |= _strip_messages(item, ns, patterns)
     elif isinstance(value, list):
         for item in value:
             if isinstance(item, (dict, list)):
-                changed |= _strip_messages(item, ns)
+                changed |= _strip_messages(item, ns, patterns)
     return changed
+
+
+def _by_id(topic: dict[str, Any]) -> bool:
+    """A Metadata entry that looks its topic up by id (its name then says nothing)."""
+    topic_id = topic.get("TopicId")
+    return topic_id is not None and topic_id.int != 0
+
+
+def _without_start_anchors(pattern: str) -> str:
+    """`pattern` without the `^` and `\\A` that stand where a match begins: at its start,
+    at the start of a group that starts there, after a `|` of such a group (flag groups
+    and other anchors match nothing, so they leave a place where it was). Elsewhere an
+    anchor cannot match after a prefix either, and there it never could: it stays."""
+    out: list[str] = []
+    at_start = [True]  # per open group: whether it begins where the match does
+    here = True  # whether nothing has been matched since where the match begins
+    i, size = 0, len(pattern)
+    while i < size:
+        c = pattern[i]
+        if c == "\\":
+            escaped = pattern[i + 1:i + 2]
+            if escaped == "A" and here:
+                i += 2
+                continue
+            if escaped == "Q":  # a literal up to \E
+                end = pattern.find("\\E", i + 2)
+                stop = size if end < 0 else end + 2
+                here = here and stop - i <= 4
+                out.append(pattern[i:stop])
+                i = stop
+                continue
+            out.append(pattern[i:i + 2])
+            here = here and escaped in ("b", "B", "z")
+            i += 2
+        elif c == "[":
+            j = i + 1
+            j += pattern.startswith("^", j)
+            j += pattern.startswith("]", j)
+            while j < size and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else (
+                    pattern.find(":]", j) + 2 if pattern.startswith("[:", j)
+                    and pattern.find(":]", j) > 0 else 1)
+            out.append(pattern[i:j + 1])
+            here, i = False, j + 1
+        elif c == "(":
+            flags = _FLAG_GROUP.match(pattern, i)
+            if flags is not None:  # (?i): no group, matches nothing
+                out.append(flags.group())
+                i = flags.end()
+                continue
+            head = _GROUP_HEAD.match(pattern, i)
+            length = head.end() - i if head is not None else 1
+            out.append(pattern[i:i + length])
+            at_start.append(here)
+            i += length
+        elif c == ")":
+            if len(at_start) > 1:
+                at_start.pop()
+            out.append(c)
+            here, i = False, i + 1
+        elif c == "|":
+            out.append(c)
+            here, i = at_start[-1], i + 1
+        elif c == "^":
+            if not here:
+                out.append(c)
+            elif pattern[i + 1:i + 2] in ("*", "+", "?", "{"):
+                out.append("(?:)")  # what the quantifier repeats
+            i += 1
+        elif c in "$*+?{":
+            out.append(c)  # (a quantifier of a dropped anchor repeats nothing)
+            i += 1
+        else:
+            out.append(c)
+            here, i = False, i + 1
+    return "".join(out)
+
+
+# `(?flags)` alone, and the head of a group: `(?:`, `(?flags:`, `(?P<name>`, `(?<name>`.
+_FLAG_GROUP = re.compile(r"\(\?[a-zA-Z-]+\)")
+_GROUP_HEAD = re.compile(r"\(\?(?:P?<[^>]*>|[a-zA-Z-]*:)")
 
 
 _NAMING: dict[tuple[int, int], bool] = {}

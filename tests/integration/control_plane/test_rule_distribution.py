@@ -317,6 +317,22 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
         assert store.rules()[0] == 4
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
 
+        # A rule written through REST, then moved into the directory (which adopts it):
+        # a rollback to a version before the move answered 500 (a duplicate rule id) and
+        # rolled nothing back. The directory's rule stays, as above.
+        moved = create_topic(kafka.bootstrap, name=f"moved.{time.monotonic_ns()}")
+        post("/v1/rules/moved", b'{"action": {"observe": {}}}', method="PUT")
+        runs(5)
+        (rules / "moved.yaml").write_text(
+            "rules:\n  - id: moved\n    match: {apis: [Produce], topics: {prefix: [moved.]}}\n"
+            "    action: {deny: {}}\n")
+        runs(6)
+        assert produce_one(gateway.bootstrap, moved) == "TOPIC_AUTHORIZATION_FAILED"
+        assert post("/v1/versions/5/rollback")["number"] == 7
+        runs(7)
+        assert sorted(r.id for r in store.rules()[1]) == ["deny-held", "moved", "watch"]
+        assert produce_one(gateway.bootstrap, moved) == "TOPIC_AUTHORIZATION_FAILED"
+
 
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
         kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,11 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaError
 
 import kafka_wire as kw
 from control_plane.service import EXT_PROC_PATH, free_port
@@ -417,3 +424,74 @@ def test_java_consumer_with_the_kip848_protocol(env: Env) -> None:
     admin = AdminClient(env.direct())
     groups = {g.group_id for g in admin.list_consumer_groups().result(20).valid}
     assert "tenant-b.java848" in groups and "java848" not in groups
+
+
+# -- what new users met (regex subscriptions, lookups by id, error texts) -----------------
+
+
+def test_librdkafka_regex_subscription_with_the_kip848_protocol(env: Env) -> None:
+    """librdkafka sends a regex subscription as `(^rxa-.*)`; only a leading `^` was
+    dropped, so the broker matched `tenant\\-a\\.(?:(^rxa-.*))`, which matches nothing:
+    the consumer was never assigned a partition, and saw no error."""
+    stem = f"rxa-{uuid.uuid4().hex[:6]}"
+    topics = [f"{stem}-{i}" for i in range(2)]
+    values: list[bytes] = []
+    for topic in topics:
+        create_topic(env, "alice", topic)
+        values += [f"{topic}-{i}".encode() for i in range(RECORDS)]
+        produce(env.client("alice"), topic, values[-RECORDS:])
+    consumer = Consumer(env.client("alice", **{
+        "group.id": f"rx-{uuid.uuid4().hex[:6]}", "group.protocol": "consumer",
+        "auto.offset.reset": "earliest"}))
+    consumer.subscribe([f"^{stem}-.*"])
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(got) < len(values) and time.monotonic() < deadline:
+            for msg in consumer.consume(100, 0.5):
+                assert msg.error() is None, msg.error()
+                got.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(values)
+
+
+def test_java_admin_describes_a_topic_by_id(env: Env) -> None:
+    """Kafka's Java client looks a topic up by id in Metadata with the name "" (not
+    null), which was refused as an invalid name: `kafka-topics --describe --topic-id`
+    failed (UnknownTopicIdException), and KIP-848 consumers never learned the names of
+    the topics they were assigned."""
+    create_topic(env, "alice", "byid")
+    direct = AdminClient(env.direct())
+    topic_id = direct.describe_topics(
+        TopicCollection(["tenant-a.byid"]))["tenant-a.byid"].result(30).topic_id
+    done = run_java_tool("topics", "--bootstrap-server", env.gateway.bootstrap,
+                         "--command-config", str(java_config(env, "alice")),
+                         "--describe", "--topic-id", str(topic_id), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Topic: byid" in done.stdout and "tenant-a." not in done.stdout, done.stdout
+
+
+def test_error_texts_name_no_broker_topic(env: Env) -> None:
+    """Produce's per-record error named the broker's topic (`... without key in topic
+    partition tenant-a.comp-0`), and a topic colliding ('.' vs '_') with one outside
+    the namespace was named in the refusal."""
+    admin = AdminClient(env.client("alice"))
+    admin.create_topics([NewTopic("comp", 1, 1, config={"cleanup.policy": "compact"})])[
+        "comp"].result(30)
+    producer = KafkaProducer(
+        bootstrap_servers=env.gateway.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN", sasl_plain_username="alice",
+        sasl_plain_password=USERS["alice"], retries=0)
+    try:
+        with pytest.raises(KafkaError) as refused:
+            producer.send("comp", b"no key").get(30)
+    finally:
+        producer.close()
+    assert "comp-0" in str(refused.value) and "tenant-a." not in str(refused.value)
+
+    direct = AdminClient(env.direct())
+    direct.create_topics([NewTopic("tenant-a_col", 1, 1)])["tenant-a_col"].result(30)
+    collided = admin.create_topics([NewTopic("col", 1, 1)])["col"].exception(30)
+    assert collided is not None and "collides" in str(collided), collided
+    assert "tenant-a" not in str(collided), collided

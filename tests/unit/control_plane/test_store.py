@@ -201,6 +201,20 @@ def test_diff_and_rollback(store: RuleStore) -> None:
         store.rollback(99, ALICE)
 
 
+def test_a_rollback_keeps_a_directorys_rule_of_an_id_it_took_over(store: RuleStore) -> None:
+    """A rule written through REST, then moved into the served directory (which adopts
+    it): a rollback to a version before the move answered 500 (duplicate rule id), and
+    nothing was rolled back."""
+    store.put_rule(rule("x"), ALICE)
+    store.put_rule(rule("y"), ALICE)
+    before = max(v.number for v in store.versions())
+    store.apply("dir:served", ruleset(rule("x")), Change("keg"), adopt=True)
+    store.delete_rule("y", ALICE, if_match=["*"])
+    back = store.rollback(before, Change("alice", "undo"), keep="dir:served")
+    rules = {r.id: r.owner for r in store.version(back.number).rules}
+    assert rules == {"x": "dir:served", "y": None}
+
+
 def test_a_validator_refuses_sets_the_data_path_could_not_run(
     opener: Callable[..., RuleStore],
 ) -> None:

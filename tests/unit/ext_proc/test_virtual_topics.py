@@ -405,3 +405,78 @@ def test_broker_messages_do_not_tell_a_tenant_its_prefix() -> None:
         "The topic adm currently has 4 partition(s)")
     # Inside another name it stays: that name is not the tenant's.
     assert ns.strip_from_message("topic x.tenant-a.y") == "topic x.tenant-a.y"
+
+
+@pytest.mark.parametrize("regex, inner", [
+    ("^ord.*", "ord.*"),
+    ("(^ord.*)", "(ord.*)"),  # as librdkafka sends a subscription (KIP-848)
+    ("^a|^b", "a|b"),
+    ("(?:^a|b)|^c", "(?:a|b)|c"),
+    ("((^a))|(?P<n>^b)", "((a))|(?P<n>b)"),
+    (r"(?i)^x", "(?i)x"),
+    (r"\Aord", "ord"),
+    (r"\b^a", r"\ba"),
+    ("^*a", "(?:)*a"),
+    # not where a match begins: they never matched for the client either, so they stay
+    ("a^b", "a^b"),
+    ("x(^a|b)", "x(^a|b)"),
+    (r"\Q^\E^a", r"\Q^\E^a"),
+    # not anchors
+    ("[^a]b", "[^a]b"),
+    ("[]^]a", "[]^]a"),
+    (r"\^x", r"\^x"),
+])
+def test_start_anchors_are_dropped_where_a_match_begins(regex: str, inner: str) -> None:
+    """librdkafka sends `(^ord.*)`: only a leading `^` was dropped, so the broker got
+    `tenant\\-a\\.(?:(^ord.*))`, which matches nothing, and the consumer was never
+    assigned a partition."""
+    assert Namespace("tenant-a.").anchor(regex) == rf"tenant\-a\.(?:{inner})"
+
+
+def test_broker_messages_quote_the_clients_pattern_and_no_foreign_topic() -> None:
+    ns = Namespace("tenant-a.")
+    sent = ns.anchor(r"xa\C")
+    assert ns.strip_from_message(f"SubscribedTopicRegex `{sent}` is not a valid regular "
+                                 "expression", {sent: r"xa\C"}) == (
+        r"SubscribedTopicRegex `xa\C` is not a valid regular expression")
+    # A topic a new one collides with ('.' vs '_'): outside the namespace it is not named.
+    assert ns.strip_from_message("Topic 'tenant-a.col' collides with existing topic: "
+                                 "tenant-a_col") == (
+        "Topic 'col' collides with an existing topic")
+    assert ns.strip_from_message("Topic 'tenant-a.c_l' collides with existing topic: "
+                                 "tenant-a.c.l") == (
+        "Topic 'c_l' collides with existing topic: c.l")
+
+
+def test_every_error_message_field_loses_the_prefix() -> None:
+    """Produce's per-record error (BatchIndexErrorMessage) named the broker's topic:
+    `... without key in topic partition tenant-a.comp-0`."""
+    c = Client("app-a-1")
+    sent = c.send(0, 11, {"TransactionalId": None, "Acks": -1, "TimeoutMs": 1000,
+                          "TopicData": [{"Name": "comp", "PartitionData": []}]})
+    assert sent is not None and sent["TopicData"][0]["Name"] == "tenant-a.comp"
+    message = "Compacted topic cannot accept message without key in topic partition "
+    answer = c.answer({"Responses": [{"Name": "tenant-a.comp", "PartitionResponses": [
+        {"Index": 0, "ErrorCode": 87, "BaseOffset": -1, "LogAppendTimeMs": -1,
+         "LogStartOffset": -1, "ErrorMessage": message + "tenant-a.comp-0",
+         "RecordErrors": [{"BatchIndex": 0,
+                           "BatchIndexErrorMessage": message + "tenant-a.comp-0"}]}]}],
+        "ThrottleTimeMs": 0})
+    partition = answer["Responses"][0]["PartitionResponses"][0]
+    assert partition["ErrorMessage"] == message + "comp-0"
+    assert partition["RecordErrors"][0]["BatchIndexErrorMessage"] == message + "comp-0"
+
+
+def test_a_metadata_lookup_by_id_with_an_empty_name_is_not_refused() -> None:
+    """Kafka's Java client looks topics up by id with the name "" (not null): refused as
+    an invalid topic name, its consumers of the KIP-848 protocol never got the names of
+    their assigned topics, and describeTopics(ids) failed."""
+    c = Client("app-a-1")
+    topic_id = uuid.UUID(int=7)
+    c.engine.topic_ids.add(topic_id, "tenant-a.cin")
+    sent = c.send(3, 12, {"Topics": [{"TopicId": topic_id, "Name": ""}],
+                          "AllowAutoTopicCreation": False,
+                          "IncludeTopicAuthorizedOperations": False})
+    assert sent is not None and sent["Topics"] == [{"TopicId": topic_id, "Name": ""}]
+    answer = c.answer(metadata_response(("tenant-a.cin", 0)))
+    assert [t["Name"] for t in answer["Topics"]] == ["cin"]
