@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from control_plane.defaults import BROKER_ORDER_FILE, DEFAULT_REFRESH_INTERVAL_S
 from control_plane.fleet import EXT_PROC, NodeStatus
@@ -128,6 +128,8 @@ class ControlPlaneApp:
         self.plane: ControlPlane | None = None
         self.api_server: Any = None
         self._directory: Any = None
+        # Why the served directory's files are not in force (the store refused them).
+        self._store_refusal: str | None = None
         self._watch: asyncio.Task[None] | None = None
         self._reconciling: set[asyncio.Future[None]] = set()
 
@@ -176,10 +178,16 @@ class ControlPlaneApp:
         self.plane = ControlPlane(settings, rules=StoreRuleProvider(self.store))
         await self.plane.start()
         plane = self.plane
+        registry = self.registry if self.registry is not None else CollectorRegistry()
+        if self._directory is not None:
+            Gauge("keg_rule_directory_refused", "1 while the served rule directory's files "
+                  "are not in force (invalid, or refused by the store: see the log); the "
+                  "last good rules serve meanwhile.", registry=registry).set_function(
+                lambda: float(self.directory_error is not None))
         app = create_app(self.store, ApiSettings(tokens=tokens, public_reads=api.public_reads,
                                                  ready=lambda: plane.plan is not None,
                                                  impact_dir=api.impact_dir,
-                                                 registry=self.registry,
+                                                 registry=registry,
                                                  problems=self.problems,
                                                  directory_owner=self._directory_owner),
                          plane.fleet_status,
@@ -187,6 +195,13 @@ class ControlPlaneApp:
                                        audit_logs=api.audit_logs))
         self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
+
+    @property
+    def directory_error(self) -> str | None:
+        """Why the served rule directory's files are not in force, if they are not."""
+        if self._directory is None:
+            return None
+        return self._directory.last_error or self._store_refusal
 
     @property
     def _directory_owner(self) -> str | None:
@@ -206,6 +221,7 @@ class ControlPlaneApp:
         (serving other rules than the directory's would mislead); later it is logged and
         the last applied set stays."""
         from control_plane.store import Change, StoreError
+        from filter_rules import RuleSetInvalid
 
         assert self.api is not None and self.api.rules_dir is not None
         _, ruleset = self._directory.current()
@@ -216,12 +232,15 @@ class ControlPlaneApp:
             # environment (a key, a module) may be fixed since.
             result = self.store.apply(owner, ruleset, Change("keg", "rule directory changed"),
                                       adopt=True, retry_rejected=at_start)
-        except StoreError as err:
+        except (StoreError, RuleSetInvalid) as err:  # (the workers could not run it)
             if at_start:
                 raise StoreError(f"cannot apply {self.api.rules_dir} to the rule store: "
                                  f"{err}") from None
-            log.error("could not apply %s to the store: %s", self.api.rules_dir, err)
+            self._store_refusal = str(err)
+            log.error("could not apply %s to the store, keeping version %s: %s",
+                      self.api.rules_dir, self.store.current()[0], err)
             return
+        self._store_refusal = None
         if result.version is None:
             return
         if result.diff.owners_changed:

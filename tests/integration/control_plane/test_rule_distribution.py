@@ -334,6 +334,55 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
         assert produce_one(gateway.bootstrap, moved) == "TOPIC_AUTHORIZATION_FAILED"
 
 
+def test_a_served_directory_that_is_not_in_force_shows_in_the_metrics(
+        kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A change of the served directory that was refused (invalid files, or a rule its
+    workers could not run) showed nowhere but the log: /readyz, the API and the metrics
+    said all was well while a merged commit was not enforced; the second case logged a
+    traceback ("rule subscriber failed"). keg_rule_directory_refused is 1 until the
+    directory is in force again; the last good rules serve meanwhile."""
+    monkeypatch.delenv("KEG_TEST_NOT_GIVEN", raising=False)
+    deny = ("rules:\n  - id: deny-shown\n    match: {apis: [Produce], topics: "
+            "{prefix: [shown.]}}\n    action: {deny: {}}\n")
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": deny})
+    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
+    topic = create_topic(kafka.bootstrap, name=f"shown.{time.monotonic_ns()}")
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, api):
+
+        def refused() -> float:
+            with urllib.request.urlopen(f"{api}/metrics", timeout=10) as response:
+                lines = response.read().decode().splitlines()
+            (value,) = [line.split()[1] for line in lines
+                        if line.startswith("keg_rule_directory_refused ")]
+            return float(value)
+
+        def until(expected: float) -> None:
+            deadline = time.monotonic() + 30  # the directory is polled each second
+            while refused() != expected:
+                assert time.monotonic() < deadline, f"keg_rule_directory_refused != {expected}"
+                time.sleep(0.1)
+
+        assert refused() == 0
+        (rules / "rules.yaml").write_text(deny + "  - id: [broken\n")
+        until(1)
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        with caplog.at_level("ERROR"):
+            (rules / "rules.yaml").write_text(
+                deny + "  - id: encrypt-shown\n    match: {topics: {prefix: [shown.]}}\n"
+                "    action:\n      encrypt:\n        key: {id: k1, secret: {env: "
+                "KEG_TEST_NOT_GIVEN}}\n")
+            deadline = time.monotonic() + 30
+            while "KEG_TEST_NOT_GIVEN" not in caplog.text:
+                assert time.monotonic() < deadline, "the refusal was not logged"
+                time.sleep(0.1)
+        assert refused() == 1
+        assert "rule subscriber failed" not in caplog.text and "Traceback" not in caplog.text
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        (rules / "rules.yaml").write_text(deny.replace("deny-shown", "deny-shown-again"))
+        until(0)
+
+
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
         kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker restarted without its kept rule set (lost cache, a new instance) while the
