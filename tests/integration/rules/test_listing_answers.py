@@ -1,7 +1,9 @@
 """Answers that list topics or groups the request did not name hide what a deny rule
 covers, as Kafka's authorizer leaves out what the caller may not describe, and requests
-naming several groups have only the denied ones refused: through real Envoy, the real
-broker and real clients (raw requests where no client sends the version)."""
+naming several groups have only the denied ones refused; a refusal inside a fetch
+session (KIP-227) never leaves the broker's session epoch behind. Through real Envoy,
+the real broker and real clients (raw requests where no client sends the version, or
+as Kafka's Java consumer sends them: librdkafka opens no fetch sessions)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import kafka_wire
@@ -176,3 +178,54 @@ def test_a_request_naming_several_groups_is_refused_only_the_denied_ones(
             direct.close()
         states = {g["GroupId"]: g["GroupState"] for g in left["Groups"]}
         assert states == {open_group: "Dead", locked: "Empty"}, left
+
+
+# -- fetch sessions ---------------------------------------------------------------------
+
+FETCH_VERSION = 12  # topics by name, sessions
+
+
+def fetch(connection: RawConnection, session_id: int, epoch: int,
+          topics: list[str]) -> dict[str, Any]:
+    return connection.request(ApiKey.FETCH, FETCH_VERSION, {
+        "ReplicaId": -1, "MaxWaitMs": 100, "MinBytes": 1, "MaxBytes": 1 << 20,
+        "IsolationLevel": 0, "SessionId": session_id, "SessionEpoch": epoch,
+        "Topics": [{"Topic": topic, "Partitions": [
+            {"Partition": 0, "CurrentLeaderEpoch": -1, "FetchOffset": 0, "LastFetchedEpoch": -1,
+             "LogStartOffset": -1, "PartitionMaxBytes": 1 << 20}]} for topic in topics],
+        "ForgottenTopicsData": [], "RackId": ""})
+
+
+def partition_errors(answer: dict[str, Any]) -> dict[str, int]:
+    return {t["Topic"]: p["ErrorCode"] for t in answer["Responses"] for p in t["Partitions"]}
+
+
+def test_an_incremental_fetch_adding_only_a_denied_topic_keeps_the_session_going(
+        kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    """An incremental fetch that only added a denied topic's partition was answered by
+    the gateway, so its epoch never reached the broker: the session's next fetch was
+    refused (INVALID_FETCH_SESSION_EPOCH) and the consumer had to start a new session.
+    It goes on now, its answer refuses the denied partition, and the session keeps its
+    epochs."""
+    public = create_topic(kafka.bootstrap, name=f"public.{uuid.uuid4().hex[:6]}")
+    secret = create_topic(kafka.bootstrap, name=f"secret.{uuid.uuid4().hex[:6]}")
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for topic in (public, secret):
+        producer.produce(topic, b"a record")
+    assert producer.flush(30) == 0
+    connection = RawConnection(gateway.bootstrap)
+    try:
+        opened = fetch(connection, 0, 0, [public])
+        assert opened["ErrorCode"] == ErrorCode.NONE and opened["SessionId"] != 0, opened
+        assert partition_errors(opened) == {public: ErrorCode.NONE}, opened
+        session = opened["SessionId"]
+        added = fetch(connection, session, 1, [secret])
+        assert added["ErrorCode"] == ErrorCode.NONE, added
+        assert partition_errors(added)[secret] == ErrorCode.TOPIC_AUTHORIZATION_FAILED, added
+        assert not any(p.get("Records") for t in added["Responses"] for p in t["Partitions"]
+                       if t["Topic"] == secret), added
+        following = fetch(connection, session, 2, [])
+        assert following["ErrorCode"] == ErrorCode.NONE, following
+        assert following["SessionId"] == session, following
+    finally:
+        connection.close()
