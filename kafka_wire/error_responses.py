@@ -912,6 +912,8 @@ _BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
     ApiKey.CONSUMER_GROUP_DESCRIBE: _group_describe,
     ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: _get_telemetry_subscriptions,
     ApiKey.PUSH_TELEMETRY: _error_and(),
+    # KIP-590: the envelope refused as such, no response of the request it carries
+    ApiKey.ENVELOPE: lambda c, r: {"ErrorCode": c.error, "ResponseData": None},
     ApiKey.LIST_CONFIG_RESOURCES: _error_and(ConfigResources=[]),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: _describe_topic_partitions,
     ApiKey.WRITE_TXN_MARKERS: _write_txn_markers,

@@ -107,9 +107,9 @@ def require_host_access(who: Caller | None, rules: Iterable[Rule], doing: str) -
                 f"a token scoped to {who.scope.describe()}"
             raise Problem(
                 403, "Forbidden",
-                f"rule {rule.id} uses the gateway host's {'; '.join(uses)}: {holder} may "
-                f"not {doing} it; only a token that may change every owner's rules may "
-                "(or a rule directory)", kind="host-resources")
+                f"rule {rule.id} uses what is on the gateway host ({'; '.join(uses)}): "
+                f"{holder} may not {doing} it; only a token that may change every owner's "
+                "rules may (or a rule directory)", kind="host-resources")
 
 
 def reason(

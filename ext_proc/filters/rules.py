@@ -353,8 +353,14 @@ class RulesFilter(RuleSetJudge):
 
     def _envelope(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                   conn: ConnectionInfo) -> RequestVerdict | None:
-        """KIP-590: judge the forwarded request as its original client's, then wrap the
-        outcome back into the envelope."""
+        """KIP-590: judge the envelope as the connection's (a rule may refuse whoever
+        sent it), then the forwarded request as its original client's, and wrap the
+        outcome back into the envelope. The inner principal is only what the sender
+        wrote: judged as it alone, a client denied by its own principal could name
+        another in an envelope of its own making."""
+        outer = self._evaluate(header, body, conn, self._principal(), conn.client_host)
+        if outer is not None and outer.answer is not None:
+            return outer
         try:
             inner = read_envelope_request(body)
         except KafkaWireError as err:

@@ -397,13 +397,16 @@ def test_each_action_at_consume_time(env: Env, action: str, client: str) -> None
         stored = env.stored(topic_in)
     env.put(topic, stored)
     assert env.stored(topic) == stored  # the broker holds them untouched
-    got = CONSUMERS[client](env, topic, len(records))
+    want = (records if action == "encrypt" else records[:2] + records[3:]
+            if action == "validate" else EXPECT[action](records))
+    # As many as it should get: the Java consumers stop there, not at their timeout. A
+    # record let through would take the place of one it should get.
+    got = CONSUMERS[client](env, topic, len(want))
     if action == "encrypt":
         # Decrypted for this consumer; the key id header may stay (it says how it was kept).
         assert [(k, v, [x for x in h if x[0] != HEADER_ENCRYPTION_KEY_ID]) for k, v, h in got] \
             == records
         return
-    want = records[:2] + records[3:] if action == "validate" else EXPECT[action](records)
     assert got == want
 
 

@@ -60,6 +60,31 @@ def test_envelope_is_judged_as_its_inner_principal() -> None:
         ("User:bob", "denied", "payments.x")]
 
 
+def test_an_envelope_is_judged_as_its_sender_too() -> None:
+    """The principal inside an envelope is what its sender wrote: a client a rule denies
+    by its own principal named alice in an envelope, and was judged as alice."""
+    rules = """
+rules:
+  - id: no-mallory
+    match: {principals: {exact: [mallory]}}
+    action: {deny: {}}
+"""
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "t.yaml")), decisions.append)
+    identity = IdentityTracker()
+    identity.learned_elsewhere("User:mallory", "SASL_PLAINTEXT")
+    f = RulesFilter(engine, identity)
+    verdict = f.judge(*envelope("alice", "payments.x"), CONN)
+    assert verdict is not None and verdict.answer is not None
+    assert verdict.answer["ErrorCode"] == 31  # CLUSTER_AUTHORIZATION_FAILED, the envelope's
+    assert verdict.answer.get("ResponseData") is None
+    assert [(d.principal, d.outcome) for d in decisions] == [("User:mallory", "denied")]
+    # A broker's connection forwarding mallory's request: judged as mallory inside.
+    broker = RulesFilter(engine, IdentityTracker())
+    inner = broker.judge(*envelope("mallory", "payments.x"), CONN)
+    assert inner is not None and inner.answer is not None and inner.answer["ErrorCode"] == 0
+
+
 def test_partial_denial_inside_an_envelope_rewrites_the_inner_request() -> None:
     f, _ = rules_filter()
     header, body = envelope("bob", "payments.x", "other")

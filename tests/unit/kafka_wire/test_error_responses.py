@@ -511,7 +511,6 @@ def test_unsupported_apis_raise() -> None:
         ApiKey.UPDATE_METADATA,
         ApiKey.CONTROLLED_SHUTDOWN,
         ApiKey.VOTE,
-        ApiKey.ENVELOPE,
         999,
     ):
         with pytest.raises(UnsupportedErrorResponse) as exc:
