@@ -1,7 +1,8 @@
 """Answers that list topics or groups the request did not name hide what a deny rule
 covers, as Kafka's authorizer leaves out what the caller may not describe, and requests
 naming several groups have only the denied ones refused; a refusal inside a fetch
-session (KIP-227) never leaves the broker's session epoch behind. Through real Envoy,
+session (KIP-227) never leaves the broker's session epoch behind; an envelope (KIP-590)
+is judged as its sender's too. Through real Envoy,
 the real broker and real clients (raw requests where no client sends the version, or
 as Kafka's Java consumer sends them: librdkafka opens no fetch sessions)."""
 
@@ -18,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 import kafka_wire
 from kafka_wire import ApiKey, ErrorCode
+from kafka_wire.envelope import Principal, envelope_request_body
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_with_static_rules
@@ -32,6 +34,9 @@ rules:
     action: {deny: {}}
   - id: deny-locked
     match: {groups: {prefix: [locked-]}}
+    action: {deny: {}}
+  - id: deny-mallory
+    match: {client_ids: {exact: [mallory]}}
     action: {deny: {}}
 """
 
@@ -229,3 +234,27 @@ def test_an_incremental_fetch_adding_only_a_denied_topic_keeps_the_session_going
         assert following["SessionId"] == session, following
     finally:
         connection.close()
+
+
+# -- envelopes ------------------------------------------------------------------------------
+
+
+def test_a_client_denied_by_a_rule_cannot_wrap_its_request_in_an_envelope(
+        kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    """The request inside an envelope was judged alone, as the client it names, which
+    is whatever the envelope's sender wrote: a client a rule refuses wrapped its Produce
+    in an envelope naming another client, and it was let through to the broker. The
+    envelope is refused as its sender's now (CLUSTER_AUTHORIZATION_FAILED)."""
+    topic = create_topic(kafka.bootstrap, name=f"public.{uuid.uuid4().hex[:6]}")
+    inner = kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 77, "someone-else", {})
+    body = envelope_request_body(inner, {
+        "TransactionalId": None, "Acks": -1, "TimeoutMs": 5000, "TopicData": [
+            {"Name": topic, "PartitionData": [{"Index": 0, "Records": b""}]}]},
+        Principal("User", "alice"), "192.0.2.9")
+    connection = RawConnection(gateway.bootstrap, client_id="mallory")
+    try:
+        answer = connection.request(ApiKey.ENVELOPE, 0, body)
+    finally:
+        connection.close()
+    assert answer == {"ErrorCode": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                      "ResponseData": None}, answer
