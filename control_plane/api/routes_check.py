@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from control_plane.api.deps import Context, RawBody, Reader, require_host_access
 from control_plane.api.dry_run import dry_run
 from control_plane.api.problems import Problem, problem_responses
-from control_plane.api.rule_input import BODY, parse_rule_file, parse_ruleset_value
+from control_plane.api.rule_input import BODY, parse_rule_file, parse_ruleset_value, reading
 from control_plane.api.schemas import (
     RULE_FILE_REF,
     DryRunIn,
@@ -40,7 +40,8 @@ def validate(body: RawBody, ctx: Context, _: Reader,
     if not body.strip():
         raise Problem(422, "Invalid request", "send a rule file (YAML or JSON) as the body",
                       kind="invalid-request")
-    compiled = CompiledRuleSet(parse_rule_file(body, file))
+    with reading(len(body)):
+        compiled = CompiledRuleSet(parse_rule_file(body, file))
     return ValidateOut(valid=True, rules=len(compiled.ruleset.rules), enabled=len(compiled.rules),
                        ruleset_hash=compiled.version)
 
@@ -70,7 +71,9 @@ async def dry_run_endpoint(body: DryRunIn, ctx: Context, who: Reader) -> DryRunO
             if body.records:
                 require_host_access(who, ruleset.rules, "run records through")
         else:
-            ruleset = parse_ruleset_value(body.rules)
+            # (rules given as JSON data, not text, were read with the request)
+            with reading(len(body.rules) if isinstance(body.rules, str) else 0):
+                ruleset = parse_ruleset_value(body.rules)
             source = DryRunRuleset(source="candidate", version=None,
                                    ruleset_hash=ruleset.version)
             require_host_access(who, ruleset.rules, "dry-run")

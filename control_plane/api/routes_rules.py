@@ -18,7 +18,7 @@ from control_plane.api.deps import (
     require_host_access,
 )
 from control_plane.api.problems import Problem, problem_responses
-from control_plane.api.rule_input import parse_files, parse_rule
+from control_plane.api.rule_input import parse_files, parse_rule, reading
 from control_plane.api.schemas import (
     RULE_REF,
     ApplyIn,
@@ -152,7 +152,8 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
         raise OutOfScope({body.owner}, scope.describe())
     if not dry_run and body.owner == ctx.settings.directory_owner:
         raise ServedDirectory(body.owner)
-    ruleset = parse_files(body.files)
+    with reading(sum(len(text) for text in body.files.values())):
+        ruleset = parse_files(body.files)
     if not dry_run:
         # What the change adds or alters: a rule it carries unchanged was written by
         # whoever wrote it before.
