@@ -231,3 +231,45 @@ def test_refusals_of_acks_zero_produce_are_marked_unanswered() -> None:
     f.judge(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 2, "c", {}),
                      produce_body("frozen.a"), CONN)
     assert [(d.outcome, d.answered) for d in decisions] == [("denied", True)]
+
+
+GROUP_RULES = """
+rules:
+  - id: no-locked
+    match: {groups: {prefix: [locked-]}}
+    action: {deny: {}}
+  - id: no-hidden
+    match: {groups: {prefix: [hidden-]}}
+    action: {deny: {error: POLICY_VIOLATION}}
+"""
+
+
+def describe_groups(f: RulesFilter, *groups: str) -> Any:
+    header = kafka_wire.RequestHeader(ApiKey.DESCRIBE_GROUPS, 5, 9, "admin", {})
+    body: dict[str, Any] = {"Groups": list(groups), "IncludeAuthorizedOperations": False}
+    return f.judge(header, body, CONN), body
+
+
+def test_several_groups_are_refused_each_apart() -> None:
+    """Each group a rule denies gets its own refusal (its rule's error); the others go
+    on, and the broker's answer gets the refusals added. When none is left, the gateway
+    answers them all itself."""
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(GROUP_RULES, "t.yaml")))
+    f = RulesFilter(engine, IdentityTracker())
+    verdict, body = describe_groups(f, "open-1", "locked-1", "hidden-1")
+    assert verdict is not None and verdict.answer is None and verdict.changed
+    assert body["Groups"] == ["open-1"]
+    answer: dict[str, Any] = {"ThrottleTimeMs": 0,
+                              "Groups": [{"ErrorCode": 0, "GroupId": "open-1"}]}
+    assert verdict.patch is not None and verdict.patch(answer)
+    assert [(g["GroupId"], g["ErrorCode"]) for g in answer["Groups"]] == [
+        ("open-1", 0), ("locked-1", 30), ("hidden-1", 44)]
+
+    verdict, _ = describe_groups(f, "locked-2", "hidden-2")
+    assert verdict is not None and verdict.answer is not None
+    assert sorted((g["GroupId"], g["ErrorCode"]) for g in verdict.answer["Groups"]) == [
+        ("hidden-2", 44), ("locked-2", 30)]
+
+    verdict, _ = describe_groups(f, "locked-3", "locked-4")  # one rule, every group
+    assert verdict is not None and verdict.answer is not None
+    assert {g["ErrorCode"] for g in verdict.answer["Groups"]} == {30}
