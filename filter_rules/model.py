@@ -249,7 +249,10 @@ class CompressionPolicy(_OneOf, one_of=("require", "forbid")):
 
     @model_validator(mode="after")
     def _uncompressed_below(self) -> CompressionPolicy:
-        if "allow_uncompressed_below_bytes" in self.model_fields_set and \
+        # By value, not by whether it was written: a rule read back from its JSON (the
+        # rule store, the xDS stream) carries every default, and a policy that allows
+        # uncompressed batches (forbid: [gzip]) was refused there after it had loaded.
+        if self.allow_uncompressed_below_bytes != DEFAULT_UNCOMPRESSED_BELOW_BYTES and \
                 not self.refuses_uncompressed:
             raise ValueError("allow_uncompressed_below_bytes only applies when uncompressed "
                              "batches are refused (require without none, or forbid with none)")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks import rule_churn
 from benchmarks.fleet_rollout import run
@@ -381,6 +381,27 @@ def test_a_served_directory_that_is_not_in_force_shows_in_the_metrics(
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
         (rules / "rules.yaml").write_text(deny.replace("deny-shown", "deny-shown-again"))
         until(0)
+
+
+def test_a_compression_policy_that_allows_uncompressed_batches_is_served(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`forbid: [gzip, snappy]` (uncompressed batches allowed) passed `keg validate`, but
+    its JSON, which carries every default, was refused on the way into the store: keg up
+    died at start (ValidationError), and a running gateway never applied it."""
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": (
+        "rules:\n  - id: no-gzip\n    match: {apis: [Produce], topics: {prefix: [codec.]}}\n"
+        "    action: {safeguard: {compression: {forbid: [gzip, snappy]}}}\n")})
+    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
+    topic = create_topic(kafka.bootstrap, name=f"codec.{time.monotonic_ns()}")
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, _api):
+        gateway.wait_for_rules()
+        assert produce_one(gateway.bootstrap, topic) is None
+        producer = Producer({"bootstrap.servers": gateway.bootstrap, "compression.type": "gzip",
+                             "retries": 0, "linger.ms": 0})
+        errors: list[Any] = []
+        producer.produce(topic, b"x" * 4000, on_delivery=lambda err, _m: errors.append(err))
+        assert producer.flush(30) == 0
+        assert errors and errors[0] is not None, errors
 
 
 def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(

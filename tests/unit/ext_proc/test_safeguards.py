@@ -139,3 +139,13 @@ def test_fetch_limits_are_clamped() -> None:
     assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=1_000_000), body) is None
     assert fetch_over_limit(SafeguardSpec(max_fetch_bytes=100), body) == 1_000_000
     assert body["MaxBytes"] == 1_000_000  # only read
+
+
+def test_a_policy_that_allows_uncompressed_batches_reads_back_from_its_json() -> None:
+    """`forbid: [gzip, snappy]` loaded, then its JSON (which carries every default, as
+    the rule store and the xDS stream keep it) was refused: keg up died at start and a
+    running gateway logged a traceback and never applied the rule."""
+    for policy in ({"forbid": ["gzip", "snappy"]}, {"require": ["none", "lz4"]}):
+        spec = SafeguardSpec.model_validate({"compression": policy})
+        again = SafeguardSpec.model_validate(spec.model_dump(mode="json", by_alias=True))
+        assert again == spec
