@@ -166,17 +166,19 @@ def backtest_cmd(
     quiet: Quiet = False,
 ) -> None:
     """Run a candidate rule set over captured records with the gateway's own engine."""
+    from filter_rules import load_rule_dir
     from pipeline.backtest import METHODS, load_rules, run_backtest
     from pipeline.inputs import KafkaInput, check_capture_files, parse_input, read_records
     from pipeline.progress import spark_progress
     from pipeline.reports import backtest_report
-    from pipeline.thresholds import check, parse_threshold
+    from pipeline.thresholds import check, check_rule_ids, parse_threshold
 
     if method not in (None, *METHODS):
         raise typer.BadParameter(", ".join(METHODS), param_hint="--method")
     with _job():
         thresholds = [parse_threshold(t) for t in fail_on or []]
         candidate = load_rules(rules)
+        check_rule_ids(thresholds, {rule.id for rule in load_rule_dir(rules).rules})
         live = load_rules(live_rules) if live_rules is not None else None
         source = parse_input(input_)
         if isinstance(source, Path):

@@ -110,9 +110,19 @@ def snapshot(bootstrap: str, topic: str, out: Path, *, partitions: list[int] | N
              max_bytes: int = 1 << 30, rotate_bytes: int = 64 << 20,
              on_progress: Callable[[int, int], None] | None = None,
              consumer_config: dict[str, Any] | None = None) -> SnapshotResult:
-    """Copy the range to `out`; `on_progress(done, total)` after every poll."""
+    """Copy the range to `out`; `on_progress(done, total)` after every poll.
+
+    PipelineError when `out` already holds a capture of `topic`: a backtest reads every
+    file there, so records captured twice counted twice (1,800 for a 900-record topic)."""
     from confluent_kafka import KafkaError, TopicPartition
 
+    held = sorted(out.glob(f"date=*/topic={topic}/*.parquet"))
+    if held:
+        raise PipelineError(
+            f"{out} already holds a capture of {topic} ({len(held)} file(s), e.g. "
+            f"{held[0].relative_to(out)}): a backtest reads every file there, so records "
+            "captured again would count twice; capture into another --out, or remove "
+            "those files first")
     consumer = _consumer(bootstrap, consumer_config)
     try:
         ranges = plan_ranges(consumer, topic, partitions, from_offset, to_offset,

@@ -14,9 +14,10 @@ modified, dropped, rejected, failed, unchanged).
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -78,6 +79,18 @@ def parse_threshold(text: str) -> Threshold:
     return Threshold(text.strip(), metric, found["op"], value, fraction, rule)
 
 
+def check_rule_ids(thresholds: list[Threshold], rule_ids: Collection[str]) -> None:
+    """PipelineError for a threshold naming a rule the candidate set does not have: it
+    would measure 0 for ever, so a gate with a typo in it passed every change."""
+    for threshold in thresholds:
+        if threshold.rule is None or threshold.rule in rule_ids:
+            continue
+        close = difflib.get_close_matches(threshold.rule, list(rule_ids), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise PipelineError(f"invalid --fail-on '{threshold.text}': the rules have no rule "
+                            f"'{threshold.rule}'{hint}")
+
+
 def check(thresholds: list[Threshold], summary: Mapping[str, Any]) -> list[str]:
     """One line per crossed threshold (empty: the backtest passes)."""
     crossed = []
@@ -89,4 +102,5 @@ def check(thresholds: list[Threshold], summary: Mapping[str, Any]) -> list[str]:
     return crossed
 
 
-__all__ = ["RECORD_METRICS", "RULE_METRICS", "Threshold", "check", "parse_threshold"]
+__all__ = ["RECORD_METRICS", "RULE_METRICS", "Threshold", "check", "check_rule_ids",
+           "parse_threshold"]

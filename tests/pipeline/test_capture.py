@@ -185,3 +185,17 @@ def test_a_header_name_that_is_not_utf8_is_captured_with_its_odd_bytes_escaped(
     (row,) = read_capture(tmp_path / "cap").to_pylist()
     assert row["headers"] == [{"key": "\\xff\\xfebad", "value": b"1"},
                               {"key": "ok", "value": b"2"}]
+
+
+def test_a_snapshot_never_captures_a_topic_twice_into_one_directory(tmp_path: Path) -> None:
+    """`keg capture` run twice into one --out added a second copy of every record, and
+    the backtest, which reads every file, counted 1,800 records for a 900-record topic.
+    Refused before anything is read (here, before Kafka is even asked)."""
+    from pipeline.errors import PipelineError
+    from pipeline.snapshot import snapshot
+
+    held = tmp_path / "date=2026-11-30" / "topic=orders"
+    held.mkdir(parents=True)
+    (held / "part-1-a.parquet").write_bytes(b"")
+    with pytest.raises(PipelineError, match="already holds a capture of orders"):
+        snapshot("127.0.0.1:1", "orders", tmp_path)

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.spark import first_line, java_version
-from pipeline.thresholds import check, parse_threshold
+from pipeline.thresholds import check, check_rule_ids, parse_threshold
 
 SUMMARY: dict[str, Any] = {
     "totals": {"records": 200, "unchanged": 150, "modified": 20, "dropped": 30,
@@ -50,6 +50,17 @@ def test_crossed_lines_say_what_was_measured() -> None:
 def test_bad_thresholds(text: str, message: str) -> None:
     with pytest.raises(PipelineError, match=message):
         parse_threshold(text)
+
+
+def test_a_threshold_naming_a_rule_the_set_lacks_is_refused() -> None:
+    """A misspelled rule id measured 0 for ever: `nosuchrule:modified>0` never failed,
+    `mask-emial:matched<1` always did."""
+    thresholds = [parse_threshold("pii-mask:modified>0"), parse_threshold("dropped>1")]
+    check_rule_ids(thresholds, {"pii-mask", "drop-deleted"})
+    with pytest.raises(PipelineError, match="no rule 'pii-mas' \\(did you mean 'pii-mask'"):
+        check_rule_ids([parse_threshold("pii-mas:modified>0")], {"pii-mask"})
+    with pytest.raises(PipelineError, match=r"no rule 'nosuchrule'$"):
+        check_rule_ids([parse_threshold("nosuchrule:modified>0")], {"pii-mask"})
 
 
 def test_missing_java_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,6 +97,11 @@ def test_keg_capture_snapshots_a_topic_range(kafka: EmbeddedKafka, tmp_path: Pat
     for partition in (0, 1):
         offsets = sorted(r["offset"] for r in rows if r["partition"] == partition)
         assert offsets == list(range(len(offsets)))
+    # Again into the same directory: refused, as a backtest would count every record twice.
+    again = CliRunner().invoke(app, ["capture", "--topic", topic, "--bootstrap-servers",
+                                     kafka.bootstrap, "--out", str(out), "-q"])
+    assert again.exit_code == 2 and "already holds a capture of" in again.output, again.output
+    assert read_capture(out).num_rows == len(docs)
 
     # A range: offsets 2..4 of partition 0 only.
     ranged = tmp_path / "ranged"
