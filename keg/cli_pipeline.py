@@ -171,6 +171,7 @@ def backtest_cmd(
     from pipeline.inputs import KafkaInput, check_capture_files, parse_input, read_records
     from pipeline.progress import spark_progress
     from pipeline.reports import backtest_report
+    from pipeline.snapshot import check_topic
     from pipeline.thresholds import check, check_rule_ids, parse_threshold
 
     if method not in (None, *METHODS):
@@ -187,6 +188,8 @@ def backtest_cmd(
         if kafka and method == "direct":
             raise typer.BadParameter("the direct route reads capture files; kafka:// input "
                                      "goes through arrow or pandas", param_hint="--method")
+        if isinstance(source, KafkaInput):
+            check_topic(source.bootstrap, source.topic)
         spark = _session(master, conf, kafka=kafka)
         records = source if isinstance(source, Path) else read_records(spark, source)
         with spark_progress(spark, "backtest", console, enabled=not quiet):
@@ -271,6 +274,7 @@ def _follow(audit: str, out: Path, kafka_config: list[str] | None, starting: str
     from pipeline.errors import PipelineError
     from pipeline.impact import follow
     from pipeline.inputs import KafkaInput, parse_input
+    from pipeline.snapshot import check_topic
 
     with _job():
         source = parse_input(audit)
@@ -283,6 +287,8 @@ def _follow(audit: str, out: Path, kafka_config: list[str] | None, starting: str
             if not sep or not key:
                 raise PipelineError(f"--kafka-config {item!r}: expected key=value")
             options[key] = value
+        if not options:  # (security properties are the JVM's, not librdkafka's)
+            check_topic(source.bootstrap, source.topic)
         spark = _session(master, conf, kafka=True)
 
         def batch_done(batch_id: int, rows: int) -> None:

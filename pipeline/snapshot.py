@@ -56,11 +56,10 @@ def _consumer(bootstrap: str, extra: dict[str, Any] | None) -> Any:
     })
 
 
-def plan_ranges(consumer: Any, topic: str, partitions: list[int] | None,
-                from_offset: int | None, to_offset: int | None,
-                from_time_ms: int | None, to_time_ms: int | None) -> list[Range]:
-    """The offset range to read per partition (empty ranges included)."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+def _partitions(consumer: Any, topic: str) -> list[int]:
+    """The topic's partitions; PipelineError, in a line, when Kafka cannot be reached or
+    the topic is not there for this client."""
+    from confluent_kafka import KafkaError, KafkaException
 
     try:
         meta = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
@@ -75,7 +74,27 @@ def plan_ranges(consumer: Any, topic: str, partitions: list[int] | None,
         # leaves out those a client may not describe: to this client they do not exist.
         raise PipelineError(f"topic '{topic}' does not exist (or is hidden from this "
                             "client: a gateway or broker that denies it leaves it out)")
-    known = sorted(info.partitions)
+    return sorted(info.partitions)
+
+
+def check_topic(bootstrap: str, topic: str) -> None:
+    """Before a Spark job reads `topic` (a backtest from kafka://, `analyze --follow`):
+    one clear line when Kafka cannot be reached or has no such topic, where Spark hung
+    for minutes or printed a JVM trace that never named the topic."""
+    consumer = _consumer(bootstrap, None)
+    try:
+        _partitions(consumer, topic)
+    finally:
+        consumer.close()
+
+
+def plan_ranges(consumer: Any, topic: str, partitions: list[int] | None,
+                from_offset: int | None, to_offset: int | None,
+                from_time_ms: int | None, to_time_ms: int | None) -> list[Range]:
+    """The offset range to read per partition (empty ranges included)."""
+    from confluent_kafka import TopicPartition
+
+    known = _partitions(consumer, topic)
     chosen = partitions if partitions else known
     missing = sorted(set(chosen) - set(known))
     if missing:

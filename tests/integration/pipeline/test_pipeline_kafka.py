@@ -121,6 +121,26 @@ def test_capture_of_a_missing_topic_is_a_clear_error(kafka: EmbeddedKafka,
     assert "topic 'no-such-topic-here' does not exist" in result.output
 
 
+def test_spark_jobs_on_a_missing_topic_are_a_clear_error(
+        kafka: EmbeddedKafka, tmp_path: Path, masking_rules: Path) -> None:
+    """A backtest of kafka://.../no-such-topic said only "An error occurred while calling
+    o125.parquet" (an unreachable broker hung for minutes), and `analyze --follow` of a
+    missing audit topic printed a 150-line JVM trace and exited 1: one line now, exit 2,
+    before Spark starts."""
+    missing = f"kafka://{kafka.bootstrap}/no-such-topic-here"
+    runs = {
+        "backtest": ["backtest", "--rules", str(masking_rules), "--input", missing,
+                     "--out", str(tmp_path / "bt"), "-q"],
+        "analyze --follow": ["analyze", "--follow", "--audit", missing,
+                             "--out", str(tmp_path / "an"), "-q"],
+    }
+    for what, args in runs.items():
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (what, result.output)
+        assert "topic 'no-such-topic-here' does not exist" in result.output, (what, result.output)
+        assert "Traceback" not in result.output, (what, result.output)
+
+
 def test_backtest_reads_the_topic_with_sparks_kafka_source(
         kafka: EmbeddedKafka, tmp_path: Path, masking_rules: Path) -> None:
     topic = create_topic(kafka.bootstrap, partitions=2, name="pipeline-src-" + os.urandom(3).hex())
