@@ -97,13 +97,26 @@ def evaluate_frame(records: DataFrame, rules: RuleFiles, live: RuleFiles | None,
         return records.mapInArrow(run_arrow, schema)
 
     def run_pandas(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        import pyarrow as pa
-
-        tables = (pa.RecordBatch.from_pandas(f, preserve_index=False) for f in frames)
-        for batch in evaluate_batches(tables, rules, live):
+        for batch in evaluate_batches((_arrow_batch(f) for f in frames), rules, live):
             yield batch.to_pandas()
 
     return records.mapInPandas(run_pandas, schema)
+
+
+def _arrow_batch(frame: pd.DataFrame) -> pa.RecordBatch:
+    """A pandas frame of captured records as Arrow, the headers typed as the capture's:
+    inferred, a frame with records of no headers beside others (`cannot mix struct and
+    non-struct`) or of none at all (a list of nulls) could not be read."""
+    import pyarrow as pa
+
+    from interceptors.capture import capture_schema
+
+    rest = pa.RecordBatch.from_pandas(frame.drop(columns=["headers"]), preserve_index=False)
+    header_type = capture_schema().field("headers").type
+    headers = pa.array([None if h is None else list(h) for h in frame["headers"]],
+                       type=header_type)
+    return pa.RecordBatch.from_arrays([*rest.columns, headers],
+                                      names=[*rest.schema.names, "headers"])
 
 
 # --- the direct route ----------------------------------------------------------------
