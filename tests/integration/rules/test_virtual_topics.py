@@ -12,6 +12,7 @@ gateway itself.
 
 from __future__ import annotations
 
+import base64
 import socket
 import struct
 import time
@@ -465,9 +466,13 @@ def test_java_admin_describes_a_topic_by_id(env: Env) -> None:
     direct = AdminClient(env.direct())
     topic_id = direct.describe_topics(
         TopicCollection(["tenant-a.byid"]))["tenant-a.byid"].result(30).topic_id
+    # Kafka writes ids URL-safe (`-`, `_`), where confluent-kafka's str() has `+`, `/`.
+    bits = (topic_id.get_most_significant_bits() % (1 << 64)) << 64 | (
+        topic_id.get_least_significant_bits() % (1 << 64))
+    kafka_id = base64.urlsafe_b64encode(bits.to_bytes(16, "big")).rstrip(b"=").decode()
     done = run_java_tool("topics", "--bootstrap-server", env.gateway.bootstrap,
                          "--command-config", str(java_config(env, "alice")),
-                         "--describe", "--topic-id", str(topic_id), timeout=120)
+                         "--describe", "--topic-id", kafka_id, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Topic: byid" in done.stdout and "tenant-a." not in done.stdout, done.stdout
 
