@@ -253,10 +253,14 @@ def analyze_cmd(
         _follow(audit, out, kafka_config, from_, late_after, trigger, master, conf, quiet)
         return
     from pipeline.analyze import audit_files, run_analyze
+    from pipeline.errors import PipelineError
     from pipeline.progress import spark_progress
     from pipeline.reports import analyze_report
 
     with _job():
+        if "://" in audit:  # (as a path, kafka://h:p/t read "kafka:/h:p/t does not exist")
+            raise PipelineError(f"--audit {audit}: the audit topic is read with --follow; "
+                                "without it --audit is a file or directory of audit logs")
         audit_files(Path(audit))  # bad paths fail before Spark starts
         spark = _session(master, conf)
         with spark_progress(spark, "analyze", console, enabled=not quiet):

@@ -1,4 +1,4 @@
-"""`keg capture`'s range, checked before it connects to anything."""
+"""`keg capture` and `keg analyze` arguments, checked before they connect to anything."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def test_an_empty_range_is_refused_not_captured_as_nothing(bounds: list[str], me
                                       "127.0.0.1:1", *bounds])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_an_audit_topic_without_follow_is_named_not_mangled() -> None:
+    """`keg analyze --audit kafka://host:port/topic` without --follow said "audit log
+    kafka:/127.0.0.1:33000/_keg_audit does not exist" (read as a path)."""
+    result = CliRunner().invoke(app, ["analyze", "--audit", "kafka://127.0.0.1:1/_keg_audit"])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert "kafka://127.0.0.1:1/_keg_audit: the audit topic is read with --follow" in output
