@@ -472,19 +472,19 @@ class RulesFilter(RuleSetJudge):
                 self._record(rule, "would-deny", header, conn, hits, code, reason)
                 continue
             refusal = Refusal(code, _refusal_message(rule, reason))
+            self._record(rule, "denied", header, conn, hits, code, reason)
             if None in hits and (own := self._groups_apart(
                     rule, ctx, header, body, named.groups, denied_groups)) is not None:
                 # Some of the groups the request names: refused each, as Kafka does.
-                self._record(rule, "denied", header, conn, hits, code, reason)
                 denied_groups.update(dict.fromkeys(own, refusal))
                 continue
-            self._record(rule, "denied", header, conn, hits, code, reason)
             if None in hits:  # the request as a whole
                 return self._answer(header, body, refusal, throttle_s)
             denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
         apart: ResponsePatch | None = None
         if denied_groups:
-            answer, apart = self._refuse_groups(header, body, denied_groups, throttle_s)
+            answer, apart = self._refuse_groups(header, body, denied_groups, throttle_s,
+                                                len(denied_groups) == len(named.groups))
             if answer is not None:
                 return answer
         verdict: RequestVerdict | None
@@ -804,11 +804,11 @@ class RulesFilter(RuleSetJudge):
         return own if len(own) < len(groups) else None
 
     def _refuse_groups(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
-                       denied: dict[str, Refusal], throttle_s: float
+                       denied: dict[str, Refusal], throttle_s: float, every: bool
                        ) -> tuple[RequestVerdict | None, ResponsePatch | None]:
         """Take the denied groups out of the request, and their refusals into its answer:
         (None, the patch adding them) when groups are left to forward, (the gateway's
-        answer, None) when none are."""
+        answer, None) when none are (`every` group the request names is denied)."""
         api_key, version = header.api_key, header.api_version
         entries: list[dict[str, Any]] = []
         rest: dict[str, Any] = body
@@ -824,7 +824,7 @@ class RulesFilter(RuleSetJudge):
         def merge(response: dict[str, Any]) -> bool:
             return merge_group_entries(api_key, version, body, response, entries)
 
-        if request_entities(api_key, version, body, self._engine.topic_ids).groups:
+        if not every:
             return None, merge
         first = next(iter(denied.values()))
         answer = self._answer(header, body, first, throttle_s)
