@@ -9,6 +9,7 @@ import random
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -226,6 +227,15 @@ def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None) -
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
     futures[topic].result(30)
+    # CreateTopics answers once the controller commits; the broker leads the partitions a
+    # moment later. Wait for that, so a raw request (which does not retry) finds a leader.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == partitions \
+                and all(p.leader >= 0 for p in found.partitions.values()):
+            break
+        time.sleep(0.05)
     return topic
 
 

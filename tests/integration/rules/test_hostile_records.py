@@ -171,13 +171,23 @@ CORRUPT_MESSAGE = 2
 ODD_HEADER = b"\xff\xfebad".decode("utf-8", "surrogateescape")
 
 
+# What a broker answers while a topic it just created is not yet led here: clients retry it.
+NOT_YET_LED = {3, 6}  # UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER
+
+
 def produce_answer(bootstrap: str, topic: str, records: bytes) -> int:
-    """The error code of a Produce of `records` to `topic`, on a raw connection."""
+    """The error code of a Produce of `records` to `topic`, on a raw connection; retried,
+    as a client retries, while the broker has not yet taken the new topic's leadership."""
     host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(produce_frame(1, topic, records))
-        _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
-    return int(answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"])
+    deadline = time.monotonic() + 15
+    while True:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(produce_frame(1, topic, records))
+            _, answer = kafka_wire.decode_response(read_frame(sock), ApiKey.PRODUCE, 9)
+        code = int(answer["Responses"][0]["PartitionResponses"][0]["ErrorCode"])
+        if code not in NOT_YET_LED or time.monotonic() > deadline:
+            return code
+        time.sleep(0.1)
 
 
 def test_a_produced_batch_whose_crc_is_wrong_is_refused_as_the_broker_refuses_it(
