@@ -56,6 +56,9 @@ from kafka_wire.framing import REQUEST_HEAD_SIZE, RESPONSE_HEAD_SIZE, parse_requ
 
 MODE_HEADER = "x-keg-mode"
 FRAMES_MODE = "frames"
+# The module sends a request again when its reply says `defer_ms` (modules before it
+# would have dropped the request: the service defers only for those that say so).
+DEFER_HEADER = "x-keg-defer"
 METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] key
 MAX_VERSION = 0x7FFF  # Kafka versions are int16
 # The APIs whose requests the module reads topics from (docs/native.md, the interest
@@ -86,6 +89,9 @@ class RequestReply:
     # Over a rate: how long the module holds the connection's next hand-offs back after
     # this one (Kafka mutes a throttled client's channel alike, KIP-219); 0: not throttled.
     throttle_ms: int = 0
+    # Not judged: the request came while the connection was muted (the module sent it
+    # before the throttle reached it); the module sends it again this much later.
+    defer_ms: int = 0
 
 
 class FramesSession:
@@ -105,6 +111,8 @@ class FramesSession:
         # Until when (time.monotonic()) the module holds this connection's hand-offs back
         # for the rates its requests were over (RequestReply.throttle_ms).
         self._muted_until = 0.0
+        # Whether the module sends a deferred request again (DEFER_HEADER).
+        self.module_defers = False
 
     def request(self, raw: bytes, principal: str | None = None,
                 security_protocol: str | None = None,
@@ -113,6 +121,12 @@ class FramesSession:
         topic ids it carries, as the module knows them (hex id -> name): the Metadata
         answer that named them may have gone to another worker of the pool."""
         _check_whole(raw, REQUEST_HEAD_SIZE)
+        muted_s = self._muted_until - time.monotonic()
+        if muted_s > 0 and self.module_defers:
+            # A pipelining client's requests the module sent before the throttle reached
+            # it: judged now, each ran the bucket deeper into the debt it may owe (then
+            # forgiven), and all went at the mute's end. Judged when the mute is over.
+            return RequestReply(b"", None, False, defer_ms=math.ceil(muted_s * 1000))
         self._learn_ids(topic_ids)
         head = parse_request_head(raw)
         if self._meter is not None:

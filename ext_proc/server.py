@@ -39,7 +39,13 @@ from ext_proc.defaults import DEFAULT_POLL_INTERVAL_S
 from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rates import SharedRates
 from ext_proc.filters.rules import RuleDecision, RuleEngine
-from ext_proc.frames import FRAMES_MODE, METADATA_NAMESPACE, MODE_HEADER, FramesSession
+from ext_proc.frames import (
+    DEFER_HEADER,
+    FRAMES_MODE,
+    METADATA_NAMESPACE,
+    MODE_HEADER,
+    FramesSession,
+)
 from ext_proc.grpc_listen import exclusive_server, listen
 from ext_proc.identity import IdentityTracker
 from ext_proc.metrics import (
@@ -374,6 +380,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         try:
             if frames_mode:
                 frames = self._data_path.frames_session(conn)
+                frames.module_defers = any(key == DEFER_HEADER and value == "1"
+                                           for key, value in metadata)
             else:
                 session = self._data_path.session(conn, self._settings.max_frame_size)
         except (NoMatchingRule, MappingRuleError, TerminationConfigError) as err:
@@ -459,6 +467,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
                         reply_keg["vouched"] = [v.to_json() for v in reply.vouched]
                     if reply.throttle_ms:
                         reply_keg["throttle_ms"] = reply.throttle_ms
+                    if reply.defer_ms:
+                        reply_keg["defer_ms"] = reply.defer_ms
                     response.dynamic_metadata.update({METADATA_NAMESPACE: reply_keg})
                 elif request.HasField("write_data"):
                     out = await self._run(partial(

@@ -151,6 +151,32 @@ rules:
     assert all(r.to_broker for r in replies)  # a throttle delays, it never refuses
 
 
+def test_requests_that_come_while_muted_are_sent_back_unjudged_to_a_module_that_defers(
+        ) -> None:
+    """A module that sends deferred requests again (it says so) gets the requests it
+    sent before a throttle reached it back unjudged, to be judged when the mute is over:
+    judged at once, a pipelining client's queue ran its bucket into the deepest debt it
+    may owe, then all went at the mute's end (4 MB in 12 s through 100 KB/s)."""
+    rules = """
+rules:
+  - id: slow
+    match: {apis: [Produce]}
+    action: {rate: {per: client_id, requests_per_second: 10, burst_seconds: 1}}
+"""
+    session = FramesSession(CONN, engine(rules))
+    session.module_defers = True
+    replies = [session.request(produce(cid, "orders")) for cid in range(1, 14)]
+    assert [r.throttle_ms for r in replies[:10]] == [0] * 10  # the burst
+    assert 0 < replies[10].throttle_ms <= 150 and replies[10].to_broker
+    deferred = replies[11:]
+    assert all(r.defer_ms > 0 and r.to_broker == b"" and r.answer is None
+               and not r.want_response and r.throttle_ms == 0 for r in deferred)
+    # A module before defer_ms would drop such a request: it gets them judged.
+    older = FramesSession(CONN, engine(rules))
+    judged = [older.request(produce(cid, "orders")) for cid in range(1, 14)]
+    assert all(r.to_broker and r.defer_ms == 0 for r in judged)
+
+
 def test_a_response_not_asked_for_or_a_cut_frame_is_refused() -> None:
     session = FramesSession(CONN, engine())
     with pytest.raises(FrameError):

@@ -76,9 +76,11 @@ enum Event {
     LateAnswers = 0,
     /// Times a connection stopped reading from its client (hand-off bytes bound).
     ReadPaused = 1,
+    /// Requests a throttle held back when their client ended its connection: dropped.
+    ThrottledDropped = 2,
 }
 
-const EVENT_NAMES: [&str; 2] = ["handoff_late_answers", "handoff_read_paused"];
+const EVENT_NAMES: [&str; 3] = ["handoff_late_answers", "handoff_read_paused", "handoff_throttled_dropped"];
 
 /// Envoy counter ids of one configuration.
 #[derive(Debug, Default)]
@@ -86,7 +88,7 @@ struct CounterIds {
     api: Vec<[Option<usize>; 3]>,
     counters: Vec<Option<usize>>,
     faults: [Option<usize>; 4],
-    events: [Option<usize>; 2],
+    events: [Option<usize>; 3],
 }
 
 pub struct Config {
@@ -468,7 +470,7 @@ impl Filter {
             HANDOFF_BYTES.fetch_sub(self.handoff_held - now, Ordering::Relaxed);
         }
         self.handoff_held = now;
-        if self.handoffs.is_none() {
+        if self.handoffs.is_none() || self.closed {
             return;
         }
         let bound = self.config.settings.current_interest().max_bytes_per_connection;
@@ -541,6 +543,7 @@ impl Filter {
         let mut metadata = vec![
             (CONNECTION_ID.to_string(), self.facts.connection_id.to_string()),
             (MODE.to_string(), "frames".to_string()),
+            (DEFER.to_string(), "1".to_string()),
         ];
         if let Some(client) = &self.facts.client {
             metadata.push((CLIENT_ADDRESS.to_string(), client.clone()));
@@ -610,6 +613,9 @@ impl Filter {
 
     /// Applies the answers that came back and injects what may leave now.
     fn answers(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> Result<(), ProtocolError> {
+        if self.read_end && self.drop_throttled(envoy, cb) {
+            return Ok(());
+        }
         let Some(h) = &self.handoffs else { return Ok(()) };
         let answers = h.link.take();
         for (id, resolution) in answers {
@@ -623,6 +629,27 @@ impl Filter {
         }
         self.inject_ready(envoy, cb);
         Ok(())
+    }
+
+    /// The client ended its connection while a throttle holds some of its requests
+    /// back: they go nowhere, and the connection is closed (true). Kafka's clients count
+    /// such requests failed and send them again on a new connection; forwarded after
+    /// the mute, they were stored twice, and kept reaching the broker long after the
+    /// client had gone (a non-idempotent librdkafka producer under a
+    /// `requests_per_second` rule stored records up to 2.7 times, for 80 s after it
+    /// exited). A broker does not read a muted channel's requests either.
+    fn drop_throttled(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) -> bool {
+        let Some(h) = &self.handoffs else { return false };
+        let throttled = h.link.throttled();
+        if throttled == 0 {
+            return false;
+        }
+        h.link.close(); // answers still to come are dropped
+        self.closed = true;
+        self.count(envoy, cb, Event::ThrottledDropped, throttled as u64);
+        // SAFETY: a live filter inside one of its hooks.
+        unsafe { (cb.close)(envoy, abi::CLOSE_NO_FLUSH) };
+        true
     }
 
     /// Injects what waited behind hand-offs and may leave now, both directions, with
@@ -669,6 +696,8 @@ const BROKER_ID: &str = "x-keg-broker-id";
 const BROKER_ROUTES: &str = "x-keg-broker-routes";
 const MODE: &str = "x-keg-mode";
 const TLS: &str = "x-keg-tls";
+/// This module sends a request again when the service defers it (`keg.defer_ms`).
+const DEFER: &str = "x-keg-defer";
 const PEER_SUBJECT: &str = "x-keg-peer-subject";
 const PEER_URI_SAN: &str = "x-keg-peer-uri-san";
 /// Kafka's rule text, base64url (padded, as Python's `urlsafe_b64encode`).
@@ -827,6 +856,9 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
     end_stream: bool,
 ) -> u32 {
     guard(envoy, module, |filter, cb| {
+        if end_stream && filter.drop_throttled(envoy, cb) {
+            return Ok(abi::STATUS_STOP_ITERATION);
+        }
         if !filter.facts.tls_known {
             filter.learn_tls(envoy, cb)?;
         }

@@ -17,8 +17,9 @@
 //!   one could not be told apart) and the stream is dropped; the next message opens a
 //!   new one.
 //! - A stream that breaks fails its unanswered messages the same way.
-//! - Throttles: a reply that says its request was over a rate (`keg.throttle_ms`) holds
-//!   the replies to the connection's next requests back that long ([`Mute`]).
+//! - Throttles: a reply that says its request was over a rate (`keg.throttle_ms`) mutes
+//!   the connection that long ([`Mute`]): the replies to requests already judged wait,
+//!   and the connection's next requests are not even sent to be judged until it ends.
 //! - Closed connections: the filter closes its link on destroy; answers that come later
 //!   are dropped (counted) and the task ends, dropping its stream.
 
@@ -56,6 +57,9 @@ struct LinkInner {
     answers: VecDeque<(u64, Resolution)>,
     /// Answers dropped because they came after the connection was gone.
     late: u64,
+    /// Requests a throttle holds back (judged ones whose replies wait, and ones not yet
+    /// sent to be judged): what would reach the broker only after the mute.
+    throttled: usize,
 }
 
 /// Answers that came back for connections already closed (process-wide).
@@ -63,7 +67,7 @@ pub static LATE_ANSWERS: AtomicU64 = AtomicU64::new(0);
 
 impl Link {
     pub fn new(waker: Box<dyn Wake>) -> Arc<Link> {
-        Arc::new(Link { inner: Mutex::new(LinkInner { waker: Some(waker), answers: VecDeque::new(), late: 0 }) })
+        Arc::new(Link { inner: Mutex::new(LinkInner { waker: Some(waker), answers: VecDeque::new(), late: 0, throttled: 0 }) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LinkInner> {
@@ -108,6 +112,16 @@ impl Link {
     /// Answers dropped because the connection was gone when they came.
     pub fn late_answers(&self) -> u64 {
         self.lock().late
+    }
+
+    /// How many of the connection's requests a throttle holds back now (worker thread:
+    /// a client that ends its connection while some are held has them dropped).
+    pub fn throttled(&self) -> usize {
+        self.lock().throttled
+    }
+
+    fn set_throttled(&self, n: usize) {
+        self.lock().throttled = n;
     }
 }
 
@@ -198,7 +212,7 @@ impl Runtime {
     /// and `hash` chooses its endpoint.
     pub fn connect(&self, link: Arc<Link>, metadata: Vec<(String, String)>, hash: u64, current: Current) -> Connection {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = Task { rx, link, metadata, hash, current, connector: self.connector.clone(), down: self.down.clone() };
+        let task = Task { rx, link, metadata, hash, current, connector: self.connector.clone(), down: self.down.clone(), mute: Mute::default() };
         self.handle.spawn(task.run());
         Connection { tx }
     }
@@ -212,23 +226,41 @@ struct Task {
     current: Current,
     connector: Arc<dyn Connector>,
     down: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Kept across streams: a stream that breaks does not end a throttle, nor lose the
+    /// requests it holds back.
+    mute: Mute,
 }
 
 struct Unanswered {
     id: u64,
     direction: Direction,
     deadline: tokio::time::Instant,
+    /// A request's message, kept to send again if the service defers it (the frame's
+    /// bytes are shared, not copied).
+    message: Option<ProcessingRequest>,
 }
 
 impl Task {
     async fn run(mut self) {
-        while let Some(first) = self.rx.recv().await {
+        loop {
+            // A stream is opened for the next message, or for requests a throttle held
+            // back when the last stream ended.
+            let first = if self.mute.deferred.is_empty() {
+                match self.rx.recv().await {
+                    Some(first) => Some(first),
+                    None => return,
+                }
+            } else {
+                None
+            };
             let interest = (self.current)();
             let timeout = Duration::from_millis(interest.handoff_timeout_ms);
             let Some(exchange) = self.open(&interest.endpoints, timeout).await else {
-                if !self.link.deliver(first.id, Resolution::Failed(Failure::Unavailable)) {
+                let failed = first.into_iter().chain(std::mem::take(&mut self.mute.deferred));
+                if !self.fail(failed.map(|o| o.id), Failure::Unavailable) {
                     return;
                 }
+                self.link.set_throttled(self.mute.holding());
                 continue;
             };
             if !self.serve(exchange, first, timeout).await {
@@ -266,19 +298,21 @@ impl Task {
 
     /// Serves one stream until it breaks (Some(true): open another on the next
     /// message) or the connection is gone (false).
-    async fn serve(&mut self, mut exchange: Box<dyn Exchange>, first: Outgoing, timeout: Duration) -> bool {
+    async fn serve(&mut self, mut exchange: Box<dyn Exchange>, first: Option<Outgoing>, timeout: Duration) -> bool {
         let mut unanswered: VecDeque<Unanswered> = VecDeque::new();
-        let mut mute = Mute::default();
-        let mut pending = Some(first);
+        let mut pending = first;
         loop {
-            if let Some(outgoing) = pending.take() {
+            let mut now = pending.take().and_then(|outgoing| self.mute.admit(outgoing));
+            while let Some(outgoing) = now.take().or_else(|| self.mute.next_deferred()) {
                 let deadline = tokio::time::Instant::now() + timeout;
-                let id = outgoing.id;
-                unanswered.push_back(Unanswered { id, direction: outgoing.direction, deadline });
+                let kept = (outgoing.direction == Direction::Request).then(|| outgoing.message.clone());
+                unanswered.push_back(Unanswered { id: outgoing.id, direction: outgoing.direction, deadline, message: kept });
+                self.mute.sent(outgoing.direction);
                 if exchange.send(outgoing.message).is_err() {
-                    return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Unavailable);
+                    return self.end_stream(&mut unanswered, Failure::Unavailable);
                 }
             }
+            self.link.set_throttled(self.mute.holding());
             let deadline = unanswered.front().map(|u| u.deadline);
             tokio::select! {
                 biased;
@@ -290,25 +324,25 @@ impl Task {
                 reply = exchange.next() => match reply {
                     Some(Ok(reply)) => {
                         // An answer nobody asked for: the service broke the protocol.
-                        let Some(u) = unanswered.pop_front() else { return mute.release(&self.link) };
+                        let Some(u) = unanswered.pop_front() else { return self.mute.release(&self.link) };
+                        if let (Some(pause), Some(message)) = (proto::defer(&reply), u.message) {
+                            self.mute.put_back(Outgoing { id: u.id, direction: u.direction, message }, pause);
+                            continue;
+                        }
                         let throttle = proto::throttle(&reply);
-                        if !mute.deliver(&self.link, u.id, u.direction, proto::resolution(u.direction, reply)) {
+                        if !self.mute.deliver(&self.link, u.id, u.direction, proto::resolution(u.direction, reply)) {
                             return false;
                         }
                         if let Some(pause) = throttle {
-                            mute.extend(pause);
+                            self.mute.extend(pause);
                         }
                     }
-                    Some(Err(_)) | None if unanswered.is_empty() => return mute.release(&self.link),
-                    Some(Err(_)) | None => {
-                        return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Unavailable)
-                    }
+                    Some(Err(_)) | None if unanswered.is_empty() => return self.end_stream(&mut unanswered, Failure::Unavailable),
+                    Some(Err(_)) | None => return self.end_stream(&mut unanswered, Failure::Unavailable),
                 },
-                _ = sleep_until(deadline) => {
-                    return mute.release(&self.link) && self.fail(&mut unanswered, Failure::Timeout)
-                }
-                _ = sleep_until(mute.release_at()) => {
-                    if !mute.release(&self.link) {
+                _ = sleep_until(deadline) => return self.end_stream(&mut unanswered, Failure::Timeout),
+                _ = sleep_until(self.mute.wake_at()) => {
+                    if !self.mute.release(&self.link) {
                         return false;
                     }
                 }
@@ -320,9 +354,17 @@ impl Task {
         }
     }
 
-    fn fail(&self, unanswered: &mut VecDeque<Unanswered>, failure: Failure) -> bool {
-        for u in unanswered.drain(..) {
-            if !self.link.deliver(u.id, Resolution::Failed(failure)) {
+    /// The stream is over with messages unanswered: the replies held for the mute go,
+    /// then the unanswered ones fail (answers come in order: a late one could not be
+    /// told apart). The requests the mute holds back wait for the next stream.
+    fn end_stream(&mut self, unanswered: &mut VecDeque<Unanswered>, failure: Failure) -> bool {
+        self.mute.in_flight = 0;
+        self.mute.release(&self.link) && self.fail(unanswered.drain(..).map(|u| u.id), failure)
+    }
+
+    fn fail(&self, ids: impl Iterator<Item = u64>, failure: Failure) -> bool {
+        for id in ids {
+            if !self.link.deliver(id, Resolution::Failed(failure)) {
                 return false;
             }
         }
@@ -339,19 +381,34 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// A connection muted for a rate it went over, as Kafka mutes a throttled client's
 /// channel (KIP-219): the request over the rate goes on at once and its answer carries
-/// the throttle time Kafka's clients back off on; the replies to the connection's next
-/// requests (what lets them reach the broker) are held until the throttle time has
-/// passed, so a client that ignores the throttle time (librdkafka) is held to the rate
-/// too, and their frames, still pending, count against the connection's bound, which
-/// then stops its reads. Replies to the broker's answers are never held: a client waits
-/// for none of its answers longer than the broker made it (holding them too held a
-/// throttled Produce's answer for the whole throttle time: librdkafka measured a 10 s
-/// round trip, where Kafka answers at once and mutes the channel after).
+/// the throttle time Kafka's clients back off on; then, until that time has passed, the
+/// connection's next requests are not sent to be judged (and replies to those judged
+/// before the throttle came back are held), so a client that ignores the throttle time
+/// (librdkafka) is held to the rate too: what waits counts against the connection's
+/// bound, which then stops its reads, as a muted Kafka channel is not read.
+///
+/// Requests are judged when they may go, one at a time after a mute, not when they
+/// arrive: judged on arrival, a pipelining client's queue (up to the connection's
+/// bound, 16 MiB) ran its bucket into the most debt it may owe (10 s of the rate) and
+/// then all went at the mute's end, 1.6 MB/s through a limit of 200 KB/s.
+///
+/// Replies to the broker's answers are never held: a client waits for none of its
+/// answers longer than the broker made it (holding them held a throttled Produce's
+/// answer for the whole throttle time: librdkafka measured a 10 s round trip, where
+/// Kafka answers at once and mutes the channel after).
 #[derive(Default)]
 struct Mute {
     until: Option<tokio::time::Instant>,
     /// Replies to requests, in order, that wait for `until`.
     held: VecDeque<(u64, Resolution)>,
+    /// Requests not yet judged, in order: they go once the mute is over, one at a time
+    /// while the reply to the one before could mute the connection again.
+    deferred: VecDeque<Outgoing>,
+    /// Requests sent to be judged and not answered yet.
+    in_flight: usize,
+    /// How many requests the service sent back since the last deferred one went: they
+    /// were sent before those still deferred, so they go first, in their order.
+    returned: usize,
 }
 
 impl Mute {
@@ -367,23 +424,70 @@ impl Mute {
         self.until.is_some_and(|until| until > tokio::time::Instant::now())
     }
 
+    /// A message to send now, or None when it is a request that must wait its turn
+    /// (muted, or requests before it wait). Messages with the broker's answers go.
+    fn admit(&mut self, outgoing: Outgoing) -> Option<Outgoing> {
+        if outgoing.direction == Direction::Request && (self.muted() || !self.deferred.is_empty()) {
+            self.deferred.push_back(outgoing);
+            return None;
+        }
+        Some(outgoing)
+    }
+
+    /// The next request held back that may be sent now: the mute is over and every
+    /// request sent before it was answered (one of them could mute the connection).
+    fn next_deferred(&mut self) -> Option<Outgoing> {
+        if self.muted() || self.in_flight > 0 {
+            return None;
+        }
+        self.returned = 0;
+        self.deferred.pop_front()
+    }
+
+    fn sent(&mut self, direction: Direction) {
+        if direction == Direction::Request {
+            self.in_flight += 1;
+        }
+    }
+
+    /// The service did not judge a request (it came while the connection was muted, sent
+    /// before the throttle reached the module): it goes again after `pause`, before the
+    /// requests that came after it.
+    fn put_back(&mut self, outgoing: Outgoing, pause: Duration) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.deferred.insert(self.returned.min(self.deferred.len()), outgoing);
+        self.returned += 1;
+        let until = tokio::time::Instant::now() + pause;
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
+    }
+
     /// Delivers a reply now, or holds it: a request's while muted or while earlier ones
     /// are held (they go in order). False when the connection is gone.
     fn deliver(&mut self, link: &Link, id: u64, direction: Direction, resolution: Resolution) -> bool {
-        if direction == Direction::Request && (self.muted() || !self.held.is_empty()) {
-            self.held.push_back((id, resolution));
-            return true;
+        if direction == Direction::Request {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            if self.muted() || !self.held.is_empty() {
+                self.held.push_back((id, resolution));
+                return true;
+            }
         }
         link.deliver(id, resolution)
     }
 
-    /// When the held replies may go (never while none is held).
-    fn release_at(&self) -> Option<tokio::time::Instant> {
-        if self.held.is_empty() { None } else { self.until }
+    /// When the mute's end has something to do: held replies to deliver, or a request
+    /// held back to send (never while neither waits on it).
+    fn wake_at(&self) -> Option<tokio::time::Instant> {
+        let waiting = !self.held.is_empty() || (!self.deferred.is_empty() && self.in_flight == 0);
+        if waiting { self.until } else { None }
+    }
+
+    /// The requests this mute holds back, judged or not.
+    fn holding(&self) -> usize {
+        self.held.len() + self.deferred.len()
     }
 
     /// Delivers every held reply (the mute is over, or the stream ends: its replies
-    /// came, and a next stream starts unmuted). False when the connection is gone.
+    /// came). False when the connection is gone.
     fn release(&mut self, link: &Link) -> bool {
         self.held.drain(..).all(|(id, resolution)| link.deliver(id, resolution))
     }

@@ -123,7 +123,17 @@ pub const MAX_THROTTLE: Duration = Duration::from_secs(10);
 /// `keg.throttle_ms`: the request was over a rate; the connection's next hand-offs wait
 /// this long (bounded by [`MAX_THROTTLE`]). None when absent, zero or not a number.
 pub fn throttle(reply: &ProcessingResponse) -> Option<Duration> {
-    match keg(reply.dynamic_metadata.as_ref()).and_then(|s| s.fields.get("throttle_ms")).and_then(|v| v.kind.as_ref()) {
+    pause(reply, "throttle_ms")
+}
+
+/// `keg.defer_ms`: the request was not judged (it came while the connection was
+/// muted); it is sent again this much later (bounded by [`MAX_THROTTLE`]).
+pub fn defer(reply: &ProcessingResponse) -> Option<Duration> {
+    pause(reply, "defer_ms")
+}
+
+fn pause(reply: &ProcessingResponse, key: &str) -> Option<Duration> {
+    match keg(reply.dynamic_metadata.as_ref()).and_then(|s| s.fields.get(key)).and_then(|v| v.kind.as_ref()) {
         Some(Kind::NumberValue(ms)) if *ms >= 1.0 => Some(Duration::from_secs_f64(ms / 1000.0).min(MAX_THROTTLE)),
         _ => None,
     }

@@ -18,14 +18,19 @@ use crate::core::handoff::HandOff;
 /// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message),
 /// `once` (answers the first message, then ends the stream while it is idle),
 /// `throttles` (echoes, each reply to a request saying it was over a rate by
-/// [`THROTTLE`]).
+/// [`THROTTLE`]), `throttles-once` (both), `mutes` (throttles the first request and
+/// defers those that come during its throttle, as the service does).
 #[derive(Default)]
 pub(crate) struct FakeService {
     /// Streams opened: endpoint and initial metadata.
     pub(crate) opened: Mutex<Vec<(String, Metadata)>>,
+    /// The frames the service was sent, when (what it judged, and when it did).
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 type Metadata = Vec<(String, String)>;
+/// A frame the service was sent, and when.
+type Seen = (std::time::Instant, Vec<u8>);
 
 const THROTTLE: Duration = Duration::from_millis(800);
 
@@ -44,8 +49,12 @@ impl Connector for FakeService {
             self.opened.lock().unwrap().push((endpoint.to_string(), metadata.to_vec()));
             let (requests, mut incoming) = mpsc::unbounded_channel::<ProcessingRequest>();
             let (outgoing, replies) = mpsc::unbounded_channel();
+            let seen = self.seen.clone();
+            let mut muted_until: Option<tokio::time::Instant> = None;
             tokio::spawn(async move {
                 while let Some(request) = incoming.recv().await {
+                    let frame = request.read_data.as_ref().or(request.write_data.as_ref()).map(|d| d.data.to_vec());
+                    seen.lock().unwrap().push((std::time::Instant::now(), frame.unwrap_or_default()));
                     match mode.as_str() {
                         "silent" => continue,
                         "breaks" => return,
@@ -55,11 +64,29 @@ impl Connector for FakeService {
                     // Echo: the frame back where it came from.
                     let is_request = request.read_data.is_some();
                     let mut reply = ProcessingResponse { read_data: request.read_data, write_data: request.write_data, ..Default::default() };
-                    if mode == "throttles" && is_request {
+                    if mode == "mutes" && is_request {
+                        // As the service does: the first request is over the rate, those
+                        // that come while the connection is muted are not judged.
+                        let now = tokio::time::Instant::now();
+                        let (key, ms) = match muted_until {
+                            None => {
+                                muted_until = Some(now + THROTTLE);
+                                ("throttle_ms", THROTTLE.as_millis() as f64)
+                            }
+                            Some(until) if until > now => ("defer_ms", (until - now).as_millis() as f64 + 1.0),
+                            Some(_) => ("", 0.0),
+                        };
+                        if !key.is_empty() {
+                            let pause = Value { kind: Some(Kind::NumberValue(ms)) };
+                            let data = if key == "defer_ms" { None } else { reply.read_data.take() };
+                            reply = proto::tests::with_keg(ProcessingResponse { read_data: data, ..reply }, vec![(key, pause)]);
+                        }
+                    }
+                    if mode.starts_with("throttles") && is_request {
                         let pause = Value { kind: Some(Kind::NumberValue(THROTTLE.as_millis() as f64)) };
                         reply = proto::tests::with_keg(reply, vec![("throttle_ms", pause)]);
                     }
-                    if outgoing.send(reply).is_err() || mode == "once" {
+                    if outgoing.send(reply).is_err() || mode.ends_with("once") {
                         return;
                     }
                 }
@@ -279,4 +306,75 @@ fn the_brokers_answers_go_at_once_while_the_connection_is_muted() {
     assert!(start.elapsed() < THROTTLE, "the answer waited for the pause: {:?}", start.elapsed());
     assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"next"))]);
     assert!(start.elapsed() >= THROTTLE, "the next request went before the pause ended");
+}
+
+/// Requests are judged when they may go, not when they arrive: while the connection is
+/// muted the service is not sent its next requests at all, and after the mute they go
+/// one at a time, each after the reply to the one before (judged on arrival, a
+/// pipelining client's whole queue ran its bucket into its deepest debt, then all went
+/// at the mute's end: 1.6 MB/s through 200 KB/s).
+#[test]
+fn requests_behind_a_throttle_are_sent_to_be_judged_only_after_it_one_at_a_time() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["throttles:1"], 2000));
+    let start = std::time::Instant::now();
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"over"))]);
+    conn.send(outgoing(2, Direction::Request, b"second"));
+    conn.send(outgoing(3, Direction::Request, b"third"));
+    conn.send(outgoing(4, Direction::Response, b"an answer"));
+    std::thread::sleep(Duration::from_millis(200));
+    let sent: Vec<Vec<u8>> = service.seen.lock().unwrap().iter().map(|(_, f)| f.clone()).collect();
+    assert_eq!(sent, vec![b"over".to_vec(), b"an answer".to_vec()], "muted: the next requests wait in the module");
+    assert_eq!(link.throttled(), 2, "the worker can tell what a throttle holds back");
+    // Each deferred request is throttled in turn (the fake throttles every request): the
+    // second goes at the first mute's end, the third at the second's.
+    let got = answers(&link, &wakes, 3);
+    assert_eq!(got.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![4, 2, 3]);
+    let seen = service.seen.lock().unwrap().clone();
+    let at = |frame: &[u8]| seen.iter().find(|(_, f)| f == frame).map(|(t, _)| t.duration_since(start)).unwrap();
+    assert!(at(b"second") >= THROTTLE, "judged before the mute ended: {:?}", at(b"second"));
+    assert!(at(b"third") >= 2 * THROTTLE, "judged along with the second: {:?}", at(b"third"));
+    assert_eq!(link.throttled(), 0);
+}
+
+/// A stream that breaks while requests wait behind a throttle loses none of them: they
+/// go on the next stream once the mute is over.
+#[test]
+fn requests_held_back_survive_a_stream_that_ends() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["throttles-once:1"], 2000));
+    let start = std::time::Instant::now();
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"over"))]);
+    conn.send(outgoing(2, Direction::Request, b"held"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"held"))]);
+    assert!(start.elapsed() >= THROTTLE, "the mute ended with the stream");
+    assert_eq!(service.opened.lock().unwrap().len(), 2, "the held request went on a new stream");
+}
+
+/// Requests the module sent before the throttle reached it (a pipelining client's) are
+/// sent back unjudged by the service; the module sends them again, in order, once the
+/// mute is over (judged at once, they ran the bucket into its deepest debt and all went
+/// at the mute's end: 4 MB in 12 s through 100 KB/s).
+#[test]
+fn requests_the_service_defers_are_sent_again_in_order_after_the_mute() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["mutes:1"], 2000));
+    let start = std::time::Instant::now();
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    conn.send(outgoing(2, Direction::Request, b"second"));
+    conn.send(outgoing(3, Direction::Request, b"third"));
+    let got = answers(&link, &wakes, 3);
+    assert_eq!(got, vec![(1, forwarded(b"over")), (2, forwarded(b"second")), (3, forwarded(b"third"))]);
+    let seen = service.seen.lock().unwrap().clone();
+    let frames: Vec<&[u8]> = seen.iter().map(|(_, f)| f.as_slice()).collect();
+    assert_eq!(frames, vec![&b"over"[..], b"second", b"third", b"second", b"third"], "sent, deferred, sent again");
+    assert!(seen[3].0.duration_since(start) >= THROTTLE, "sent again before the mute ended");
 }
