@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
@@ -21,7 +21,7 @@ from control_plane.api import (
 )
 from control_plane.api.body_guard import BodyGuard
 from control_plane.api.console_pages import install_console
-from control_plane.api.deps import ApiContext, FleetStatus
+from control_plane.api.deps import ApiContext, FleetStatus, caller_first
 from control_plane.api.docs_pages import install_docs
 from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import PROBLEM_SCHEMA, install_handlers
@@ -59,7 +59,7 @@ def create_app(store: RuleStore, settings: ApiSettings | None = None,
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
-    install_handlers(app)
+    install_handlers(app, caller_first=_caller_first)
     install_docs(app)  # Swagger UI and ReDoc from bundled assets, no CDN
     install_console(app)
     # Bodies read and bounded before any route; the metrics middleware, added next,
@@ -100,3 +100,12 @@ def _openapi_with_rule_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:
         return schema
 
     return openapi
+
+
+def _caller_first(request: Request) -> None:
+    """Raises the 401/403 problem of the route `request` reached, if its caller may not
+    use it (FastAPI reads a JSON body before it runs any dependency)."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is not None:
+        caller_first(request, (d.call for d in dependant.dependencies if d.call is not None))

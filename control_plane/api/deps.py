@@ -91,8 +91,31 @@ def reader(request: Request, ctx: Context,
     return authenticate(request, ctx)
 
 
+def writer_unless_dry_run(
+        request: Request, ctx: Context,
+        _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Caller | None:
+    """/v1/apply's caller: a writer, or a reader for `?dry_run=true`. A dependency, so a
+    caller without a token is told 401 before anything about the body it sent."""
+    if request.query_params.get("dry_run", "").lower() in ("true", "1", "yes", "on"):
+        return reader(request, ctx, None)
+    return writer(request, ctx, None)
+
+
 Writer = Annotated[Caller, Depends(writer)]
 Reader = Annotated[Caller | None, Depends(reader)]
+WriterUnlessDryRun = Annotated[Caller | None, Depends(writer_unless_dry_run)]
+# The dependencies that say who calls (the app runs them before answering a body it
+# cannot read, so an anonymous caller learns nothing of a route it may not use).
+CALLER_DEPENDENCIES: Final = (writer, reader, writer_unless_dry_run)
+
+
+def caller_first(request: Request, dependencies: Iterable[Callable[..., Any]]) -> None:
+    """Runs the caller dependency among a route's `dependencies` (raising its 401/403
+    problem): FastAPI reads a JSON body before any dependency, so an unreadable one was
+    answered 422 before the missing token's 401."""
+    for call in dependencies:
+        if call in CALLER_DEPENDENCIES:
+            call(request, context(request), None)
 
 
 def require_host_access(who: Caller | None, rules: Iterable[Rule], doing: str) -> None:

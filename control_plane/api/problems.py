@@ -9,7 +9,7 @@ translated here, once, so route handlers just raise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from fastapi import FastAPI, Request
@@ -154,7 +154,11 @@ def from_store_error(err: StoreError) -> Problem:
     return Problem(500, "Store error", str(err), kind="store-error")
 
 
-def install_handlers(app: FastAPI) -> None:
+def install_handlers(app: FastAPI,
+                     caller_first: Callable[[Request], None] | None = None) -> None:
+    """The problem documents of every error; `caller_first(request)` raises the route's
+    401/403 problem, if any, before a body FastAPI could not read is answered."""
+
     async def problem(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Problem)
         return exc.response()
@@ -167,8 +171,14 @@ def install_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RuleSetInvalid)
         return invalid_rules(exc).response()
 
-    async def request_invalid(_: Request, exc: Exception) -> JSONResponse:
+    async def request_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        if caller_first is not None and any(e.get("type") == "json_invalid"
+                                            for e in exc.errors()):
+            try:
+                caller_first(request)
+            except Problem as refused:
+                return refused.response()
         errors = [{"file": "request", "line": None, "column": None,
                    "field": ".".join(str(p) for p in e.get("loc", ())),
                    "message": str(e.get("msg", ""))} for e in exc.errors()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 
 from control_plane.api.deps import (
     Context,
@@ -13,7 +13,7 @@ from control_plane.api.deps import (
     Reader,
     Reason,
     Writer,
-    authenticate,
+    WriterUnlessDryRun,
     change,
     require_host_access,
 )
@@ -134,7 +134,7 @@ def delete_rule(rule_id: RuleId, ctx: Context, who: Writer, why: Reason,
 
 @router.post("/v1/apply", response_model=ApplyOut, tags=["gitops"],
              responses=problem_responses(400, 401, 403, 409, 413, 422, 503))
-def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
+def apply(who: WriterUnlessDryRun, body: ApplyIn, ctx: Context, why: Reason,
           dry_run: Annotated[bool, Query(description="Only say what would change "
                                                      "(needs read access only).")] = False,
           ) -> ApplyOut:
@@ -143,10 +143,6 @@ def apply(body: ApplyIn, request: Request, ctx: Context, why: Reason,
     Rules of other owners are refused (409); rules nobody owns are refused unless
     `adopt`. One new version for the whole change, none when nothing changes.
     """
-    if dry_run:
-        who = None if ctx.settings.public_reads else authenticate(request, ctx)
-    else:
-        who = authenticate(request, ctx)
     scope = who.scope if who else EVERY_OWNER
     if not dry_run and not scope.allows(body.owner):  # before reading what it sent
         raise OutOfScope({body.owner}, scope.describe())

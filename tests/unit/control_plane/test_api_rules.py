@@ -107,6 +107,31 @@ def test_writes_need_a_valid_bearer_token(client: TestClient) -> None:
     assert client.get("/v1/rules", headers=CI).status_code == 200
 
 
+@pytest.mark.parametrize("body", [b"{}", b"{not json", b"[1]", b'{"owner": 5}'])
+@pytest.mark.parametrize("public_reads", [False, True])
+def test_a_caller_without_a_token_is_told_401_whatever_body_it_sends(
+        store: RuleStore, body: bytes, public_reads: bool) -> None:
+    """/v1/apply validated its body before it asked for a token, and an unreadable JSON
+    body was a 422 on every route (FastAPI reads it before any dependency): an anonymous
+    caller learned about a route it may not use before it was told to authenticate
+    (regression). Every route that needs a token now answers 401 first."""
+    anonymous = TestClient(create_app(store, ApiSettings(tokens=Tokens.of([("admin", "a" * 24)]),
+                                                         public_reads=public_reads)))
+    paths = anonymous.get("/openapi.json", headers={"Authorization": f"Bearer {'a' * 24}"}
+                          ).json()["paths"]
+    writes = [(method.upper(), re.sub(r"\{[^}]+\}", "1", path))
+              for path, operations in paths.items() for method in operations
+              if method not in ("get", "head")]
+    # Reads (dry runs, validation) are anyone's when reads are public.
+    public = {"/v1/validate", "/v1/dry-run"} if public_reads else set()
+    assert len(writes) >= 6
+    for method, path in writes:
+        answer = anonymous.request(method, path, content=body,
+                                   headers={"content-type": "application/json"})
+        want = 401 if path not in public else 200 if body == b"{}" else 422
+        assert answer.status_code == want, (method, path, answer.text)
+
+
 def test_a_rule_body_without_its_id_keeps_the_location_of_its_errors(client: TestClient) -> None:
     """The URL gives the id; the errors still say where in the body they are."""
     response = client.put("/v1/rules/r1", content='{"match": {"topic": "a"},\n "action": {}}',
