@@ -11,7 +11,7 @@ import base64
 import html
 import io
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -140,12 +140,20 @@ def bar_chart(labels: Sequence[str], series: Mapping[str, Sequence[float]], titl
     return fig
 
 
+# How far a time chart of a single point in time reaches each side of it.
+SINGLE_POINT_SPAN: Final = timedelta(minutes=1)
+
+
 def time_chart(times: Sequence[datetime], series: Mapping[str, Sequence[float]], title: str,
                ylabel: str) -> Any:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.2))
     for name, values in series.items():
         ax.plot(list(times), list(values), label=name, marker=".", linewidth=1)
+    if len(set(times)) == 1:
+        # One point in time: matplotlib widens a date axis it cannot scale by two years
+        # each side (a one-minute capture's timeline spanned 2025 to 2029).
+        ax.set_xlim(times[0] - SINGLE_POINT_SPAN, times[0] + SINGLE_POINT_SPAN)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
