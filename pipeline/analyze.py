@@ -13,11 +13,13 @@ The JVM schedules and moves a few kilobytes per task; no event passes through it
 Audit events kept as Parquet (`*.parquet` files with these fields) are read as such.
 
 Lines that are not JSON objects are counted (`malformed`) and skipped, never fatal:
-a log cut by a crash still analyses.
+a log cut by a crash still analyses. Rotated files compressed by logrotate (`.gz`,
+`.bz2`, `.xz`) are read whole, one task each: a compressed stream cannot be cut.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -66,7 +68,17 @@ def audit_schema(corrupt_column: bool = True) -> StructType:
 
 
 SLICE_BYTES: Final = 64 << 20
-Slice = tuple[str, int, int]  # (file, first byte, end byte) or (file, row group, -1)
+# (file, first byte, end byte), (file, row group, PARQUET) or (file, 0, COMPRESSED)
+Slice = tuple[str, int, int]
+PARQUET: Final = -1
+COMPRESSED: Final = -2
+# What logrotate's compressors leave (compress, compresscmd bzip2 / xz): opened by suffix.
+_DECOMPRESS: Final = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def _compression(file: str) -> str | None:
+    """The stdlib module that reads `file`, when its suffix says it is compressed."""
+    return _DECOMPRESS.get(os.path.splitext(file)[1])
 
 
 def audit_files(path: Path) -> list[str]:
@@ -92,7 +104,8 @@ def audit_slices(files: list[str], slice_bytes: int = SLICE_BYTES,
     data allows): byte ranges of JSON Lines files, row groups of Parquet files."""
     import pyarrow.parquet as pq
 
-    total = sum(os.path.getsize(f) for f in files if not f.endswith(".parquet"))
+    total = sum(os.path.getsize(f) for f in files
+                if not f.endswith(".parquet") and not _compression(f))
     size = max(1 << 20, min(slice_bytes, -(-total // max(1, min_slices))))
     slices: list[Slice] = []
     for file in files:
@@ -102,7 +115,10 @@ def audit_slices(files: list[str], slice_bytes: int = SLICE_BYTES,
             except Exception as exc:  # pyarrow's ArrowInvalid, OSError...
                 raise PipelineError(f"{file} is not a readable Parquet file "
                                     f"({str(exc).splitlines()[0]})") from None
-            slices += [(file, group, -1) for group in range(groups)]
+            slices += [(file, group, PARQUET) for group in range(groups)]
+            continue
+        if _compression(file):
+            slices.append((file, 0, COMPRESSED))
             continue
         length = os.path.getsize(file)
         slices += [(file, start, min(start + size, length)) for start in range(0, length, size)]
@@ -132,7 +148,16 @@ def analyze_slice(piece: Slice) -> dict[str, Any]:
     from pipeline.audit_tables import parse_lines, parsed_schema, partial_aggregates
 
     file, start, end = piece
-    if end < 0:
+    if end == COMPRESSED:
+        module = importlib.import_module(_compression(file) or "gzip")
+        try:
+            with module.open(file, "rb") as handle:
+                data = handle.read()
+        except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile, lzma.LZMAError
+            raise PipelineError(f"cannot read audit log {file}: {exc}") from None
+        events, malformed = parse_lines(data)
+        return partial_aggregates(events, malformed)
+    if end == PARQUET:
         names = parsed_schema().names
         table = pq.ParquetFile(file).read_row_group(start, columns=names)
         return partial_aggregates(table.cast(parsed_schema()))

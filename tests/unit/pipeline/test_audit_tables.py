@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.analyze import analyze_slice, audit_slices, read_slice
+from pipeline.analyze import COMPRESSED, analyze_slice, audit_files, audit_slices, read_slice
 from pipeline.audit_tables import finish, merge_partials, parse_lines, partial_aggregates
+from pipeline.errors import PipelineError
 
 
 def events(n: int, seed: int = 3) -> list[dict[str, Any]]:
@@ -90,3 +91,37 @@ def test_an_empty_log_has_empty_tables(tmp_path: Path) -> None:
     assert summary["totals"]["events"] == 0 and summary["totals"]["malformed"] == 1
     assert summary["timeline"] == [] and summary["latency"][0]["p50"] is None
     assert tables["topics"].num_rows == 0
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_rotated_files_compressed_by_logrotate_are_read_not_counted_malformed(
+        tmp_path: Path, suffix: str) -> None:
+    """logrotate's `compress` leaves `audit.jsonl.1.gz`: its bytes were read as lines and
+    every one counted malformed (regression). A compressed file is one slice, read whole."""
+    import bz2
+    import gzip
+    import lzma
+
+    rows = events(2000)
+    plain = write(tmp_path / "audit.jsonl", rows[:1000])
+    rotated = write(tmp_path / "staged.jsonl", rows[1000:])
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    packed = tmp_path / f"audit.jsonl.1{suffix}"
+    with opener(packed, "wb") as handle:
+        handle.write(rotated.read_bytes())
+    rotated.unlink()
+    files = audit_files(tmp_path)
+    slices = audit_slices(files, slice_bytes=1 << 20, min_slices=4)
+    assert (str(packed), 0, COMPRESSED) in slices
+    summary, _ = finish(merge_partials([analyze_slice(piece) for piece in slices]))
+    assert summary["totals"]["events"] == 2000 and summary["totals"]["malformed"] == 0
+    assert plain.exists()
+
+
+def test_a_compressed_file_that_is_cut_is_a_clear_error(tmp_path: Path) -> None:
+    import gzip
+
+    cut = tmp_path / "audit.jsonl.2.gz"
+    cut.write_bytes(gzip.compress(b'{"rule_id": "r"}\n' * 1000)[:40])
+    with pytest.raises(PipelineError, match=r"cannot read audit log .*audit.jsonl.2.gz"):
+        analyze_slice((str(cut), 0, COMPRESSED))
