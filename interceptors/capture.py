@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -229,6 +229,25 @@ class CaptureWriter:
     def close(self) -> None:
         for key in list(self._open):
             self._close(key)
+
+    def abort(self) -> list[Path]:
+        """Removes what this writer wrote (its open files and those it completed): a
+        capture cut short (Ctrl-C, an error) left files a backtest would read as a whole
+        capture, and a capture again into the same directory was refused for them.
+        Returns the files removed."""
+        removed: list[Path] = []
+        for target in self._open.values():
+            with suppress(Exception):  # a half-written file: its footer may fail
+                target.writer.close()
+            with suppress(FileNotFoundError):
+                target.temp.unlink()
+        self._open.clear()
+        for done in self.files:
+            with suppress(FileNotFoundError):
+                done.unlink()
+                removed.append(done)
+        self.files = []
+        return removed
 
     def _file(self, date: str, topic: str) -> _OpenFile:
         key = (date, topic)

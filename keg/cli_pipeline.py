@@ -52,6 +52,16 @@ def _job() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
+@contextlib.contextmanager
+def _interrupted(message: str) -> Iterator[None]:
+    """Ctrl-C -> `message` and exit 130 (as a shell reports SIGINT), not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(error_line(message))
+        raise typer.Exit(130) from None
+
+
 def _session(master: str, confs: list[str] | None, kafka: bool = False) -> SparkSession:
     from pipeline.errors import PipelineError
     from pipeline.spark import build_session
@@ -132,7 +142,7 @@ def capture_cmd(
                         TextColumn("offsets"), TimeElapsedColumn(), console=console,
                         disable=quiet)
     task = progress.add_task(f"capture {topic}", total=None)
-    with _job(), progress:
+    with _job(), progress, _interrupted(f"capture interrupted: nothing of it was kept in {out}"):
         result = snapshot(
             bootstrap_servers, topic, out, partitions=partition, from_offset=from_offset,
             to_offset=to_offset, from_time_ms=start_ms, to_time_ms=end_ms,

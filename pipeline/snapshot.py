@@ -133,8 +133,6 @@ def snapshot(bootstrap: str, topic: str, out: Path, *, partitions: list[int] | N
 
     PipelineError when `out` already holds a capture of `topic`: a backtest reads every
     file there, so records captured twice counted twice (1,800 for a 900-record topic)."""
-    from confluent_kafka import KafkaError, TopicPartition
-
     held = sorted(out.glob(f"date=*/topic={topic}/*.parquet"))
     if held:
         raise PipelineError(
@@ -148,59 +146,75 @@ def snapshot(bootstrap: str, topic: str, out: Path, *, partitions: list[int] | N
                              from_time_ms, to_time_ms)
         total = sum(r.size for r in ranges)
         writer = CaptureWriter(out, max_bytes=max_bytes, rotate_bytes=rotate_bytes)
-        result = SnapshotResult(0, ranges)
-        pending = {r.partition: r for r in ranges if r.size}
-        position = {r.partition: r.start for r in ranges}
-        if pending:
-            consumer.assign([TopicPartition(topic, r.partition, r.start)
-                             for r in pending.values()])
-        rows: list[Row] = []
-        last_progress = time.monotonic()
-        while pending and not writer.full:
-            messages = consumer.consume(num_messages=1000, timeout=1.0)
-            now_ms = int(time.time() * 1000)
-            for msg in messages:
-                p = msg.partition()
-                if p not in pending:
-                    continue
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        position[p] = pending[p].end  # nothing more: markers or compaction
-                        del pending[p]
-                        continue
-                    raise PipelineError(f"reading {topic}[{p}]: {error.str()}")
-                offset = msg.offset()
-                if offset >= pending[p].end:
-                    position[p] = pending[p].end
-                    del pending[p]
-                    continue
-                position[p] = offset + 1
-                ts_type, ts = msg.timestamp()
-                record = InterceptedRecord(topic, p, msg.key(), msg.value(),
-                                           list(msg.headers() or ()), ts if ts_type else -1,
-                                           offset, None, direction)
-                rows.append(to_row(record, include_value=include_values, now_ms=now_ms))
-                if offset + 1 >= pending[p].end:
-                    del pending[p]
-            if len(rows) >= ROW_GROUP_ROWS or not pending:
-                result.records += writer.write(rows)
-                rows = []
-            if messages:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > IDLE_TIMEOUT_S:
-                raise PipelineError(f"no records from {topic} for {IDLE_TIMEOUT_S:.0f} s "
-                                    f"({len(pending)} partition(s) unfinished)")
-            if on_progress is not None:
-                on_progress(sum(position[r.partition] - r.start for r in ranges), total)
-        if rows:
-            result.records += writer.write(rows)
-        result.full = writer.full and bool(pending)
-        writer.close()
-        result.files = writer.files
-        return result
+        try:
+            return _copy(consumer, topic, ranges, total, writer, direction, include_values,
+                         on_progress)
+        except BaseException:
+            # Cut short (Ctrl-C, an error): nothing of it stays, so it is never read as a
+            # whole capture, and capturing again into `out` is not refused for it.
+            writer.abort()
+            raise
     finally:
         consumer.close()
+
+
+def _copy(consumer: Any, topic: str, ranges: list[Range], total: int, writer: CaptureWriter,
+          direction: RecordDirection, include_values: bool,
+          on_progress: Callable[[int, int], None] | None) -> SnapshotResult:
+    """Copies `ranges` of `topic` through `writer` (snapshot's loop)."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    result = SnapshotResult(0, ranges)
+    pending = {r.partition: r for r in ranges if r.size}
+    position = {r.partition: r.start for r in ranges}
+    if pending:
+        consumer.assign([TopicPartition(topic, r.partition, r.start)
+                         for r in pending.values()])
+    rows: list[Row] = []
+    last_progress = time.monotonic()
+    while pending and not writer.full:
+        messages = consumer.consume(num_messages=1000, timeout=1.0)
+        now_ms = int(time.time() * 1000)
+        for msg in messages:
+            p = msg.partition()
+            if p not in pending:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    position[p] = pending[p].end  # nothing more: markers or compaction
+                    del pending[p]
+                    continue
+                raise PipelineError(f"reading {topic}[{p}]: {error.str()}")
+            offset = msg.offset()
+            if offset >= pending[p].end:
+                position[p] = pending[p].end
+                del pending[p]
+                continue
+            position[p] = offset + 1
+            ts_type, ts = msg.timestamp()
+            record = InterceptedRecord(topic, p, msg.key(), msg.value(),
+                                       list(msg.headers() or ()), ts if ts_type else -1,
+                                       offset, None, direction)
+            rows.append(to_row(record, include_value=include_values, now_ms=now_ms))
+            if offset + 1 >= pending[p].end:
+                del pending[p]
+        if len(rows) >= ROW_GROUP_ROWS or not pending:
+            result.records += writer.write(rows)
+            rows = []
+        if messages:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > IDLE_TIMEOUT_S:
+            raise PipelineError(f"no records from {topic} for {IDLE_TIMEOUT_S:.0f} s "
+                                f"({len(pending)} partition(s) unfinished)")
+        if on_progress is not None:
+            on_progress(sum(position[r.partition] - r.start for r in ranges), total)
+    if rows:
+        result.records += writer.write(rows)
+    result.full = writer.full and bool(pending)
+    writer.close()
+    result.files = writer.files
+    return result
 
 
 __all__ = ["Range", "SnapshotResult", "plan_ranges", "snapshot"]

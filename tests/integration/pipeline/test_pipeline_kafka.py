@@ -112,6 +112,32 @@ def test_keg_capture_snapshots_a_topic_range(kafka: EmbeddedKafka, tmp_path: Pat
     assert sorted(read_capture(ranged).column("offset").to_pylist()) == [2, 3, 4]
 
 
+def test_a_capture_cut_short_leaves_nothing_and_can_be_run_again(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """Ctrl-C during `keg capture` left the files it had completed (and its open one):
+    a backtest read them as the whole capture, and capturing again into that --out was
+    refused, as if it held a capture (regression). A capture cut short keeps nothing."""
+    from pipeline.snapshot import snapshot
+
+    topic = create_topic(kafka.bootstrap, name="pipeline-cut-" + os.urandom(3).hex())
+    docs = _documents(12_000)
+    _produce(kafka.bootstrap, topic, docs)
+    out = tmp_path / "capture"
+    calls = []
+
+    def interrupt(done: int, _total: int) -> None:
+        calls.append(done)
+        if done >= 8_192:  # two row groups written, one file rotated
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        snapshot(kafka.bootstrap, topic, out, rotate_bytes=1, on_progress=interrupt)
+    assert max(calls) >= 8_192
+    assert [p for p in out.rglob("*") if p.is_file() and p.name != ".lock"] == []
+    result = snapshot(kafka.bootstrap, topic, out)
+    assert result.records == len(docs) and read_capture(out).num_rows == len(docs)
+
+
 def test_capture_of_a_missing_topic_is_a_clear_error(kafka: EmbeddedKafka,
                                                      tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["capture", "--topic", "no-such-topic-here",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +106,10 @@ def test_rotated_files_compressed_by_logrotate_are_read_not_counted_malformed(
     rows = events(2000)
     plain = write(tmp_path / "audit.jsonl", rows[:1000])
     rotated = write(tmp_path / "staged.jsonl", rows[1000:])
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    compress: dict[str, Callable[[bytes], bytes]] = {
+        ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
     packed = tmp_path / f"audit.jsonl.1{suffix}"
-    with opener(packed, "wb") as handle:
-        handle.write(rotated.read_bytes())
+    packed.write_bytes(compress[suffix](rotated.read_bytes()))
     rotated.unlink()
     files = audit_files(tmp_path)
     slices = audit_slices(files, slice_bytes=1 << 20, min_slices=4)
