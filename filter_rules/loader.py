@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from filter_rules import _yaml, model
+from filter_rules._base import _Model
 from filter_rules.diagnostics import RuleError, RuleSetInvalid
 from filter_rules.files import MAX_FILE_BYTES, read_regular_file
 from filter_rules.model import ACTION_KINDS, Rule, RuleFile, RuleSet, RuleSource
@@ -258,7 +259,9 @@ def _message(error: ErrorDetails, loc: tuple[str | int, ...]) -> str:
             f"or digit ([a-z0-9][a-z0-9._-]*), got {_describe(error.get('input'))}"
         )
     if kind == "extra_forbidden":
-        close = difflib.get_close_matches(field, _field_names(), n=1, cutoff=0.7)
+        # (a name valid elsewhere, `topic` of a route, is no hint for `match.topic`)
+        others = [name for name in _field_names() if name != field]
+        close = difflib.get_close_matches(field, others, n=1, cutoff=0.7)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         return f"unknown field '{field}'{hint}"
     message = error["msg"]
@@ -303,11 +306,18 @@ def _describe(value: Any) -> str:
 
 @cache
 def _field_names() -> tuple[str, ...]:
+    """Every field name a rule file may use: those of every rule model, wherever it is
+    defined (only filter_rules.model's were: `mask: {methd: hash}` got no hint)."""
     names: set[str] = set()
     for value in vars(model).values():
         if isinstance(value, type) and issubclass(value, BaseModel):
             for field_name, info in value.model_fields.items():
                 names.add(info.alias or field_name)
+    pending: list[type[BaseModel]] = [_Model]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        names.update(info.alias or name for name, info in cls.model_fields.items())
     return tuple(sorted(names))
 
 

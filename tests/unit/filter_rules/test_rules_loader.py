@@ -43,6 +43,9 @@ BROKEN = [
      "invalid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence at line 6"),
     ("unknown_field.yaml", 7, 7, "rules[0].match.topic",
      "unknown field 'topic'; did you mean 'topics'?"),
+    # A field of a record action (only filter_rules.model's fields were offered).
+    ("unknown_action_field.yaml", 7, 9, "rules[0].action.mask.methd",
+     "unknown field 'methd'; did you mean 'method'?"),
     ("bad_regex.yaml", 7, 32, "rules[0].match.topics.regex[1]",
      r"invalid RE2 pattern '(a)\1': invalid escape sequence: \1"),
     ("wrong_type.yaml", 5, 5, "rules[0].order", "expected an integer, got '10'"),
