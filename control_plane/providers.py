@@ -117,7 +117,9 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
         """Publish `ruleset`; True when it is a new version."""
         self.last_error = None
         version = ruleset.version
-        if version == self._current[0]:
+        # The same rules moved within their files (a comment added above them) are the
+        # same version, but where they are written changed: the API showed the old line.
+        if version == self._current[0] and ruleset.sources == self._current[1].sources:
             return False
         self._current = (version, ruleset)
         log.info("rule set version %s loaded from %s (%d rules)", version,

@@ -145,3 +145,22 @@ def test_a_fifo_and_a_dev_zero_link_are_refused_and_later_changes_applied(
                 release(pipe)
 
     _run(scenario)
+
+
+def test_a_rule_that_moves_within_its_file_is_published_with_its_new_line(
+        tmp_path: Path) -> None:
+    """Lines added above a rule leave the rule set's version as it was (sources are not
+    part of it): the provider kept the old set, and the API showed the rule's old line
+    (regression). The same version with new sources is published."""
+    (tmp_path / "rules.yaml").write_text(_rules("moved"))
+    provider = DirectoryRuleProvider(tmp_path, interval=0.01)
+    version, before = provider.current()
+    line = before.sources["moved"].line
+    assert line is not None
+    published: list[tuple[str, int | None]] = []
+    provider.subscribe(lambda v, ruleset: published.append((v, ruleset.sources["moved"].line)))
+    (tmp_path / "rules.yaml").write_text("# a comment\n# and another\n" + _rules("moved"))
+    assert provider.use(provider.read())
+    assert published == [(version, line + 2)]
+    assert provider.current()[1].sources["moved"].line == line + 2
+    assert not provider.use(provider.read())  # nothing moved since: nothing published
