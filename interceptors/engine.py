@@ -173,6 +173,11 @@ class StepResult:
     effect: Effect
     reason: str | None = None
     dry_run: bool = False
+    # Key, value and header bytes of the record as the rule got it and as it passed it
+    # on (0: dropped, rejected, failed; a dry-run rule passes it on as it got it): set by
+    # `RecordEngine.run(..., measure=True)` only (backtests), None otherwise.
+    bytes_in: int | None = None
+    bytes_out: int | None = None
 
 
 @dataclass(slots=True)
@@ -324,11 +329,13 @@ class RecordEngine:
     # -- running -----------------------------------------------------------------------
 
     def run(self, records: Sequence[InterceptedRecord], stages: Sequence[Stage],
-            budget: FrameBudget | None = None) -> list[RecordOutcome]:
+            budget: FrameBudget | None = None, measure: bool = False) -> list[RecordOutcome]:
         """Pass `records` through `stages`; one outcome per record, in order.
 
         A rejected or failed record stops there (later stages do not see it). Raises
-        OverBudget when the frame's time runs out.
+        OverBudget when the frame's time runs out. `measure`: each step says the bytes
+        its rule got and passed on (a backtest's per-rule bytes; the data path does not
+        weigh records it does not need to).
         """
         outcomes = [RecordOutcome(r) for r in records]
         for stage in stages:
@@ -336,12 +343,19 @@ class RecordEngine:
                     ("rejected", "failed")]
             if not live:
                 break
+            before = [(len(o.steps), record_size(o.record)) for o in live] if measure else ()
             if stage.rule.dry_run:
                 self._dry_run(stage, live, budget)
             elif stage.timeout_s is None:
                 _apply(stage, live, budget)
             else:
                 self._apply_budgeted(stage, live)
+            for outcome, (steps, size) in zip(live, before, strict=False):
+                if len(outcome.steps) > steps:  # the rule matched the record
+                    step = outcome.steps[-1]
+                    passed = outcome.status not in ("rejected", "failed")
+                    out = size if step.dry_run else record_size(outcome.record) if passed else 0
+                    outcome.steps[-1] = dataclasses.replace(step, bytes_in=size, bytes_out=out)
         return outcomes
 
     def _dry_run(self, stage: Stage, live: list[RecordOutcome],
@@ -380,13 +394,15 @@ class RecordEngine:
             outcome.status, outcome.reason = "failed", reason
 
     def evaluate(self, record: InterceptedRecord, client_id: str | None = None,
-                 client_host: str | None = None) -> RecordOutcome:
-        """One record as the gateway would treat it (backtests, dry runs)."""
+                 client_host: str | None = None, measure: bool = False) -> RecordOutcome:
+        """One record as the gateway would treat it (backtests, dry runs); `measure` as
+        for `run`."""
         api_version = PLAN_VERSIONS[record.direction]
         api_key = ApiKey.PRODUCE if record.direction == "produce" else ApiKey.FETCH
         ctx = MatchContext(api_key=api_key, api_version=api_version, principal=record.principal,
                            client_id=client_id, client_host=client_host)
-        return self.run([record], self.plan(record.direction, record.topic, ctx))[0]
+        stages = self.plan(record.direction, record.topic, ctx)
+        return self.run([record], stages, measure=measure)[0]
 
     def process_batch(self, batch: BatchView, stages: Sequence[Stage], *, topic: str,
                       partition: int, direction: RecordDirection,

@@ -218,14 +218,17 @@ def backtest_cmd(
 def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
     totals = summary["totals"]
     table = Table(title=f"backtest: {totals['records']:,} records in {seconds:.1f} s")
-    for column in ("rule", "kind", "matched", "modified", "dropped", "rejected", "failed"):
+    counts = ["matched", "modified", "dropped", "rejected", "failed"]
+    # What dry-run rules would have done, when one would have done anything (as the
+    # report shows them): without it a dry-run rule read as one that did nothing.
+    dry = [c for c in ("would_modified", "would_dropped", "would_rejected")
+           if any(r[c] for r in summary["rules"])]
+    for column in ("rule", "kind", *counts, *(c.replace("_", " ") for c in dry)):
         table.add_column(column, justify="left" if column in ("rule", "kind") else "right")
     for r in summary["rules"]:
-        table.add_row(r["rule_id"], r["kind"], *(f"{r[c]:,}" for c in
-                                                 ("matched", "modified", "dropped", "rejected",
-                                                  "failed")))
+        table.add_row(r["rule_id"], r["kind"], *(f"{r[c]:,}" for c in (*counts, *dry)))
     table.add_row(Text("all records", style="bold"), "", f"{totals['records']:,}",
-                  *(f"{totals[c]:,}" for c in ("modified", "dropped", "rejected", "failed")))
+                  *(f"{totals[c]:,}" for c in counts[1:]), *("" for _ in dry))
     out_console.print(table)
     out_console.print(f"differ from the live rules: {totals['differs']:,}; bytes "
                       f"{totals['bytes_before']:,} -> {totals['bytes_after']:,}")

@@ -275,7 +275,7 @@ def _status_counts(prefix: str = "") -> list[Any]:
 def _rules_frame(results: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    steps = results.select(F.explode("steps").alias("s"), "bytes_before", "bytes_after")
+    steps = results.select(F.explode("steps").alias("s"))
 
     def effect(name: str, dry_run: bool) -> Any:
         hit = (F.col("s.effect") == name) & (F.col("s.dry_run") == F.lit(dry_run))
@@ -291,8 +291,10 @@ def _rules_frame(results: DataFrame) -> DataFrame:
                  *(effect(e, False).alias(e) for e in effects[1:]),
                  F.sum(F.when(failed & ~F.col("s.dry_run"), 1).otherwise(0)).alias("failed"),
                  *(effect(e, True).alias(f"would_{e}") for e in effects[1:]),
-                 F.sum("bytes_before").alias("bytes_before"),
-                 F.sum("bytes_after").alias("bytes_after"),
+                 # What the rule got and passed on (the record's final bytes made every
+                 # rule that matched the same records report the same bytes).
+                 F.sum("s.bytes_in").alias("bytes_before"),
+                 F.sum("s.bytes_out").alias("bytes_after"),
                  reasons.alias("sample_reasons"))
             .orderBy("rule_id"))
 

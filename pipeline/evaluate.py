@@ -184,6 +184,8 @@ def step_type() -> pa.DataType:
         pa.field("rule_id", pa.string()), pa.field("kind", pa.string()),
         pa.field("effect", pa.string()), pa.field("reason", pa.string()),
         pa.field("dry_run", pa.bool_()),
+        # The record's bytes as the rule got it and as it passed it on (StepResult).
+        pa.field("bytes_in", pa.int64()), pa.field("bytes_out", pa.int64()),
     ])
 
 
@@ -267,7 +269,8 @@ class _Side:
 
 
 def _steps_array(per_row: list[list[StepResult]]) -> Any:
-    """list<struct<rule_id, kind, effect, reason, dry_run>>, built column-wise."""
+    """list<struct<rule_id, kind, effect, reason, dry_run, bytes_in, bytes_out>>, built
+    column-wise."""
     import numpy as np
     import pyarrow as pa
 
@@ -283,7 +286,9 @@ def _steps_array(per_row: list[list[StepResult]]) -> Any:
          pa.array([s.effect for s in flat], pa.string()),
          pa.array([None if s.reason is None else s.reason[:MAX_STEPS_REASON] for s in flat],
                   pa.string()),
-         pa.array([s.dry_run for s in flat], pa.bool_())],
+         pa.array([s.dry_run for s in flat], pa.bool_()),
+         pa.array([s.bytes_in for s in flat], pa.int64()),
+         pa.array([s.bytes_out for s in flat], pa.int64())],
         fields=[kind.field(i) for i in range(kind.num_fields)])
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), struct)
 
@@ -425,7 +430,8 @@ def evaluate_batch(batch: pa.RecordBatch | pa.Table, candidate: RecordEngine,
             for start in range(0, len(inputs), EVAL_BATCH):
                 chunk = inputs[start:start + EVAL_BATCH]
                 for row, outcome in zip(rows[start:start + EVAL_BATCH],
-                                        engine.run(chunk, planned), strict=True):
+                                        engine.run(chunk, planned, measure=True),
+                                        strict=True):
                     side.record(int(row), outcome)
     before = _bytes_before(batch)
     candidate_columns = ours.columns(before)

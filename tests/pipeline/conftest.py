@@ -120,7 +120,8 @@ def plain_outcomes(records: list[InterceptedRecord], rules: Path
     gateway builds it."""
     engine = RecordEngine(CompiledRuleSet(load_rule_dir(rules)), BuildContext())
     try:
-        return {(r.topic, r.partition, r.offset): engine.evaluate(r) for r in records}
+        return {(r.topic, r.partition, r.offset): engine.evaluate(r, measure=True)
+                for r in records}
     finally:
         engine.close()
 

@@ -74,6 +74,21 @@ def test_backtest_equals_plain_python_record_for_record(spark: Any, tmp_path: Pa
         assert per_rule[rule_id][column] == count, (rule_id, column)
     matched = Counter(s.rule_id for o in candidate.values() for s in o.steps)
     assert {r: v["matched"] for r, v in per_rule.items()} == dict(matched)
+    # Each rule's bytes are what it got and passed on: every rule that matched the same
+    # records showed the same bytes, the records' final ones (regression).
+    got_bytes: Counter[str] = Counter()
+    passed_bytes: Counter[str] = Counter()
+    for outcome in candidate.values():
+        for step in outcome.steps:
+            got_bytes[step.rule_id] += step.bytes_in or 0
+            passed_bytes[step.rule_id] += step.bytes_out or 0
+    assert {r: (v["bytes_before"], v["bytes_after"]) for r, v in per_rule.items()} == {
+        r: (got_bytes[r], passed_bytes[r]) for r in matched}
+    dropping = per_rule["drop-test-keys"]
+    assert dropping["dropped"] > 0 and dropping["bytes_after"] < dropping["bytes_before"]
+    dry = per_rule["would-drop-tombstones"]
+    assert dry["bytes_after"] == dry["bytes_before"]  # a dry run passes records on as is
+    assert per_rule["tag-bob"]["bytes_after"] > per_rule["tag-bob"]["bytes_before"]
     # Sample reasons come from the records the rule rejected.
     assert per_rule["require-id"]["rejected"] > 0
     assert per_rule["require-id"]["sample_reasons"]
