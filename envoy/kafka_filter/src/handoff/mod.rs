@@ -337,7 +337,7 @@ impl Task {
                             self.mute.extend(pause);
                         }
                     }
-                    Some(Err(_)) | None if unanswered.is_empty() => return self.end_stream(&mut unanswered, Failure::Unavailable),
+                    // (with nothing unanswered, only the held replies go)
                     Some(Err(_)) | None => return self.end_stream(&mut unanswered, Failure::Unavailable),
                 },
                 _ = sleep_until(deadline) => return self.end_stream(&mut unanswered, Failure::Timeout),
