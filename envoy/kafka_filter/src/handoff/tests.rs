@@ -18,8 +18,8 @@ use crate::core::handoff::HandOff;
 /// `slow` (answers after 150 ms), `breaks` (ends the stream at the first message),
 /// `once` (answers the first message, then ends the stream while it is idle),
 /// `throttles` (echoes, each reply to a request saying it was over a rate by
-/// [`THROTTLE`]), `throttles-once` (both), `mutes` (throttles the first request and
-/// defers those that come during its throttle, as the service does).
+/// [`THROTTLE`]), `throttles-once` (both), `mutes` (throttles the first request, 200 ms
+/// late, and defers those that come during its throttle, as the service does).
 #[derive(Default)]
 pub(crate) struct FakeService {
     /// Streams opened: endpoint and initial metadata.
@@ -70,6 +70,11 @@ impl Connector for FakeService {
                         let now = tokio::time::Instant::now();
                         let (key, ms) = match muted_until {
                             None => {
+                                // Late enough that the module has sent the requests behind
+                                // it before the throttle reaches it (what it defers itself
+                                // never comes here).
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                let now = tokio::time::Instant::now();
                                 muted_until = Some(now + THROTTLE);
                                 ("throttle_ms", THROTTLE.as_millis() as f64)
                             }
