@@ -15,6 +15,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import Depends, Header, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter, ValidationError
 
 from control_plane.api.metrics import ApiMetrics
 from control_plane.api.problems import Problem
@@ -96,9 +97,22 @@ def writer_unless_dry_run(
         _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Caller | None:
     """/v1/apply's caller: a writer, or a reader for `?dry_run=true`. A dependency, so a
     caller without a token is told 401 before anything about the body it sent."""
-    if request.query_params.get("dry_run", "").lower() in ("true", "1", "yes", "on"):
+    if _query_flag(request, "dry_run"):
         return reader(request, ctx, None)
     return writer(request, ctx, None)
+
+
+_FLAG: Final = TypeAdapter(bool)
+
+
+def _query_flag(request: Request, name: str) -> bool:
+    """A boolean query parameter read as FastAPI reads the route's own (pydantic's lax
+    bool: `true`, `1`, `yes`, `on`, `t`, `y`...); one it cannot read is False here, and
+    the route answers 422 for it once the caller may know."""
+    try:
+        return _FLAG.validate_python(request.query_params.get(name, False))
+    except ValidationError:
+        return False
 
 
 Writer = Annotated[Caller, Depends(writer)]

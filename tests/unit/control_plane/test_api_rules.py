@@ -165,6 +165,18 @@ def test_reads_can_be_public_writes_never(public_client: TestClient) -> None:
     plan = {"owner": "dir:rules", "files": {"a.yaml": "rules: []\n"}}
     assert public_client.post("/v1/apply?dry_run=true", json=plan).status_code == 200  # keg diff
     assert public_client.post("/v1/apply", json=plan).status_code == 401
+    assert public_client.post("/v1/apply?dry_run=false", json=plan).status_code == 401
+
+
+@pytest.mark.parametrize("flag", ["True", "1", "yes", "on", "t", "y"])
+def test_every_spelling_of_a_dry_run_the_route_reads_is_a_read(
+        public_client: TestClient, flag: str) -> None:
+    """The caller is decided by the same reading of `dry_run` as the route's own: a
+    spelling only the route took as true asked a reader for a writer's token (401)."""
+    plan = {"owner": "dir:rules", "files": {"a.yaml": "rules: []\n"}}
+    response = public_client.post(f"/v1/apply?dry_run={flag}", json=plan)
+    assert response.status_code == 200 and response.json()["dry_run"] is True
+    assert public_client.get("/v1/rules").json()["rules"] == []
 
 
 def test_an_app_without_tokens_refuses_every_write(store: RuleStore) -> None:

@@ -411,15 +411,11 @@ fn guard(envoy: FilterEnvoyPtr, module: FilterModulePtr, hook: impl FnOnce(&mut 
     filter.closed = true;
     // Never touch the session again: after a panic its state is unknown.
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(h) = &filter.handoffs {
-            h.link.close(); // answers still to come are dropped
-        }
         if let Some(id) = filter.config.ids.faults[failure as usize] {
             // SAFETY: a live filter's Envoy pointer and a counter id of its config.
             unsafe { (cb.increment_counter)(envoy, id, 1) };
         }
-        // SAFETY: as above.
-        unsafe { (cb.close)(envoy, abi::CLOSE_NO_FLUSH) };
+        filter.close_now(envoy, cb);
     }));
     abi::STATUS_STOP_ITERATION
 }
@@ -644,12 +640,20 @@ impl Filter {
         if throttled == 0 {
             return false;
         }
-        h.link.close(); // answers still to come are dropped
-        self.closed = true;
         self.count(envoy, cb, Event::ThrottledDropped, throttled as u64);
+        self.close_now(envoy, cb);
+        true
+    }
+
+    /// Closes the connection without flushing what waits to be written; the hand-off
+    /// answers still to come are dropped, and no hook touches the session again.
+    fn close_now(&mut self, envoy: FilterEnvoyPtr, cb: &Callbacks) {
+        self.closed = true;
+        if let Some(h) = &self.handoffs {
+            h.link.close();
+        }
         // SAFETY: a live filter inside one of its hooks.
         unsafe { (cb.close)(envoy, abi::CLOSE_NO_FLUSH) };
-        true
     }
 
     /// Injects what waited behind hand-offs and may leave now, both directions, with
