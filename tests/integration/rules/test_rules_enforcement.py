@@ -789,16 +789,22 @@ def test_a_pipelining_librdkafka_producer_is_held_to_a_bytes_rate(env: Env) -> N
     assert 100_000 <= stored <= 1_500_000
 
 
-def test_requests_held_for_a_rate_go_nowhere_once_their_client_has_gone(env: Env) -> None:
+@pytest.mark.parametrize("requests", [60, 300])
+def test_requests_held_for_a_rate_go_nowhere_once_their_client_has_gone(
+        env: Env, requests: int) -> None:
     """A non-idempotent librdkafka producer under a requests_per_second rule stored
     records up to 2.7 times, and they kept arriving for 80 s after it exited
     (regression): the requests the module held for the mute still went to the broker
     after the client had closed its connection, and had sent them again on a new one.
-    Now a client's end drops what a throttle holds back, and closes the connection."""
+    Now a client's end drops what a throttle holds back, and closes the connection.
+    With more requests pipelined than the module holds before it stops reading (64),
+    the client's end was not seen (regression: a killed producer's requests went on at
+    the rate for minutes): a throttled connection reads on to see it."""
     if env.gateway.settings.data_path != "native":
         pytest.skip("the ext_proc path holds a request at most 0.25 s (docs/rules.md)")
     topic = admin_topic(env, f"paced.{uuid.uuid4().hex[:6]}")
-    with pipelining_producer(env, topic, 60, 100, **{"batch.num.messages": 1}) as delivered:
+    with pipelining_producer(env, topic, requests, 100,
+                             **{"batch.num.messages": 1}) as delivered:
         time.sleep(3)
     gone = env.broker_count(topic)
     time.sleep(9)  # past the longest mute (10 s of the rate), when held requests went

@@ -51,14 +51,25 @@ pub struct HandOff {
 /// (counted from when each is sent) and the connection fails closed.
 pub const MAX_PENDING_PER_CONNECTION: usize = 64;
 
+/// Frames a connection a throttle holds back may have read and not answered before it
+/// stops reading from its client (its bytes are bounded as ever). Kafka does not read a
+/// muted channel, but its clients wait out the throttle; librdkafka pipelines on
+/// (`max.in.flight` 1,000,000 when not idempotent), and a connection that stopped
+/// reading at [`MAX_PENDING_PER_CONNECTION`] frames never saw its client go: a killed
+/// producer's requests read before then went on at the rate for minutes (6,700 records
+/// in 3 minutes), a timed-out one's were stored twice. Read on, the client's end is
+/// seen and drops what the throttle holds ([`crate::ffi`]).
+pub const MAX_HELD_PER_CONNECTION: usize = 4096;
+
 /// Whether a connection should stop (or keep stopped) reading from its client, given
 /// what it has handed off and not had answered: more than `max_bytes` or than
-/// [`MAX_PENDING_PER_CONNECTION`] frames stops it; it reads again at half of both.
-pub fn reading_paused(paused: bool, awaiting_bytes: usize, pending: usize, max_bytes: usize) -> bool {
+/// `max_frames` frames ([`MAX_PENDING_PER_CONNECTION`], or [`MAX_HELD_PER_CONNECTION`]
+/// while a throttle holds some) stops it; it reads again at half of both.
+pub fn reading_paused(paused: bool, awaiting_bytes: usize, pending: usize, max_bytes: usize, max_frames: usize) -> bool {
     if paused {
-        awaiting_bytes > max_bytes / 2 || pending > MAX_PENDING_PER_CONNECTION / 2
+        awaiting_bytes > max_bytes / 2 || pending > max_frames / 2
     } else {
-        awaiting_bytes > max_bytes || pending > MAX_PENDING_PER_CONNECTION
+        awaiting_bytes > max_bytes || pending > max_frames
     }
 }
 
@@ -201,16 +212,21 @@ fn write_response<T: Encodable>(correlation_id: i32, key: ApiKey, api_version: i
 
 #[cfg(test)]
 mod tests {
-    use super::{reading_paused, MAX_PENDING_PER_CONNECTION as MAX};
+    use super::{reading_paused, MAX_HELD_PER_CONNECTION as HELD, MAX_PENDING_PER_CONNECTION as MAX};
 
     #[test]
     fn reading_stops_past_either_bound_and_resumes_below_half_of_both() {
         let bytes = 1 << 20;
-        assert!(!reading_paused(false, bytes, MAX, bytes));
-        assert!(reading_paused(false, bytes + 1, 0, bytes));
-        assert!(reading_paused(false, 0, MAX + 1, bytes)); // thousands of tiny frames
-        assert!(reading_paused(true, 0, MAX / 2 + 1, bytes));
-        assert!(reading_paused(true, bytes / 2 + 1, 0, bytes));
-        assert!(!reading_paused(true, bytes / 2, MAX / 2, bytes));
+        assert!(!reading_paused(false, bytes, MAX, bytes, MAX));
+        assert!(reading_paused(false, bytes + 1, 0, bytes, MAX));
+        assert!(reading_paused(false, 0, MAX + 1, bytes, MAX)); // thousands of tiny frames
+        assert!(reading_paused(true, 0, MAX / 2 + 1, bytes, MAX));
+        assert!(reading_paused(true, bytes / 2 + 1, 0, bytes, MAX));
+        assert!(!reading_paused(true, bytes / 2, MAX / 2, bytes, MAX));
+        // A throttled connection reads on past MAX frames, to see its client's end.
+        assert!(!reading_paused(false, 0, MAX + 1, bytes, HELD));
+        assert!(!reading_paused(true, 0, MAX + 1, bytes, HELD));
+        assert!(reading_paused(false, 0, HELD + 1, bytes, HELD));
+        assert!(reading_paused(false, bytes + 1, 1, bytes, HELD));
     }
 }

@@ -40,7 +40,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer, SchedulerPtr};
 use crate::config::{FilterConfig, TableSlot};
-use crate::core::handoff::{reading_paused, Failure};
+use crate::core::handoff::{reading_paused, Failure, MAX_HELD_PER_CONNECTION, MAX_PENDING_PER_CONNECTION};
 use crate::core::head::RequestHead;
 use crate::core::identity::Identity;
 use crate::core::interest::{Interest, Want};
@@ -471,7 +471,9 @@ impl Filter {
         }
         let bound = self.config.settings.current_interest().max_bytes_per_connection;
         let awaiting = self.session.handoff_bytes_awaiting_answers();
-        let paused = reading_paused(self.read_paused, awaiting, self.session.pending_handoffs(), bound);
+        let throttled = self.handoffs.as_ref().is_some_and(|h| h.link.throttled() > 0);
+        let frames = if throttled { MAX_HELD_PER_CONNECTION } else { MAX_PENDING_PER_CONNECTION };
+        let paused = reading_paused(self.read_paused, awaiting, self.session.pending_handoffs(), bound, frames);
         if paused && !self.read_paused {
             self.read_paused = true;
             self.count(envoy, cb, Event::ReadPaused, 1);

@@ -120,8 +120,19 @@ impl Link {
         self.lock().throttled
     }
 
+    /// A throttle that begins to hold requests wakes the worker: it reads on past the
+    /// bound of a connection not throttled (`core::handoff::MAX_HELD_PER_CONNECTION`),
+    /// and a connection that had stopped reading would otherwise wait for the mute's
+    /// end to be told, its client's end unseen until then.
     fn set_throttled(&self, n: usize) {
-        self.lock().throttled = n;
+        let mut inner = self.lock();
+        let began = inner.throttled == 0 && n > 0;
+        inner.throttled = n;
+        if began && inner.answers.is_empty() {
+            if let Some(waker) = &inner.waker {
+                waker.wake();
+            }
+        }
     }
 }
 

@@ -345,6 +345,29 @@ fn requests_behind_a_throttle_are_sent_to_be_judged_only_after_it_one_at_a_time(
     assert_eq!(link.throttled(), 0);
 }
 
+/// A connection that stopped reading (at `MAX_PENDING_PER_CONNECTION` frames) reads on
+/// while a throttle holds its requests, to see its client go: the worker must be told
+/// when a throttle begins to hold some, not only at the mute's end, when answers come.
+#[test]
+fn a_throttle_that_begins_to_hold_requests_wakes_the_worker_without_an_answer() {
+    let (rt, _) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["throttles:1"], 2000));
+    conn.send(outgoing(1, Direction::Request, b"over"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, forwarded(b"over"))]);
+    let before = *wakes.0 .0.lock().unwrap();
+    conn.send(outgoing(2, Direction::Request, b"held"));
+    let deadline = std::time::Instant::now() + THROTTLE / 2;
+    while link.throttled() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(link.throttled(), 1);
+    assert!(link.take().is_empty(), "no answer yet: the mute holds the request");
+    assert_eq!(*wakes.0 .0.lock().unwrap(), before + 1, "the worker was not told the throttle began");
+    assert_eq!(answers(&link, &wakes, 1), vec![(2, forwarded(b"held"))]);
+}
+
 /// A stream that breaks while requests wait behind a throttle loses none of them: they
 /// go on the next stream once the mute is over.
 #[test]
