@@ -344,6 +344,33 @@ def _describe_topic_partitions_topic(c: _Ctx, t: Body) -> Body:
     }
 
 
+def _share_offsets_partition(c: _Ctx, index: Any) -> Body:
+    return {"PartitionIndex": index, "StartOffset": -1, "LeaderEpoch": -1,
+            "ErrorCode": c.error, "ErrorMessage": c.message}
+
+
+def _describe_share_offsets_topic(c: _Ctx, t: Body) -> Body:
+    return {"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+            "Partitions": [_share_offsets_partition(c, p) for p in _list(t, "Partitions")]}
+
+
+def _share_offsets_group(c: _Ctx, g: Body, topics: list[Body]) -> Body:
+    return {"GroupId": g.get("GroupId", ""), "Topics": topics, "ErrorCode": 0,
+            "ErrorMessage": None}
+
+
+def _alter_share_offsets_topic(c: _Ctx, t: Body) -> Body:
+    return {"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+            "Partitions": [{"PartitionIndex": p.get("PartitionIndex", 0),
+                            "ErrorCode": c.error, "ErrorMessage": c.message}
+                           for p in _list(t, "Partitions")]}
+
+
+def _delete_share_offsets_topic(c: _Ctx, t: Body) -> Body:
+    return {"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
+            "ErrorCode": c.error, "ErrorMessage": c.message}
+
+
 # --- where the topics are, per API and version ---------------------------------------
 
 # (name, topic id) of one request topic entry; None where the entry has no such key.
@@ -433,6 +460,16 @@ _TOPICS: Final[Mapping[int, _Topics]] = {
         "Topics", "Topics", _describe_producers_topic, _named("Name")),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: _Topics(
         "Topics", "Topics", _describe_topic_partitions_topic, _named("Name")),
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: _Topics(
+        "Topics", "Topics", _describe_share_offsets_topic,
+        _named("TopicName"),
+        _Outer("Groups", "Groups", _share_offsets_group, "GroupId")),
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: _Topics(
+        "Topics", "Responses", _alter_share_offsets_topic,
+        _named("TopicName")),
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: _Topics(
+        "Topics", "Responses", _delete_share_offsets_topic,
+        _named("TopicName")),
 }
 # The older layouts: (the first version with the newest layout, where they were before).
 _OLDER_TOPICS: Final[Mapping[int, tuple[int, _Topics]]] = {
@@ -763,40 +800,26 @@ def _describe_topic_partitions(c: _Ctx, r: Body) -> Body:
             "NextCursor": None}
 
 
-def _share_offsets_partition(c: _Ctx, index: Any) -> Body:
-    return {"PartitionIndex": index, "StartOffset": -1, "LeaderEpoch": -1,
-            "ErrorCode": c.error, "ErrorMessage": c.message}
-
-
 def _describe_share_group_offsets(c: _Ctx, r: Body) -> Body:
     # A refusal of the topics: each partition asked carries it (the group's error is 0);
     # of the request: each group does.
     groups = []
     for g in _list(r, "Groups"):
-        topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
-                   "Partitions": [_share_offsets_partition(c, p)
-                                  for p in _list(t, "Partitions")]}
-                  for t in _list(g, "Topics")] if c.per_topic else []
-        groups.append({"GroupId": g.get("GroupId", ""), "Topics": topics,
-                       "ErrorCode": 0 if c.per_topic else c.error,
-                       "ErrorMessage": None if c.per_topic else c.message})
+        if c.per_topic:
+            groups.append(_share_offsets_group(
+                c, g, [_describe_share_offsets_topic(c, t) for t in _list(g, "Topics")]))
+        else:
+            groups.append({"GroupId": g.get("GroupId", ""), "Topics": [],
+                           "ErrorCode": c.error, "ErrorMessage": c.message})
     return {"ThrottleTimeMs": c.throttle, "Groups": groups}
 
 
 def _alter_share_group_offsets(c: _Ctx, r: Body) -> Body:
-    topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
-               "Partitions": [{"PartitionIndex": p.get("PartitionIndex", 0),
-                               "ErrorCode": c.error, "ErrorMessage": c.message}
-                              for p in _list(t, "Partitions")]}
-              for t in _list(r, "Topics")]
-    return _share_offsets_answer(c, topics)
+    return _share_offsets_answer(c, [_alter_share_offsets_topic(c, t) for t in _list(r, "Topics")])
 
 
 def _delete_share_group_offsets(c: _Ctx, r: Body) -> Body:
-    topics = [{"TopicName": t.get("TopicName", ""), "TopicId": ZERO_UUID,
-               "ErrorCode": c.error, "ErrorMessage": c.message}
-              for t in _list(r, "Topics")]
-    return _share_offsets_answer(c, topics)
+    return _share_offsets_answer(c, [_delete_share_offsets_topic(c, t) for t in _list(r, "Topics")])
 
 
 def _share_offsets_answer(c: _Ctx, topics: list[Body]) -> Body:
@@ -945,7 +968,7 @@ _BUILDERS: Final[Mapping[int, Callable[[_Ctx, Body], Body]]] = {
 ERROR_RESPONSE_APIS: Final = frozenset(_BUILDERS)
 #: API keys `partial_error_entries` and `remove_topics` can split by topic.
 PARTIAL_APIS: Final = frozenset(
-    {0, 1, 2, 3, 8, 9, 19, 20, 21, 23, 24, 28, 32, 33, 37, 43, 44, 45, 47, 61, 75}
+    {0, 1, 2, 3, 8, 9, 19, 20, 21, 23, 24, 28, 32, 33, 37, 43, 44, 45, 47, 61, 75, 90, 91, 92}
 )
 
 

@@ -27,7 +27,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import kafka_wire
 from ext_proc.connection import ConnectionInfo
@@ -114,7 +114,13 @@ _TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
 TopicListing = tuple[dict[str, Any], str, Callable[[dict[str, Any]], str | None]]
 # Refused per topic even when every topic it names is: the rest of the request (other
 # groups asking for all their topics) still has an answer to get.
-_ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH})
+_ALWAYS_PARTIAL_APIS = frozenset({ApiKey.OFFSET_FETCH, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS})
+# Groups' offsets, asked for all of a group's topics (null topics): the answer lists them.
+# What a partition of a topic the gateway cannot name says instead of its offsets.
+_UNJUDGED_OFFSETS: Final[dict[int, dict[str, Any]]] = {
+    ApiKey.OFFSET_FETCH: {"CommittedOffset": -1, "Metadata": ""},
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: {"StartOffset": -1, "LeaderEpoch": -1},
+}
 
 
 def _always_partial(api_key: int, api_version: int) -> bool:
@@ -517,7 +523,8 @@ class RulesFilter(RuleSetJudge):
             if by_id:
                 hide = self._hide_topics(ctx, named.unknown_topic_ids)
                 verdict.patch = _both(verdict.patch, hide)
-        if api_key == ApiKey.OFFSET_FETCH and (hide_offsets := self._hide_offsets(ctx, body)):
+        if (api_key in _UNJUDGED_OFFSETS
+                and (hide_offsets := self._hide_offsets(ctx, api_key, body))):
             verdict = verdict or RequestVerdict()
             verdict.patch = _both(verdict.patch, hide_offsets)
         if apart is not None:
@@ -736,11 +743,13 @@ class RulesFilter(RuleSetJudge):
 
         return RequestVerdict(patch=hide)
 
-    def _hide_offsets(self, ctx: MatchContext, body: dict[str, Any]) -> RequestVerdict | None:
-        """An OffsetFetch for all of a group's topics (null topics): leave the topics a
-        rule denies out of the answer, as Kafka does with topics the caller may not
-        describe. A topic of an id the gateway cannot name (v10) keeps its place with
-        UNKNOWN_TOPIC_ID: offsets a rule could not judge are not handed out."""
+    def _hide_offsets(self, ctx: MatchContext, api_key: int,
+                      body: dict[str, Any]) -> RequestVerdict | None:
+        """An OffsetFetch or DescribeShareGroupOffsets for all of a group's topics (null
+        topics): leave the topics a rule denies out of the answer, as Kafka does with
+        topics the caller may not describe. A topic of an id the gateway cannot name
+        (OffsetFetch v10) keeps its place with UNKNOWN_TOPIC_ID: offsets a rule could not
+        judge are not handed out."""
         groups = body.get("Groups")
         if not (body.get("Topics", []) is None
                 or any(g.get("Topics") is None for g in groups or ())):
@@ -754,10 +763,10 @@ class RulesFilter(RuleSetJudge):
         def judged(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
             kept = []
             for topic in topics:
-                name = topic_name(topic, ids)
+                name = topic.get("TopicName") or topic_name(topic, ids)
                 if name is None:
                     kept.append({**topic, "Partitions": [
-                        {**p, "CommittedOffset": -1, "Metadata": "",
+                        {**p, **_UNJUDGED_OFFSETS[api_key],
                          "ErrorCode": ErrorCode.UNKNOWN_TOPIC_ID}
                         for p in topic.get("Partitions") or ()]})
                 elif not any(r.matches(ctx, name) for r in rules):

@@ -579,6 +579,110 @@ def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection
     assert [t["ErrorCode"] for t in deleted["Responses"]] == [TOPIC_AUTHORIZATION_FAILED]
 
 
+def share_group_at(env: Env, group: str, topics: list[str]) -> None:
+    """A share group, empty, with start offsets on partition 0 of `topics`: made directly
+    on the broker (a member joins and leaves, then its offsets are set)."""
+    direct = RawConnection(env.kafka.bootstrap)
+    try:
+        member = uuid.uuid4().hex[:22]
+        for _ in range(60):  # until the group coordinator is loaded (NOT_COORDINATOR, ...)
+            joined = direct.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {
+                "GroupId": group, "MemberId": member, "MemberEpoch": 0, "RackId": None,
+                "SubscribedTopicNames": topics})
+            if joined["ErrorCode"] not in (14, 15, 16):
+                break
+            direct.request(ApiKey.FIND_COORDINATOR, 4, {"KeyType": 0, "CoordinatorKeys": [group]})
+            time.sleep(0.5)
+        assert joined["ErrorCode"] == 0, joined
+        epoch = joined["MemberEpoch"]
+        for _ in range(60):  # until the group initialized its topics' share partitions
+            beat = direct.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {
+                "GroupId": group, "MemberId": member, "MemberEpoch": epoch, "RackId": None,
+                "SubscribedTopicNames": None})
+            assert beat["ErrorCode"] == 0, beat
+            epoch = beat["MemberEpoch"]
+            assigned = (beat.get("Assignment") or {}).get("TopicPartitions") or []
+            if len(assigned) == len(topics):
+                break
+            time.sleep(0.5)
+        # A share fetch initializes the partitions' share state (their offsets).
+        fetched = direct.request(ApiKey.SHARE_FETCH, 1, {
+            "GroupId": group, "MemberId": member, "ShareSessionEpoch": 0, "MaxWaitMs": 100,
+            "MinBytes": 1, "MaxBytes": 1 << 20, "MaxRecords": 10, "BatchSize": 10,
+            "Topics": [{"TopicId": a["TopicId"], "Partitions": [
+                {"PartitionIndex": i, "AcknowledgementBatches": []} for i in a["Partitions"]]}
+                for a in assigned], "ForgottenTopicsData": []})
+        assert fetched["ErrorCode"] == 0, fetched
+        left = direct.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {
+            "GroupId": group, "MemberId": member, "MemberEpoch": -1, "RackId": None,
+            "SubscribedTopicNames": None})
+        assert left["ErrorCode"] == 0, left
+        described = direct.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
+            {"GroupId": group, "Topics": None}]})
+        assert {t["TopicName"] for g in described["Groups"] for t in g["Topics"]} == set(topics)
+    finally:
+        direct.close()
+
+
+def test_share_group_offsets_hide_denied_topics_and_answer_the_others(env: Env) -> None:
+    """A share group's offsets asked for all its topics (null topics) named a denied
+    topic, its partitions and offsets: the answer went through unchanged (regression).
+    A request naming a denied and an allowed topic refused both, and a second group
+    asking for all its topics was answered with none (regression). Now denied topics
+    are left out of listings, as Kafka's authorizer leaves them out, and refused one by
+    one; allowed ones are answered by the broker, in Describe, Alter and Delete."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    group, other = (f"share-offsets-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    for g in (group, other):
+        share_group_at(env, g, [hidden, public])
+    with alice_connection(env) as raw:
+        listed = raw.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
+            {"GroupId": group, "Topics": None}]})
+        named = raw.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
+            {"GroupId": group, "Topics": [{"TopicName": hidden, "Partitions": [0]},
+                                          {"TopicName": public, "Partitions": [0]}]},
+            {"GroupId": other, "Topics": None}]})
+        altered = raw.request(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": group, "Topics": [
+                {"TopicName": t, "Partitions": [{"PartitionIndex": 0, "StartOffset": 0}]}
+                for t in (hidden, public)]})
+        deleted = raw.request(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": group, "Topics": [{"TopicName": hidden}, {"TopicName": public}]})
+
+    def errors(groups: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+        return {(g["GroupId"], t["TopicName"]): p["ErrorCode"]
+                for g in groups for t in g["Topics"] for p in t["Partitions"]}
+
+    assert errors(listed["Groups"]) == {(group, public): 0}
+    assert errors(named["Groups"]) == {(group, hidden): TOPIC_AUTHORIZATION_FAILED,
+                                       (group, public): 0, (other, public): 0}
+    # The allowed topic is answered as the broker answers it alone (on the twin group).
+    direct = RawConnection(env.kafka.bootstrap)
+    try:
+        alone = direct.request(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": other, "Topics": [
+                {"TopicName": public, "Partitions": [{"PartitionIndex": 0, "StartOffset": 0}]}]})
+        deleted_alone = direct.request(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, {
+            "GroupId": other, "Topics": [{"TopicName": public}]})
+        after = direct.request(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, {"Groups": [
+            {"GroupId": group, "Topics": None}]})
+    finally:
+        direct.close()
+    refused_hidden = {"TopicName": hidden, "TopicId": uuid.UUID(int=0), "Partitions": [
+        {"PartitionIndex": 0, "ErrorCode": TOPIC_AUTHORIZATION_FAILED}]}
+
+    def outcomes(topics: list[dict[str, Any]]) -> list[tuple[str, list[tuple[int, int]]]]:
+        return sorted((t["TopicName"], [(p["PartitionIndex"], p["ErrorCode"])
+                                        for p in t["Partitions"]]) for t in topics)
+
+    assert outcomes(altered["Responses"]) == outcomes([refused_hidden, *alone["Responses"]])
+    assert sorted((t["TopicName"], t["ErrorCode"]) for t in deleted["Responses"]) == sorted([
+        (hidden, TOPIC_AUTHORIZATION_FAILED),
+        *((t["TopicName"], t["ErrorCode"]) for t in deleted_alone["Responses"])])
+    assert (group, hidden) in errors(after["Groups"]), "the denied topic's offsets went"
+
+
 def test_write_txn_markers_naming_a_denied_topic_is_refused_on_an_open_connection(
         env: Env) -> None:
     """WriteTxnMarkers (a broker's call, which a client can send as well) naming a denied
