@@ -132,11 +132,17 @@ def caller_first(request: Request, dependencies: Iterable[Callable[..., Any]]) -
             call(request, context(request), None)
 
 
+def has_host_access(who: Caller | None) -> bool:
+    """Whether `who` may have rules use the gateway host (its files, environment, code):
+    a token without an owner scope; an anonymous reader never may."""
+    return who is not None and who.scope.patterns is None
+
+
 def require_host_access(who: Caller | None, rules: Iterable[Rule], doing: str) -> None:
     """403 unless `who` may have the gateway host used for it: only a token without an
     owner scope may `doing` rules that read the host's files or environment, run code,
     or write files (filter_rules.host_access); an anonymous reader never may."""
-    if who is not None and who.scope.patterns is None:
+    if has_host_access(who):
         return
     for rule in rules:
         if uses := host_resources(rule):

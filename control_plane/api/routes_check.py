@@ -8,7 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
-from control_plane.api.deps import Context, RawBody, Reader, require_host_access
+from control_plane.api.deps import (
+    Context,
+    RawBody,
+    Reader,
+    has_host_access,
+    require_host_access,
+)
 from control_plane.api.dry_run import dry_run
 from control_plane.api.problems import Problem, problem_responses
 from control_plane.api.rule_input import BODY, parse_rule_file, parse_ruleset_value, reading
@@ -32,16 +38,21 @@ router = APIRouter(tags=["check"])
         "application/json": {"schema": RULE_FILE_REF},
     }}},
 )
-def validate(body: RawBody, ctx: Context, _: Reader,
+def validate(body: RawBody, ctx: Context, who: Reader,
              file: Annotated[str, Query(max_length=500, description=(
                  "The name errors give the input (e.g. its path)."))] = BODY) -> ValidateOut:
     """Check one rule file (YAML or JSON) as `keg validate` does: 200 when valid, 422
-    with every problem's file, line, column and field otherwise."""
+    with every problem's file, line, column and field otherwise. For a token that may
+    use the gateway host (no owner scope), also what a write would check there: the key
+    files and variables the rules name (said valid, they were refused at the write);
+    for other callers, which could not write such rules, the host is not looked at."""
     if not body.strip():
         raise Problem(422, "Invalid request", "send a rule file (YAML or JSON) as the body",
                       kind="invalid-request")
     with reading(len(body)):
         compiled = CompiledRuleSet(parse_rule_file(body, file))
+        if has_host_access(who):
+            ctx.store.check(compiled.ruleset)
     return ValidateOut(valid=True, rules=len(compiled.ruleset.rules), enabled=len(compiled.rules),
                        ruleset_hash=compiled.version)
 

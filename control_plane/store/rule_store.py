@@ -308,6 +308,12 @@ class RuleStore:
                  parent: int | None = None) -> Pending:
         return Pending(rules, change, operation, parent, ruleset=self._validate(rules))
 
+    def check(self, ruleset: RuleSet) -> None:
+        """Raises RuleSetInvalid where writing `ruleset` would (the store's validator:
+        what this gateway's data path could not build); nothing is written."""
+        if self._validator is not None:
+            self._validator(ruleset)
+
     def _validate(self, rules: tuple[StoredRule, ...]) -> RuleSet | None:
         """The rules as a RuleSet, checked by the validator; None without one."""
         if self._validator is None:

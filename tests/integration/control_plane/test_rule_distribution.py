@@ -451,9 +451,21 @@ def test_a_fresh_ext_proc_instance_serves_nothing_before_its_rules_arrive(
 def put_refused_rule(url: str, body: bytes, token: str,
                      content_type: str = "application/json") -> dict[str, Any]:
     """PUT a new rule the API must refuse: asserts 422 with one error, returns it."""
-    request = urllib.request.Request(url, data=body, method="PUT", headers={
+    return refused_with_one_error(urllib.request.Request(url, data=body, method="PUT", headers={
         "Authorization": f"Bearer {token}", "Content-Type": content_type,
-        "If-None-Match": "*"})
+        "If-None-Match": "*"}))
+
+
+def validate_refused(api: str, rule_id: str, rule: bytes, token: str) -> dict[str, Any]:
+    """POST a rule file of one rule to /v1/validate, which must refuse it as a write
+    would: asserts 422 with one error, returns it."""
+    body = json.dumps({"rules": [{"id": rule_id, **json.loads(rule)}]}).encode()
+    return refused_with_one_error(urllib.request.Request(
+        f"{api}/v1/validate?file=candidate.json", data=body, method="POST", headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}))
+
+
+def refused_with_one_error(request: urllib.request.Request) -> dict[str, Any]:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     problem = json.loads(refused.value.read())
@@ -507,10 +519,12 @@ def test_a_rule_naming_a_key_variable_the_workers_lack_is_refused_and_blocks_not
     body = json.dumps({"match": {"topics": {"prefix": ["late."]}}, "action": {"encrypt": {
         "key": {"id": "k1", "secret": {"env": "KEG_TEST_LATE_KEY"}}}}}).encode()
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
-        error = put_refused_rule(f"{api}/v1/rules/encrypt-late", body, token)
-        assert "KEG_TEST_LATE_KEY is not given to the running ext_proc workers" in \
-            error["message"]
-        assert error["field"].startswith("encrypt-late.action.encrypt.key.secret")
+        # Validated first, as the console and CI do: it said valid (regression).
+        for error in (validate_refused(api, "encrypt-late", body, token),
+                      put_refused_rule(f"{api}/v1/rules/encrypt-late", body, token)):
+            assert "KEG_TEST_LATE_KEY is not given to the running ext_proc workers" in \
+                error["message"]
+            assert error["field"].startswith("encrypt-late.action.encrypt.key.secret")
         (rules / "deny.yaml").write_text(
             "rules:\n  - id: deny-late\n    match: {apis: [Produce], topics: {prefix: "
             "[late.]}}\n    action: {deny: {}}\n")
@@ -539,9 +553,10 @@ def test_a_rule_naming_a_key_file_the_workers_cannot_read_is_refused_and_blocks_
     body = json.dumps({"match": {"topics": {"prefix": ["keyfile."]}}, "action": {"encrypt": {
         "key": {"id": "k1", "secret": {"file": str(missing)}}}}}).encode()
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, store, api):
-        error = put_refused_rule(f"{api}/v1/rules/encrypt-missing", body, token)
-        assert error["field"] == "encrypt-missing.action.encrypt.key.secret.file", error
-        assert str(missing) in error["message"]
+        for error in (validate_refused(api, "encrypt-missing", body, token),
+                      put_refused_rule(f"{api}/v1/rules/encrypt-missing", body, token)):
+            assert error["field"] == "encrypt-missing.action.encrypt.key.secret.file", error
+            assert str(missing) in error["message"]
         (rules / "deny.yaml").write_text(
             "rules:\n  - id: deny-keyfile\n    match: {apis: [Produce], topics: {prefix: "
             "[keyfile.]}}\n    action: {deny: {}}\n")

@@ -57,6 +57,27 @@ def test_validate_accepts_a_rule_file_and_locates_every_problem(client: TestClie
     assert client.post("/v1/validate", content=b"\xff\xfe\xfa", headers=ADMIN).status_code == 422
 
 
+def test_validate_checks_the_host_as_a_write_would_for_a_token_that_may_use_it(
+        client: TestClient, public_client: TestClient) -> None:
+    """A rule whose key is a variable this host lacks was said valid, then refused at
+    the write (regression). A caller that could not write such a rule (anonymous, or a
+    scoped token) is not told what the host has."""
+    rule = {"id": "enc", "match": {"topics": {"prefix": ["p."]}}, "action": {"encrypt": {
+        "key": {"id": "k1", "secret": {"env": "KEG_TEST_NEVER_SET_VARIABLE"}}}}}
+    refused = client.post("/v1/validate", json={"rules": [rule]}, headers=ADMIN)
+    assert refused.status_code == 422, refused.json()
+    [error] = refused.json()["errors"]
+    assert "KEG_TEST_NEVER_SET_VARIABLE" in error["message"]
+    assert error["field"].startswith("enc.action.encrypt")
+    written = client.put("/v1/rules/enc", json={k: v for k, v in rule.items() if k != "id"},
+                         headers=ADMIN)
+    assert written.status_code == 422
+    assert [(e["field"], e["message"]) for e in written.json()["errors"]] == [
+        (error["field"], error["message"])]
+    anonymous = public_client.post("/v1/validate", json={"rules": [rule]})
+    assert anonymous.status_code == 200 and anonymous.json()["valid"]
+
+
 def test_dry_run_of_a_candidate_on_requests_and_records(client: TestClient) -> None:
     frame = kafka_wire.encode_request(kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, 7, "app", {}),
                                       produce("payments.eu"))[4:]
