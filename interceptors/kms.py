@@ -30,9 +30,11 @@ for a single host or the embedded gateway:
     {"keys": {"orders": {"primary": 2, "versions": {"1": "<base64 of 32 bytes>",
                                                     "2": "<base64 of 32 bytes>"}}}}
 
-The keyring file is read again when it changes (at the next data key, never per record):
-rotate a KEK by adding a version and making it primary; keep old versions while records
-wrapped by them are kept.
+The keyring file is read again when it changes (at the next data key, and at most once
+a second while data keys are in use, never per record): rotate a KEK by adding a version
+and making it primary, and the data keys it wrapped are replaced within a second (a KEK
+rotated away from is often one that leaked); keep old versions while records wrapped by
+them are kept.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class KmsBackend(Protocol):
 
     def unwrap(self, key: WrappedKey) -> bytes: ...
 
+    def primary(self, kek: str) -> str | None:
+        """The KEK id new data keys of `kek` would be wrapped by now, where the backend
+        can tell cheaply (None: it cannot, or not now)."""
+
 
 # --- providers ----------------------------------------------------------------------
 
@@ -158,6 +164,9 @@ class AwsKmsBackend:
         answer = self._call(self._client.decrypt, CiphertextBlob=key.wrapped, KeyId=key.kek)
         return bytes(answer["Plaintext"])
 
+
+    def primary(self, kek: str) -> str | None:
+        return None  # an alias moved to another key is seen at the next data key
     @staticmethod
     def _call(operation: Callable[..., Any], **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -214,6 +223,14 @@ class KeyringBackend:
             raise ServiceFailure(str(exc)) from None  # a bad edit: keep failing loudly
         with self._lock:
             self._keys, self._stamp = keys, stamp
+
+    def primary(self, kek: str) -> str | None:
+        try:
+            self._load()  # a stat; the file is read only when it changed
+        except ServiceFailure:
+            return None  # a bad edit: the next data key says so
+        entry = self._keys.get(kek)
+        return None if entry is None else f"{kek}:v{entry[0]}"
 
     def generate(self, kek: str) -> tuple[bytes, WrappedKey]:
         self._load()
@@ -349,8 +366,13 @@ class _DataKey:
     cipher: AESGCM
     header: bytes
     key_id: str
+    kek: str  # the KEK id that wrapped it
     born: float
     uses: int = 0
+
+
+# How often the KEK new data keys are wrapped by is asked for, while data keys are in use.
+KEK_CHECK_S: Final = 1.0
 
 
 class DataKeys:
@@ -368,16 +390,33 @@ class DataKeys:
         self._lock = threading.Lock()
         self.generated = 0
         self._warned = False
+        self._kek_checked = clock()
 
     def for_topic(self, topic: str) -> tuple[AESGCM, bytes, str]:
         """(cipher, keg.dek header value, keg.key-id) of the scope's current data key."""
         scope = topic if self._policy.scope == "topic" else ""
+        now = self._clock()
+        if now - self._kek_checked >= KEK_CHECK_S:
+            self._retire_rotated(now)
         key = self._current.get(scope)
         if key is not None and key.uses < self._policy.max_records and (
-                self._clock() - key.born < self._policy.rotate_after_s):
+                now - key.born < self._policy.rotate_after_s):
             key.uses += 1
             return key.cipher, key.header, key.key_id
         return self._renew(scope, key)
+
+    def _retire_rotated(self, now: float) -> None:
+        """Retires the data keys wrapped by another KEK than the one new data keys are
+        wrapped by now (a keyring's new primary version), asked every KEK_CHECK_S.
+        Before, they served until `rotate_after_s` (an hour by default) after the KEK
+        was rotated away from, often because it leaked."""
+        self._kek_checked = now
+        primary = self._client.backend.primary(self._kek)
+        if primary is None:
+            return
+        with self._lock:
+            for scope in [s for s, key in self._current.items() if key.kek != primary]:
+                del self._current[scope]
 
     def _renew(self, scope: str, old: _DataKey | None) -> tuple[AESGCM, bytes, str]:
         try:
@@ -400,8 +439,8 @@ class DataKeys:
             if current is not old and current is not None:  # another thread renewed it
                 current.uses += 1
                 return current.cipher, current.header, current.key_id
-            fresh = _DataKey(AESGCM(data_key), wrapped.encode(), wrapped.key_id, self._clock(),
-                             uses=1)
+            fresh = _DataKey(AESGCM(data_key), wrapped.encode(), wrapped.key_id, wrapped.kek,
+                             self._clock(), uses=1)
             self._current[scope] = fresh
             self.generated += 1
         return fresh.cipher, fresh.header, fresh.key_id

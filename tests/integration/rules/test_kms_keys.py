@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,9 @@ def rules(kms: LocalKms, alias: str, down: str) -> str:
             kms:
               keyring: {{secret: {{file: keyring.json}}, key: orders}}
               data_key: {{max_records: 4}}
+      - id: keyring-encrypt-hourly
+        match: {{topics: {{prefix: [hourly.]}}}}
+        action: {{encrypt: {{kms: {{keyring: {{secret: {{file: keyring.json}}, key: orders}}}}}}}}
       - id: keyring-decrypt
         match: {{direction: response, topics: {{prefix: [ring.]}}}}
         action: {{decrypt: {{kms: {{keyring: {{secret: {{file: keyring.json}}}}}}}}}}
@@ -215,6 +219,23 @@ def test_keyring_kek_rotation_keeps_old_records_readable(env: Env) -> None:
     assert {k.provider for k in keys} == {PROVIDER_KEYRING}
     assert keys[0].kek == "orders:v1" and keys[-1].kek == "orders:v2"
     assert values(consume(env.gateway.bootstrap, topic)) == first + second
+
+
+def test_a_keyring_rotation_takes_effect_within_seconds(env: Env) -> None:
+    """A new primary KEK version in the keyring (rotating away from a leaked one): new
+    records kept data keys wrapped by the old one until their hour was over, or a new
+    rule set (regression). Now the data keys of the old KEK are retired within a
+    second of the change."""
+    topic = env.topic("hourly.")
+    assert produce(env.gateway.bootstrap, topic, secrets("before", 3), retries=10) == [None] * 3
+    ring = json.loads(env.keyring.read_text())["keys"]["orders"]
+    versions = {int(v): base64.b64decode(k) for v, k in ring["versions"].items()}
+    old, new = ring["primary"], max(versions) + 1
+    env.keyring.write_text(keyring_doc({**versions, new: os.urandom(32)}, new))
+    time.sleep(1.5)
+    assert produce(env.gateway.bootstrap, topic, secrets("after", 3), retries=10) == [None] * 3
+    keks = [k.kek for k in data_keys(consume(env.kafka.bootstrap, topic))]
+    assert keks == [f"orders:v{old}"] * 3 + [f"orders:v{new}"] * 3
 
 
 def test_kms_down_at_produce_is_a_retriable_refusal(env: Env) -> None:

@@ -28,6 +28,7 @@ from interceptors.contract import (
     ServiceUnavailable,
 )
 from interceptors.kms import (
+    KEK_CHECK_S,
     PROVIDER_AWS,
     PROVIDER_KEYRING,
     DataKeys,
@@ -159,6 +160,33 @@ def test_kek_rotation_old_records_still_decrypt(tmp_path: Path, keyring: Path) -
     assert WrappedKey.decode(new.header(HEADER_DATA_KEY) or b"").kek == "orders:v2"  # type: ignore[union-attr]
     dec = DecryptInterceptor(DecryptSpec(kms=kms_spec()), BuildContext(base_dir=tmp_path))
     assert [dec.intercept(r).value for r in (old, new)] == [b"v1 record", b"v2 record"]  # type: ignore[union-attr]
+
+
+def test_a_keyring_rotation_retires_the_data_keys_of_the_old_kek_within_a_second(
+        tmp_path: Path, keyring: Path) -> None:
+    """A new primary version in the keyring: the data keys the old one wrapped served on
+    until their rotation time (an hour by default) or a new rule set (regression). Now
+    they are retired the next time the KEK is asked for (each KEK_CHECK_S)."""
+    spec = kms_spec()
+    now = [0.0]
+    client = KmsClient(KeyringBackend(spec.keyring, ctx(tmp_path)), 1.0, 100, 60)  # type: ignore[arg-type]
+    keys = DataKeys(client, spec, clock=lambda: now[0])
+
+    def kek(topic: str) -> str:
+        wrapped = WrappedKey.decode(keys.for_topic(topic)[1])
+        assert wrapped is not None
+        return wrapped.kek
+
+    assert {kek("a"), kek("b")} == {"orders:v1"}
+    first = json.loads(keyring.read_text())["keys"]["orders"]["versions"]["1"]
+    write_keyring(keyring, {1: first, 2: key_text()}, 2)
+    now[0] += KEK_CHECK_S / 2
+    assert kek("a") == "orders:v1"  # not asked yet: never per record
+    now[0] += KEK_CHECK_S
+    assert {kek("a"), kek("b")} == {"orders:v2"}
+    assert keys.generated == 4
+    now[0] += KEK_CHECK_S
+    assert kek("a") == "orders:v2" and keys.generated == 4  # the KEK did not move again
 
 
 def test_a_data_key_the_kms_refuses_is_left_encrypted_and_counted(
