@@ -20,6 +20,7 @@ import contextlib
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import groupby
@@ -101,10 +102,12 @@ class FramesSession:
         self._vouches: list[Vouch] = []
         self.chain = FilterChain(frames_filters(engine, self.identity, self._vouches))
         self._meter = meter
-        # correlation id -> the patch for the broker's answer and the request's audit,
-        # for each request whose answer was asked for (Kafka answers in order, the
-        # module hands them in order).
-        self._patches: dict[int, tuple[ResponsePatch | None, RequestAudit]] = {}
+        # (correlation id, the patch for the broker's answer, the request's audit) of
+        # each request whose answer was asked for, in order: Kafka answers in order, the
+        # module hands them in order. Not a map by id: a client may reuse one while it is
+        # in flight, and the broker answers each (keyed by id, the second closed the
+        # connection: "response 7 was not asked for").
+        self._patches: deque[tuple[int, ResponsePatch | None, RequestAudit]] = deque()
         # Until when (time.monotonic()) the module holds this connection's hand-offs back
         # for the rates its requests were over (RequestReply.throttle_ms).
         self._muted_until = 0.0
@@ -137,7 +140,7 @@ class FramesSession:
             # Topics: keg's Kafka filter counts those of every request itself.
             self._meter.request(head.api_key, head.api_version, len(raw), body)
         if judged.want_response:
-            self._patches[head.correlation_id] = (judged.patch, audit)
+            self._patches.append((head.correlation_id, judged.patch, audit))
         else:
             audit.finish()  # answered here, or forwarded with no answer coming back
             if self._meter is not None and not judged.answered:
@@ -168,9 +171,13 @@ class FramesSession:
         _check_whole(raw, RESPONSE_HEAD_SIZE)
         self._learn_ids(topic_ids)
         correlation_id = int.from_bytes(raw[4:8], "big", signed=True)
-        if correlation_id not in self._patches:
+        while self._patches and self._patches[0][0] != correlation_id:
+            # Asked for, but its answer never came here (its hand-off failed and the
+            # module answered the client itself): its events go now.
+            self._patches.popleft()[2].finish()
+        if not self._patches:
             raise FrameError(f"response {correlation_id} was not asked for")
-        patch, audit = self._patches.pop(correlation_id)
+        _, patch, audit = self._patches.popleft()
         if self._meter is not None:
             self._meter.bytes(api_key, "response", len(raw))
         with auditing(audit):
@@ -195,7 +202,7 @@ class FramesSession:
         return vouched
 
     def close(self) -> None:
-        for _patch, audit in self._patches.values():  # never answered: their events go now
+        for _id, _patch, audit in self._patches:  # never answered: their events go now
             audit.finish()
         self._patches.clear()
         if self._meter is not None:

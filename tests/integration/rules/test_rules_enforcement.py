@@ -45,7 +45,7 @@ from tests.integration.conftest import (
     scrape_metrics,
     share_console_consume,
 )
-from tests.integration.raw_kafka import RawConnection
+from tests.integration.raw_kafka import RawConnection, read_frame
 from tests.integration.relay import RecordingRelay, gateway_listener
 
 # Its gateways run both data paths themselves (the env fixture): once per suite pass is enough.
@@ -577,6 +577,33 @@ def test_share_group_offsets_of_a_denied_topic_are_refused_on_an_open_connection
     [[partition]] = [t["Partitions"] for t in altered["Responses"]]
     assert partition["ErrorCode"] == TOPIC_AUTHORIZATION_FAILED
     assert [t["ErrorCode"] for t in deleted["Responses"]] == [TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_pipelined_requests_that_share_a_correlation_id_are_each_answered(env: Env) -> None:
+    """Two Metadata requests for all topics (answers a rule judges) pipelined with one
+    correlation id: the broker answers both; the native path answered the first and
+    closed the connection ("response 7 was not asked for": the service kept one answer
+    per id). Each is answered now, in order, and the connection stays open."""
+    hidden = admin_topic(env, f"hidden.{uuid.uuid4().hex[:6]}")
+    public = admin_topic(env, f"pub.{uuid.uuid4().hex[:6]}")
+    with alice_connection(env) as raw:
+        header = kafka_wire.RequestHeader(ApiKey.METADATA, 12, 7, "dup-ids", {})
+        frame = kafka_wire.encode_request(header, {
+            "Topics": None, "AllowAutoTopicCreation": False,
+            "IncludeTopicAuthorizedOperations": False})
+        raw.sock.sendall(frame + frame)
+        answers = []
+        for _ in range(2):
+            data = read_frame(raw.sock)
+            assert data is not None, "the gateway closed the connection"
+            answers.append(kafka_wire.decode_response(data, ApiKey.METADATA, 12))
+        assert raw.request(ApiKey.API_VERSIONS, 3, {"ClientSoftwareName": "t",
+                                                    "ClientSoftwareVersion": "1"})[
+            "ErrorCode"] == 0
+    assert [cid for cid, _ in answers] == [7, 7]
+    for _, answer in answers:
+        names = {t["Name"] for t in answer["Topics"]}
+        assert public in names and hidden not in names  # judged: the denied one left out
 
 
 def share_group_at(env: Env, group: str, topics: list[str]) -> None:

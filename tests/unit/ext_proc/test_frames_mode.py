@@ -205,6 +205,20 @@ rules:
     assert older.request(produce(1, "orders")).throttle_ms > 1000
 
 
+def test_answers_are_matched_in_order_even_to_requests_that_share_an_id() -> None:
+    """Kafka answers a connection's requests in order; a client may reuse a correlation
+    id while it is in flight (kept per id, the second answer closed the connection). An
+    answer that never came (its hand-off failed, the module answered the client) is
+    passed over for the next one."""
+    session = FramesSession(CONN, engine())
+    for cid in (7, 7, 8, 9):
+        assert session.request(metadata(cid)).want_response
+    for cid in (7, 7, 9):  # 8's answer never comes here
+        session.response(metadata_answer(cid, {"orders": uuid.uuid4()}), ApiKey.METADATA, 12)
+    with pytest.raises(FrameError):
+        session.response(metadata_answer(7, {}), ApiKey.METADATA, 12)
+
+
 def test_a_response_not_asked_for_or_a_cut_frame_is_refused() -> None:
     session = FramesSession(CONN, engine())
     with pytest.raises(FrameError):
