@@ -177,7 +177,7 @@ impl Exporter {
         registry.register("keg_topic_requests", "Produce requests, once per topic they name", topic_requests.clone());
         registry.register("keg_topic_record_bytes", "Record-batch bytes produced per topic", topic_record_bytes.clone());
         let api_names = (0..=MAX_API_KEY as i16)
-            .map(|key| ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}")))
+            .map(|key| ApiKey::try_from(key).map_or_else(|_| OTHER.to_string(), |k| format!("{k:?}")))
             .collect();
         Exporter {
             topics: Bounded::new(config.max_topics),
@@ -198,8 +198,10 @@ impl Exporter {
         &self.config
     }
 
+    /// The API's name; "other" for a key no Kafka API has: each made a series of its
+    /// own, past every bound (51,838 series from connections sending made-up keys).
     fn api_label(&self, api_key: i16) -> String {
-        usize::try_from(api_key).ok().and_then(|k| self.api_names.get(k)).cloned().unwrap_or_else(|| api_key.to_string())
+        usize::try_from(api_key).ok().and_then(|k| self.api_names.get(k)).cloned().unwrap_or_else(|| OTHER.to_string())
     }
 
     /// The exposition (OpenMetrics text, which Prometheus reads).
@@ -328,7 +330,10 @@ impl Exporter {
             client_id: self.clients.label(client_id),
             principal: self.principals.label(principal),
         };
+        // Past the bound the version goes too: a made-up version of a real API was
+        // a series each.
         let labels = self.request_series.admit(labels, |l| RequestLabels {
+            version: OTHER.to_string(),
             client_id: OTHER.to_string(),
             principal: OTHER.to_string(),
             ..l
@@ -417,7 +422,7 @@ mod tests {
         let text = exporter.encode();
         for line in [
             r#"keg_requests_total{api="Produce",version="11",client_id="billing",principal="User:alice"} 3"#,
-            r#"keg_requests_total{api="1000",version="0",client_id="",principal="User:ANONYMOUS"} 1"#,
+            r#"keg_requests_total{api="other",version="0",client_id="",principal="User:ANONYMOUS"} 1"#,
             r#"keg_topic_requests_total{api="Produce",topic="orders",client_id="billing",principal="User:alice"} 2"#,
             r#"keg_topic_record_bytes_total{api="Produce",topic="orders",client_id="billing",principal="User:alice"} 610"#,
             r#"keg_topic_requests_total{api="Produce",topic="abababab-abab-abab-abab-abababababab",client_id="billing",principal="User:alice"} 1"#,
@@ -441,6 +446,22 @@ mod tests {
     }
 
     #[test]
+    fn made_up_api_keys_and_versions_stay_within_the_bound() {
+        // Connections sending made-up api keys (and versions) made a series each, past
+        // max_series: 51,838 series, a 4.4 MB page, from one client.
+        let exporter = Arc::new(Exporter::new(MetricsConfig { max_series: 8, ..config(100) }));
+        let mut sink = ConnectionCounters::new(Arc::clone(&exporter));
+        for key in 0..2000_i16 {
+            sink.requests(key.saturating_add(1000), 0, "probe", "User:a", 1);
+            sink.requests(0, key, "probe", "User:a", 1);
+        }
+        let text = exporter.encode();
+        let series = text.lines().filter(|l| l.starts_with("keg_requests_total{")).count();
+        assert!(series <= 8 + 2, "{series} series:\n{text}");
+        assert!(text.contains(r#"keg_requests_total{api="other",version="0",client_id="probe",principal="User:a"} 2000"#), "{text}");
+    }
+
+    #[test]
     fn combinations_of_bounded_labels_are_bounded_too() {
         // Each label under its bound, their combinations were not: one client changing
         // its client id per request made topics x client ids series.
@@ -458,7 +479,7 @@ mod tests {
         for line in [
             r#"keg_topic_requests_total{api="Produce",topic="other",client_id="other",principal="other"} 96"#,
             r#"keg_topic_record_bytes_total{api="Produce",topic="other",client_id="other",principal="other"} 960"#,
-            r#"keg_requests_total{api="Produce",version="9",client_id="other",principal="other"} 96"#,
+            r#"keg_requests_total{api="Produce",version="other",client_id="other",principal="other"} 96"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

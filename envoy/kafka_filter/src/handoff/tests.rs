@@ -122,18 +122,21 @@ impl Wake for Wakes {
     }
 }
 
-/// Waits until `n` answers came (taking them as the worker would), or 5 s.
+/// Waits until `n` answers came (taking them as the worker would), or 5 s. The link is
+/// never read while the wakes' lock is held: the hand-off thread wakes the worker under
+/// the link's lock (as Envoy's scheduler is committed), and the opposite order
+/// deadlocked a test now and then.
 fn answers(link: &Link, wakes: &Wakes, n: usize) -> Vec<(u64, Resolution)> {
     let mut got = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let (lock, cond) = &*wakes.0;
-    let mut guard = lock.lock().unwrap();
     loop {
         got.extend(link.take());
         if got.len() >= n || std::time::Instant::now() > deadline {
             return got;
         }
-        guard = cond.wait_timeout(guard, Duration::from_millis(20)).unwrap().0;
+        let guard = lock.lock().unwrap();
+        drop(cond.wait_timeout(guard, Duration::from_millis(20)).unwrap());
     }
 }
 
