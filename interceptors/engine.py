@@ -88,9 +88,11 @@ class RecordLimits:
     max_decompressed_per_batch: int = 32 * MiB
     max_records_per_frame: int = 500_000
     max_decompressed_per_frame: int = 128 * MiB
-    # Checked every few hundred records; below Envoy's message_timeout (5 s by default),
-    # past which Envoy would close the connection instead of the client being told.
-    max_frame_seconds: float = 4.0
+    # Checked every few hundred records; below the hand-off timeout (`keg up
+    # --message-timeout`, 2 s): at 4 s the module had answered the client a timeout
+    # while the worker went on for 2 s more, and every other connection of that worker
+    # waited for it (its threads share one GIL).
+    max_frame_seconds: float = 1.5
 
 
 DEFAULT_LIMITS: Final = RecordLimits()

@@ -240,3 +240,16 @@ def test_each_effect_weighs_its_records_for_the_audit() -> None:
                               partition=0, direction="produce", principal=None)
     assert outcome.sizes[("upper", "modified")] == len(b"k") + len(b"abc")
     assert outcome.sizes[("upper", "dropped")] == len(b"k") + len(b"drop")
+
+
+def test_a_frames_time_budget_ends_before_keg_ups_hand_off_timeout() -> None:
+    """At 4 s the module had answered the client REQUEST_TIMED_OUT at its 2 s hand-off
+    timeout while the worker went on for 2 s more, holding up every other connection of
+    that worker (a new user's heavy batches of 99,000 records)."""
+    import inspect
+
+    from interceptors.engine import DEFAULT_LIMITS
+    from keg.cli import up
+
+    handoff_timeout_s = inspect.signature(up).parameters["message_timeout"].default
+    assert DEFAULT_LIMITS.max_frame_seconds < handoff_timeout_s
