@@ -204,6 +204,34 @@ fn at_most_a_window_of_handoffs_is_sent_and_each_answer_lets_one_more_go() {
     assert_eq!(forwarded, expected, "every request, in order");
 }
 
+#[test]
+fn the_brokers_answer_is_handed_off_at_once_whatever_requests_wait_behind_the_window() {
+    // A librdkafka producer pipelined hundreds of requests into a throttle: the window
+    // was full of requests held for the rate, and the answer to one forwarded before
+    // waited behind them (no answer for 20 s: it timed out and sent again).
+    let mut s = session(false);
+    let (_, mut first) = request_round(&mut s, &produce(1, 1));
+    let h = first.remove(0);
+    s.resolve(h.id, Resolution::Request { forward: h.frame.to_vec(), answer: None, want_response: true, vouched: vec![] })
+        .unwrap();
+    let queued: Vec<u8> = (0..MAX_PENDING_PER_CONNECTION + 10).flat_map(|i| produce(i as i32 + 2, 1)).collect();
+    let (_, held) = request_round(&mut s, &queued);
+    assert_eq!(held.len(), MAX_PENDING_PER_CONNECTION, "the window is full, none answered");
+    let answer = encode_response(ApiKey::Produce, 9, 1, &ProduceResponse::default());
+    let (to_client, handed) = answer_round(&mut s, &answer);
+    assert!(to_client.is_empty(), "the answer goes to the service first");
+    assert_eq!(handed.iter().map(|h| h.direction).collect::<Vec<_>>(), [Direction::Response]);
+    s.resolve(handed[0].id, Resolution::Response { answer: answer.clone(), vouched: vec![] }).unwrap();
+    let mut out = Output::default();
+    s.ready_responses(&mut out);
+    assert_eq!(bytes_of(&[], &out), answer, "the client has its answer while the requests wait");
+    // The requests past the window still go in order, one per answer.
+    s.resolve(held[0].id, masked(&held[0])).unwrap();
+    let more = s.take_handoffs();
+    assert_eq!(more.len(), 1);
+    assert!(more[0].id > held.last().unwrap().id);
+}
+
 /// The broker's answers to the forwarded requests of `request_stream`, in order.
 fn response_stream() -> Vec<Vec<u8>> {
     vec![metadata_response(12, 1), opaque_response(2, &[9; 20]), opaque_response(3, &[1; 10]), opaque_response(5, &[3; 500])]

@@ -32,7 +32,8 @@ pub enum Direction {
 /// One frame for the Python service.
 #[derive(Debug, Clone)]
 pub struct HandOff {
-    /// Per connection, increasing; answers come back in this order.
+    /// Per connection, increasing; answers come back in the order frames are taken
+    /// (a broker's answer may be taken before requests made earlier).
     pub id: u64,
     pub direction: Direction,
     /// The whole frame, size prefix included.

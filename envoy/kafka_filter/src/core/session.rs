@@ -414,15 +414,36 @@ impl<P: RequestPolicy> Session<P> {
         !self.responses_out.is_empty()
     }
 
-    /// The frames to hand to the Python service now, in order: those made and not
-    /// taken yet, as long as fewer than [`MAX_PENDING_PER_CONNECTION`] taken ones wait
-    /// for their answers (each answer lets one more go). The service answers a
-    /// connection's frames one at a time and the hand-off timeout runs from when a
-    /// frame is sent: a client pipelining thousands must not have them all sent at once.
+    /// The frames to hand to the Python service now: the requests made and not taken
+    /// yet, in order, as long as fewer than [`MAX_PENDING_PER_CONNECTION`] taken ones
+    /// wait for their answers (each answer lets one more go), and every broker's answer
+    /// made, whatever waits. The service answers a connection's frames one at a time
+    /// and the hand-off timeout runs from when a frame is sent: a client pipelining
+    /// thousands must not have them all sent at once. An answer of the broker waits on
+    /// nothing but its own request, judged and forwarded before: behind the window, it
+    /// waited for requests a throttle held (librdkafka saw no answer for 20 s, timed
+    /// out and sent its records again: 17,888 stored twice of 6,000).
     pub fn take_handoffs(&mut self) -> Vec<HandOff> {
         let sent = self.pending.len().saturating_sub(self.handoffs.len());
-        let room = MAX_PENDING_PER_CONNECTION.saturating_sub(sent).min(self.handoffs.len());
-        self.handoffs.drain(..room).collect()
+        let mut room = MAX_PENDING_PER_CONNECTION.saturating_sub(sent);
+        let mut taken = Vec::new();
+        let mut waiting = VecDeque::new();
+        for handoff in self.handoffs.drain(..) {
+            let goes = match handoff.direction {
+                Direction::Response => true,
+                Direction::Request => waiting.is_empty() && room > 0,
+            };
+            if !goes {
+                waiting.push_back(handoff);
+                continue;
+            }
+            if handoff.direction == Direction::Request {
+                room -= 1;
+            }
+            taken.push(handoff);
+        }
+        self.handoffs = waiting;
+        taken
     }
 
     // -- client -> broker -------------------------------------------------------------
