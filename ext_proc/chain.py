@@ -93,7 +93,7 @@ class FilterChain:
     def on_request(self, header: kafka_wire.RequestHeader, body: dict[str, Any],
                    conn: ConnectionInfo) -> RequestVerdict | None:
         """Run a decoded request through the filters that want it; None when none
-        decided anything. An answer, or a deferral, ends the chain."""
+        decided anything. An answer ends the chain."""
         verdict: RequestVerdict | None = None
         for f in self.interested(header.api_key, header.api_version, REQUEST):
             ctx = RequestContext(header, body, conn)
@@ -102,7 +102,7 @@ class FilterChain:
             if decided is None:
                 continue
             verdict = decided if verdict is None else combine(verdict, decided)
-            if decided.answer is not None or decided.defer_s > 0:
+            if decided.answer is not None:
                 break
         return verdict
 
@@ -135,9 +135,6 @@ class FilterChain:
                      conn.describe())
             return Judged(raw, want_response=self.response_plan(api_key, api_version).hold)
         verdict = self.on_request(header, body, conn) or RequestVerdict()
-        if verdict.defer_s > 0:
-            return Judged(b"", expects_response=verdict.expects_response,
-                          defer_s=verdict.defer_s)
         if verdict.answer is not None:
             answer = kafka_wire.encode_response(header.correlation_id, header.api_key,
                                                 header.api_version, verdict.answer)
@@ -190,8 +187,7 @@ class Judged:
     the gateway answered it or nobody answers it; `answer`: the gateway's own answer
     frame; `expects_response`: an answer is due to the client (not an acks=0 Produce);
     `want_response`: the broker's answer must come back through the chain, with
-    `patch` for it; `delay_s`: how long to hold the request first; `defer_s`: not
-    judged, to be sent again this much later (`RequestVerdict.defer_s`).
+    `patch` for it; `delay_s`: how long to hold the request first.
     """
 
     to_broker: bytes
@@ -201,7 +197,6 @@ class Judged:
     patch: ResponsePatch | None = None
     delay_s: float = 0.0
     changed: bool = False
-    defer_s: float = 0.0
 
     @property
     def answered(self) -> bool:

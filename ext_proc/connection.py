@@ -31,9 +31,6 @@ PRINCIPAL_RULES = "x-keg-principal-rules"
 PRINCIPAL_FROM = "x-keg-principal-from"
 # "1": the listener authenticates clients itself (ext_proc.sasl.termination).
 SASL_TERMINATION = "x-keg-sasl-termination"
-# "1": the data path sends a request again when its reply says `defer_ms` (keg's Kafka
-# filter; one before it would have dropped the request: nothing is deferred for it).
-DEFERS = "x-keg-defer"
 # What Envoy substitutes for a certificate field that is absent.
 _ABSENT = ("", "-")
 
@@ -86,7 +83,6 @@ class ConnectionInfo:
     principal_rules: str | None = None  # ssl.principal.mapping.rules for those names
     principal_from: str = "subject"  # which name the rules apply to
     sasl_termination: bool = False  # the gateway authenticates the client itself
-    defers: bool = False  # the data path sends a deferred request again (DEFERS)
 
     @property
     def gateway_route(self) -> tuple[str, int] | None:
@@ -120,7 +116,6 @@ class ConnectionInfo:
             if PRINCIPAL_RULES in values else None,
             principal_from=values.get(PRINCIPAL_FROM) or "subject",
             sasl_termination=values.get(SASL_TERMINATION) == "1",
-            defers=values.get(DEFERS) == "1",
         )
 
     def describe(self) -> str:

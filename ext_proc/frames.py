@@ -57,6 +57,9 @@ from kafka_wire.framing import REQUEST_HEAD_SIZE, RESPONSE_HEAD_SIZE, parse_requ
 
 MODE_HEADER = "x-keg-mode"
 FRAMES_MODE = "frames"
+# The module sends a request again when its reply says `defer_ms` (modules before it
+# would have dropped the request: the service defers only for those that say so).
+DEFER_HEADER = "x-keg-defer"
 METADATA_NAMESPACE = "keg"  # ProcessingRequest.metadata.filter_metadata[...] key
 MAX_VERSION = 0x7FFF  # Kafka versions are int16
 # The APIs whose requests the module reads topics from (docs/native.md, the interest
@@ -111,6 +114,8 @@ class FramesSession:
         # Until when (time.monotonic()) the module holds this connection's hand-offs back
         # for the rates its requests were over (RequestReply.throttle_ms).
         self._muted_until = 0.0
+        # Whether the module sends a deferred request again (DEFER_HEADER).
+        self.module_defers = False
 
     def request(self, raw: bytes, principal: str | None = None,
                 security_protocol: str | None = None,
@@ -120,25 +125,23 @@ class FramesSession:
         answer that named them may have gone to another worker of the pool."""
         _check_whole(raw, REQUEST_HEAD_SIZE)
         muted_s = self._muted_until - time.monotonic()
-        if muted_s > 0 and self.conn.defers:
+        if muted_s > 0 and self.module_defers:
             # A pipelining client's requests the module sent before the throttle reached
             # it: judged now, each ran the bucket deeper into the debt it may owe (then
             # forgiven), and all went at the mute's end. Judged when the mute is over.
             return RequestReply(b"", None, False, defer_ms=math.ceil(muted_s * 1000))
         self._learn_ids(topic_ids)
         head = parse_request_head(raw)
+        if self._meter is not None:
+            body = memoryview(raw)[REQUEST_HEAD_SIZE:]
+            # Topics: keg's Kafka filter counts those of every request itself.
+            self._meter.request(head.api_key, head.api_version, len(raw), body)
         self.identity.learned_elsewhere(principal, security_protocol)
         # The module hands the frame over once whole: latency runs from here (the
         # module's own time before is not known to this side, docs/audit.md).
         audit = RequestAudit(len(raw))
         with auditing(audit):
             judged = self.chain.judge_frame(raw, self.conn)
-        if judged.defer_s > 0:  # not judged: it comes again, and is counted then
-            return RequestReply(b"", None, False, defer_ms=math.ceil(judged.defer_s * 1000))
-        if self._meter is not None:
-            body = memoryview(raw)[REQUEST_HEAD_SIZE:]
-            # Topics: keg's Kafka filter counts those of every request itself.
-            self._meter.request(head.api_key, head.api_version, len(raw), body)
         if judged.want_response:
             self._patches.append((head.correlation_id, judged.patch, audit))
         else:

@@ -40,6 +40,7 @@ from ext_proc.filters.order import connection_filters
 from ext_proc.filters.rates import SharedRates
 from ext_proc.filters.rules import RuleDecision, RuleEngine
 from ext_proc.frames import (
+    DEFER_HEADER,
     FRAMES_MODE,
     METADATA_NAMESPACE,
     MODE_HEADER,
@@ -379,6 +380,8 @@ class NetworkProcessor(pb_grpc.NetworkExternalProcessorServicer):
         try:
             if frames_mode:
                 frames = self._data_path.frames_session(conn)
+                frames.module_defers = any(key == DEFER_HEADER and value == "1"
+                                           for key, value in metadata)
             else:
                 session = self._data_path.session(conn, self._settings.max_frame_size)
         except (NoMatchingRule, MappingRuleError, TerminationConfigError) as err:

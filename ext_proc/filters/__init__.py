@@ -76,9 +76,6 @@ class RequestVerdict:
       entries for the topics a partial denial removed from the request).
     - `expects_response`: False for a request Kafka never answers (acks=0 Produce).
     - `delay_s`: how long to hold the request before it goes on (throttling).
-    - `defer_s`: not judged yet: a rate it counts against is owed by others sharing
-      it; the data path sends it again this much later (only one that does,
-      `ConnectionInfo.defers`). Ends the chain.
     """
 
     answer: dict[str, Any] | None = None
@@ -86,7 +83,6 @@ class RequestVerdict:
     patch: ResponsePatch | None = None
     expects_response: bool = True
     delay_s: float = 0.0  # hold the request this long first (rate limits)
-    defer_s: float = 0.0  # judge it again this much later (rate limits)
 
 
 def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
@@ -114,7 +110,6 @@ def combine(earlier: RequestVerdict, later: RequestVerdict) -> RequestVerdict:
         patch=None if answer is not None else patch,
         expects_response=earlier.expects_response and later.expects_response,
         delay_s=max(earlier.delay_s, later.delay_s),
-        defer_s=max(earlier.defer_s, later.defer_s),
     )
 
 

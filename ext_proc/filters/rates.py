@@ -47,17 +47,6 @@ def spend(spec: RateSpec, requests: float, nbytes_left: float, elapsed: float,
     return requests, nbytes_left, wait
 
 
-def owed(spec: RateSpec, requests: float, nbytes_left: float, elapsed: float) -> float:
-    """The seconds a bucket that held `requests` and `nbytes_left` tokens `elapsed`
-    seconds ago still owes (0: it is not in debt); nothing is spent."""
-    wait = 0.0
-    if spec.requests_per_second and requests + elapsed * spec.requests_per_second < 0:
-        wait = -requests / spec.requests_per_second - elapsed
-    if spec.bytes_per_second and nbytes_left + elapsed * spec.bytes_per_second < 0:
-        wait = max(wait, -nbytes_left / spec.bytes_per_second - elapsed)
-    return wait
-
-
 def full(spec: RateSpec) -> tuple[float, float]:
     """A new bucket's tokens: the whole burst."""
     return ((spec.requests_per_second or 0) * spec.burst_seconds,
@@ -68,10 +57,6 @@ class RateBuckets(Protocol):
     def take(self, rule_id: str, spec: RateSpec, key: str, nbytes: int) -> float:
         """Spend one request and `nbytes` from the bucket of (rule, key): the seconds the
         caller is over its rate."""
-
-    def owed(self, rule_id: str, spec: RateSpec, key: str) -> float:
-        """The seconds the bucket of (rule, key) is still in debt (0: it is not, or it has
-        none); nothing is spent."""
 
 
 class TokenBucket:
@@ -90,9 +75,6 @@ class TokenBucket:
                                                 elapsed, nbytes)
         return wait
 
-    def owed(self, now: float) -> float:
-        return owed(self.spec, self.requests, self.bytes, max(0.0, now - self.updated))
-
 
 class RateLimiter:
     """Buckets for every (rule, key) seen, in this process only."""
@@ -110,12 +92,6 @@ class RateLimiter:
                 self._buckets.clear()  # a flood of keys must not grow memory without bound
             bucket = self._buckets[(rule_id, key)] = TokenBucket(spec, now)
         return bucket.take(nbytes, now)
-
-    def owed(self, rule_id: str, spec: RateSpec, key: str) -> float:
-        bucket = self._buckets.get((rule_id, key))
-        if bucket is None or bucket.spec != spec:
-            return 0.0
-        return bucket.owed(self._clock())
 
 
 # A bucket's slot: its rule numbers' hash and the tokens left when it was last used.
@@ -148,17 +124,6 @@ class SharedRates:
             requests, nbytes_left, wait = spend(spec, requests, nbytes_left, elapsed, nbytes)
             slot.write(spec_hash, requests, nbytes_left)
         return wait
-
-    def owed(self, rule_id: str, spec: RateSpec, key: str) -> float:
-        if not self._slots.any_taken:
-            return 0.0
-        with self._slots.existing(key_hash(rule_id, key)) as slot:
-            if slot is None:
-                return 0.0
-            stored_spec, requests, nbytes_left = slot.read()
-            if stored_spec != _spec_hash(spec):
-                return 0.0
-            return owed(spec, requests, nbytes_left, slot.now - slot.used)
 
     def close(self) -> None:
         self._slots.close()

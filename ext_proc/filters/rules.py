@@ -442,8 +442,6 @@ class RulesFilter(RuleSetJudge):
                 ErrorCode.UNKNOWN_TOPIC_ID, "keg: a topic id this gateway has not seen named yet; "
                 "refresh metadata"), per_topic=True)
         rules = compiled.relevant(api_key, version, "request", topics, ctx.principal)
-        if conn.defers and (owed := self._owed(rules, ctx, header, topics, groups)) > 0:
-            return RequestVerdict(defer_s=owed)
         denied: dict[str, Refusal] = {}
         denied_groups: dict[str, Refusal] = {}
         changed = False
@@ -451,7 +449,12 @@ class RulesFilter(RuleSetJudge):
         for rule in rules:
             if rule.kind not in ENFORCED_KINDS:
                 continue
-            hits = _hits(rule, ctx, topics, groups, denied)
+            if rule.uses_topics and topics:
+                hits: list[str | None] = [
+                    t for t in topics
+                    if t not in denied and any(rule.matches(ctx, t, g) for g in groups)]
+            else:
+                hits = [None] if any(rule.matches(ctx, None, g) for g in groups) else []
             if not hits:
                 continue
             if rule.kind == "observe":
@@ -576,42 +579,18 @@ class RulesFilter(RuleSetJudge):
               body: dict[str, Any], hits: list[str | None]) -> float:
         spec = rule.action.rate
         nbytes = produce_bytes(body) if header.api_key == ApiKey.PRODUCE else 0
-        wait = max(self._engine.rates.take(rule.id, spec, key, nbytes)
-                   for key in self._rate_keys(rule, header, hits))
+        keys: list[str | None]
+        if spec.per == "topic":
+            keys = hits
+        elif spec.per == "client_id":
+            keys = [header.client_id or ""]
+        else:
+            keys = [self._identity.principal]
+        wait = max(self._engine.rates.take(rule.id, spec, key or "", nbytes) for key in keys)
         if wait > 0:
             self._record(rule, "would-throttle" if rule.dry_run else "throttled", header, conn,
                          hits, reason=f"over the rate by {wait * 1000:.0f} ms")
         return 0.0 if rule.dry_run else wait
-
-    def _rate_keys(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
-                   hits: list[str | None]) -> list[str]:
-        """The buckets of `rule` a request counts against: its topics, its client id or
-        its principal's."""
-        per = rule.action.rate.per
-        if per == "topic":
-            return [t or "" for t in hits]
-        if per == "client_id":
-            return [header.client_id or ""]
-        return [self._identity.principal or ""]
-
-    def _owed(self, rules: Iterable[CompiledRule], ctx: MatchContext,
-              header: kafka_wire.RequestHeader, topics: list[str],
-              groups: list[str | None]) -> float:
-        """How long the rates a request counts against are still in debt, before it is
-        judged: debt other connections ran up (one key shared by several, `per: topic`
-        or one client id on several producers). A connection's own debt mutes it, but
-        judged now, each connection's request ran the bucket into the deepest debt it
-        may owe (10 s of the rate), which forgave the rest: 3 producers of 1 MB batches
-        stored 257-348 KB/s through 100 KB/s. Deferred, requests go one debt at a time.
-        Only for a data path that sends a deferred request again (keg's module)."""
-        owed = 0.0
-        for rule in rules:
-            if rule.kind != "rate" or rule.dry_run:
-                continue
-            hits = _hits(rule, ctx, topics, groups, {})
-            for key in self._rate_keys(rule, header, hits) if hits else ():
-                owed = max(owed, self._engine.rates.owed(rule.id, rule.action.rate, key))
-        return owed
 
     def _topic_denials(self, ctx: MatchContext) -> list[CompiledRule]:
         """The enforced rules that deny topics of this API: those an answer listing
@@ -1035,16 +1014,6 @@ def withhold_partitions(partitions: Any, code: int) -> bool:
 
 # What a Fetch answer tells of a partition's log, which a refused one does not tell.
 _FETCHED_OFFSETS = frozenset({"HighWatermark", "LastStableOffset", "LogStartOffset"})
-
-
-def _hits(rule: CompiledRule, ctx: MatchContext, topics: list[str],
-          groups: list[str | None], denied: Mapping[str, Refusal]) -> list[str | None]:
-    """What `rule` matches of a request: its topics not denied yet (the rule uses
-    topics and the request names some), else [None] for the request as a whole."""
-    if rule.uses_topics and topics:
-        return [t for t in topics
-                if t not in denied and any(rule.matches(ctx, t, g) for g in groups)]
-    return [None] if any(rule.matches(ctx, None, g) for g in groups) else []
 
 
 def _denying(rules: list[CompiledRule], ctx: MatchContext, name: str | None,

@@ -953,27 +953,6 @@ def test_the_brokers_answers_reach_a_client_whose_requests_a_throttle_holds(
     assert answered >= stored - 200, (answered, stored)
 
 
-def test_producers_sharing_a_bytes_rate_are_held_to_it_together(env: Env) -> None:
-    """Three producers of 1 MB batches on one topic's 100 KB/s (`per: topic`) stored
-    257-348 KB/s (regression): each connection's request was judged on arrival and ran
-    the shared bucket into the deepest debt it may owe (10 s of the rate), which forgave
-    the rest, so each connection sent 1 MB per 10 s. Now a request that comes while the
-    bucket is in debt waits until it is paid (the module sends it again), so 1 MB goes
-    per 10 s in all: at 0 s and about 9 s here (judged on arrival: 3 MB at 0 s, 3 MB
-    at 10 s)."""
-    if env.gateway.settings.data_path != "native":
-        pytest.skip("the ext_proc path holds a request at most 0.25 s (docs/rules.md)")
-    topic = admin_topic(env, f"held.{uuid.uuid4().hex[:6]}")
-    with contextlib.ExitStack() as producers:
-        for _ in range(3):
-            producers.enter_context(pipelining_producer(
-                env, topic, 500, 10_000, **{"batch.size": 1_000_000}))
-        time.sleep(15)
-        stored = env.broker_count(topic) * 10_000
-    print(f"{stored / 1e6:.2f} MB stored in 15 s by 3 producers through 100 KB/s")
-    assert 900_000 <= stored <= 2_500_000
-
-
 @pytest.mark.parametrize("requests", [60, 300])
 def test_requests_held_for_a_rate_go_nowhere_once_their_client_has_gone(
         env: Env, requests: int) -> None:

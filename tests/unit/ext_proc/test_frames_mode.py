@@ -7,7 +7,6 @@ the hand-off protocol (docs/native.md) as the Rust module does.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -164,7 +163,8 @@ rules:
     match: {apis: [Produce]}
     action: {rate: {per: client_id, requests_per_second: 10, burst_seconds: 1}}
 """
-    session = FramesSession(dataclasses.replace(CONN, defers=True), engine(rules))
+    session = FramesSession(CONN, engine(rules))
+    session.module_defers = True
     replies = [session.request(produce(cid, "orders")) for cid in range(1, 14)]
     assert [r.throttle_ms for r in replies[:10]] == [0] * 10  # the burst
     assert 0 < replies[10].throttle_ms <= 150 and replies[10].to_broker
@@ -175,34 +175,6 @@ rules:
     older = FramesSession(CONN, engine(rules))
     judged = [older.request(produce(cid, "orders")) for cid in range(1, 14)]
     assert all(r.to_broker and r.defer_ms == 0 for r in judged)
-
-
-def test_a_connection_defers_what_another_connection_owes_on_a_shared_rate() -> None:
-    """One rate shared by several connections (`per: topic`): a request that comes
-    while the bucket is in debt is sent back unjudged, so nothing is spent; judged on
-    arrival, each connection's request was let through and ran the bucket into its
-    deepest debt (10 s of the rate), which forgave the rest: 3 producers of 1 MB batches
-    stored 257-348 KB/s through 100 KB/s."""
-    rules = """
-rules:
-  - id: shared
-    match: {apis: [Produce], topics: {exact: [orders]}}
-    action: {rate: {per: topic, requests_per_second: 1, burst_seconds: 1}}
-"""
-    shared = engine(rules)
-    first, second = (FramesSession(dataclasses.replace(CONN, defers=True), shared)
-                     for _ in range(2))
-    assert first.request(produce(1, "orders")).throttle_ms == 0  # the burst
-    over = first.request(produce(2, "orders"))
-    assert over.to_broker and 900 <= over.throttle_ms <= 1000
-    deferred = second.request(produce(1, "orders"))
-    assert deferred.to_broker == b"" and deferred.throttle_ms == 0
-    assert 900 <= deferred.defer_ms <= 1000
-    assert 900 <= second.request(produce(2, "orders")).defer_ms <= 1000  # nothing spent
-    assert second.request(produce(3, "other")).to_broker  # another topic goes on
-    # A module that does not send deferred requests again has them judged.
-    older = FramesSession(CONN, shared)
-    assert older.request(produce(1, "orders")).throttle_ms > 1000
 
 
 def test_answers_are_matched_in_order_even_to_requests_that_share_an_id() -> None:

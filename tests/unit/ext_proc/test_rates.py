@@ -64,28 +64,6 @@ def test_request_rate_and_keys_are_separate(limiter_at: Limiter) -> None:
     assert limiter.take("r", spec, "alice", 0) == 0.0
 
 
-def test_what_a_bucket_owes_is_read_without_spending(limiter_at: Limiter) -> None:
-    """Requests that come while others sharing a key owe it are deferred until the debt
-    is paid (the native path sends them again): how long is read, nothing is spent."""
-    limiter, clock = limiter_at
-    spec = RateSpec(bytes_per_second=1000, burst_seconds=1)
-    assert limiter.owed("r", spec, "k") == 0.0  # no bucket yet
-    assert limiter.take("r", spec, "k", 3000) == pytest.approx(2.0)  # 1000 burst, 2 s over
-    for _ in range(3):
-        assert limiter.owed("r", spec, "k") == pytest.approx(2.0)  # read, not spent
-    assert limiter.owed("r", spec, "other") == 0.0
-    assert limiter.owed("r", RateSpec(bytes_per_second=10, burst_seconds=1), "k") == 0.0
-    clock[0] = 1.5
-    assert limiter.owed("r", spec, "k") == pytest.approx(0.5)
-    clock[0] = 2.0
-    assert limiter.owed("r", spec, "k") == 0.0
-    assert limiter.take("r", spec, "k", 500) == pytest.approx(0.5)  # the debt was paid
-    requests = RateSpec(requests_per_second=2, burst_seconds=1)
-    assert [limiter.take("q", requests, "k", 0) for _ in range(3)] == [0.0, 0.0,
-                                                                      pytest.approx(0.5)]
-    assert limiter.owed("q", requests, "k") == pytest.approx(0.5)
-
-
 def test_a_bucket_restarts_full_when_its_rule_numbers_change_not_on_a_reload(
         limiter_at: Limiter) -> None:
     limiter, _clock = limiter_at
