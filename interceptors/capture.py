@@ -230,6 +230,15 @@ class CaptureWriter:
         for key in list(self._open):
             self._close(key)
 
+    def write_empty(self, topic: str) -> None:
+        """A file of no rows for `topic` (today's date): a capture of a range that held
+        no records is still a capture, which `keg backtest` reads as 0 records (with no
+        file it refused the directory, and a scheduled capture-then-backtest job failed
+        whenever its topic had been quiet)."""
+        today = datetime.now(tz=UTC).strftime("%Y-%m-%d")
+        self._file(today, topic)
+        self._close((today, topic))
+
     def abort(self) -> list[Path]:
         """Removes what this writer wrote (its open files and those it completed): a
         capture cut short (Ctrl-C, an error) left files a backtest would read as a whole

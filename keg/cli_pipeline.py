@@ -189,8 +189,11 @@ def backtest_cmd(
     with _job():
         thresholds = [parse_threshold(t) for t in fail_on or []]
         candidate = load_rules(rules)
-        check_rule_ids(thresholds, {rule.id for rule in load_rule_dir(rules).rules})
+        check_rule_ids(thresholds, {rule.id for rule in load_rule_dir(rules).rules},
+                       {u.rule_id: u.kind for u in candidate.unjudged if not u.approximate})
         live = load_rules(live_rules) if live_rules is not None else None
+        for unjudged in (*candidate.unjudged, *(live.unjudged if live else ())):
+            console.print(styled(("warning:", "yellow"), f" {unjudged.line()}"))
         source = parse_input(input_)
         if isinstance(source, Path):
             check_capture_files(source)
@@ -230,8 +233,12 @@ def _print_backtest(summary: dict[str, Any], seconds: float) -> None:
     table.add_row(Text("all records", style="bold"), "", f"{totals['records']:,}",
                   *(f"{totals[c]:,}" for c in counts[1:]), *("" for _ in dry))
     out_console.print(table)
-    out_console.print(f"differ from the live rules: {totals['differs']:,}; bytes "
+    differs = f"{totals['differs']:,}" if summary.get("live_rules_dir") else "n/a (no --live-rules)"
+    out_console.print(f"differ from the live rules: {differs}; bytes "
                       f"{totals['bytes_before']:,} -> {totals['bytes_after']:,}")
+    if summary.get("unjudged"):
+        out_console.print(f"not judged as live: {len(summary['unjudged'])} rule(s), see the "
+                          "warnings above and the report")
 
 
 @commands.command("analyze")

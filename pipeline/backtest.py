@@ -23,6 +23,7 @@ failed: those never reach the broker or consumer).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from pipeline.evaluate import (
     evaluate_batches,
     result_schema,
 )
+from pipeline.scope import unjudged
 from pipeline.spark import spark_errors
 
 if TYPE_CHECKING:
@@ -74,16 +76,18 @@ def load_rules(directory: Path) -> RuleFiles:
     if not directory.is_dir():
         raise PipelineError(f"rule directory {directory} does not exist")
     try:
-        engine = backtest_engine(CompiledRuleSet(load_rule_dir(directory)))
+        compiled = CompiledRuleSet(load_rule_dir(directory))
+        engine = backtest_engine(compiled)
     except RuleSetInvalid as err:
         raise RulesInvalid(directory, [str(e) for e in err.errors]) from None
     except InterceptorConfigError as err:
         raise RulesInvalid(directory, [str(err)]) from None
     engine.close()
     try:
-        return RuleFiles.read(directory)
+        files = RuleFiles.read(directory)
     except (OSError, ValueError) as err:
         raise PipelineError(f"cannot read {directory}: {err}") from None
+    return dataclasses.replace(files, unjudged=tuple(unjudged(compiled, str(directory))))
 
 
 def evaluate_frame(records: DataFrame, rules: RuleFiles, live: RuleFiles | None,
@@ -250,11 +254,16 @@ def run_backtest(spark: SparkSession, records: DataFrame | Path, rules: RuleFile
             evaluate_frame(records, rules, live, method).write.mode("overwrite").parquet(
                 str(out / "records"))
         # Read back once and kept in memory: every aggregate below scans it.
-        results = spark.read.parquet(str(out / "records")).cache()
+        reader = spark.read
+        if not any((out / "records").rglob("*.parquet")):  # no records (a quiet capture)
+            reader = reader.schema(to_spark_schema(result_schema()))
+        results = reader.parquet(str(out / "records")).cache()
         summary = summarize(results, out)
         results.unpersist()
     summary["rules_dir"] = rules.name
     summary["live_rules_dir"] = live.name if live else None
+    summary["unjudged"] = [u.as_dict() for u in rules.unjudged]
+    summary["live_unjudged"] = [u.as_dict() for u in live.unjudged] if live else []
     summary["method"] = method
     seconds = time.perf_counter() - start
     summary["seconds"] = round(seconds, 3)

@@ -39,6 +39,7 @@ from interceptors.engine import (
     record_size,
 )
 from kafka_wire import ApiKey
+from pipeline.scope import Unjudged
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -53,6 +54,8 @@ class RuleFiles:
 
     name: str
     files: tuple[tuple[str, bytes], ...]
+    # The rules a backtest does not judge as the gateway would (`pipeline.scope`).
+    unjudged: tuple[Unjudged, ...] = ()
 
     @classmethod
     def read(cls, directory: Path) -> RuleFiles:
@@ -217,7 +220,22 @@ def differs(candidate: RecordOutcome, live: RecordOutcome | None) -> bool:
         return True
     # Both forward the record changed: do they forward the same bytes?
     return candidate.status == "modified" and (
-        record_digest(candidate.record) != record_digest(live.record))
+        outcome_digest(candidate) != outcome_digest(live))
+
+
+def outcome_digest(outcome: RecordOutcome) -> str | None:
+    """The fingerprint a backtest keeps of a record a rule modified: its bytes'
+    (`record_digest`), but for one an encrypt rule changed. Encryption draws a fresh
+    nonce (and data key) each time, so the same rule makes other bytes of the same
+    record: every record an encrypt rule changed differed from live, the rule sets being
+    the same. Such a record's fingerprint is what each rule did to it and the bytes it
+    passed on (ciphertext has the plaintext's length), and its final size."""
+    if not any(s.kind == "encrypt" and s.effect == "modified" and not s.dry_run
+               for s in outcome.steps):
+        return record_digest(outcome.record)
+    done = [(s.rule_id, s.kind, s.effect, s.bytes_out) for s in outcome.steps if not s.dry_run]
+    seen = repr((done, record_size(outcome.record) if outcome.record else None)).encode()
+    return "encrypted-" + hashlib.blake2b(seen, digest_size=16).hexdigest()
 
 
 # --- a batch, column-wise ------------------------------------------------------------
@@ -253,7 +271,7 @@ class _Side:
         self.steps[row] = outcome.steps
         if status == "modified":
             self.bytes_after[row] = record_size(outcome.record)
-            self.digest[row] = record_digest(outcome.record)
+            self.digest[row] = outcome_digest(outcome)
         elif status != "unchanged":
             self.bytes_after[row] = 0
 
@@ -486,6 +504,7 @@ __all__ = [
     "engine_for",
     "evaluate_batch",
     "evaluate_batches",
+    "outcome_digest",
     "record_bytes",
     "record_digest",
     "records_from_arrow",

@@ -12,12 +12,16 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, get_args
 from urllib.parse import urlsplit
 
 from filter_rules.record_actions import TOPIC_NAME_PATTERN
+from interceptors.contract import RecordDirection
 from pipeline.errors import PipelineError
 from pipeline.spark import spark_errors
+
+# What a capture's direction column may say.
+CAPTURE_DIRECTIONS: Final[tuple[str, ...]] = get_args(RecordDirection)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,6 +78,25 @@ def check_capture_files(path: Path) -> None:
                 f"{file} is not a capture file: it lacks the column(s) {', '.join(missing)} "
                 f"(a capture has {', '.join(f.name for f in capture_schema())}; "
                 "docs/pipeline.md)")
+        if "direction" in names:
+            _check_directions(file)
+
+
+def _check_directions(file: Path) -> None:
+    """A capture's direction is produce or consume (null: produce). Another value made
+    every task fail with a KeyError and Spark's stack traces; one column is read."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        found = pc.unique(pq.read_table(file, columns=["direction"]).column(0)).to_pylist()
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"{file} is not a readable Parquet file: {err}") from None
+    wrong = sorted(str(d) for d in found if d not in (None, *CAPTURE_DIRECTIONS))
+    if wrong:
+        raise PipelineError(
+            f"{file}: column direction holds {', '.join(map(repr, wrong))}; a capture's "
+            f"direction is {' or '.join(CAPTURE_DIRECTIONS)} (null: produce)")
 
 
 def read_records(spark: SparkSession, source: Path | KafkaInput) -> DataFrame:

@@ -32,11 +32,22 @@ def backtest_report(summary: Mapping[str, Any], crossed: Sequence[str], path: Pa
         ("records", totals["records"], False),
         *((s, totals[s], s in ("dropped", "rejected", "failed") and totals[s] > 0)
           for s in STATUS_COLUMNS),
-        ("differ from live", totals["differs"], totals["differs"] > 0),
+        ("differ from live",
+         totals["differs"] if summary.get("live_rules_dir") else "n/a", totals["differs"] > 0),
         ("bytes before", _mib(totals["bytes_before"]), False),
         ("bytes after", _mib(totals["bytes_after"]), False),
-        ("bytes after (live)", _mib(totals["live_bytes_after"]), False),
+        *((("bytes after (live)", _mib(totals["live_bytes_after"]), False),)
+          if summary.get("live_rules_dir") else ()),
     ])
+
+    unjudged = [*summary.get("unjudged", ()), *summary.get("live_unjudged", ())]
+    if unjudged:
+        report.heading("Rules not judged as live")
+        report.paragraph("A backtest runs record rules only, on what a capture records: "
+                         "request rules are not evaluated, and a record rule whose match "
+                         "reads the connection (client id, address, listener, broker) or the "
+                         "API version is judged without it.", "meta")
+        report.table(unjudged, ["rule_id", "kind", "where", "approximate", "reason"])
 
     rules = summary["rules"]
     report.heading("Per rule")

@@ -211,6 +211,8 @@ def _copy(consumer: Any, topic: str, ranges: list[Range], total: int, writer: Ca
             on_progress(sum(position[r.partition] - r.start for r in ranges), total)
     if rows:
         result.records += writer.write(rows)
+    if not result.records:
+        writer.write_empty(topic)
     result.full = writer.full and bool(pending)
     writer.close()
     result.files = writer.files

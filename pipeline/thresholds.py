@@ -9,7 +9,9 @@ A metric is a record status (unchanged, modified, dropped, rejected, failed),
 `changed` (anything but unchanged) or `differs` (vs the live rules). A number with a
 decimal point or a % sign is a fraction of all records; a whole number is a count.
 With a `rule:` prefix the metric counts the records that rule's steps had (matched,
-modified, dropped, rejected, failed, unchanged).
+modified, dropped, rejected, failed, unchanged; a dry-run rule's would_modified,
+would_dropped, would_rejected). A rule the backtest does not evaluate (a request rule,
+`pipeline.scope`) cannot be gated on: it would measure 0 whatever it does live.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pipeline.errors import PipelineError
 
 RECORD_METRICS: Final = ("unchanged", "modified", "dropped", "rejected", "failed", "changed",
                          "differs")
-RULE_METRICS: Final = ("matched", "unchanged", "modified", "dropped", "rejected", "failed")
+RULE_METRICS: Final = ("matched", "unchanged", "modified", "dropped", "rejected", "failed",
+                       "would_modified", "would_dropped", "would_rejected")
 _OPS: Final[dict[str, Callable[[float, float], bool]]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
     ">": operator.gt, "<": operator.lt,
@@ -79,10 +82,18 @@ def parse_threshold(text: str) -> Threshold:
     return Threshold(text.strip(), metric, found["op"], value, fraction, rule)
 
 
-def check_rule_ids(thresholds: list[Threshold], rule_ids: Collection[str]) -> None:
-    """PipelineError for a threshold naming a rule the candidate set does not have: it
-    would measure 0 for ever, so a gate with a typo in it passed every change."""
+def check_rule_ids(thresholds: list[Threshold], rule_ids: Collection[str],
+                   unevaluated: Mapping[str, str] | None = None) -> None:
+    """PipelineError for a threshold naming a rule the candidate set does not have, or
+    one the backtest does not evaluate (`unevaluated`: rule id -> kind): it would
+    measure 0 for ever, so a gate with a typo in it (or on a deny) passed every change."""
     for threshold in thresholds:
+        if threshold.rule is not None and threshold.rule in (unevaluated or {}):
+            kind = (unevaluated or {})[threshold.rule]
+            raise PipelineError(
+                f"invalid --fail-on '{threshold.text}': rule '{threshold.rule}' is a {kind} "
+                "rule, which a backtest does not evaluate (it runs record rules only): it "
+                "would measure 0 whatever the rule does live")
         if threshold.rule is None or threshold.rule in rule_ids:
             continue
         close = difflib.get_close_matches(threshold.rule, list(rule_ids), n=1)

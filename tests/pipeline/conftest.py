@@ -13,7 +13,7 @@ from filter_rules import CompiledRuleSet, load_rule_dir
 from interceptors.capture import CaptureWriter, to_row
 from interceptors.contract import BuildContext, InterceptedRecord
 from interceptors.engine import RecordEngine, RecordOutcome
-from pipeline.evaluate import record_bytes, record_digest
+from pipeline.evaluate import outcome_digest, record_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -132,7 +132,7 @@ def expected_row(outcome: RecordOutcome) -> dict[str, Any]:
         "status": outcome.status,
         "reason": outcome.reason,
         "bytes_after": record_bytes(outcome.record) if kept else 0,
-        "digest": record_digest(outcome.record) if outcome.status == "modified" else None,
+        "digest": outcome_digest(outcome) if outcome.status == "modified" else None,
         "steps": [(s.rule_id, s.kind, s.effect, s.reason, s.dry_run) for s in outcome.steps],
     }
 

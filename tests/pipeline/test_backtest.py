@@ -226,3 +226,95 @@ def test_cli_bad_spark_conf_exit_2(tmp_path: Path) -> None:
                                  "--conf", "spark.executor.memory"])
     assert result.exit_code == 2
     assert "--conf 'spark.executor.memory': expected KEY=VALUE" in result.output
+
+
+SCOPED_RULES = """\
+apiVersion: keg/v1
+kind: RuleSet
+rules:
+  - id: deny-events
+    match: {topics: {exact: [events]}}
+    action: {deny: {}}
+  - id: size-guard
+    match: {topics: {exact: [orders]}}
+    action: {safeguard: {max_record_bytes: 10}}
+  - id: mask-for-one-client
+    match: {topics: {exact: [orders]}, client_ids: {exact: [masked-client]}}
+    action: {mask: {fields: ["$.customer.name"]}}
+  - id: seal-names
+    match: {topics: {exact: [orders]}}
+    action: {encrypt: {fields: ["$.customer.name"], key: {id: k1, secret: {file: k1.key}}}}
+  - id: try-dropping-tests
+    mode: dry-run
+    match: {topics: {exact: [orders]}}
+    action: {drop: {when: {key: {prefix: [test-]}}}}
+"""
+
+
+def scoped_rules(directory: Path) -> Path:
+    rules = rule_dir(directory, SCOPED_RULES)
+    (rules / "k1.key").write_text("11" * 32)
+    return rules
+
+
+def test_cli_backtest_names_the_rules_it_does_not_judge_as_live(spark: Any,
+                                                                tmp_path: Path) -> None:
+    """A new user's backtest left a deny and a safeguard out without a word (the records
+    they refuse live counted as unchanged, a gate `deny-x:matched==0` passed), judged a
+    client-id rule as matching no client, and with the same rules on both sides said
+    every record an encrypt rule changed differs from live (fresh nonces)."""
+    capture = write_capture(tmp_path / "capture", sample_records(80))
+    rules = scoped_rules(tmp_path / "rules")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                                 "--live-rules", str(rules), "--out", str(out),
+                                 "--fail-on", "differs>0",
+                                 "--fail-on", "try-dropping-tests:would_dropped>100", "-q"])
+    assert result.exit_code == 0, result.output
+    where = f"{rules / 'rules.yaml'}:"
+    for rule, kind in (("deny-events", "deny"), ("size-guard", "safeguard")):
+        assert f"rule {rule} ({kind}) not evaluated: a backtest runs record rules only" \
+            in result.output
+    assert "rule mask-for-one-client (mask) judged approximately" in result.output
+    assert "client ids (judged as a client without one)" in result.output
+    assert where in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert {u["rule_id"]: u["approximate"] for u in summary["unjudged"]} == {
+        "deny-events": False, "size-guard": False, "mask-for-one-client": True}
+    sealed = next(r for r in summary["rules"] if r["rule_id"] == "seal-names")
+    assert sealed["modified"] > 0
+    assert summary["totals"]["differs"] == 0  # the same rules: nothing differs
+    assert "Rules not judged as live" in (out / "report.html").read_text()
+
+    gated = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                                "--fail-on", "deny-events:matched==0", "-q"])
+    assert gated.exit_code == 2, gated.output
+    assert "rule 'deny-events' is a deny rule, which a backtest does not evaluate" \
+        in gated.output
+
+    alone = runner.invoke(app, ["backtest", "--rules", str(rules), "--input", str(capture),
+                                "--out", str(out), "-q"])
+    assert alone.exit_code == 0, alone.output
+    assert "differ from the live rules: n/a (no --live-rules)" in alone.output
+
+
+def test_a_capture_direction_that_is_neither_produce_nor_consume_is_one_clear_error(
+        tmp_path: Path) -> None:
+    """A capture saying direction=sideways failed every task with a KeyError and Spark's
+    stack traces."""
+    import pyarrow as pa
+
+    capture = write_capture(tmp_path / "capture", sample_records(4))
+    file = next(capture.rglob("*.parquet"))
+    table = pq.read_table(file)
+    column = table.schema.get_field_index("direction")
+    pq.write_table(table.set_column(column, table.schema.field(column),
+                                    pa.array(["sideways"] * table.num_rows, pa.string())),
+                   file)
+    with pytest.raises(PipelineError, match="column direction holds 'sideways'; a capture's "
+                                            "direction is produce or consume"):
+        check_capture_files(capture)
+    result = runner.invoke(app, ["backtest", "--rules", str(live_inputs(tmp_path, 1)[1]),
+                                 "--input", str(capture), "-q"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output

@@ -63,6 +63,23 @@ def test_a_threshold_naming_a_rule_the_set_lacks_is_refused() -> None:
         check_rule_ids([parse_threshold("nosuchrule:modified>0")], {"pii-mask"})
 
 
+def test_a_threshold_on_a_rule_the_backtest_does_not_evaluate_is_refused() -> None:
+    """A gate on a deny (`no-payments:matched==0`) measured 0 whatever the rule did live
+    (a backtest runs record rules only) and passed."""
+    gate = [parse_threshold("no-payments:matched==0")]
+    with pytest.raises(PipelineError, match="'no-payments' is a deny rule, which a backtest "
+                                            "does not evaluate"):
+        check_rule_ids(gate, {"no-payments", "pii-mask"}, {"no-payments": "deny"})
+    check_rule_ids([parse_threshold("pii-mask:matched>0")], {"no-payments", "pii-mask"},
+                   {"no-payments": "deny"})
+
+
+def test_a_dry_run_rules_would_counts_can_be_gated_on() -> None:
+    summary = {**SUMMARY, "rules": [{**SUMMARY["rules"][0], "would_dropped": 7}]}
+    assert check([parse_threshold("pii-mask:would_dropped>5")], summary) == [
+        "pii-mask:would_dropped>5: measured 7"]
+
+
 def test_missing_java_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(PipelineError, match="Spark needs Java 17 or newer and none was found"):

@@ -112,6 +112,27 @@ def test_keg_capture_snapshots_a_topic_range(kafka: EmbeddedKafka, tmp_path: Pat
     assert sorted(read_capture(ranged).column("offset").to_pylist()) == [2, 3, 4]
 
 
+def test_a_capture_of_a_quiet_range_backtests_as_no_records(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """`keg capture` of a range without records said "0 records (0 file(s))" and exit 0,
+    and `keg backtest` then refused the directory ("holds no Parquet files"): a
+    capture-then-backtest job failed whenever its topic had been quiet. A quiet range is
+    captured as a file of no rows."""
+    topic = create_topic(kafka.bootstrap, name="pipeline-quiet-" + os.urandom(3).hex())
+    _produce(kafka.bootstrap, topic, _documents(3))
+    out = tmp_path / "capture"
+    result = CliRunner().invoke(app, ["capture", "--topic", topic, "--bootstrap-servers",
+                                      kafka.bootstrap, "--out", str(out),
+                                      "--from-offset", "100", "-q"])
+    assert result.exit_code == 0, result.output
+    assert read_capture(out).num_rows == 0
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": MASK_EMAIL})
+    backtest = CliRunner().invoke(app, ["backtest", "--rules", str(rules), "--input", str(out),
+                                        "--out", str(tmp_path / "bt"), "-q"])
+    assert backtest.exit_code == 0, backtest.output
+    assert "backtest: 0 records" in backtest.output
+
+
 def test_a_capture_cut_short_leaves_nothing_and_can_be_run_again(
         kafka: EmbeddedKafka, tmp_path: Path) -> None:
     """Ctrl-C during `keg capture` left the files it had completed (and its open one):
