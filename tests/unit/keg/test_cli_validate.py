@@ -106,3 +106,31 @@ def test_no_secrets_validates_the_files_only(tmp_path: Path,
     result = runner.invoke(app, ["validate", str(_with_keys(tmp_path)), "--no-secrets"])
     assert result.exit_code == 0, result.output
     assert "3 rules valid" in result.output and "secrets not checked" in result.output
+
+
+def test_a_record_rule_the_service_could_not_build_is_invalid(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`keg validate` said "2 rules valid" of a validate rule whose JSON Schema file is
+    not there, which the gateway then refuses (a new user's report); with a missing
+    secret too, each problem is reported once, at its line."""
+    (tmp_path / "r.yaml").write_text(
+        "rules:\n"
+        "  - id: enc\n"
+        "    action:\n"
+        "      encrypt:\n"
+        "        key: {id: k, secret: {env: KEG_TEST_UNSET_KEY}}\n"
+        "  - id: v\n"
+        "    action: {validate: {json_schema_file: nope.json}}\n")
+    monkeypatch.delenv("KEG_TEST_UNSET_KEY", raising=False)
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    rule_file = str(tmp_path / "r.yaml")
+    lines = [line for line in result.output.splitlines() if line.startswith(rule_file)]
+    assert len(lines) == 2, result.output
+    assert ":5:" in lines[0] and "KEG_TEST_UNSET_KEY is not set" in lines[0]
+    assert ":6:" in lines[1] and "cannot read JSON Schema" in lines[1]
+
+    monkeypatch.setenv("KEG_TEST_UNSET_KEY", "11" * 32)
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "cannot read JSON Schema" in result.output and "1 problem(s)" in result.output
