@@ -22,6 +22,7 @@ from filter_rules import CompiledRuleSet
 from filter_rules.model import Match
 from filter_rules.record_actions import RECORD_KINDS
 from interceptors.engine import PLAN_VERSIONS
+from kafka_wire import ApiKey
 
 # Match fields a capture does not record, and how the backtest judges them.
 _UNCAPTURED: Final = {
@@ -75,12 +76,15 @@ def unjudged(compiled: CompiledRuleSet, name: str = "<rules>") -> list[Unjudged]
                 "APIs, acks, compression, rates), which a capture does not keep",
                 approximate=False))
             continue
-        missing = uncaptured_fields(rule.rule.match)
+        missing = [_UNCAPTURED[f] for f in uncaptured_fields(rule.rule.match)]
+        if rule.api_keys is not None and ApiKey.SHARE_FETCH in rule.api_keys \
+                and ApiKey.FETCH not in rule.api_keys:
+            missing.append("the API (share consumers' records are judged as Fetch answers, "
+                           "which this rule does not read)")
         if missing:
             found.append(Unjudged(
                 rule.id, rule.kind, where,
-                "its match reads what a capture does not record: "
-                + "; ".join(_UNCAPTURED[f] for f in missing),
+                "its match reads what a capture does not record: " + "; ".join(missing),
                 approximate=True))
     return found
 
