@@ -61,6 +61,12 @@ EXT_PROC_CLUSTER = "keg-ext-proc"
 # node metadata key that tells the control plane an instance's limit.
 MAX_RULE_SET_BYTES: Final = 128 * 1024 * 1024
 MAX_RULE_SET_BYTES_KEY: Final = "keg.max_rule_set_bytes"
+# An instance with no rule set at all that refused the one served (it cannot build it
+# here: a key file gone bad, a schema file missing) asks for it again this often. The
+# version stays what the fleet serves (an instance's refusal does not take back a
+# version another applied), so nothing new would come: once the file was fixed, the
+# instance stayed without rules, and its connections stalled, until some rule changed.
+NO_RULES_RETRY_S: Final = 5.0
 
 
 Built = tuple[RecordEngine, CompiledRuleSet]  # RuleEngine.prepare's
@@ -135,7 +141,8 @@ class RuleSubscription:
                  backoff: Backoff = Backoff(), cluster: str = EXT_PROC_CLUSTER,
                  credentials: grpc.ChannelCredentials | None = None,
                  max_rule_set_bytes: int = MAX_RULE_SET_BYTES,
-                 on_installed: Callable[[], None] | None = None) -> None:
+                 on_installed: Callable[[], None] | None = None,
+                 no_rules_retry_s: float = NO_RULES_RETRY_S) -> None:
         if max_rule_set_bytes <= 0:
             raise ValueError("max_rule_set_bytes must be positive")
         self.target = target
@@ -147,10 +154,12 @@ class RuleSubscription:
         self.metrics = metrics
         self.on_installed = on_installed  # after each rule set installed (kept or new)
         self.backoff = backoff
+        self.no_rules_retry_s = no_rules_retry_s
         self.cluster = cluster
         self.version = ""  # the version this instance runs ("" before any)
         self.connected = False
         self.last_error: str | None = None
+        self.last_refused = ""  # the version last refused ("" before any)
         self.connects = 0  # streams established
 
     # -- applying ----------------------------------------------------------------------
@@ -301,15 +310,30 @@ class RuleSubscription:
         ))
         call = stub.StreamAggregatedResources(requests())
         answered = False
+        retry_at: float | None = None  # when to ask again for a refused set (no rules)
+        loop = asyncio.get_running_loop()
         try:
             await call.wait_for_connection()
             self.connected = True
             self.connects += 1
             log.info("rule stream to %s up (running version %s)", self.target,
                      self.version or "(none)")
-            async for response in call:
+            responses = call.__aiter__()
+            while True:
+                wait = None if retry_at is None else max(0.0, retry_at - loop.time())
+                try:
+                    response = await asyncio.wait_for(anext(responses), wait)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    log.warning("no rule set running: asking %s for version %s again",
+                                self.target, self.last_refused or "(any)")
+                    break  # a new stream: the control plane sends what it serves
                 answered = True
-                outbox.put_nowait(await self._verdict(response))
+                verdict = await self._verdict(response)
+                outbox.put_nowait(verdict)
+                refused = verdict.HasField("error_detail") and not self.version
+                retry_at = loop.time() + self.no_rules_retry_s if refused else None
         finally:
             call.cancel()
         return answered
@@ -323,6 +347,7 @@ class RuleSubscription:
                 raise RuleSetRejected(f"unexpected type {response.type_url}")
             await self.apply_async(response.version_info, response.resources)
         except RuleSetRejected as err:
+            self.last_refused = response.version_info
             request.version_info = self.version
             request.error_detail.CopyFrom(status_pb2.Status(code=code_pb2.INVALID_ARGUMENT,
                                                             message=str(err)))

@@ -153,6 +153,10 @@ class Client:
     def fleet(self) -> dict[str, Any]:
         return self._call("GET", "/v1/fleet")
 
+    def version_info(self, number: int) -> dict[str, Any]:
+        info: dict[str, Any] = self._call("GET", f"/v1/versions/{number}")["info"]
+        return info
+
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         import httpx2
 
@@ -416,6 +420,18 @@ class Rollout:
         return cls(tuple(applied), tuple(pending), tuple(nacked))
 
 
+def _with_store_rejection(client: Client, version: int, state: Rollout) -> Rollout:
+    """`state`, with the instance that NACKed `version` when the store rejected it. The
+    fleet then runs the version before, and the instance's last NACK may be of that one
+    (it could take neither): waiting on the fleet alone waited out --wait-timeout."""
+    info = client.version_info(version)
+    if info.get("status") != "rejected":
+        return state
+    node, _, error = str(info.get("status_detail") or "").partition(": ")
+    return Rollout(state.applied, tuple(p for p in state.pending if p != node),
+                   ((node, error),))
+
+
 def _number(version: object) -> int:
     try:
         return int(str(version))
@@ -438,6 +454,9 @@ def _wait_for_fleet(client: Client, version: int, timeout: float, poll_s: float 
                 total = len(state.applied) + len(state.pending) + len(state.nacked)
                 progress.update(task, total=total, completed=len(state.applied))
                 if state.nacked or not state.pending or time.monotonic() > deadline:
+                    break
+                state = _with_store_rejection(client, version, state)
+                if state.nacked:
                     break
                 time.sleep(poll_s)
     except ApiFailure as failure:

@@ -263,12 +263,21 @@ class RuleStore:
 
     def record_verdict(self, number: int, node: str, error: str | None = None) -> bool:
         """An ext_proc instance (`node`) applied version `number` (`error` None) or
-        refused it. A refusal marks the version rejected for good and, when it was the
-        served version, makes subscribers hear the one served now. Returns whether it
-        changed what is known."""
+        refused it. The first answer stands: a refusal of a version no instance applied
+        yet marks it rejected for good and, when it was the served version, makes
+        subscribers hear the one served now; a refusal of a version an instance applied
+        is that instance's trouble (logged; the fleet view shows its NACK), and the
+        version stays served. Returns whether it changed what is known."""
         status = APPLIED if error is None else REJECTED
         verdict = Verdict(number, status, node, error or "", datetime.now(UTC))
-        if number <= 0 or not self._backend.record_verdict(verdict):
+        if number <= 0:
+            return False
+        if not self._backend.record_verdict(verdict):
+            known = self.verdict(number) if status == REJECTED else None
+            if known is not None and known.status == APPLIED:
+                log.error("%s cannot apply rules version %d, which %s applied: %s; the "
+                          "version stays served (what changed on that instance: a key, a "
+                          "file, its limits?)", node, number, known.node, error)
             return False
         if status == REJECTED:
             log.error("rules version %d rejected by %s: %s; it will not be served again",

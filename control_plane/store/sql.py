@@ -417,16 +417,14 @@ class SqlBackend:
     def record_verdict(self, verdict: Verdict) -> bool:
         """Keep the fleet's answer to a version; True when it changed what is known.
 
-        The first `applied` is kept (later ACKs change nothing); `rejected` replaces
-        `applied` and is never replaced itself."""
-        if verdict.status == APPLIED:
-            statement = ("INSERT INTO keg_verdicts ({c}) VALUES (?, ?, ?, ?, ?) "
-                         "ON CONFLICT (number) DO NOTHING")
-        else:
-            statement = ("INSERT INTO keg_verdicts ({c}) VALUES (?, ?, ?, ?, ?) "
-                         "ON CONFLICT (number) DO UPDATE SET status = excluded.status, "
-                         "node = excluded.node, detail = excluded.detail, at = excluded.at "
-                         f"WHERE keg_verdicts.status <> '{REJECTED}'")
+        The first answer is kept: a version an instance applied is good, and a later
+        NACK (an instance whose key file, schema file or size limit changed, restarted)
+        is that instance's trouble, not the version's. Before, `rejected` replaced
+        `applied`: the store fell back to the version before, which the same instance
+        refused too, and so on until no version was left (a new user's botched key
+        rotation and one worker's crash rejected all six)."""
+        statement = ("INSERT INTO keg_verdicts ({c}) VALUES (?, ?, ?, ?, ?) "
+                     "ON CONFLICT (number) DO NOTHING")
         with self._writer.use() as conn:
             cursor = conn.execute(self._sql(statement.format(c=_VERDICT_COLUMNS)), (
                 verdict.number, verdict.status, verdict.node, verdict.detail,

@@ -102,8 +102,10 @@ def test_an_instance_that_accepts_less_nacks_and_keg_apply_wait_names_it(
     """The control plane as deployed (store, REST API, xDS) and real `keg ext-proc`
     children. 12,000 rules (5 MB) reach an instance with the default limit: `keg apply
     --wait` returns 0. An instance started with --max-rule-set-bytes 1048576 cannot
-    take them: the control plane NACKs for it, the store marks the version rejected,
-    and `keg apply --wait` exits 6 naming the instance and both sizes."""
+    take them: the control plane NACKs for it; a new version it refuses first is
+    rejected (the fleet goes back to version 1, which it refuses too), and `keg apply
+    --wait` exits 6 naming the instance and both sizes (it waited out its timeout when
+    the instance's last NACK was of version 1)."""
     tokens = tmp_path / "tokens"
     tokens.write_text(f"ci:{TOKEN}\n")
     token_file = tmp_path / "token"
@@ -150,13 +152,16 @@ def test_an_instance_that_accepts_less_nacks_and_keg_apply_wait_names_it(
         assert fleet()["xp-default"]["applied_version"] == "1"
 
         # An instance that accepts 1 MiB is served version 1 as it connects: NACKed
-        # for it, so version 1 is rejected for good.
+        # for it. Version 1, which xp-default applied, stays served (an instance's
+        # refusal of a version the fleet runs is that instance's trouble).
         ext_proc("xp-small", "--max-rule-set-bytes", "1048576")
         wait_until("xp-small's NACK", lambda: (fleet().get("xp-small") or {}).get("last_nack")
                    is not None, timeout=120)
         nack = fleet()["xp-small"]["last_nack"]
         assert nack["version"] == "1"
         assert "more than the 1048576 this node accepts" in nack["error"]
+        first = process.store.verdict(1)
+        assert first is not None and first.status == "applied"
 
         write_rules(rules, 12_000, extra="rules:\n  - id: one-more\n    action: {deny: {}}\n")
         done = keg_apply(rules)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +27,13 @@ from control_plane.service import ControlPlaneSettings, free_port
 from filter_rules import load_rule_dir
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway
-from tests.integration.conftest import create_topic, gateway_settings, produce_one, rule_dir
+from tests.integration.conftest import (
+    create_topic,
+    deliver,
+    gateway_settings,
+    produce_one,
+    rule_dir,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -587,3 +595,61 @@ def test_rule_changes_under_load_close_no_connection_and_lose_no_record(
     assert result.disconnects == 0
     assert result.records_during_changes > 0  # the changes happened under load
     assert result.flow_stored == result.flow_acknowledged >= 20_000
+
+
+def test_a_worker_that_cannot_build_the_served_version_after_a_restart_does_not_take_it_back(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """A new user's botched key rotation (the key file the encrypt rule reads replaced by
+    junk), then kill -9 of one of keg up's two workers: the restarted worker could not
+    build the version the fleet ran and NACKed it; the store marked it rejected, fell
+    back to the versions before, which both workers refused in turn, until all were
+    rejected, and the worker ran no rules (its connections stalled) even once the key
+    file was fixed. A version an instance applied stays served; the worker asks again."""
+    key = tmp_path / "k1.key"
+    good = "11" * 32
+    key.write_text(good)
+    rules_dir = rule_dir(tmp_path / "rules", {"rules.yaml": (
+        "rules:\n  - id: seal-cards\n    match: {topics: {prefix: [sealed.]}}\n"
+        "    action:\n      encrypt:\n        fields: [$.card]\n"
+        f"        key: {{id: k1, secret: {{file: {key}}}}}\n")})
+    topic = create_topic(kafka.bootstrap, name=f"sealed.{time.monotonic_ns()}")
+    (tmp_path / "tokens").write_text("ci:writer-token-0123456789\n")
+    with gateway_with_api(kafka, tmp_path, rules_dir, ext_proc_workers=2) as (
+            gateway, store, _api):
+        deadline = time.monotonic() + 30
+        while (verdict := store.verdict(1)) is None:
+            assert time.monotonic() < deadline, "version 1 was never answered"
+            time.sleep(0.1)
+        assert verdict.status == "applied"
+
+        def runs(node_id: str) -> tuple[str | None, str | None]:
+            node = next(n for n in gateway.fleet_status() if n["node_id"] == node_id)
+            state = node["types"].get("keg.v1.RuleSet", {})
+            return state.get("applied_version"), (state.get("last_nack") or {}).get("version")
+
+        victim = gateway.workers[0]
+        pid = victim.current_pid()
+        assert pid is not None
+        bad = tmp_path / "k1.key.new"
+        bad.write_text("not-a-key\n")
+        bad.replace(key)  # atomically, as a rotation script would
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while runs(victim.node_id)[1] != "1":
+            assert time.monotonic() < deadline, "the restarted worker never answered"
+            time.sleep(0.2)
+        time.sleep(2)  # a cascade went on for seconds
+        verdicts = store.verdicts([1])
+        assert store.current()[0] == 1 and verdicts[1].status == "applied", verdicts
+
+        key.write_text(good)
+        deadline = time.monotonic() + 30
+        while runs(victim.node_id)[0] != "1":
+            assert time.monotonic() < deadline, "the worker kept running no rules"
+            time.sleep(0.2)
+        # Every connection is served again, whichever worker it reaches.
+        for _ in range(4):
+            producer = Producer({"bootstrap.servers": gateway.bootstrap,
+                                 "message.timeout.ms": 15000})
+            assert deliver(producer, topic, b'{"card": "4111"}') == 0
+            del producer

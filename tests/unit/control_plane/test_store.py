@@ -286,6 +286,26 @@ def test_a_rejected_version_is_never_served_and_the_last_good_one_is(
     assert store.current()[0] == 1 and heard[-1] == 1
 
 
+def test_a_version_the_fleet_applied_is_not_taken_back_by_one_instances_refusal(
+        store: RuleStore) -> None:
+    """A worker restarted after its key file went bad refused the version the fleet ran:
+    it was marked rejected, the store fell back to the version before, which the worker
+    refused too, and so on until all six were rejected (a new user's report). The first
+    answer stands: a version an instance applied stays served."""
+    heard: list[int] = []
+    store.subscribe(lambda number, _rules: heard.append(number))
+    store.put_rule(rule("a"), ALICE)
+    store.record_verdict(1, "xp-1")
+    store.put_rule(rule("b"), ALICE)
+    assert store.record_verdict(2, "xp-1")
+    assert not store.record_verdict(2, "xp-1", "key k1: key file k1.key: not a key")
+    verdict = store.verdict(2)
+    assert verdict is not None and verdict.status == "applied"
+    assert store.current()[0] == 2 and heard == [1, 2], "nothing served again"
+    live = store.live()
+    assert live is not None and live.number == 2
+
+
 def test_applying_a_rejected_set_again_retries_it_only_when_asked(store: RuleStore) -> None:
     directory = ruleset(rule("a"))
     store.apply("dir:x", directory, ALICE)

@@ -232,6 +232,48 @@ def test_a_restarted_node_runs_nothing_until_it_acks_and_says_when_it_installs()
     asyncio.run(restart_scenario())
 
 
+class Flaky(RuleEngine):
+    """An engine whose record rules cannot be built while `broken` (a key file gone bad)."""
+
+    broken = True
+
+    def prepare(self, compiled: CompiledRuleSet) -> tuple[RecordEngine, CompiledRuleSet]:
+        if self.broken and compiled.rules:
+            raise InterceptorConfigError("key k1: key file k1.key: not a key")
+        return super().prepare(compiled)
+
+
+async def no_rules_retry_scenario() -> None:
+    cache, fleet = SnapshotCache(), Fleet()
+    cache.set("xp", rules_snapshot("v6", load_rule_text(RULES_YAML, "r.yaml")))
+    plane = Plane(cache, fleet)
+    await plane.start()
+    live = Flaky(CompiledRuleSet(RuleSet()))
+    subscription = RuleSubscription(f"127.0.0.1:{plane.port}", live, "xp",
+                                    backoff=Backoff(0.05, 0.2), no_rules_retry_s=0.3)
+    task = asyncio.create_task(subscription.run())
+    try:
+        await until(lambda: fleet.nodes.get("xp") is not None
+                    and fleet.nodes["xp"].of(RULES).last_nack_version == "v6")
+        assert subscription.version == ""
+        connects = subscription.connects
+        live.broken = False  # the key file fixed; nothing new from the control plane
+        await until(lambda: subscription.version == "v6")
+        assert subscription.connects > connects, "asked again on a new stream"
+        await until(lambda: fleet.nodes["xp"].of(RULES).acked_version == "v6")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await plane.stop()
+
+
+def test_an_instance_without_rules_asks_again_for_the_set_it_could_not_build() -> None:
+    """A worker restarted after its key file went bad refused the served version and ran
+    no rules; once the file was fixed it stayed so (nothing new came), its connections
+    stalled until some rule changed (a new user's report). It now asks again."""
+    asyncio.run(no_rules_retry_scenario())
+
+
 def many_rules(count: int) -> RuleSet:
     """`count` deny rules, about 500 bytes each as the control plane sends them."""
     return RuleSet(rules=[Rule.model_validate({
