@@ -65,7 +65,7 @@ from keg.security import (
     librdkafka_security,
     refuse_plaintext_tokens,
 )
-from keg.supervisor import Child, Supervisor
+from keg.supervisor import HUNG_AFTER_S, Child, Supervisor
 
 if TYPE_CHECKING:
     from filter_rules import RuleSet
@@ -350,6 +350,9 @@ class GatewaySettings:
     # Processes of the ext_proc service: a pool spreads connections over cores, and one
     # worker's stall or crash costs only its own connections' frames.
     ext_proc_workers: int = 1
+    # A worker whose /metrics page does not answer this long (stopped, deadlocked) is
+    # killed, and so restarted (keg.supervisor).
+    worker_hung_after_s: float = HUNG_AFTER_S
     ext_proc_log_level: str = "INFO"
     ext_proc_log_format: str = "text"  # or json, as keg up's own --log-format
     rules_dir: Path | None = None
@@ -420,6 +423,22 @@ def wait_for_port(host: str, port: int, timeout: float, alive: Any = None) -> No
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
             time.sleep(0.05)
+
+
+# The most a worker's /metrics page may take to answer the supervisor's probe.
+PROBE_TIMEOUT_S = 2.0
+
+
+def _answers(metrics_port: int) -> bool:
+    """Whether the ext_proc worker on `metrics_port` serves its /metrics page (its
+    process runs, not stopped or deadlocked: keg.supervisor kills one that does not)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                    timeout=PROBE_TIMEOUT_S) as response:
+            response.read()
+            return bool(response.status == 200)
+    except (OSError, ValueError):  # refused, timed out, reset (URLError is an OSError)
+        return False
 
 
 class BackgroundLoop:
@@ -503,7 +522,7 @@ class Gateway(Service):
         self.module_metrics_port: int | None = None
         # The supervisor's series go out on the REST API's /metrics (with the API).
         self.registry = CollectorRegistry()
-        self.supervisor = Supervisor(self.registry)
+        self.supervisor = Supervisor(self.registry, hung_after_s=settings.worker_hung_after_s)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -619,7 +638,8 @@ class Gateway(Service):
             self._spawn_ext_proc(worker)
             self.supervisor.watch(worker.component, Child(
                 poll=worker.poll, restart=partial(self._spawn_ext_proc, worker),
-                pid=worker.current_pid))
+                pid=worker.current_pid,
+                answers=partial(_answers, worker.metrics_port) if worker.metrics_port else None))
 
     def _spawn_ext_proc(self, worker: ExtProcWorker) -> None:
         s = self.settings

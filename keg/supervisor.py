@@ -8,6 +8,12 @@ component down (`keg_component_up{component}` 0, `Supervisor.problems()` for hea
 checks) and starts it again: at once the first time, then with exponential backoff
 while it keeps failing, so a child that cannot start does not spin a core.
 
+A child may also say whether it answers (`Child.answers`, e.g. its /metrics page): one
+that is there but does not answer for `hung_after_s` (stopped with SIGSTOP, deadlocked)
+is killed (SIGKILL, an ERROR line) and so restarted like any child that exits. Before, a
+stopped ext_proc worker held every connection the module had given it for as long as it
+was stopped, and new connections went on reaching it; nothing noticed.
+
 Children are started with `keg.children.die_with_parent`: when keg itself is killed,
 they get SIGTERM instead of living on as orphans holding the ports a new keg needs.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -31,6 +38,12 @@ log = logging.getLogger(__name__)
 
 UP: Final = "up"
 RESTARTING: Final = "restarting"
+# How often a child that can say whether it answers is asked, and how long it may not
+# answer before it is killed: far past what a busy but healthy worker takes to serve
+# its /metrics page (a frame's record work is bounded to 1.5 s; a 100,000-rule set is
+# built in a thread of its own), on a machine short of cores too.
+PROBE_INTERVAL_S: Final = 2.0
+HUNG_AFTER_S: Final = 20.0
 
 
 def describe_exit(returncode: int) -> str:
@@ -71,6 +84,9 @@ class Child:
     poll: Callable[[], int | None]
     restart: Callable[[], object]
     pid: Callable[[], int | None]
+    # Whether the process answers now (a probe with a timeout of its own); None: not
+    # probed, only its exit is watched.
+    answers: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,10 +125,14 @@ class Supervisor(Service):
     """
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 backoff: Backoff | None = None, poll_interval_s: float = 0.05) -> None:
+                 backoff: Backoff | None = None, poll_interval_s: float = 0.05,
+                 probe_interval_s: float = PROBE_INTERVAL_S,
+                 hung_after_s: float = HUNG_AFTER_S) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.backoff = backoff or Backoff()
         self.poll_interval_s = poll_interval_s
+        self.probe_interval_s = probe_interval_s
+        self.hung_after_s = hung_after_s
         self._watched: dict[str, _Watched] = {}
         self._lock = threading.Lock()
         self.restarts = Counter(
@@ -172,10 +192,31 @@ class Supervisor(Service):
     # -- the watcher thread ------------------------------------------------------------
 
     def _run(self, watched: _Watched) -> None:
+        answered = next_probe = time.monotonic()
         while not watched.stop.wait(self.poll_interval_s):
             code = watched.child.poll()
             if code is not None:
                 self._recover(watched, code)
+                answered = next_probe = time.monotonic()
+                continue
+            probe = watched.child.answers
+            if probe is None or time.monotonic() < next_probe:
+                continue
+            if probe():
+                answered = time.monotonic()
+            elif time.monotonic() - answered >= self.hung_after_s:
+                self._kill_hung(watched, time.monotonic() - answered)
+            next_probe = time.monotonic() + self.probe_interval_s
+
+    def _kill_hung(self, watched: _Watched, silent_s: float) -> None:
+        """Kill a child that is there but does not answer: its exit, seen next, restarts
+        it (its connections end; their clients retry on new ones)."""
+        pid = watched.child.pid()
+        log.error("%s (pid %s) has not answered for %.0f s: killing it to restart it",
+                  watched.name, pid, silent_s)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _recover(self, watched: _Watched, returncode: int) -> None:
         name = watched.name

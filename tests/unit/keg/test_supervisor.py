@@ -4,6 +4,7 @@ and the environment keg gives its children."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +112,39 @@ def test_a_child_that_cannot_start_is_tried_again_until_it_can(
         wait_for("the fourth start", lambda: fake.starts == 4 and supervisor.problems() == [])
     assert sample(supervisor, "keg_component_restarts_total", "kafka") == 4.0
     assert caplog.text.count("kafka did not come back: port 50051 in use") == 3
+
+
+def test_a_child_that_stops_answering_is_killed_and_so_restarted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A stopped (SIGSTOP) or deadlocked worker is there but does not answer: nothing
+    noticed, and its connections waited for as long as it lasted. Real processes: a
+    `sleep` that never answers is killed; its exit restarts it."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        processes.append(subprocess.Popen(["sleep", "60"]))
+
+    start()
+    answering = threading.Event()
+    supervisor = Supervisor(backoff=Backoff(initial_s=0.01, max_s=0.02), poll_interval_s=0.005,
+                            probe_interval_s=0.02, hung_after_s=0.2)
+    try:
+        with caplog.at_level(logging.ERROR, logger="keg.supervisor"):
+            supervisor.watch("ext_proc", Child(
+                poll=lambda: processes[-1].poll(), restart=start,
+                pid=lambda: processes[-1].pid, answers=answering.is_set))
+            wait_for("the kill and restart", lambda: len(processes) == 2)
+            answering.set()  # the new one answers: left alone
+            time.sleep(0.5)
+        assert processes[0].returncode == -9 and processes[1].poll() is None
+        assert len(processes) == 2
+        assert f"ext_proc (pid {processes[0].pid}) has not answered for 0 s: killing it" \
+            in caplog.text
+    finally:
+        supervisor.stop()
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 def test_a_child_no_longer_watched_is_left_alone(supervisor: Supervisor) -> None:
