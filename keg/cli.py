@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
@@ -190,11 +191,17 @@ def _usable_data_path(wanted: str) -> str:
     return wanted
 
 
-def _wait_for_ctrl_c() -> None:
+def _wait_for_ctrl_c(exited: Callable[[], int | None] | None = None) -> int | None:
+    """Until Ctrl-C (or SIGTERM), or until `exited()` says how the process it watches
+    ended (returned: the exit code)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(0.5):
+        code = exited() if exited is not None else None
+        if code is not None:
+            return code
+    return None
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -831,9 +838,15 @@ def kafka(
         with EmbeddedKafka(data_dir=data_dir or _default_data_dir(), port=port) as broker:
             console.print(styled("Kafka broker on ", (broker.bootstrap, "bold"),
                                  " (Ctrl-C stops)"))
-            _wait_for_ctrl_c()
+            # A broker that dies ends this command (before, it waited on as if the broker
+            # ran, with the JVM a zombie, so whatever supervises it never knew).
+            code = _wait_for_ctrl_c(broker.poll)
     except EmbeddedKafkaError as err:
         raise _fail(str(err)) from None
+    if code is not None:
+        from keg.supervisor import describe_exit
+
+        raise _fail(f"the Kafka broker exited with {describe_exit(code)}", 1)
 
 
 @app.command("schema-registry")

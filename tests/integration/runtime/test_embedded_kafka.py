@@ -230,3 +230,37 @@ def test_sasl_plain_and_scram(libs: Path) -> None:
             assert secret not in log_file.read_text()
         assert os.stat(kafka.config_path).st_mode & 0o077 == 0
     assert not data_dir.exists()  # the temporary data dir goes with stop()
+
+
+def test_keg_kafka_ends_when_its_broker_dies(libs: Path, tmp_path: Path) -> None:
+    """`keg kafka` went on after a kill -9 of its broker, the JVM a zombie: whatever
+    supervised it (a service manager, a test harness) never knew (a new user's report).
+    It now ends with exit code 1 saying how the broker ended."""
+    import signal
+    import subprocess
+    import sys
+
+    from control_plane.service import free_port
+
+    port = free_port()
+    keg = subprocess.Popen([sys.executable, "-m", "keg", "kafka", "--port", str(port),
+                            "--data-dir", str(tmp_path / "data")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert keg.stdout is not None
+        started = []
+        for line in keg.stdout:  # until it says the broker serves
+            started.append(line)
+            if "Kafka broker on" in line:
+                break
+        assert keg.poll() is None, "".join(started)
+        AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=60)
+        (broker,) = Path(f"/proc/{keg.pid}/task/{keg.pid}/children").read_text().split()
+        os.kill(int(broker), signal.SIGKILL)
+        output, _ = keg.communicate(timeout=30)
+        assert keg.returncode == 1, output
+        assert "the Kafka broker exited with signal 9 (SIGKILL)" in output
+    finally:
+        if keg.poll() is None:
+            keg.kill()
+            keg.wait()
