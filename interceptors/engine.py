@@ -101,20 +101,25 @@ _CHECK_EVERY: Final = 256  # records between two looks at the clock
 
 class OverBudget(Exception):
     """A frame asks for more record work than `RecordLimits` allows. `retriable` when
-    it ran out of time (a busy gateway may do it next time), not of records or bytes."""
+    it ran out of time (a busy gateway may do it next time), not of records or bytes.
+    `frame_level` when the frame as a whole had too much (its time, its records or
+    bytes), not this batch: a fetched answer can then go out with the batches done so
+    far, and the consumer fetches the rest next time."""
 
-    def __init__(self, reason: str, retriable: bool = False) -> None:
+    def __init__(self, reason: str, retriable: bool = False, frame_level: bool = False) -> None:
         super().__init__(reason)
         self.retriable = retriable
+        self.frame_level = frame_level or retriable
 
 
 class FrameBudget:
     """What is left of one frame's `RecordLimits`, spent batch by batch."""
 
-    __slots__ = ("bytes_left", "deadline", "limits", "records_left")
+    __slots__ = ("batches_done", "bytes_left", "deadline", "limits", "records_left")
 
     def __init__(self, limits: RecordLimits = DEFAULT_LIMITS) -> None:
         self.limits = limits
+        self.batches_done = 0  # batches judged whole (a fetched answer may go out with them)
         self.records_left = limits.max_records_per_frame
         self.bytes_left = limits.max_decompressed_per_frame
         self.deadline = time.monotonic() + limits.max_frame_seconds
@@ -129,13 +134,14 @@ class FrameBudget:
                              f"{limits.max_records_per_batch} per batch")
         if count > self.records_left:
             raise OverBudget(f"the request holds more than {limits.max_records_per_frame} "
-                             "records for record rules")
+                             "records for record rules", frame_level=True)
         self.records_left -= count
         declared = declared_size(batch.compression, batch.payload)
         allowed = min(limits.max_decompressed_per_batch, self.bytes_left)
         if declared is not None and declared > allowed:
             raise OverBudget(f"a batch that decompresses to {declared} bytes exceeds the "
-                             f"gateway's {allowed} for record rules")
+                             f"gateway's {allowed} for record rules",
+                             frame_level=declared <= limits.max_decompressed_per_batch)
         return allowed
 
     def spent(self, nbytes: int) -> None:

@@ -154,6 +154,29 @@ def _refusal_code(outcome: BatchOutcome) -> int:
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+def _fetch_refusal_code(outcome: BatchOutcome) -> int:
+    """The error a fetched partition whose records a rule could not judge is answered
+    with. A retriable failure (a service down, out of time) is NOT_LEADER_OR_FOLLOWER:
+    every client refreshes its metadata and fetches again; Java's fetcher throws from
+    poll() on REQUEST_TIMED_OUT (IllegalStateException: unexpected error code 7) and an
+    application that does not catch it died."""
+    failure = outcome.failure
+    if failure is not None and failure.effect in _RETRIABLE_EFFECTS:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return _refusal_code(outcome)
+
+
+def _before(records: Any, cut: int) -> bytes:
+    """The entries of a fetched records field before the batch whose base offset is
+    `cut` (the answer cut short there, as a broker cuts one at its size limit)."""
+    kept = []
+    for entry in iter_batches(records):
+        if isinstance(entry, BatchView) and entry.base_offset >= cut:
+            break
+        kept.append(bytes(entry.raw))
+    return b"".join(kept)
+
+
 def _refusal(index: int, outcome: BatchOutcome) -> Body:
     entry = _success(index)
     entry["ErrorCode"] = _refusal_code(outcome)
@@ -446,9 +469,13 @@ class RecordsFilter(RuleSetJudge):
             return False
         index = partition.get("PartitionIndex", 0)
         refused: list[int] = []  # the error code the partition is answered with
+        cut: list[int] = []  # the base offset from which its records wait for a next fetch
+        # A Fetch answer may go out cut short (a broker's does at its size limit); a
+        # ShareFetch answer's acquired records would then be acknowledged as gaps.
+        may_cut = header.api_key == ApiKey.FETCH
 
         def rewrite(batch: BatchView) -> Any:
-            if refused:
+            if refused or cut:
                 return None
             try:
                 outcome = records.process_batch(batch, stages, topic=topic, partition=index,
@@ -460,12 +487,21 @@ class RecordsFilter(RuleSetJudge):
                 refused.append(ErrorCode.CORRUPT_MESSAGE)
                 return None
             except OverBudget as err:
+                if may_cut and err.frame_level and budget.batches_done:
+                    # The answer had too much for one frame's budget, not this batch:
+                    # it goes out with what was done (a 400,000-record backlog answered
+                    # CORRUPT_MESSAGE made Java's poll() throw, at every fetch).
+                    cut.append(batch.base_offset)
+                    log.debug("fetched %s-%d cut short at offset %d: %s", topic, index,
+                              batch.base_offset, err)
+                    return None
                 self._over_budget(topic, index, err, conn)
                 refused.append(ErrorCode.CORRUPT_MESSAGE)
                 return None
+            budget.batches_done += 1
             self._report(outcome, header, conn, topic, index)
             if outcome.failure is not None:
-                refused.append(_refusal_code(outcome))
+                refused.append(_fetch_refusal_code(outcome))
             return outcome.records
 
         try:
@@ -476,6 +512,9 @@ class RecordsFilter(RuleSetJudge):
         if refused:
             # Nothing of this partition reaches the consumer; it fetches it again.
             return withhold_partitions((partition,), refused[0])
+        if cut:
+            partition["Records"] = _before(new, cut[0])
+            return True
         if new is data:
             return False
         partition["Records"] = new
@@ -510,7 +549,8 @@ class RecordsFilter(RuleSetJudge):
                 reason = outcome.failure.reason
             # A fetched record that fails validation is withheld, not refused: no error.
             refusing = effect in REFUSING and (produce or outcome.failure is not None)
-            code = _refusal_code(outcome) if refusing else None
+            code = ((_refusal_code if produce else _fetch_refusal_code)(outcome)
+                    if refusing else None)
             self._engine.sink(RuleDecision(
                 rule, effect, header, conn, self._identity.principal,
                 self._identity.security_protocol, topic, code, reason, partition=partition,

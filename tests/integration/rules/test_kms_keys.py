@@ -256,4 +256,4 @@ def test_kms_down_at_fetch_withholds_the_records(env: Env) -> None:
             headers=[headers for _v, headers in encrypted])
     got, event = env.audit.withheld_at_fetch(env.gateway.bootstrap, topic)
     assert got == []  # withheld, not handed out encrypted
-    assert event["api_name"] == "Fetch" and event["error_code"] == ErrorCode.REQUEST_TIMED_OUT
+    assert event["api_name"] == "Fetch" and event["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -228,3 +228,54 @@ def test_record_rules_that_run_past_the_frames_time_are_refused() -> None:
     # Out of time is retriable (a busy gateway may manage next time): REQUEST_TIMED_OUT.
     assert refused["ErrorCode"] == 7 and "ran past the frame's 0 s budget" in \
         refused["ErrorMessage"]
+
+
+def fetched(*partitions: bytes) -> dict[str, Any]:
+    return {"Responses": [{"Topic": "d.x", "Partitions": [
+        {"PartitionIndex": i, "ErrorCode": 0, "HighWatermark": 100, "Records": records}
+        for i, records in enumerate(partitions)]}]}
+
+
+def frame_limited_filter(records_per_frame: int) -> RecordsFilter:
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(RULES, "r.yaml")),
+                        limits=RecordLimits(max_records_per_frame=records_per_frame))
+    return RecordsFilter(engine, IdentityTracker())
+
+
+def test_a_fetched_answer_with_too_much_for_one_frame_goes_out_cut_short() -> None:
+    """A Java consumer reading a 400,000-record backlog through a mask: answers past the
+    frame's budget were withheld with CORRUPT_MESSAGE, and Java's poll() threw
+    `KafkaException: Encountered corrupt message` at every such fetch (a new user's
+    report). The answer now goes out with the batches judged so far, as a broker cuts
+    one at its size limit; the consumer fetches the rest next time."""
+    f = frame_limited_filter(3)
+    verdict = f.judge(kafka_wire.RequestHeader(ApiKey.FETCH, 12, 2, "c", {}), FETCH_D_X, CONN)
+    assert verdict is not None and verdict.patch is not None
+    first = json_batch([{"email": "a@x"}, {"email": "b@x"}], base_offset=0)
+    second = json_batch([{"email": "c@x"}, {"email": "d@x"}], base_offset=2)
+    other = json_batch([{"email": "e@x"}, {"email": "f@x"}], base_offset=0)
+    response = fetched(first + second, other)
+    assert verdict.patch(response)
+    cut, empty = response["Responses"][0]["Partitions"]
+    assert cut["ErrorCode"] == 0 and json_values(cut["Records"]) == [
+        {"email": "****"}, {"email": "****"}]
+    assert (empty["ErrorCode"], empty["Records"]) == (0, b"")
+
+
+@pytest.mark.parametrize("api", [ApiKey.FETCH, ApiKey.SHARE_FETCH])
+def test_a_first_batch_past_the_frames_budget_is_still_withheld(api: int) -> None:
+    """Cutting before anything was judged would hand out nothing, at every fetch: the
+    partition is withheld as before. A ShareFetch answer is never cut (the offsets it
+    acquired and left out would be acknowledged as gaps)."""
+    f = frame_limited_filter(1 if api == ApiKey.FETCH else 3)
+    body = (FETCH_D_X if api == ApiKey.FETCH else
+            {"GroupId": "g", "Topics": [{"TopicId": "d.x", "Partitions": []}]})
+    verdict = f.judge(kafka_wire.RequestHeader(api, 12 if api == ApiKey.FETCH else 1, 2, "c",
+                                               {}), body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    batches = (json_batch([{"email": "a@x"}, {"email": "b@x"}], base_offset=0)
+               + json_batch([{"email": "c@x"}, {"email": "d@x"}], base_offset=2))
+    response = fetched(batches)
+    assert verdict.patch(response)
+    partition = response["Responses"][0]["Partitions"][0]
+    assert (partition["ErrorCode"], partition["Records"]) == (2, b"")
