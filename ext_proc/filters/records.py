@@ -470,9 +470,9 @@ class RecordsFilter(RuleSetJudge):
         index = partition.get("PartitionIndex", 0)
         refused: list[int] = []  # the error code the partition is answered with
         cut: list[int] = []  # the base offset from which its records wait for a next fetch
-        # A Fetch answer may go out cut short (a broker's does at its size limit); a
-        # ShareFetch answer's acquired records would then be acknowledged as gaps.
-        may_cut = header.api_key == ApiKey.FETCH
+        # Not ShareFetch: a Fetch answer may go out cut short (a broker's does at its size
+        # limit), a ShareFetch answer's acquired records would be acknowledged as gaps.
+        fetch = header.api_key == ApiKey.FETCH
 
         def rewrite(batch: BatchView) -> Any:
             if refused or cut:
@@ -487,7 +487,7 @@ class RecordsFilter(RuleSetJudge):
                 refused.append(ErrorCode.CORRUPT_MESSAGE)
                 return None
             except OverBudget as err:
-                if may_cut and err.frame_level and budget.batches_done:
+                if fetch and err.frame_level and budget.batches_done:
                     # The answer had too much for one frame's budget, not this batch:
                     # it goes out with what was done (a 400,000-record backlog answered
                     # CORRUPT_MESSAGE made Java's poll() throw, at every fetch).
@@ -505,7 +505,9 @@ class RecordsFilter(RuleSetJudge):
             return outcome.records
 
         try:
-            new = rewrite_records(data, rewrite)
+            # A Fetch batch a rule emptied goes out as an empty control batch: librdkafka
+            # took answers of plain empty ones for messages too large to fetch.
+            new = rewrite_records(data, rewrite, empty_as_control=fetch)
         except KafkaWireError as err:  # a corrupt size or an unknown magic
             log.warning("fetched records of %s-%d do not decode: %s", topic, index, err)
             refused.append(ErrorCode.CORRUPT_MESSAGE)

@@ -339,7 +339,7 @@ def control_type(record: Record) -> int:
 def control_record(
     kind: ControlType | int, coordinator_epoch: int = 0, offset_delta: int = 0
 ) -> Record:
-    """A transaction marker record, as the coordinator writes it (for tests and tools)."""
+    """A transaction marker record, as the coordinator writes it."""
     return Record(
         offset_delta=offset_delta,
         timestamp_delta=0,

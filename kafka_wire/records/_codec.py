@@ -13,6 +13,7 @@ from kafka_wire.compression import MAX_DECOMPRESSED, Compression, compress, deco
 from kafka_wire.errors import DecodeError, EncodeError
 from kafka_wire.records._batch import (
     _COMPRESSION_MASK,
+    _CONTROL_BIT,
     _DELETE_HORIZON_BIT,
     _LOG_OVERHEAD,
     _TIMESTAMP_TYPE_BIT,
@@ -21,7 +22,9 @@ from kafka_wire.records._batch import (
     BatchHeader,
     BatchView,
     Buffer,
+    ControlType,
     Record,
+    control_record,
     iter_batches,
     verify_crc,
 )
@@ -358,6 +361,7 @@ def encode_batch(
     xerial: bool | None = None,
     renumber: bool = False,
     max_timestamp: int | None = None,
+    empty_as_control: bool = False,
 ) -> bytes:
     """A v2 batch holding ``records``, with the header fields of ``header``.
 
@@ -379,6 +383,15 @@ def encode_batch(
     original batch's when ``header`` is a :class:`BatchView`, else raw. An empty batch
     is written as Kafka's log cleaner writes one: no payload, compression none.
 
+    ``empty_as_control`` writes an empty batch as a control batch instead, for a Fetch
+    answer: no producer, one COMMIT marker at the batch's last offset. Consumers step over
+    both alike, but librdkafka takes a partition's answer of plain empty batches for a
+    message too large to fetch (it doubles its fetch size up to 1 GiB, then reports
+    MSG_SIZE_TOO_LARGE at every such answer), and commits one short of a plain empty
+    batch at a partition's end; a control record is progress to it. Without a producer
+    id no client relates the marker to a transaction (read_committed consumers match
+    markers to producers; COMMIT markers they ignore).
+
     ``renumber`` gives the records offset deltas 0..n-1 and lastOffsetDelta n-1: what a
     broker demands of a *produced* batch (it refuses ``recordsCount != lastOffsetDelta +
     1`` with INVALID_RECORD). Renumbering a batch that lost records is refused for
@@ -386,6 +399,11 @@ def encode_batch(
     one sequence number early and fail it with OUT_OF_ORDER_SEQUENCE_NUMBER.
     """
     h = header.header if isinstance(header, BatchView) else header
+    if empty_as_control and not records:
+        h = h._replace(attributes=(h.attributes & (_TIMESTAMP_TYPE_BIT | _DELETE_HORIZON_BIT))
+                       | _CONTROL_BIT, producer_id=-1, producer_epoch=-1, base_sequence=-1)
+        records = [control_record(ControlType.COMMIT, offset_delta=h.last_offset_delta)]
+        max_timestamp = h.max_timestamp if max_timestamp is None else max_timestamp
     codec = h.compression if compression is None else _codec(compression)
     if not records:
         codec = Compression.NONE
@@ -471,6 +489,7 @@ def rewrite_records(
     level: int | None = ...,
     renumber: bool = ...,
     include_control: bool = ...,
+    empty_as_control: bool = ...,
 ) -> None: ...
 
 
@@ -482,6 +501,7 @@ def rewrite_records(
     level: int | None = ...,
     renumber: bool = ...,
     include_control: bool = ...,
+    empty_as_control: bool = ...,
 ) -> B | bytes: ...
 
 
@@ -492,6 +512,7 @@ def rewrite_records(
     level: int | None = None,
     renumber: bool = False,
     include_control: bool = False,
+    empty_as_control: bool = False,
 ) -> Buffer | None:
     """Apply ``fn`` to each v2 batch of a records field; return the new field's bytes.
 
@@ -501,7 +522,8 @@ def rewrite_records(
     to leave the batch untouched. Untouched batches, legacy entries and a truncated
     tail are copied byte for byte; if nothing changed, ``records`` itself is returned.
     Control batches (transaction markers) are not given to ``fn`` unless
-    ``include_control``. ``renumber`` is for produced batches (see :func:`encode_batch`).
+    ``include_control``. ``renumber`` is for produced batches, ``empty_as_control`` for
+    fetched ones (see :func:`encode_batch`).
     """
     if records is None:
         return None
@@ -511,7 +533,8 @@ def rewrite_records(
         if isinstance(entry, BatchView) and (include_control or not entry.is_control):
             new = fn(entry)
             if new is not None:
-                pieces.append(encode_batch(entry, new, level=level, renumber=renumber))
+                pieces.append(encode_batch(entry, new, level=level, renumber=renumber,
+                                           empty_as_control=empty_as_control))
                 changed = True
                 continue
         pieces.append(entry.raw)

@@ -299,9 +299,9 @@ def test_without_the_service_a_consumer_is_told_to_retry_and_goes_on(env: Env) -
 
     # Envoy's connection counters cannot tell a closed connection from a new one that
     # librdkafka opens later (its group coordinator's): the client's statistics can.
-    consumer = Consumer(env.client("carol", **{
-        "group.id": f"g-{uuid.uuid4().hex[:6]}", "statistics.interval.ms": 200,
-        "stats_cb": count_disconnects}))
+    settings: dict[str, Any] = {"group.id": f"g-{uuid.uuid4().hex[:6]}",
+                                "statistics.interval.ms": 200, "stats_cb": count_disconnects}
+    consumer = Consumer(env.client("carol", **settings))
     seen: list[bytes] = []
     errors: list[Any] = []
 

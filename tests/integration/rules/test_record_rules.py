@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
@@ -594,3 +594,65 @@ def test_a_java_consumer_reads_a_backlog_larger_than_one_frames_record_budget(
     values = done.stdout.splitlines()
     assert len(values) == count, done.stderr[-2000:]
     assert set(values) == {'{"customer":{"email":"****"}}'}
+
+
+def test_a_tailing_consumer_of_batches_a_rule_empties_gets_no_errors_and_commits_the_end(
+        env: Env) -> None:
+    """A fetch-time drop that empties whole batches (a producer of one record per batch,
+    heartbeats dropped): librdkafka took each answer of only empty batches for a message
+    too large to fetch, doubled its fetch size up to 1 GiB, then gave the application
+    MSG_SIZE_TOO_LARGE at every such answer (a new user counted 489 in 60 s); and with the
+    partition's last record dropped it committed one short of the end for ever (lag 1).
+    Such a batch now goes out as a control batch without a producer: every client steps
+    over it, librdkafka as progress."""
+    topic = env.topic("c.drop.")
+    heartbeat: Rec = (b"hb", orjson.dumps(order(0, "heartbeat")), [])
+    first: Rec = (b"k1", orjson.dumps(order(1)), [])
+    second: Rec = (b"k2", orjson.dumps(order(2)), [])
+    consumer = Consumer({**env.conf("alice"), "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    got: list[Rec] = []
+    errors: list[str] = []
+
+    def poll(seconds: float, until: int = 0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and (not until or len(got) < until):
+            for msg in consumer.consume(10, 0.1):
+                if msg.error():
+                    errors.append(str(msg.error()))
+                else:
+                    got.append((msg.key(), msg.value(), []))
+                    assert not msg.headers()
+
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        env.put(topic, [first])
+        poll(30, until=1)  # tailing the partition from here
+        for _ in range(16):  # more answers of only dropped records than doublings to 1 GiB
+            env.put(topic, [heartbeat])
+            poll(0.2)
+        env.put(topic, [second])
+        env.put(topic, [heartbeat])  # the partition's last record is dropped
+        poll(30, until=2)
+        poll(2)
+        consumer.commit(asynchronous=False)
+        (committed,) = consumer.committed([TopicPartition(topic, 0)], timeout=10)
+    finally:
+        consumer.close()
+    assert errors == [] and got == [first, second]
+    assert committed.offset == 19, "committed at the end of the partition (19 records)"
+    # The other clients step over the same batches.
+    reader = KafkaConsumer(**kafka_python_conf(env, "alice"), isolation_level="read_committed")
+    try:
+        tp = KTopicPartition(topic, 0)
+        reader.assign([tp])
+        reader.seek_to_beginning(tp)
+        read: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while reader.position(tp) < 19 and time.monotonic() < deadline:
+            read += [m.value for batch in reader.poll(500).values() for m in batch]
+        assert reader.position(tp) == 19 and read == [first[1], second[1]]
+    finally:
+        reader.close()
+    assert [v for _, v, _ in consume_java(env, "alice", topic, 2)] == [first[1], second[1]]

@@ -466,6 +466,34 @@ def test_empty_batch_keeps_its_offsets() -> None:
     assert view.compression == Compression.NONE and len(view.raw) == HEADER_SIZE  # as Kafka
 
 
+def test_an_empty_fetched_batch_can_be_a_control_batch_without_a_producer() -> None:
+    """What librdkafka counts as progress (a control record), that no consumer relates to
+    a transaction (no producer) and that still ends where the batch ended."""
+    header = BatchHeader(base_offset=10, base_timestamp=3, producer_id=7, producer_epoch=1,
+                         base_sequence=0, max_timestamp=99,
+                         attributes=0x10 | TimestampType.LOG_APPEND_TIME << 3)
+    field = encode_batch(header, simple_records(4), compression=Compression.ZSTD)
+    untouched = encode_batch(BatchHeader(base_offset=14), simple_records(1))
+    new = rewrite_records(field + untouched, lambda b: [] if b.base_offset == 10 else None,
+                          empty_as_control=True)
+    view, kept = iter_batches(new)
+    assert isinstance(view, BatchView) and verify_crc(view)
+    assert bytes(kept.raw) == untouched
+    assert (view.is_control, view.is_transactional, view.producer_id, view.producer_epoch,
+            view.base_sequence) == (True, False, -1, -1, -1)
+    assert view.timestamp_type == TimestampType.LOG_APPEND_TIME and view.max_timestamp == 99
+    assert view.last_offset == 13 and view.compression == Compression.NONE
+    (marker,) = decode_records(view)
+    assert control_type(marker) == ControlType.COMMIT and record_offset(view, marker) == 13
+    # kafka-python's own decoder reads it so.
+    theirs = DefaultRecordBatch(bytes(view.raw))
+    assert theirs.is_control_batch and not theirs.has_producer_id()
+    assert theirs.next_offset == 14 and theirs.validate_crc()
+    # Without the option: as the log cleaner writes an empty batch.
+    plain = BatchView.from_bytes(bytes(rewrite_records(field, lambda b: [])))
+    assert (plain.is_control, plain.producer_id, plain.records_count) == (False, 7, 0)
+
+
 # --------------------------------------------------------------------------- records fields
 
 
