@@ -42,6 +42,7 @@ from control_plane.envoy_resources import (
 from control_plane.fleet import EXT_PROC, Fleet, NodeStatus
 from control_plane.kafka_broker import FILTER_NAME as KAFKA_BROKER
 from control_plane.kafka_broker import global_api_lists
+from control_plane.listener_binds import UnboundListeners
 from control_plane.native_filter import (
     MODULE_LOAD_FAILED,
     HandOff,
@@ -351,6 +352,7 @@ class ControlPlane:
         self._rules_dirty = False
         self._verdicts: set[asyncio.Task[None]] = set()  # being recorded off the loop
         self._kafka_broker = KafkaBrokerFilter()
+        self.unbound = UnboundListeners()  # listeners Envoys could not bind, tried again
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -429,6 +431,7 @@ class ControlPlane:
             await asyncio.sleep(max(self.settings.refresh_interval_s, 0.1))  # never a spin
             for node_id in self.fleet.forget(self.settings.forget_after_s):
                 self.cache.clear(node_id)
+                self.unbound.forget(node_id)
             try:
                 await self.refresh()
             except (DiscoveryError, OSError) as err:
@@ -600,7 +603,9 @@ class ControlPlane:
                                                           native=filter_, tls=self.tls)
         if self.tls is not None:  # the current certificates (they rotate, listeners stay)
             base = base.with_resources(SECRET, self.tls.secrets)
-        return base.retaining(status.of(LISTENER).accepted)
+        snapshot = base.retaining(status.of(LISTENER).accepted)
+        marked = self.unbound.marked(status.node_id, snapshot.resources.get(LISTENER, {}))
+        return snapshot if marked is None else snapshot.with_resources(LISTENER, marked)
 
     def _native_filter(self, group: EnvoyGroup,
                        metrics: Mapping[str, Any] | None = None) -> NativeFilter:
@@ -661,6 +666,12 @@ class ControlPlane:
         if snapshot is not None:
             self.cache.set_if_changed(status.node_id, snapshot)
 
+    def _bind_again(self, status: NodeStatus) -> None:
+        """The listeners `status` could not bind go again (`control_plane.listener_binds`)."""
+        if self.fleet.nodes.get(status.node_id) is status and self.unbound.retry(status.node_id):
+            log.info("node %s: trying its unbound listeners again", status.node_id)
+            self._publish_node(status)
+
     def _publish_envoys(self) -> None:
         for status in list(self.fleet.nodes.values()):
             if status.role != EXT_PROC:
@@ -688,8 +699,12 @@ class ControlPlane:
                 and MODULE_LOAD_FAILED in error):
             self._module_failed(status, error)
             return
-        # Once new listeners are accepted, clusters only the old ones used can go.
         if type_url == LISTENER and status.role != EXT_PROC:
+            if error is None:
+                self.unbound.accepted(status.node_id)
+            elif (delay := self.unbound.refused(status.node_id, error)) is not None:
+                asyncio.get_running_loop().call_later(delay, self._bind_again, status)
+            # Once new listeners are accepted, clusters only the old ones used can go.
             self._publish_node(status)
         # The rule source learns what the fleet made of its versions (the store marks
         # a refused one rejected and serves the last good one again).

@@ -188,13 +188,19 @@ class ControlPlaneApp:
                                                  ready=lambda: plane.plan is not None,
                                                  impact_dir=api.impact_dir,
                                                  registry=registry,
-                                                 problems=self.problems,
+                                                 problems=self._problems,
                                                  directory_owner=self._directory_owner),
                          plane.fleet_status,
                          Observability(metrics_urls=api.ext_proc_metrics,
                                        audit_logs=api.audit_logs))
         self.api_server = await serve_api(app, api.host, api.port, api.tls)
         return plane
+
+    def _problems(self) -> list[str]:
+        """What keeps the gateway from serving: its parts' (the supervisor's) and the
+        listeners an Envoy could not bind."""
+        mine = self.plane.unbound.problems() if self.plane is not None else []
+        return [*(self.problems() if self.problems is not None else []), *mine]
 
     @property
     def directory_error(self) -> str | None:

@@ -117,6 +117,37 @@ def test_a_broker_keeps_its_listener_port_when_keg_restarts_while_another_is_dow
             assert deliver(f"127.0.0.1:{base + 2}", topic, [b"kept"]) == (0, [])
 
 
+@pytest.mark.one_data_path
+def test_a_late_brokers_listener_whose_port_was_taken_binds_once_the_port_is_free(
+        tmp_path: Path) -> None:
+    """A broker that joined after start, its listener port held by another process:
+    Envoy NACKed that listener, and it was never tried again (the same resources went
+    unchanged), so once the port was free, clients Metadata sent there were still
+    refused, and nothing said why. Now it is tried again until it binds, and until then
+    the gateway's readiness names it."""
+    base = free_port_run(2)
+    with EmbeddedKafka(heap=HEAP) as controller:
+        settings = gateway_settings(controller, tmp_path / "work", listen_port_base=base,
+                                    refresh_interval_s=0.5)
+        with Gateway(settings) as gateway, socket.socket() as squatter:
+            assert gateway.control_plane is not None
+            plane = gateway.control_plane
+            squatter.bind(("127.0.0.1", base + 1))
+            squatter.listen()
+            with EmbeddedKafka(heap=HEAP, joins=controller, node_id=2) as added:
+                topic = topic_on(controller, "on-broker-2", added.node_id)
+                assert until_routed(gateway, 2)
+                deadline = time.monotonic() + 30
+                while not (problems := gateway.call(plane.unbound.problems)):
+                    assert time.monotonic() < deadline, "no NACK of broker 2's listener"
+                    time.sleep(0.2)
+                assert len(problems) == 1 and "kafka_broker_2" in problems[0], problems
+                assert f"127.0.0.1:{base + 1}" in problems[0], problems
+                squatter.close()  # the port is free
+                assert deliver(f"127.0.0.1:{base}", topic, [b"after"]) == (0, [])
+                assert gateway.call(plane.unbound.problems) == []
+
+
 def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> None:
     """Kafka's ClusterTool listing fenced brokers through keg showed a stopped broker at
     another broker's listener (directly: at its own address). It is now shown at the
