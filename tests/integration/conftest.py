@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -150,6 +151,17 @@ def gateway_settings(kafka: EmbeddedKafka, work_dir: Path, **overrides: Any) -> 
                             "work_dir": work_dir, "ext_proc_log_level": "WARNING",
                             "data_path": DATA_PATH}
     return GatewaySettings(**(base | overrides))
+
+
+def api_get(gateway: Gateway, path: str) -> tuple[int, str]:
+    """GET `path` of the gateway's REST API: the status and the body, errors included."""
+    assert gateway.app is not None and gateway.app.api_server is not None
+    url = f"http://127.0.0.1:{gateway.app.api_server.port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 # A topic rule on every API: Metadata, group heartbeats and the rest of a client's

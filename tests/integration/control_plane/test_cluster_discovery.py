@@ -16,10 +16,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from control_plane.service import free_port
 from control_plane.topology import fetch_topology
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
-from keg.gateway import Gateway
-from tests.integration.conftest import free_port_run, gateway_settings
+from keg.gateway import ApiOptions, Gateway
+from tests.integration.conftest import api_get, free_port_run, gateway_settings
 
 HEAP = "256m"
 
@@ -128,7 +129,8 @@ def test_a_late_brokers_listener_whose_port_was_taken_binds_once_the_port_is_fre
     base = free_port_run(2)
     with EmbeddedKafka(heap=HEAP) as controller:
         settings = gateway_settings(controller, tmp_path / "work", listen_port_base=base,
-                                    refresh_interval_s=0.5)
+                                    refresh_interval_s=0.5,
+                                    api=ApiOptions(data_dir=tmp_path / "api", port=free_port()))
         with Gateway(settings) as gateway, socket.socket() as squatter:
             assert gateway.control_plane is not None
             plane = gateway.control_plane
@@ -143,9 +145,12 @@ def test_a_late_brokers_listener_whose_port_was_taken_binds_once_the_port_is_fre
                     time.sleep(0.2)
                 assert len(problems) == 1 and "kafka_broker_2" in problems[0], problems
                 assert f"127.0.0.1:{base + 1}" in problems[0], problems
+                status, body = api_get(gateway, "/readyz")
+                assert status == 503 and "kafka_broker_2" in body, body
                 squatter.close()  # the port is free
                 assert deliver(f"127.0.0.1:{base}", topic, [b"after"]) == (0, [])
                 assert gateway.call(plane.unbound.problems) == []
+                assert api_get(gateway, "/readyz")[0] == 200
 
 
 def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> None:

@@ -56,7 +56,13 @@ from keg.gateway import (
 )
 from keg.paths import REPO_ROOT
 from keg.supervisor import Child, Supervisor
-from tests.integration.conftest import create_topic, gateway_settings, produce_one, rule_dir
+from tests.integration.conftest import (
+    api_get,
+    create_topic,
+    gateway_settings,
+    produce_one,
+    rule_dir,
+)
 from tests.integration.runtime.faults import run_through_fault, stored_values, wait_serving
 from tests.integration.runtime.test_keg_up import KegUp, run_keg_up
 
@@ -99,16 +105,6 @@ def kill(pid: int | None) -> None:
 def reaped(pid: int) -> bool:
     """No process (not even a zombie) is left with `pid`."""
     return not Path(f"/proc/{pid}").exists()
-
-
-def api_get(gateway: Gateway, path: str) -> tuple[int, str]:
-    assert gateway.app is not None and gateway.app.api_server is not None
-    url = f"http://127.0.0.1:{gateway.app.api_server.port}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def test_ext_proc_killed_during_100k_idempotent_records_comes_back(
