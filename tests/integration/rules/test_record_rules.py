@@ -656,3 +656,57 @@ def test_a_tailing_consumer_of_batches_a_rule_empties_gets_no_errors_and_commits
     finally:
         reader.close()
     assert [v for _, v, _ in consume_java(env, "alice", topic, 2)] == [first[1], second[1]]
+
+
+def test_transactions_whose_batches_a_fetch_rule_empties_read_as_committed(env: Env) -> None:
+    """Batches of committed and aborted transactions that a fetch-time drop empties go
+    out as control batches without a producer: read_committed consumers (librdkafka,
+    kafka-python, Java) still skip exactly the aborted transactions' records, and
+    read_uncommitted ones read both, the heartbeats dropped."""
+    topic = env.topic("c.drop.txn.")
+    producer = Producer({"bootstrap.servers": env.kafka.bootstrap, "linger.ms": 0,
+                         "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions(30)
+    # Each transaction one batch: heartbeats alone are emptied whole.
+    plan = [(["heartbeat"], True), (["order"], False), (["heartbeat"], False),
+            (["order", "heartbeat"], True), (["heartbeat"], True), (["order"], True)]
+    committed: list[bytes] = []
+    uncommitted: list[bytes] = []
+    for n, (kinds, commit) in enumerate(plan):
+        producer.begin_transaction()
+        for i, kind in enumerate(kinds):
+            value = orjson.dumps(order(n * 10 + i, kind))
+            producer.produce(topic, value, b"k")
+            if kind != "heartbeat":
+                uncommitted.append(value)
+                committed += [value] if commit else []
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    assert len(committed) == 2 and len(uncommitted) == 3
+
+    def librdkafka(isolation: str) -> list[bytes | None]:
+        return [v for _, v, _ in consume_records({**env.conf(), "isolation.level": isolation},
+                                                 topic)]
+
+    assert librdkafka("read_committed") == committed
+    assert librdkafka("read_uncommitted") == uncommitted
+    reader = KafkaConsumer(**kafka_python_conf(env, "alice"), isolation_level="read_committed")
+    try:
+        tp = KTopicPartition(topic, 0)
+        reader.assign([tp])
+        reader.seek_to_beginning(tp)
+        end = reader.end_offsets([tp])[tp]
+        read: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while reader.position(tp) < end and time.monotonic() < deadline:
+            read += [m.value for batch in reader.poll(500).values() for m in batch]
+        assert reader.position(tp) == end and read == committed
+    finally:
+        reader.close()
+    args = ["--bootstrap-server", env.gateway.bootstrap, "--topic", topic, "--from-beginning",
+            "--max-messages", "3", "--timeout-ms", "8000",
+            "--consumer-property", "isolation.level=read_committed"]
+    for prop in java_sasl("alice"):
+        args += ["--consumer-property", prop]
+    java = run_java_tool("console-consumer", *args)
+    assert [line.encode() for line in java.stdout.splitlines()] == committed, java.stderr[-2000:]
