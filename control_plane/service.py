@@ -32,6 +32,7 @@ import yaml
 from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from control_plane.ads import AggregatedDiscovery
+from control_plane.broker_liveness import PROBE_INTERVAL_S, BrokerLiveness, refuses
 from control_plane.defaults import DEFAULT_REFRESH_INTERVAL_S
 from control_plane.envoy_resources import (
     BrokerRoute,
@@ -183,6 +184,9 @@ class ControlPlaneSettings:
     message_timeout_s: float = 5.0
     failure_mode_allow: bool = False
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
+    # How often each broker's port is asked whether it refuses connections (a refusing
+    # broker's listener is withdrawn, see control_plane.broker_liveness); 0: never.
+    broker_probe_interval_s: float = PROBE_INTERVAL_S
     # The control plane's login to the brokers (PLAIN, SCRAM, OAUTHBEARER).
     sasl: SaslCredentials | None = None
     # TLS on the gateway's listeners (SDS; mutual with a client CA) and to the brokers
@@ -353,6 +357,7 @@ class ControlPlane:
         self._verdicts: set[asyncio.Task[None]] = set()  # being recorded off the loop
         self._kafka_broker = KafkaBrokerFilter()
         self.unbound = UnboundListeners()  # listeners Envoys could not bind, tried again
+        self.liveness = BrokerLiveness()  # brokers that refuse connections: no listener
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -391,6 +396,8 @@ class ControlPlane:
                  self.xds_port, " over TLS" if xds_tls is not None else "")
         await self._first_refresh()
         self._tasks.append(asyncio.create_task(self._refresh_forever()))
+        if self.settings.broker_probe_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._probe_brokers_forever()))
         if self.tls is not None:
             self._tasks.append(asyncio.create_task(self._watch_tls()))
 
@@ -438,6 +445,33 @@ class ControlPlane:
                 # Keep serving the last good snapshots; brokers may be restarting.
                 log.warning("topology refresh failed, keeping the last snapshots: %s", err)
 
+    async def _probe_brokers_forever(self) -> None:
+        """Withdraw the listener of a broker that refuses connections, and give it back
+        once the broker accepts one (`control_plane.broker_liveness`)."""
+        while True:
+            await asyncio.sleep(self.settings.broker_probe_interval_s)
+            if self.topology is None:
+                continue
+            brokers = self.topology.brokers
+            answers = await asyncio.gather(*(refuses(b.host, b.port) for b in brokers))
+            before = self.liveness.down
+            if self.liveness.observe({b.node_id: r for b, r in zip(brokers, answers,
+                                                                   strict=True)}):
+                for node_id in sorted(self.liveness.down - before):
+                    log.warning("broker %d refuses connections: its listener is withdrawn "
+                                "until it answers (clients are refused, as by the broker)",
+                                node_id)
+                for node_id in sorted(before - self.liveness.down):
+                    log.info("broker %d answers again: its listener is back", node_id)
+                self._replan()
+
+    def _replan(self) -> None:
+        """Compile and publish every group's plan afresh (the brokers changed)."""
+        self._plans.clear()
+        self._compiled.clear()
+        self.plan = self._group_plan(self.default_group)
+        self._publish_envoys()
+
     async def _watch_tls(self) -> None:
         """Certificate files replaced: their new secrets go to every Envoy (SDS); no
         listener changes, so no connection is drained or dropped."""
@@ -479,10 +513,8 @@ class ControlPlane:
                                if b.node_id not in self._broker_order]
         self._kept_addresses = [_address(b) for b in topology.brokers]
         self._save_broker_order()
-        self._plans.clear()
-        self._compiled.clear()
-        self.plan = self._group_plan(self.default_group)
-        self._publish_envoys()
+        self.liveness.keep_only(b.node_id for b in topology.brokers)
+        self._replan()
         log.info("topology: cluster %s, brokers %s", topology.cluster_id,
                  ", ".join(f"{b.node_id}={b.host}:{b.port}" for b in topology.brokers))
         return True
@@ -553,6 +585,8 @@ class ControlPlane:
         s = self.settings
         routes, elsewhere = [], []
         for broker in self.topology.brokers:
+            if broker.node_id in self.liveness.down and group.fronts(broker.node_id):
+                continue  # no listener: advertised at its port below (`_absent`)
             if group.fronts(broker.node_id):
                 routes.append(BrokerRoute(broker.node_id, broker.host, broker.port,
                                           self._port(group, broker.node_id)))
@@ -570,12 +604,12 @@ class ControlPlane:
         return plan
 
     def _absent(self, group: EnvoyGroup) -> list[tuple[int, str, int]]:
-        """Brokers seen before and missing from the cluster's Metadata now (down, fenced)
-        whose port is known, advertised there: an answer naming one (DescribeCluster of
+        """Brokers seen before and missing from the cluster's Metadata now (down, fenced),
+        or refusing connections, whose port is known, advertised there: an answer naming one (DescribeCluster of
         fenced brokers, a coordinator back before the next refresh) names its own port,
         which listens again once it is back, not another broker's listener."""
         assert self.topology is not None
-        present = {b.node_id for b in self.topology.brokers}
+        present = {b.node_id for b in self.topology.brokers} - self.liveness.down
         return [(node_id, group.advertised_host, self._port(group, node_id))
                 for node_id in self._broker_order
                 if node_id not in present and group.fronts(node_id)

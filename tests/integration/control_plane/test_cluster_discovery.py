@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
 
 from control_plane.service import free_port
 from control_plane.topology import fetch_topology
 from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import ApiOptions, Gateway
-from tests.integration.conftest import api_get, free_port_run, gateway_settings
+from tests.integration.conftest import api_get, create_topic, free_port_run, gateway_settings
 
 HEAP = "256m"
 
@@ -151,6 +152,48 @@ def test_a_late_brokers_listener_whose_port_was_taken_binds_once_the_port_is_fre
                 assert deliver(f"127.0.0.1:{base}", topic, [b"after"]) == (0, [])
                 assert gateway.call(plane.unbound.problems) == []
                 assert api_get(gateway, "/readyz")[0] == 200
+
+
+@pytest.mark.one_data_path
+def test_a_kafka_python_group_consumer_waits_quietly_while_its_broker_restarts(
+        tmp_path: Path) -> None:
+    """The listener of a broker that was down accepted a client's connection and closed
+    it: kafka-python's group consumer raised `KafkaConnectionError: socket disconnected`
+    from poll() at every try while its only broker restarted (4 times in 25 s), where
+    directly (refused) it waited quietly. A broker that refuses connections now has its
+    listener withdrawn until it answers again."""
+    with EmbeddedKafka(heap=HEAP, data_dir=tmp_path / "kafka") as kafka:
+        topic = create_topic(kafka.bootstrap)
+        settings = gateway_settings(kafka, tmp_path / "work")
+        with Gateway(settings) as gateway:
+            producer = KafkaProducer(bootstrap_servers=gateway.bootstrap)
+            producer.send(topic, b"before").get(30)
+            producer.close()
+            consumer = KafkaConsumer(topic, bootstrap_servers=gateway.bootstrap,
+                                     group_id=f"g-{uuid.uuid4().hex[:6]}",
+                                     auto_offset_reset="earliest")
+            got: list[bytes] = []
+            errors: list[str] = []
+
+            def poll(seconds: float, until: int = 0) -> None:
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline and (not until or len(got) < until):
+                    try:
+                        got.extend(m.value for b in consumer.poll(500).values() for m in b)
+                    except Exception as err:  # what the application sees
+                        errors.append(repr(err))
+            try:
+                poll(30, until=1)
+                kafka.stop()
+                poll(15)
+                kafka.start()
+                producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+                producer.send(topic, b"after").get(30)
+                producer.close()
+                poll(60, until=2)
+            finally:
+                consumer.close()
+            assert errors == [] and got == [b"before", b"after"]
 
 
 def test_a_fenced_broker_is_shown_at_its_own_listener_port(tmp_path: Path) -> None:
