@@ -100,7 +100,7 @@ _SESSION_FETCHES = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 # and are assigned.
 _GROUP_DESCRIBES = frozenset({ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.SHARE_GROUP_DESCRIBE})
 # Kafka's own message for such a group when the caller may not describe one of its topics.
-_GROUP_USES_DENIED_TOPICS = ("The described group uses topics that the client is not "
+_GROUP_USES_DENIED_TOPICS = ("The group has described topic(s) that the client is not "
                              "authorized to describe.")
 # Answers that list topics their requests do not name: an open transaction's partitions
 # (the request names transactional ids), config resources (it names resource types), and
