@@ -605,9 +605,10 @@ class ControlPlane:
 
     def _absent(self, group: EnvoyGroup) -> list[tuple[int, str, int]]:
         """Brokers seen before and missing from the cluster's Metadata now (down, fenced),
-        or refusing connections, whose port is known, advertised there: an answer naming one (DescribeCluster of
-        fenced brokers, a coordinator back before the next refresh) names its own port,
-        which listens again once it is back, not another broker's listener."""
+        or refusing connections, whose port is known, advertised there: an answer naming
+        one (DescribeCluster of fenced brokers, a coordinator back before the next
+        refresh) names its own port, which listens again once it is back, not another
+        broker's listener."""
         assert self.topology is not None
         present = {b.node_id for b in self.topology.brokers} - self.liveness.down
         return [(node_id, group.advertised_host, self._port(group, node_id))
