@@ -248,10 +248,13 @@ class RuleStore:
         def build(head: Version | None) -> Pending:
             rules = target.rules
             if keep is not None:
-                kept = tuple(r for r in (head.rules if head else ()) if r.owner == keep)
-                kept_ids = {r.id for r in kept}
-                rules = (*(r for r in rules if r.owner != keep and r.id not in kept_ids),
-                         *kept)
+                # In `number`'s order, each kept rule where `number` had its id: rules of
+                # one `order` run in list order, so appending the kept ones changed which
+                # rule won (a rollback that did not give back the version's behaviour).
+                kept = {r.id: r for r in (head.rules if head else ()) if r.owner == keep}
+                placed = [kept.pop(r.id) if r.id in kept else r for r in rules
+                          if r.id in kept or r.owner != keep]
+                rules = (*placed, *kept.values())  # the rest: what `number` did not have
             _check_scope(scope, owners_touched(head.rules if head else (), rules))
             return self._pending(rules, change, "rollback", parent=number)
 

@@ -215,6 +215,25 @@ def test_a_rollback_keeps_a_directorys_rule_of_an_id_it_took_over(store: RuleSto
     assert rules == {"x": "dir:served", "y": None}
 
 
+def test_a_rollback_keeps_the_versions_order_around_a_directorys_rules(store: RuleStore) -> None:
+    """Rules of one `order` run in list order: a rollback with the served directory's
+    rules kept put those last, so another deny rule won than in the version rolled back
+    to (a new user's POLICY_VIOLATION became TOPIC_AUTHORIZATION_FAILED)."""
+    store.apply("dir:served", ruleset(rule("dir-first"), rule("dir-second")), Change("keg"))
+    store.put_rule(rule("rest"), ALICE)
+    good = max(v.number for v in store.versions())
+    order = [r.id for r in store.version(good).rules]
+    store.delete_rule("rest", ALICE, if_match=["*"])
+    back = store.rollback(good, Change("alice", "undo"), keep="dir:served")
+    assert [r.id for r in store.version(back.number).rules] == order
+    assert store.diff(good, back.number).empty
+    # A directory rule the version did not have comes after its rules.
+    store.apply("dir:served", ruleset(rule("dir-first"), rule("dir-second"), rule("dir-new")),
+                Change("keg"))
+    again = store.rollback(good, Change("alice", "undo"), keep="dir:served")
+    assert [r.id for r in store.version(again.number).rules] == [*order, "dir-new"]
+
+
 def test_a_validator_refuses_sets_the_data_path_could_not_run(
     opener: Callable[..., RuleStore],
 ) -> None:
