@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -24,6 +25,28 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             event["exc"] = self.formatException(record.exc_info)
         return json.dumps(event, separators=(",", ":"))
+
+
+# Control characters (CR and LF, ESC of terminal sequences, ...) in a line's message.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class TextFormatter(logging.Formatter):
+    """One line per event: control characters in the message are escaped (`\\n`,
+    `\\x1b`). Messages carry what clients and API callers chose (a change's reason, a
+    client id, a topic): a reason with a newline forged a whole log line of its own, and
+    an ESC sequence coloured the operator's terminal. A traceback keeps its lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = _CONTROL.sub(_escaped, record.message)
+        return super().formatMessage(record)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
 
 
 @dataclass
@@ -79,7 +102,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
