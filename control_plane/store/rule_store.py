@@ -248,13 +248,17 @@ class RuleStore:
         def build(head: Version | None) -> Pending:
             rules = target.rules
             if keep is not None:
-                # In `number`'s order, each kept rule where `number` had its id: rules of
-                # one `order` run in list order, so appending the kept ones changed which
-                # rule won (a rollback that did not give back the version's behaviour).
-                kept = {r.id: r for r in (head.rules if head else ()) if r.owner == keep}
-                placed = [kept.pop(r.id) if r.id in kept else r for r in rules
-                          if r.id in kept or r.owner != keep]
-                rules = (*placed, *kept.values())  # the rest: what `number` did not have
+                # `number`'s order, the kept rules in the places `number` had kept ids
+                # (in their owner's order, which its next apply would restore), the rest
+                # of them after: rules of one `order` run in list order, so putting them
+                # all last changed which rule won (a rollback that did not give back the
+                # version's behaviour).
+                kept = [r for r in (head.rules if head else ()) if r.owner == keep]
+                kept_ids = {r.id for r in kept}
+                queue = iter(kept)
+                placed = [next(queue) if r.id in kept_ids else r for r in rules
+                          if r.id in kept_ids or r.owner != keep]
+                rules = (*placed, *queue)
             _check_scope(scope, owners_touched(head.rules if head else (), rules))
             return self._pending(rules, change, "rollback", parent=number)
 
