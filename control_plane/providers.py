@@ -87,14 +87,25 @@ class DirectoryRuleProvider(_Subscribers, WatchedDirectory[RuleSet]):
 
     use_in_worker = True
 
-    def __init__(self, directory: Path, interval: float = DEFAULT_POLL_INTERVAL_S) -> None:
+    def __init__(self, directory: Path, interval: float = DEFAULT_POLL_INTERVAL_S,
+                 kept: RuleSet | None = None) -> None:
+        """`kept`: the directory's rules last in force elsewhere (a store's), which stand
+        while its files are invalid at start; without them an invalid directory raises
+        RuleSetInvalid (the caller refuses to start)."""
         if not directory.is_dir():
             raise FileNotFoundError(f"rule directory {directory} does not exist")
         _Subscribers.__init__(self)
         WatchedDirectory.__init__(self, directory, interval)
         self.last_error: str | None = None
-        with building():
-            ruleset = load_rule_dir(directory)  # invalid at start: the caller refuses
+        try:
+            with building():
+                ruleset = load_rule_dir(directory)
+        except RuleSetInvalid as err:
+            if kept is None:
+                raise
+            self._current = (kept.version, kept)
+            self.refused(err)
+            return
         self._current = (ruleset.version, ruleset)
 
     def current(self) -> tuple[str, RuleSet]:

@@ -356,7 +356,7 @@ def up(
                     "--bootstrap-servers")
     if api_port is not None:
         _check_api_tokens(api_tokens)
-    from control_plane.store import StoreError
+    from control_plane.store import SQLITE_FILE, StoreError
     from filter_rules import DEFAULT_RULES_DIR, RuleSetInvalid, load_rule_dir
     from keg.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError, cache_dir, ensure_kafka
     from keg.gateway import (
@@ -372,13 +372,18 @@ def up(
     from keg.supervisor import Child
 
     rules_dir = (rules or DEFAULT_RULES_DIR).resolve()
+    ruleset: RuleSet | None
     try:
         ruleset = load_rule_dir(rules_dir)
     except RuleSetInvalid as err:
         for error in err.errors:
             typer.echo(str(error), err=True)
-        raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid rules "
-                    f"only (keg validate {rules_dir})") from None
+        if api_port is None or rules_delivery != "control-plane":
+            raise _fail(f"{rules_dir}: {len(err.errors)} problem(s); keg up serves valid "
+                        f"rules only (keg validate {rules_dir})") from None
+        # A bad commit the last run refused must not turn a restart into an outage: the
+        # store's last good version serves (below: if there is a store).
+        ruleset = None
     workers = ext_proc_workers or os.cpu_count() or 1
     ports: list[tuple[str, str, int | None]] = [
         ("--listen-port-base", listen_host, listen_port_base),
@@ -399,6 +404,12 @@ def up(
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
                     f"others, 0 for free ones (--api-port 0: no API)")
     state = up_state_dir(cache_dir(), rules_dir)
+    if ruleset is None:
+        if not (state / SQLITE_FILE).exists():
+            raise _fail(f"{rules_dir}: invalid, and no earlier run of keg up on it kept rules "
+                        f"to serve meanwhile (keg validate {rules_dir})")
+        typer.echo(f"{rules_dir}: invalid: the rules keg up served last serve until the files "
+                   f"are fixed (keg validate {rules_dir})", err=True)
     stream = AuditStream(
         bootstrap_servers=audit_kafka_bootstrap, spool_dir=state / "audit-spool",
         **audit_stream.stream_fields(),
@@ -504,15 +515,17 @@ def _security_line(tls: bool, mutual: bool, terminated: bool) -> str:
     return f"clients: security.protocol={protocol}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet) -> str:
+def _serving(gateway: Gateway, rules_dir: Path, ruleset: RuleSet | None) -> str:
     """The start-up line naming the rules served: the directory, its rule count and
-    version, and with the store the store version and any rules written through REST."""
-    line = f"rules: {rules_dir} ({len(ruleset.rules)} rules, version {ruleset.version})"
+    version (None: its files are invalid), and with the store the store version and any
+    rules written through REST."""
+    line = (f"rules: {rules_dir} ({len(ruleset.rules)} rules, version {ruleset.version})"
+            if ruleset is not None else f"rules: {rules_dir} (invalid: not in force)")
     store = gateway.app.store if gateway.app is not None else None
     if store is None:
         return line
     number, served = store.current()
-    others = len(served.rules) - len(ruleset.rules)
+    others = len(served.rules) - (len(ruleset.rules) if ruleset is not None else 0)
     line += f", store version {number}"
     if others > 0:
         line += f", plus {others} rule(s) written through the REST API or keg apply"

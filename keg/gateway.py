@@ -147,7 +147,8 @@ class ControlPlaneApp:
             serve_api,
         )
         from control_plane.providers import DirectoryRuleProvider, StoreRuleProvider
-        from control_plane.store import open_store
+        from control_plane.store import StoreError, open_store
+        from filter_rules import RuleSetInvalid
 
         api = self.api
         # Before anything binds: a bad file stops here. Re-read when it changes, so a
@@ -165,8 +166,16 @@ class ControlPlaneApp:
 
         self.store = open_store(api.store_url, api.data_dir, validator=validator)
         if api.rules_dir is not None:
-            self._directory = DirectoryRuleProvider(api.rules_dir,
-                                                    self.settings.rules_poll_interval_s)
+            # Files made invalid while the last run served them (a bad commit the running
+            # gateway refused) do not keep it from starting again: the directory's rules
+            # in the store's served version stand, as they did before the restart.
+            try:
+                self._directory = DirectoryRuleProvider(api.rules_dir,
+                                                        self.settings.rules_poll_interval_s,
+                                                        kept=self._kept_directory_rules())
+            except RuleSetInvalid as err:
+                raise StoreError(f"{api.rules_dir}: {len(err.errors)} problem(s), and the rule "
+                                 f"store has no version to serve meanwhile") from None
             self._apply_directory(at_start=True)
             self._directory.subscribe(lambda *_: self._apply_directory())
             self._watch = asyncio.create_task(self._directory.watch())
@@ -208,6 +217,19 @@ class ControlPlaneApp:
         if self._directory is None:
             return None
         return self._directory.last_error or self._store_refusal
+
+    def _kept_directory_rules(self) -> RuleSet | None:
+        """The served directory's rules in the store's served version; None when the store
+        has no version yet (a first start has nothing to fall back on)."""
+        from filter_rules import RuleSet, RuleSource
+
+        number, _ = self.store.current()
+        if not number:
+            return None
+        owned = [r for r in self.store.version(number).rules if r.owner == self._directory_owner]
+        return RuleSet(rules=[r.rule() for r in owned],
+                       sources={r.id: RuleSource.model_validate(r.source)
+                                for r in owned if r.source is not None})
 
     @property
     def _directory_owner(self) -> str | None:

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from benchmarks import rule_churn
 from benchmarks.fleet_rollout import run
 from control_plane.service import ControlPlaneSettings, free_port
+from control_plane.store import StoreError
 from filter_rules import load_rule_dir
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import ApiOptions, BackgroundLoop, ControlPlaneApp, Gateway
@@ -389,6 +390,40 @@ def test_a_served_directory_that_is_not_in_force_shows_in_the_metrics(
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
         (rules / "rules.yaml").write_text(deny.replace("deny-shown", "deny-shown-again"))
         until(0)
+
+
+def test_a_gateway_restarted_on_a_directory_it_refused_serves_its_last_good_rules(
+        kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """A bad commit the running gateway refused (the last good rules served) stopped it
+    from starting again: `keg up` exited at the next restart (a reboot, a crash), a whole
+    gateway down for a file it had already kept out. It now starts on the directory's
+    rules its store served last, keg_rule_directory_refused says so, and the fixed files
+    apply. Without a version to fall back on (a first start) it still refuses."""
+    deny = ("rules:\n  - id: deny-kept\n    match: {apis: [Produce], topics: "
+            "{prefix: [kept.]}}\n    action: {deny: {}}\n")
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": deny})
+    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
+    topic = create_topic(kafka.bootstrap, name=f"kept.{time.monotonic_ns()}")
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, _api):
+        gateway.wait_for_rules()
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+    (rules / "rules.yaml").write_text(deny + "  - id: [broken\n")
+    with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, _api):
+        gateway.wait_for_rules()
+        assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
+        assert gateway.app is not None and gateway.app.directory_error is not None
+        (rules / "rules.yaml").write_text(deny.replace("kept.]", "other.]"))
+        deadline = time.monotonic() + 30
+        while produce_one(gateway.bootstrap, topic) is not None:
+            assert time.monotonic() < deadline, "the fixed directory was not applied"
+            time.sleep(0.5)
+        assert gateway.app.directory_error is None
+    first = rule_dir(tmp_path / "first", {"rules.yaml": "rules:\n  - id: [broken\n"})
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "tokens").write_text("ops:token-0123456789abcdef\n")
+    with pytest.raises(StoreError, match="no version to serve"), \
+            gateway_with_api(kafka, tmp_path / "fresh", first):
+        pass
 
 
 def test_a_compression_policy_that_allows_uncompressed_batches_is_served(
