@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import ipaddress
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
@@ -147,6 +148,10 @@ Direction = Literal["request", "response", "both"]
 # --- match -------------------------------------------------------------------------
 
 
+# Kafka's legal topic names (org.apache.kafka.common.internals.Topic).
+MAX_TOPIC_NAME: Final = 249
+_TOPIC_CHARS: Final = re.compile(r"[a-zA-Z0-9._-]+")
+
 class VersionRange(_Model):
     """API versions from `min` to `max`, both included; either may be left open."""
 
@@ -188,6 +193,27 @@ class Match(_Model):
     not_: Match | None = Field(
         default=None, alias="not", description="Matches when this nested match does not."
     )
+
+    @model_validator(mode="after")
+    def _kafka_topic_names(self) -> Match:
+        """Topic names and prefixes a topic can have: Kafka allows ASCII letters, digits,
+        '.', '_' and '-', at most 249 of them. A name it cannot have never matches (a
+        typo: "café", " orders"), and an empty prefix matches every topic (leave
+        `topics` out for that)."""
+        topics = self.topics
+        if topics is None:
+            return self
+        for kind, names in (("exact", topics.exact), ("prefix", topics.prefix)):
+            for name in names:
+                if not name:
+                    raise ValueError(f"topics: an empty {kind} entry matches "
+                                     f"{'no topic' if kind == 'exact' else 'every topic'}: "
+                                     f"{'remove it' if kind == 'exact' else 'leave topics out'}")
+                if len(name) > MAX_TOPIC_NAME or not _TOPIC_CHARS.fullmatch(name):
+                    raise ValueError(f"topics: {kind} {name!r} is no Kafka topic name (ASCII "
+                                     f"letters, digits, '.', '_' and '-', at most "
+                                     f"{MAX_TOPIC_NAME}): it would never match")
+        return self
 
     @model_validator(mode="after")
     def _no_anonymous(self) -> Match:

@@ -405,7 +405,7 @@ def test_compile_rules_and_default_rules_block_nothing() -> None:
 
 # --- compiled matching equals a plain reading of the rule -------------------------
 
-NAMES = st.text(alphabet="ab.-", max_size=5)
+NAMES = st.text(alphabet="ab.-", min_size=1, max_size=5)  # Kafka names: never empty
 REGEXES = st.sampled_from(["a.*", "b+", "(a|b)\\.", "[ab]-[ab]", ".*-", "a?b?"])
 
 

@@ -395,6 +395,21 @@ def test_a_principal_matcher_naming_anonymous_is_refused(name: str) -> None:
     assert "User:ANONYMOUS" in error.message and "not: {principals" in error.message
 
 
+@pytest.mark.parametrize(("selector", "said"), [
+    ("prefix: ['']", "matches every topic"), ("exact: ['']", "matches no topic"),
+    ("exact: ['café']", "'café' is no Kafka topic name"),
+    ("prefix: [' orders.']", "' orders.' is no Kafka topic name"),
+    ("exact: ['a\\0b']", "is no Kafka topic name"), (f"exact: [{'t' * 250}]", "at most 249")])
+def test_a_topic_name_kafka_cannot_have_is_refused_at_its_line(selector: str, said: str) -> None:
+    """It would never match (a typo), or match every topic (an empty prefix): accepted
+    before without a word."""
+    (error,) = text_errors(f"- id: a\n  match: {{topics: {{{selector}}}}}\n"
+                           "  action: {deny: {}}\n")
+    assert said in error.message and error.line is not None, error
+    load_rule_text("- id: a\n  match: {topics: {exact: [Orders_2024.v1-x], prefix: [a.]}}\n"
+                   "  action: {deny: {}}\n", "ok.yaml")
+
+
 def test_a_byte_rate_on_apis_without_produce_is_refused() -> None:
     """It counted nothing and never throttled a consumer (regression: silently)."""
     (error,) = text_errors("- id: a\n  match: {apis: [Fetch]}\n"
