@@ -129,6 +129,7 @@ class FleetHarness:
             ext_proc_port=self.ext_procs["xp-1"][0], xds_port=self.xds_port,
             listen_port_base=0, groups=groups, refresh_interval_s=3600,
             rules_dir=self.rules_dir,
+            broker_probe_interval_s=0,  # the extra brokers are made up: nothing listens
         ), topology_source=self._topology)
         self.loop.run(plane.start(), timeout=60)
         return plane
