@@ -12,17 +12,16 @@ times out (9 s by default), and a lone broker never leaves it.
 So the control plane asks each broker's port every `PROBE_INTERVAL_S`: after
 `REFUSALS_TO_DOWN` refusals in a row the broker counts as down, and its listener is
 withdrawn (clients are refused, as by the broker itself) while it is still advertised
-at its port; the first accepted connection brings it back. Only a refusal counts (or a
-name that no longer resolves, as a stopped container's): a probe that times out says
-nothing sure about the broker, and a listener closed by mistake would end its live
-connections.
+at its port; the first accepted connection brings it back. Only a refusal counts: a
+probe that times out, or a name that does not resolve (a DNS outage would take every
+listener at once), says nothing sure about the broker, and a withdrawn listener drains
+its live connections (Envoy closes them within its drain time, 30 s under keg up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Iterable
 
 PROBE_INTERVAL_S = 1.0
@@ -31,12 +30,12 @@ REFUSALS_TO_DOWN = 2
 
 
 async def refuses(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether `host:port` refuses a TCP connection (or its name does not resolve)."""
+    """Whether `host:port` refuses a TCP connection."""
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (ConnectionRefusedError, socket.gaierror):
+    except ConnectionRefusedError:
         return True
-    except (OSError, TimeoutError):
+    except (OSError, TimeoutError):  # socket.gaierror too: DNS says nothing of the broker
         return False
     writer.close()
     with contextlib.suppress(OSError):
