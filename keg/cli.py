@@ -1013,6 +1013,20 @@ def validate(
     checked_text = f"{checked} secret(s) found" if secrets else "secrets not checked"
     typer.echo(f"{directory}: {len(compiled.ruleset.rules)} rules valid "
                f"({len(compiled.rules)} enabled), version {compiled.version}; {checked_text}")
+    if not compiled.ruleset.rules and (unread := _unread_files(directory)):
+        typer.echo(f"warning: {directory} has no rules; not read as rule files (only "
+                   f"*.yaml and *.yml directly in it are): {', '.join(unread)}", err=True)
+
+
+def _unread_files(directory: Path, shown: int = 5) -> list[str]:
+    """Files under `directory` that look like rules but are not read as rule files (in
+    a subdirectory, or .json): `keg validate` said "0 rules valid" of a wrong path."""
+    from filter_rules.loader import RULE_FILE_SUFFIXES
+
+    found = sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                   if p.is_file() and p.suffix in (*RULE_FILE_SUFFIXES, ".json")
+                   and (p.parent != directory or p.suffix == ".json"))
+    return [*found[:shown], *([f"... {len(found) - shown} more"] if len(found) > shown else [])]
 
 
 def _unbuildable(compiled: CompiledRuleSet, reported: set[str]) -> list[RuleError]:

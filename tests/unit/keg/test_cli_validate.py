@@ -134,3 +134,19 @@ def test_a_record_rule_the_service_could_not_build_is_invalid(
     result = runner.invoke(app, ["validate", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert "cannot read JSON Schema" in result.output and "1 problem(s)" in result.output
+
+
+def test_a_directory_without_rules_names_the_files_it_does_not_read(tmp_path: Path) -> None:
+    """`keg validate` of the wrong path (rules in subdirectories, or written as JSON)
+    said "0 rules valid" and nothing else."""
+    (tmp_path / "team-a").mkdir()
+    (tmp_path / "team-a" / "deny.yaml").write_text("rules: []\n")
+    (tmp_path / "rules.json").write_text("{}\n")
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "0 rules valid" in result.output
+    assert "has no rules; not read as rule files" in result.output
+    assert "rules.json" in result.output and "team-a/deny.yaml" in result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "warning" not in runner.invoke(app, ["validate", str(empty)]).output
