@@ -221,15 +221,13 @@ class ControlPlaneApp:
     def _kept_directory_rules(self) -> RuleSet | None:
         """The served directory's rules in the store's served version; None when the store
         has no version yet (a first start has nothing to fall back on)."""
-        from filter_rules import RuleSet, RuleSource
+        from control_plane.store.entries import to_ruleset
 
         number, _ = self.store.current()
         if not number:
             return None
-        owned = [r for r in self.store.version(number).rules if r.owner == self._directory_owner]
-        return RuleSet(rules=[r.rule() for r in owned],
-                       sources={r.id: RuleSource.model_validate(r.source)
-                                for r in owned if r.source is not None})
+        return to_ruleset(r for r in self.store.version(number).rules
+                          if r.owner == self._directory_owner)
 
     @property
     def _directory_owner(self) -> str | None:

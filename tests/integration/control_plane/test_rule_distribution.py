@@ -343,6 +343,16 @@ def test_a_rollback_cannot_take_the_rule_directorys_rules_away(
         assert produce_one(gateway.bootstrap, moved) == "TOPIC_AUTHORIZATION_FAILED"
 
 
+def served_deny(kafka: EmbeddedKafka, tmp_path: Path, name: str) -> tuple[str, Path, str]:
+    """A rule directory denying Produce to `name`.*, the API's token file, and a topic it
+    denies: (the rule file's text, the directory, the topic)."""
+    deny = (f"rules:\n  - id: deny-{name}\n    match: {{apis: [Produce], topics: "
+            f"{{prefix: [{name}.]}}}}\n    action: {{deny: {{}}}}\n")
+    rules = rule_dir(tmp_path / "rules", {"rules.yaml": deny})
+    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
+    return deny, rules, create_topic(kafka.bootstrap, name=f"{name}.{time.monotonic_ns()}")
+
+
 def test_a_served_directory_that_is_not_in_force_shows_in_the_metrics(
         kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -352,11 +362,7 @@ def test_a_served_directory_that_is_not_in_force_shows_in_the_metrics(
     traceback ("rule subscriber failed"). keg_rule_directory_refused is 1 until the
     directory is in force again; the last good rules serve meanwhile."""
     monkeypatch.delenv("KEG_TEST_NOT_GIVEN", raising=False)
-    deny = ("rules:\n  - id: deny-shown\n    match: {apis: [Produce], topics: "
-            "{prefix: [shown.]}}\n    action: {deny: {}}\n")
-    rules = rule_dir(tmp_path / "rules", {"rules.yaml": deny})
-    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
-    topic = create_topic(kafka.bootstrap, name=f"shown.{time.monotonic_ns()}")
+    deny, rules, topic = served_deny(kafka, tmp_path, "shown")
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, api):
 
         def refused() -> float:
@@ -399,11 +405,7 @@ def test_a_gateway_restarted_on_a_directory_it_refused_serves_its_last_good_rule
     gateway down for a file it had already kept out. It now starts on the directory's
     rules its store served last, keg_rule_directory_refused says so, and the fixed files
     apply. Without a version to fall back on (a first start) it still refuses."""
-    deny = ("rules:\n  - id: deny-kept\n    match: {apis: [Produce], topics: "
-            "{prefix: [kept.]}}\n    action: {deny: {}}\n")
-    rules = rule_dir(tmp_path / "rules", {"rules.yaml": deny})
-    (tmp_path / "tokens").write_text("ops:token-0123456789abcdef\n")
-    topic = create_topic(kafka.bootstrap, name=f"kept.{time.monotonic_ns()}")
+    deny, rules, topic = served_deny(kafka, tmp_path, "kept")
     with gateway_with_api(kafka, tmp_path, rules) as (gateway, _store, _api):
         gateway.wait_for_rules()
         assert produce_one(gateway.bootstrap, topic) == "TOPIC_AUTHORIZATION_FAILED"
