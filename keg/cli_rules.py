@@ -1,4 +1,5 @@
-"""GitOps commands: `keg diff DIR` and `keg apply DIR [--watch]` against a control plane.
+"""GitOps commands against a control plane: `keg diff DIR`, `keg apply DIR [--watch]`,
+and the history: `keg versions`, `keg rollback N`.
 
 The directory is the source of truth for the rules it holds: `apply` uploads its
 files (the control plane loads them with the same loader as `keg validate`) as the
@@ -10,11 +11,12 @@ those rules. Exit codes, for CI:
     1  the rule directory is invalid (file:line errors, as `keg validate`)
     2  usage error
     3  diff --exit-code: there are differences
-    4  the control plane refused (token, ownership conflict, invalid on its side)
+    4  the control plane refused (token, ownership conflict, invalid on its side, no
+       such version)
     5  the control plane cannot be reached or failed
     6  the fleet rejected the directory's version (an ext_proc instance NACKed it: it
-       is not served, the fleet runs the last good version), or apply --wait: not
-       every connected instance applied it within --wait-timeout
+       is not served, the fleet runs the last good version), or --wait: not every
+       connected instance applied it within --wait-timeout
 
 Output never calls a version live unless the fleet applied it: the control plane
 answers with the latest version's status (pending, applied, rejected) and the live
@@ -29,6 +31,7 @@ otherwise, before any connection).
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import threading
 import time
@@ -41,6 +44,7 @@ from urllib.parse import urlsplit
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
+from rich.table import Table
 from rich.text import Text
 
 from control_plane.fleet import EXT_PROC
@@ -88,6 +92,11 @@ InsecureHttp = Annotated[bool, typer.Option(
     help="Allow sending the API token over plain http:// to a host that is not "
          "loopback (refused by default: use https://; give this only when something "
          "else, such as a VPN or an SSH tunnel, protects the connection).")]
+Wait = Annotated[bool, typer.Option(
+    help="Then wait until every connected ext_proc instance applied the version "
+         "(exit 6 on a NACK or at --wait-timeout).")]
+WaitTimeout = Annotated[float, typer.Option(help="Seconds --wait waits for the fleet.",
+                                            min=0.1)]
 
 
 # --- talking to the control plane ----------------------------------------------------
@@ -156,6 +165,13 @@ class Client:
     def version_info(self, number: int) -> dict[str, Any]:
         info: dict[str, Any] = self._call("GET", f"/v1/versions/{number}")["info"]
         return info
+
+    def versions(self, limit: int) -> dict[str, Any]:
+        return self._call("GET", "/v1/versions", params={"limit": limit})
+
+    def rollback(self, number: int, reason: str | None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/versions/{number}/rollback",
+                          params={"reason": reason} if reason else None)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         import httpx2
@@ -332,11 +348,8 @@ def apply(
     watch: Annotated[bool, typer.Option(
         help="Keep running: apply again whenever the files change (valid sets only).")]
         = False,
-    wait: Annotated[bool, typer.Option(
-        help="Then wait until every connected ext_proc instance applied the version "
-             "(exit 6 on a NACK or at --wait-timeout).")] = False,
-    wait_timeout: Annotated[float, typer.Option(
-        help="Seconds --wait waits for the fleet.", min=0.1)] = 60.0,
+    wait: Wait = False,
+    wait_timeout: WaitTimeout = 60.0,
     insecure_http: InsecureHttp = False,
 ) -> None:
     """Make the live rules match a rule directory (GitOps), with a progress bar.
@@ -526,3 +539,75 @@ def _watch(client: Client, directory: Path, owner: str, reason: str, adopt: bool
             console.print("the rules are unchanged until the files are valid", style="yellow")
     console.print("stopped watching")
     return Exit.OK
+
+
+# --- the history ----------------------------------------------------------------------
+
+STATUS_STYLES: Final = {"applied": "green", "rejected": "red", "pending": "yellow"}
+
+
+@commands.command()
+def versions(
+    api: ApiUrl, token_file: TokenFile = None,
+    limit: Annotated[int, typer.Option(help="How many versions, newest first.",
+                                       min=1, max=1000)] = 20,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The API's answer as JSON (for scripts) instead of a table.")] = False,
+    insecure_http: InsecureHttp = False,
+) -> None:
+    """List the rule set's versions, newest first: when, who, what and why, and what the
+    fleet made of each (applied, rejected, pending). `keg rollback N` restores one."""
+    try:
+        answer = Client(api, _token(token_file), insecure_http).versions(limit)
+    except ApiFailure as failure:
+        _print_failure(failure)
+        raise typer.Exit(int(failure.code)) from None
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    if not answer["versions"]:
+        typer.echo("no versions yet: nothing was ever applied or written")
+        return
+    table = Table("version", "created", "author", "operation", "rules", "status", "reason",
+                  box=None, header_style="bold")
+    for v in answer["versions"]:
+        operation = v["operation"]
+        if v.get("parent") is not None:
+            operation += f" to {v['parent']}"
+        status = Text(v["status"], style=STATUS_STYLES.get(v["status"], ""))
+        if v["status"] == "rejected" and v.get("status_detail"):
+            status.append(f" ({v['status_detail']})")
+        table.add_row(str(v["number"]), str(v["created_at"])[:19].replace("T", " "),
+                      Text(v["author"]), operation, str(v["rule_count"]), status,
+                      Text(v["reason"]))
+    out.print(table)
+    if answer.get("next_before"):
+        typer.echo(f"older versions: --limit {min(1000, limit * 2)}")
+
+
+@commands.command()
+def rollback(
+    number: Annotated[int, typer.Argument(help="The version whose rules to restore.",
+                                          min=1)],
+    api: ApiUrl, token_file: TokenFile = None,
+    reason: Annotated[str | None, typer.Option(
+        help="Why (recorded with the new version); default: \"rollback to version N\".")]
+        = None,
+    wait: Wait = False,
+    wait_timeout: WaitTimeout = 60.0,
+    insecure_http: InsecureHttp = False,
+) -> None:
+    """Restore the rules of an earlier version, as a new version (the history keeps
+    everything). The served rule directory's rules (`keg up --rules`) stay as the
+    directory says. With --wait, returns once every connected ext_proc instance runs it.
+    """
+    try:
+        client = Client(api, _token(token_file), insecure_http)
+        info = client.rollback(number, reason)
+    except ApiFailure as failure:
+        _print_failure(failure)
+        raise typer.Exit(int(failure.code)) from None
+    console.print(styled(("rolled back", "bold green"), f" to version {number}: version "
+                         f"{info['number']} ({info['rule_count']} rules)"))
+    if wait:
+        raise typer.Exit(int(_wait_for_fleet(client, int(info["number"]), wait_timeout)))

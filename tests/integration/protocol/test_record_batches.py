@@ -376,7 +376,8 @@ def test_fetch_cut_inside_a_batch(written: Written, raw: RawBroker, kafka: Embed
         rdkafka_produce(kafka.bootstrap, topic, messages(f"cut{i}", "none")[:10])
     full = raw.fetch(topic)
     sizes = [len(b.raw) for b in v2_batches(full)]
-    assert len(sizes) == 4
+    # At least one batch per flush; a loaded machine can split a flush's ten records in two.
+    assert len(sizes) >= 4
     cut = raw.fetch(topic, max_bytes=sizes[0] + sizes[1] + 25)
     entries = list(iter_batches(cut))
     assert len(cut) == sizes[0] + sizes[1] + 25  # the broker cut the third batch

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-COMMANDS = ["up", "ext-proc", "control-plane", "apply", "diff", "validate", "backtest",
-            "analyze", "capture"]
+COMMANDS = ["up", "ext-proc", "control-plane", "apply", "diff", "versions", "rollback",
+            "validate", "backtest", "analyze", "capture"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

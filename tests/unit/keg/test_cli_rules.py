@@ -3,6 +3,7 @@ free loopback port, SQLite store): the commands go over real HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -129,6 +130,77 @@ def test_apply_exit_codes(live_api: LiveApi, token_file: Path, tmp_path: Path) -
     result = runner.invoke(app, ["apply", str(tmp_path / "missing"), *ok])
     assert result.exit_code == 1 and "does not exist" in result.output  # as keg validate
     assert runner.invoke(app, ["apply", str(directory)]).exit_code == 2  # no --api
+
+
+def test_versions_lists_the_history_and_rollback_restores_a_version(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    common = ["--api", live_api.url, "--token-file", str(token_file)]
+    directory = rules_dir(tmp_path, team=ONE)
+    assert runner.invoke(app, ["apply", str(directory), *common, "--reason", "first"]
+                         ).exit_code == 0
+    (directory / "team.yaml").write_text(TWO)
+    assert runner.invoke(app, ["apply", str(directory), *common, "--reason", "deny b"]
+                         ).exit_code == 0
+
+    listed = runner.invoke(app, ["versions", *common], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    rows = [line.split() for line in listed.output.splitlines()[1:] if line.strip()]
+    # version, date, time, author, operation, rules, status, reason
+    assert [(r[0], *r[3:7], " ".join(r[7:])) for r in rows] == [
+        ("2", "ci", "apply", "2", "pending", "deny b"),
+        ("1", "ci", "apply", "1", "pending", "first")]
+
+    rolled = runner.invoke(app, ["rollback", "1", *common, "--reason", "incident 42"])
+    assert rolled.exit_code == 0, rolled.output
+    assert "rolled back to version 1: version 3 (1 rules)" in rolled.output
+    number, ruleset = live_api.store.current()
+    assert number == 3 and [r.id for r in ruleset.rules] == ["a"]
+    newest = json.loads(runner.invoke(app, ["versions", *common, "--json", "--limit", "1"]
+                                      ).output)
+    assert newest["next_before"] == 3
+    [info] = newest["versions"]
+    assert (info["number"], info["operation"], info["parent"], info["reason"]) == (
+        3, "rollback", 1, "incident 42")
+    assert "rollback to 1" in runner.invoke(app, ["versions", *common]).output
+
+
+def test_rollback_refusals_exit_4_and_change_nothing(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    common = ["--api", live_api.url, "--token-file", str(token_file)]
+    assert runner.invoke(app, ["apply", str(rules_dir(tmp_path, team=ONE)), *common]
+                         ).exit_code == 0
+    missing = runner.invoke(app, ["rollback", "7", *common])
+    assert missing.exit_code == 4 and "404" in missing.output
+    anonymous = runner.invoke(app, ["rollback", "1", "--api", live_api.url],
+                              env={"KEG_API_TOKEN": ""})
+    assert anonymous.exit_code == 4 and "401" in anonymous.output
+    assert runner.invoke(app, ["rollback", "0", *common]).exit_code == 2  # not a version
+    assert live_api.store.current()[0] == 1
+    unreachable = runner.invoke(app, ["versions", "--api", "http://127.0.0.1:9"])
+    assert unreachable.exit_code == 5 and "cannot reach" in unreachable.output
+
+
+def test_rollback_wait_returns_once_the_fleet_runs_the_new_version(
+        live_api: LiveApi, token_file: Path, tmp_path: Path) -> None:
+    common = ["--api", live_api.url, "--token-file", str(token_file)]
+    assert runner.invoke(app, ["apply", str(rules_dir(tmp_path, team=ONE)), *common]
+                         ).exit_code == 0
+    instance = _instance(live_api.fleet, "xp-1")
+    acked = threading.Event()
+
+    def ack_later() -> None:  # as the instance does once the control plane pushed it
+        _wait_for(lambda: live_api.store.current()[0] == 2, "the rollback")
+        time.sleep(0.5)
+        live_api.fleet.ack(instance, RULES, "2", None)
+        acked.set()
+
+    acker = threading.Thread(target=ack_later, daemon=True)
+    acker.start()
+    result = runner.invoke(app, ["rollback", "1", *common, "--wait", "--wait-timeout", "20"])
+    acker.join(10)
+    assert result.exit_code == 0, result.output
+    assert acked.is_set()  # it did not return before the instance had applied
+    assert "version 2 applied by all 1 connected ext_proc instance(s)" in result.output
 
 
 def test_shipped_rules_diff_cleanly(live_api: LiveApi, token_file: Path) -> None:
