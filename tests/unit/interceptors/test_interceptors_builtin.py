@@ -794,3 +794,18 @@ def test_mask_avro_when_sees_the_avro_record_and_removes_array_items(ctx: BuildC
     other = rec(avro({**ORDER, "id": 8}))
     value = other.value
     assert run(m, other).value is value
+
+
+def test_the_documented_decryption_opens_keg_ciphertext_without_keg(ctx: BuildContext) -> None:
+    """docs/interceptors.md tells a consumer that reads the topic without keg how to
+    decrypt; a user following the layout alone, without the labels, opened nothing."""
+    text = (Path(__file__).parents[3] / "docs" / "interceptors.md").read_text()
+    snippet = text.split("# decrypt-without-keg\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(snippet, "docs/interceptors.md", "exec"), namespace)
+    sealed = run(build("encrypt", {"key": key("a", "KEY_A")}, ctx), rec(b"secret payload"))
+    assert namespace["open_value"](KEY_A, sealed.value) == b"secret payload"
+    fields = build("encrypt", {"fields": ["$.card", "$.n"], "key": key("a", "KEY_A")}, ctx)
+    doc = orjson.loads(run(fields, rec({"card": {"number": "4111"}, "n": 7})).value or b"")
+    assert orjson.loads(namespace["open_field"](KEY_A, doc["card"])) == {"number": "4111"}
+    assert orjson.loads(namespace["open_field"](KEY_A, doc["n"])) == 7
