@@ -13,7 +13,7 @@ use kafka_protocol::messages::{
     ApiKey, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use keg_kafka_filter::core::handoff::{Failure, MAX_PENDING_PER_CONNECTION, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT};
+use keg_kafka_filter::core::handoff::{Failure, ReadBound, MAX_PENDING_PER_CONNECTION, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT};
 use keg_kafka_filter::core::head::RequestHead;
 use keg_kafka_filter::core::stats::Counter;
 use keg_kafka_filter::core::who::ClientId;
@@ -230,6 +230,40 @@ fn the_brokers_answer_is_handed_off_at_once_whatever_requests_wait_behind_the_wi
     let more = s.take_handoffs();
     assert_eq!(more.len(), 1);
     assert!(more[0].id > held.last().unwrap().id);
+}
+
+#[test]
+fn past_the_window_a_session_takes_no_more_requests_and_takes_the_rest_when_fed_again() {
+    // A client pipelining requests it never read answers to: one read of Envoy's held
+    // 41,943 Metadata requests, all taken at once, each a hand-off; the service was
+    // busy with them for minutes after the client had gone.
+    let bound = Some(ReadBound { max_bytes: 64 << 20, max_frames: MAX_PENDING_PER_CONNECTION });
+    let count = 1_000;
+    let stream: Vec<u8> = (0..count).flat_map(|i| produce(i as i32 + 1, 1)).collect();
+    let mut s = session(false);
+    let (mut forwarded, mut to_client) = (Vec::new(), Vec::new());
+    let mut rest: &[u8] = &stream;
+    let mut rounds = 0;
+    while !rest.is_empty() {
+        rounds += 1;
+        let mut out = Output::default();
+        let taken = s.feed_requests_within(rest, &mut out, bound).unwrap();
+        assert!(taken > 0 || s.pending_handoffs() > 0, "it stops only with answers to wait for");
+        assert!(s.pending_handoffs() <= MAX_PENDING_PER_CONNECTION + 1,
+                "{} hand-offs made from one read", s.pending_handoffs());
+        forwarded.extend(bytes_of(rest, &out));
+        rest = &rest[taken..];
+        for h in s.take_handoffs() {
+            s.resolve(h.id, masked(&h)).unwrap();
+        }
+        drain(&mut s, &mut forwarded, &mut to_client);
+    }
+    assert!(rounds > count / (MAX_PENDING_PER_CONNECTION + 1), "{rounds} reads");
+    let expected: Vec<u8> = (0..count).flat_map(|i| masked_frame(&produce(i as i32 + 1, 1))).collect();
+    assert_eq!(forwarded, expected, "every request once, in order");
+    // Without a bound (or with nothing awaiting answers) everything is taken.
+    let mut out = Output::default();
+    assert_eq!(session(false).feed_requests_within(&stream, &mut out, None).unwrap(), stream.len());
 }
 
 /// The broker's answers to the forwarded requests of `request_stream`, in order.

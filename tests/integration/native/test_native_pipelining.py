@@ -11,7 +11,11 @@ while a connection has 64 hand-offs unanswered: every request is answered, in or
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +30,7 @@ from tests.integration.raw_kafka import RawConnection, pipelined_metadata, read_
 pytestmark = pytest.mark.integration
 
 REQUESTS = 10_000
+WINDOW = 64  # core::handoff::MAX_PENDING_PER_CONNECTION
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +67,37 @@ def test_thousands_of_pipelined_requests_a_rule_needs_are_all_answered(
         connection.close()
         sender.join(10)
     assert answered == REQUESTS
+
+
+def test_a_client_that_never_reads_cannot_queue_work_past_the_window(
+        gateway: Gateway, kafka: EmbeddedKafka) -> None:
+    """A new user's flood: connections pipelining Metadata requests (each one judged by
+    the service) without reading a single answer. The module took whatever Envoy had
+    read, up to its 1 MiB buffer: 41,943 requests per read, each a hand-off, and kept
+    the service busy for minutes after the client had gone (a healthy producer's p99
+    went from 6 ms to 5 s meanwhile). A broker stops reading such a client; the module
+    now stops taking its requests past the window, and the rest stays in Envoy's buffer
+    (bounded, and read again once answers come back). The worker is stopped here, so
+    no answer comes back: what the module took is all it will ever take."""
+    worker = gateway.workers[0]
+    pid = worker.current_pid()
+    assert pid is not None
+    before = gateway.module_counter("handoff_requests")
+    connection = RawConnection(gateway.bootstrap, timeout=60)
+    flood = pipelined_metadata(20_000, "never-reads")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        sender = threading.Thread(target=connection.sock.sendall, args=(flood,), daemon=True)
+        sender.start()
+        # Whatever the module takes, it takes as Envoy reads: wait until that settles.
+        taken, quiet_since = -1, time.monotonic()
+        while time.monotonic() - quiet_since < 2.0:
+            now = gateway.module_counter("handoff_requests") - before
+            if now != taken:
+                taken, quiet_since = now, time.monotonic()
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        connection.close()
+    assert 0 < taken <= WINDOW + 1, f"{taken} of {len(flood):,} bytes' requests handed off"

@@ -62,6 +62,14 @@ pub const MAX_PENDING_PER_CONNECTION: usize = 64;
 /// seen and drops what the throttle holds ([`crate::ffi`]).
 pub const MAX_HELD_PER_CONNECTION: usize = 4096;
 
+/// How much a connection may have awaiting answers before it stops reading from its
+/// client: see [`reading_paused`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadBound {
+    pub max_bytes: usize,
+    pub max_frames: usize,
+}
+
 /// Whether a connection should stop (or keep stopped) reading from its client, given
 /// what it has handed off and not had answered: more than `max_bytes` or than
 /// `max_frames` frames ([`MAX_PENDING_PER_CONNECTION`], or [`MAX_HELD_PER_CONNECTION`]

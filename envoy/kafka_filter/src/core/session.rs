@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::handoff::{retriable_answer, Direction, HandOff, Resolution, MAX_PENDING_PER_CONNECTION};
+use super::handoff::{reading_paused, retriable_answer, Direction, HandOff, ReadBound, Resolution, MAX_PENDING_PER_CONNECTION};
 use super::head::{parse_request_head, parse_response_head, Parsed, RequestHead, ResponseHead, PRODUCE, RESPONSE_HEAD};
 use super::identity::{self, Identity};
 use super::meter::Meter;
@@ -451,9 +451,23 @@ impl<P: RequestPolicy> Session<P> {
     /// Feeds bytes from the client; `out` receives what to forward to the broker now
     /// (what waits behind a hand-off leaves later, see [`Session::ready_requests`]).
     pub fn feed_requests(&mut self, input: &[u8], out: &mut Output) -> Result<(), ProtocolError> {
+        self.feed_requests_within(input, out, None).map(|_| ())
+    }
+
+    /// [`Session::feed_requests`], but it stops at a frame's start once the hand-offs
+    /// awaiting answers are past `bound` (the filter then stops reading from the client)
+    /// and returns how many bytes it took: the rest stays with the caller, to be fed
+    /// again when reading resumes. Before, one read of Envoy's (up to its 1 MiB buffer:
+    /// 41,943 pipelined Metadata requests) was taken whole, each frame a hand-off, and a
+    /// client that never read its answers kept the service busy for minutes.
+    pub fn feed_requests_within(&mut self, input: &[u8], out: &mut Output, bound: Option<ReadBound>)
+        -> Result<usize, ProtocolError> {
         let start = out.pieces.len();
         let mut pos = 0;
         while pos < input.len() {
+            if bound.is_some_and(|b| self.past(b)) {
+                break;
+            }
             let (body_from, in_body) = (pos, !matches!(self.request, RequestState::Head | RequestState::Opaque));
             let more = self.feed_request_state(input, &mut pos, out)?;
             if in_body {
@@ -462,11 +476,20 @@ impl<P: RequestPolicy> Session<P> {
                 }
             }
             if !more {
-                break;
+                break; // the input ended inside a head, which is kept: all of it taken
             }
         }
         self.requests_out.route(input, out, start);
-        Ok(())
+        Ok(pos)
+    }
+
+    /// Whether, at the start of a frame, what awaits answers is past `bound`.
+    fn past(&self, bound: ReadBound) -> bool {
+        matches!(self.request, RequestState::Head)
+            && self.request_head.is_empty()
+            && !self.pending.is_empty()
+            && reading_paused(false, self.handoff_bytes_awaiting_answers(), self.pending.len(),
+                              bound.max_bytes, bound.max_frames)
     }
 
     /// One step of [`Session::feed_requests`]: the current request state takes what it

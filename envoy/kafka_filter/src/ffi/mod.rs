@@ -40,7 +40,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::abi::{self, Callbacks, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, FilterEnvoyPtr, FilterModulePtr, ModuleBuffer, SchedulerPtr};
 use crate::config::{FilterConfig, TableSlot};
-use crate::core::handoff::{reading_paused, Failure, MAX_HELD_PER_CONNECTION, MAX_PENDING_PER_CONNECTION};
+use crate::core::handoff::{reading_paused, Failure, ReadBound, MAX_HELD_PER_CONNECTION, MAX_PENDING_PER_CONNECTION};
 use crate::core::head::RequestHead;
 use crate::core::identity::Identity;
 use crate::core::interest::{Interest, Want};
@@ -182,6 +182,9 @@ pub struct Filter {
     read_end: bool,
     write_end: bool,
     read_paused: bool,
+    /// The session left bytes of the client's in Envoy's buffer (past the hand-off
+    /// window): Envoy hands them over again when reading resumes.
+    left_unread: bool,
     closed: bool,
     held: usize,
     handoff_held: usize,
@@ -344,6 +347,7 @@ impl Filter {
             read_end: false,
             write_end: false,
             read_paused: false,
+            left_unread: false,
             closed: false,
             held: 0,
             handoff_held: 0,
@@ -466,14 +470,10 @@ impl Filter {
             HANDOFF_BYTES.fetch_sub(self.handoff_held - now, Ordering::Relaxed);
         }
         self.handoff_held = now;
-        if self.handoffs.is_none() || self.closed {
-            return;
-        }
-        let bound = self.config.settings.current_interest().max_bytes_per_connection;
+        let Some(bound) = self.read_bound() else { return };
         let awaiting = self.session.handoff_bytes_awaiting_answers();
-        let throttled = self.handoffs.as_ref().is_some_and(|h| h.link.throttled() > 0);
-        let frames = if throttled { MAX_HELD_PER_CONNECTION } else { MAX_PENDING_PER_CONNECTION };
-        let paused = reading_paused(self.read_paused, awaiting, self.session.pending_handoffs(), bound, frames);
+        let paused = reading_paused(self.read_paused, awaiting, self.session.pending_handoffs(),
+                                    bound.max_bytes, bound.max_frames);
         if paused && !self.read_paused {
             self.read_paused = true;
             self.count(envoy, cb, Event::ReadPaused, 1);
@@ -481,9 +481,35 @@ impl Filter {
             unsafe { (cb.read_disable)(envoy, true) };
         } else if !paused && self.read_paused {
             self.read_paused = false;
-            // SAFETY: as above.
+            // SAFETY: as above. Envoy then reads again, bytes it holds first.
             unsafe { (cb.read_disable)(envoy, false) };
+        } else if !paused && self.left_unread {
+            // Bytes were left, yet reading goes on (the hand-offs failed at once, say):
+            // a pause and resume makes Envoy hand them over again, as no new byte may come.
+            // SAFETY: as above.
+            unsafe {
+                (cb.read_disable)(envoy, true);
+                (cb.read_disable)(envoy, false);
+            }
         }
+        self.left_unread = false;
+    }
+
+    /// What may await answers before the filter stops reading from its client (None:
+    /// the connection is closed). The session stops taking
+    /// requests at the same bound, so bytes it leaves in Envoy's buffer always have
+    /// reading stopped, and come again when it resumes.
+    fn read_bound(&self) -> Option<ReadBound> {
+        if self.closed {
+            return None;
+        }
+        // Before the first hand-off there is no link yet: a new connection's first read
+        // is bounded too (it held all 20,000 requests a client had sent at once).
+        let throttled = self.handoffs.as_ref().is_some_and(|h| h.link.throttled() > 0);
+        Some(ReadBound {
+            max_bytes: self.config.settings.current_interest().max_bytes_per_connection,
+            max_frames: if throttled { MAX_HELD_PER_CONNECTION } else { MAX_PENDING_PER_CONNECTION },
+        })
     }
 
     /// The hand-off state, made on the first hand-off: a scheduler, a link and the
@@ -763,14 +789,31 @@ fn ssl_uri_sans(envoy: FilterEnvoyPtr, cb: &Callbacks) -> Vec<String> {
     buffers.iter().map(|b| String::from_utf8_lossy(unsafe { b.as_slice() }).into_owned()).collect()
 }
 
-/// Reads Envoy's buffer as slices, feeds each to `feed`; returns whether every slice's
-/// output was the slice itself.
+/// What [`feed_chunks`] made of Envoy's buffer.
+struct Fed {
+    /// Every slice's output is the slice itself.
+    whole: bool,
+    /// The bytes Envoy holds.
+    total: usize,
+    /// The bytes the session took: less than `total` when it stopped reading (the rest
+    /// stays in Envoy's buffer, which Envoy hands over again once reading resumes).
+    taken: usize,
+}
+
+impl Fed {
+    fn all(&self) -> bool {
+        self.taken == self.total
+    }
+}
+
+/// Reads Envoy's buffer as slices and feeds each to `feed`, which says how much of it
+/// it took; after a slice it did not take whole, the rest is not fed.
 fn feed_chunks(
     filter: &mut Filter,
     count: usize,
     fill: impl FnOnce(*mut EnvoyBuffer) -> bool,
-    mut feed: impl FnMut(&mut Session<Policy>, &[u8], &mut Output) -> Result<(), ProtocolError>,
-) -> Result<(bool, usize), ProtocolError> {
+    mut feed: impl FnMut(&mut Session<Policy>, &[u8], &mut Output) -> Result<usize, ProtocolError>,
+) -> Result<Fed, ProtocolError> {
     filter.chunks.clear();
     filter.chunks.resize(count, EnvoyBuffer { ptr: std::ptr::null(), length: 0 });
     if count > 0 && !fill(filter.chunks.as_mut_ptr()) {
@@ -779,17 +822,21 @@ fn feed_chunks(
     if filter.outputs.len() < filter.chunks.len() {
         filter.outputs.resize_with(filter.chunks.len(), Output::default);
     }
-    let mut whole = true;
-    let mut total = 0;
+    let mut fed = Fed { whole: true, total: 0, taken: 0 };
     for (chunk, out) in filter.chunks.iter().zip(filter.outputs.iter_mut()) {
         out.clear();
         // SAFETY: Envoy's chunks stay valid until this hook returns (no drain yet).
         let slice = unsafe { chunk.as_slice() };
-        total += slice.len();
-        feed(&mut filter.session, slice, out)?;
-        whole &= out.is_whole(slice.len());
+        let stopped = !fed.all();
+        fed.total += slice.len();
+        if stopped {
+            continue;
+        }
+        let taken = feed(&mut filter.session, slice, out)?;
+        fed.taken += taken;
+        fed.whole &= taken == slice.len() && out.is_whole(slice.len());
     }
-    Ok((whole, total))
+    Ok(fed)
 }
 
 /// The output of every chunk, copied into the filter's scratch buffer.
@@ -803,10 +850,11 @@ fn gather(filter: &mut Filter) -> Vec<u8> {
     bytes
 }
 
-/// Replaces the `total` bytes Envoy holds in one direction with the chunks' output and
-/// the frames `ready` adds behind them (it says whether frames still wait behind a
-/// hand-off). The end of stream goes along unless frames wait: then it is held, and
-/// the result says so.
+/// Replaces the first `total` bytes Envoy holds in one direction (what the session
+/// took) with the chunks' output and the frames `ready` adds behind them (it says
+/// whether frames still wait behind a hand-off). The end of stream goes along unless
+/// frames wait: then it is held, and the result says so. A caller that leaves bytes in
+/// Envoy's buffer passes no end of stream: Envoy gives it again with them.
 fn replace_chunks(
     envoy: FilterEnvoyPtr,
     filter: &mut Filter,
@@ -870,15 +918,19 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         }
         // SAFETY: a live filter inside its read hook.
         let count = unsafe { (cb.read_chunks_size)(envoy) };
-        let (whole, total) = feed_chunks(filter, count, |dst| unsafe { (cb.read_chunks)(envoy, dst) },
-                                         |session, slice, out| session.feed_requests(slice, out))?;
+        let bound = filter.read_bound();
+        let fed = feed_chunks(filter, count, |dst| unsafe { (cb.read_chunks)(envoy, dst) },
+                              |session, slice, out| session.feed_requests_within(slice, out, bound))?;
         let resolved = filter.dispatch(envoy, cb)?;
-        // The client's end of stream waits for the requests queued behind a hand-off.
+        // The client's end of stream waits for the requests queued behind a hand-off,
+        // and for the bytes left in Envoy's buffer (it comes again with them).
+        filter.left_unread = !fed.all();
+        let end_stream = end_stream && fed.all();
         let hold_end = end_stream && filter.session.requests_waiting();
-        let status = if whole && !resolved && !hold_end {
+        let status = if fed.whole && !resolved && !hold_end {
             abi::STATUS_CONTINUE
         } else {
-            let held = replace_chunks(envoy, filter, total, end_stream, (cb.drain_read, cb.inject_read), || is_open(envoy, cb), |session, out| {
+            let held = replace_chunks(envoy, filter, fed.taken, end_stream, (cb.drain_read, cb.inject_read), || is_open(envoy, cb), |session, out| {
                 session.ready_requests(out);
                 session.requests_waiting()
             });
@@ -907,14 +959,14 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
         let view = RouteView { routes: &routes, own_listener: own.as_ref() };
         // SAFETY: a live filter inside its write hook.
         let count = unsafe { (cb.write_chunks_size)(envoy) };
-        let (whole, total) = feed_chunks(filter, count, |dst| unsafe { (cb.write_chunks)(envoy, dst) },
-                                         |session, slice, out| session.feed_responses(slice, view, out))?;
+        let fed = feed_chunks(filter, count, |dst| unsafe { (cb.write_chunks)(envoy, dst) },
+                              |session, slice, out| session.feed_responses(slice, view, out).map(|()| slice.len()))?;
         let resolved = filter.dispatch(envoy, cb)?;
         let hold_end = end_stream && filter.session.responses_waiting();
-        if whole && !resolved && !hold_end {
+        if fed.whole && !resolved && !hold_end {
             return Ok(abi::STATUS_CONTINUE);
         }
-        let held = replace_chunks(envoy, filter, total, end_stream, (cb.drain_write, cb.inject_write), || is_open(envoy, cb), |session, out| {
+        let held = replace_chunks(envoy, filter, fed.taken, end_stream, (cb.drain_write, cb.inject_write), || is_open(envoy, cb), |session, out| {
             session.ready_responses(out);
             session.responses_waiting()
         });
