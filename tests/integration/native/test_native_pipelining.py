@@ -12,8 +12,10 @@ while a connection has 64 hand-offs unanswered: every request is answered, in or
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +24,21 @@ import pytest
 
 import kafka_wire
 from kafka_wire import ApiKey
+from kafka_wire.records import BatchHeader, Record, encode_batch
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
 from tests.integration.raw_kafka import RawConnection, pipelined_metadata, read_frame
+from tests.integration.rules.records_io import consume
 
 pytestmark = pytest.mark.integration
 
 REQUESTS = 10_000
+MASK_EMAIL_RULE = """
+  - id: mask-email
+    match: {topics: {prefix: [masked.]}}
+    action: {mask: {fields: [$.email]}}
+"""
 WINDOW = 64  # core::handoff::MAX_PENDING_PER_CONNECTION
 
 
@@ -38,7 +47,7 @@ def gateway(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     # The hand-off timeout, short: a queue of thousands outwaits it on any machine, 64
     # frames (a few ms of the service's work) on none.
     with gateway_with_static_rules(kafka, tmp_path_factory.mktemp("native-pipelining"),
-                                   HIDE_HIDDEN_RULES, data_path="native",
+                                   HIDE_HIDDEN_RULES + MASK_EMAIL_RULE, data_path="native",
                                    message_timeout_s=0.5) as gw:
         yield gw
 
@@ -101,3 +110,53 @@ def test_a_client_that_never_reads_cannot_queue_work_past_the_window(
             os.kill(pid, signal.SIGCONT)
         connection.close()
     assert 0 < taken <= WINDOW + 1, f"{taken} of {len(flood):,} bytes' requests handed off"
+
+
+
+def _produce_frame(topic: str, correlation: int) -> bytes:
+    """Produce v9 (acks=all) of one JSON record whose `email` the fixture's rule masks."""
+    value = json.dumps({"seq": correlation, "email": f"u{correlation}@example.com"})
+    record = Record(0, 0, f"k{correlation}".encode(), value.encode(), [])
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 30_000, "TopicData": [
+        {"Name": topic, "PartitionData": [
+            {"Index": 0, "Records": encode_batch(BatchHeader(base_timestamp=1), [record])}]}]}
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, correlation, "half-closer", {}), body)
+
+
+def test_a_client_that_half_closes_after_pipelining_gets_every_answer_and_the_end(
+        gateway: Gateway, kafka: EmbeddedKafka) -> None:
+    """A new user's client: 2,000 pipelined Produce requests a record rule needs, then
+    shutdown(SHUT_WR), then it reads. A broker answers every request it read before the
+    end, then closes. The module took the window's worth, left the rest in Envoy's
+    buffer to be handed over again, and passed no end of stream; but Envoy raises a
+    connection's end of stream once and hands over nothing after it. The client got
+    65-98 answers, then nothing; the rest never reached the broker, and Envoy held the
+    socket and its broker connection half open. At the end of stream the module now
+    takes every byte Envoy holds."""
+    requests = 2_000
+    topic = create_topic(kafka.bootstrap, name="masked.half-closed")
+    connection = RawConnection(gateway.bootstrap, timeout=30)
+    answered = 0
+    try:
+        connection.sock.sendall(b"".join(_produce_frame(topic, c) for c in range(1, requests + 1)))
+        connection.sock.shutdown(socket.SHUT_WR)
+        for correlation in range(1, requests + 1):
+            try:
+                frame = read_frame(connection.sock)
+            except TimeoutError:
+                frame = None
+            assert frame is not None, f"{answered} answers of {requests}, then nothing"
+            got, response = kafka_wire.decode_response(frame, ApiKey.PRODUCE, 9)
+            assert got == correlation
+            [partition] = response["Responses"][0]["PartitionResponses"]
+            assert partition["ErrorCode"] == 0
+            answered += 1
+        # Then the gateway closes, as the broker does once it has answered.
+        assert read_frame(connection.sock) is None
+    finally:
+        connection.close()
+    assert answered == requests
+    stored = [json.loads(value or b"{}") for value, _ in consume(kafka.bootstrap, topic)]
+    assert [r["seq"] for r in stored] == list(range(1, requests + 1))
+    assert not [r for r in stored if "@" in r["email"]], "every address masked"

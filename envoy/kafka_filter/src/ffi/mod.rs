@@ -918,14 +918,16 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
         }
         // SAFETY: a live filter inside its read hook.
         let count = unsafe { (cb.read_chunks_size)(envoy) };
-        let bound = filter.read_bound();
+        // Envoy raises a connection's end of stream once and hands over nothing after
+        // it: with the end, every byte is taken (what Envoy buffered, within its limit),
+        // as a broker answers every request it read before a client's half-close.
+        let bound = if end_stream { None } else { filter.read_bound() };
         let fed = feed_chunks(filter, count, |dst| unsafe { (cb.read_chunks)(envoy, dst) },
                               |session, slice, out| session.feed_requests_within(slice, out, bound))?;
         let resolved = filter.dispatch(envoy, cb)?;
-        // The client's end of stream waits for the requests queued behind a hand-off,
-        // and for the bytes left in Envoy's buffer (it comes again with them).
+        // The client's end of stream waits for the requests queued behind a hand-off.
         filter.left_unread = !fed.all();
-        let end_stream = end_stream && fed.all();
+        debug_assert!(fed.all() || !end_stream, "bytes left at the end of stream never come again");
         let hold_end = end_stream && filter.session.requests_waiting();
         let status = if fed.whole && !resolved && !hold_end {
             abi::STATUS_CONTINUE

@@ -499,6 +499,29 @@ fn reading_pauses_beyond_the_per_connection_bound_and_resumes_when_answered() {
 }
 
 #[test]
+fn with_the_end_of_stream_every_byte_is_taken_whatever_awaits_answers() {
+    // Envoy raises a connection's end of stream once and hands over nothing after it:
+    // bytes left in its buffer then would never reach the broker (a client that
+    // half-closed after pipelining got 65 answers of 2,000, then nothing).
+    let config = handoff_config("ffi-end-past-bound", "echo:1", false, 2000, 16);
+    let mut c = FakeConnection::default();
+    let module = connect(config, &mut c);
+    let frames: Vec<Vec<u8>> = (1..=3).map(produce).collect();
+    assert_eq!(read_end(&mut c, module, &frames.concat(), true), abi::STATUS_STOP_ITERATION);
+    assert!(c.read.is_empty(), "{} bytes left in Envoy's buffer at its end of stream", c.read.len());
+    // The thread may bring several answers in one commit: run the hook until all are in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.to_broker.len() < frames.concat().len() && std::time::Instant::now() < deadline {
+        run_scheduled(&mut c, module, 1);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(c.to_broker, frames.concat(), "all three, in order");
+    assert!(c.broker_end, "then the end of stream");
+    envoy_dynamic_module_on_network_filter_destroy(module);
+    envoy_dynamic_module_on_network_filter_config_destroy(config);
+}
+
+#[test]
 fn a_frame_larger_than_the_per_connection_bound_is_read_whole_after_a_handoff() {
     // Pausing while such a frame is still being collected would stall the connection
     // for good: only more reading completes it.
