@@ -129,3 +129,45 @@ fn an_answer_handed_off_names_the_topic_ids_it_carries() {
     assert_eq!(ids.fields[&hex].kind, Some(Kind::StringValue("s.answered".into())));
     assert_eq!(ids.fields.len(), 2, "logs too");
 }
+
+#[test]
+fn a_fetch_whose_answer_may_go_to_the_service_asks_the_broker_for_at_most_the_cap() {
+    use keg_kafka_filter::core::topics::HANDOFF_FETCH_MAX_BYTES;
+    // Java's consumer asks for 50 MiB; a 32 MiB answer took longer to mask than the
+    // hand-off timeout allows, every time (the consumer never progressed).
+    let asked: i32 = 50 << 20;
+    let capped = |request: &[u8]| {
+        let mut expected = request.to_vec();
+        let at = expected.windows(4).position(|w| w == asked.to_be_bytes()).unwrap();
+        expected[at..at + 4].copy_from_slice(&HANDOFF_FETCH_MAX_BYTES.to_be_bytes());
+        expected
+    };
+    for version in [7, 12, 13, 15, 17, 18] {
+        let mut s = session();
+        // Selected: the service gets it capped.
+        let request = fetch_request_asking(1, version, -1, &["s.cards"], asked);
+        let (forwarded, handoffs) = request_round(&mut s, &request);
+        assert!(forwarded.is_empty(), "v{version}");
+        assert_eq!(&handoffs[0].frame[..], &capped(&request)[..], "v{version}");
+        s.resolve(handoffs[0].id, Resolution::Request { forward: handoffs[0].frame.to_vec(), answer: None,
+                                                         want_response: false, vouched: vec![] }).unwrap();
+        let mut out = Output::default();
+        s.ready_requests(&mut out);
+        let answer_one = answer(1, version, &["logs"]);
+        answer_round(&mut s, &answer_one);
+        // Incremental, naming no selected topic: it goes to the broker capped (its answer
+        // may be the service's), and so is its replay.
+        let request = fetch_request_asking(2, version, 3, &["logs"], asked);
+        let (forwarded, handoffs) = request_round(&mut s, &request);
+        assert!(handoffs.is_empty(), "v{version}");
+        assert_eq!(forwarded, capped(&request), "v{version}");
+        let (_, handoffs) = answer_round(&mut s, &answer(2, version, &["s.cards"]));
+        assert_eq!(&handoffs[0].frame[..], &capped(&request)[..], "v{version}: the replay");
+        assert_eq!(s.stats.get(Counter::HandoffFetchCapped), 2, "v{version}");
+    }
+    // A Fetch no rule's topic names goes on as it came, whatever it asks for.
+    let mut s = session();
+    let request = fetch_request_asking(1, 12, -1, &["logs"], asked);
+    assert_eq!(request_round(&mut s, &request).0, request);
+    assert_eq!(s.stats.get(Counter::HandoffFetchCapped), 0);
+}

@@ -51,7 +51,7 @@ use super::safeguard::ProduceChecks;
 use super::rewrite::{self, Plan, RewriteReport, RouteView};
 use super::skim;
 use super::stats::{ApiCounter, Counter, Stats};
-use super::topics::{self, Selection, TopicSelector, FETCH};
+use super::topics::{self, Selection, TopicSelector, FETCH, HANDOFF_FETCH_MAX_BYTES};
 use super::vouch::{self, FetchVerdict, Vouched, Vouching};
 use super::who::{ClientId, Peer, Requester};
 use super::{Output, Piece, ProtocolError};
@@ -828,9 +828,15 @@ impl<P: RequestPolicy> Session<P> {
     /// A request collected whole: it becomes a hand-off and takes its place in the
     /// request stream (and its slot) until its answer comes back.
     fn collected(&mut self, out: &mut Output) {
-        let RequestState::Collect(c) = std::mem::replace(&mut self.request, RequestState::Head) else {
+        let RequestState::Collect(mut c) = std::mem::replace(&mut self.request, RequestState::Head) else {
             unreachable!("collected() outside Collect")
         };
+        // A Fetch collected here has its answer read (by the service, or for vouched ids
+        // and then, if need be, by the service): it asks for no more than one hand-off
+        // can carry in time.
+        if c.api_key == FETCH && topics::cap_fetch_max_bytes(&mut c.frame, c.api_version, HANDOFF_FETCH_MAX_BYTES) {
+            self.stats.add(Counter::HandoffFetchCapped, 1);
+        }
         self.request_continues(0, false);
         if identity::observes(c.api_key) {
             self.identity.observe_request(c.api_key, c.api_version, &c.frame);

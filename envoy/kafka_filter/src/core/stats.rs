@@ -63,9 +63,12 @@ pub enum Counter {
     /// Produce requests only safeguards may act on that kept every check and went on
     /// without a hand-off (`core::safeguard`).
     HandoffSafeguardsKept,
+    /// Fetch requests whose answer the service may read, their `max_bytes` lowered to
+    /// what one hand-off can carry in time (`core::topics::cap_fetch_max_bytes`).
+    HandoffFetchCapped,
 }
 
-pub const COUNTERS: [Counter; 20] = [
+pub const COUNTERS: [Counter; 21] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -86,6 +89,7 @@ pub const COUNTERS: [Counter; 20] = [
     Counter::HandoffByAnswer,
     Counter::HandoffAnswerNotSelected,
     Counter::HandoffSafeguardsKept,
+    Counter::HandoffFetchCapped,
 ];
 
 #[derive(Debug, Clone)]

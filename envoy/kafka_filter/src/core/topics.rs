@@ -736,6 +736,40 @@ pub fn produce_is_bounded(frame: &[u8], version: i16) -> bool {
         && matches!(produce_walk(&mut Walk { buf: frame, pos: 0 }, version, |_, _| true, |_| true), Ok(true))
 }
 
+/// The most a Fetch request whose answer the service may read asks the broker for
+/// (its `max_bytes`). The service reads such an answer whole, within its record-work
+/// budget and the hand-off timeout: a consumer of 32 partitions of small JSON records
+/// (Java's defaults: 1 MiB a partition, 50 MiB a fetch) was answered 32 MiB at a time,
+/// which took longer to mask than the timeout allows, so every fetch failed and the
+/// consumer asked for the same offsets for ever. A broker answers at least one batch
+/// whatever `max_bytes` says (KIP-74), so a smaller answer is always progress.
+pub const HANDOFF_FETCH_MAX_BYTES: i32 = 4 << 20;
+
+/// Lowers a whole Fetch request's `max_bytes` to `cap` in place (the field sits at a
+/// fixed place after the header); returns whether it did. A frame too short to hold it,
+/// or a version outside those read here, is left as it is.
+pub fn cap_fetch_max_bytes(frame: &mut [u8], version: i16, cap: i32) -> bool {
+    if !(3..=*FETCH_VERSIONS.end()).contains(&version) {
+        return false;
+    }
+    let mut w = Walk { buf: frame, pos: 0 };
+    // replica_id (to v14; then a tagged field), max_wait_ms, min_bytes.
+    let skipped = w.header(version >= 12).and_then(|()| w.take(if version <= 14 { 4 } else { 0 } + 4 + 4));
+    let at = w.pos;
+    if skipped.is_err() {
+        return false;
+    }
+    let Some(field) = frame.get_mut(at..at + 4) else {
+        return false;
+    };
+    let asked = i32::from_be_bytes([field[0], field[1], field[2], field[3]]);
+    if asked <= cap {
+        return false;
+    }
+    field.copy_from_slice(&cap.to_be_bytes());
+    true
+}
+
 /// Whether a whole Fetch request may be decoded by kafka-protocol, which reserves room
 /// for each array as its count says: within [`MAX_TOPICS`] topics (and as many
 /// forgotten ones) and [`MAX_PARTITIONS`] partitions, every one present.

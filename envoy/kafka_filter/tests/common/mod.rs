@@ -151,8 +151,14 @@ pub fn fetch_answer(correlation_id: i32, version: i16, topics: &[(&str, Vec<u8>)
 }
 
 /// A Fetch request of partitions 0 and 1 of `topics` (by id from v13) in session epoch
-/// `epoch` (-1: no session; above 0: incremental, session 42).
+/// `epoch` (-1: no session; above 0: incremental, session 42), asking for 1 MiB (within
+/// `HANDOFF_FETCH_MAX_BYTES`: the module passes it unchanged).
 pub fn fetch_request_in(correlation_id: i32, version: i16, epoch: i32, topics: &[&str]) -> Vec<u8> {
+    fetch_request_asking(correlation_id, version, epoch, topics, 1 << 20)
+}
+
+/// [`fetch_request_in`] asking for `max_bytes`.
+pub fn fetch_request_asking(correlation_id: i32, version: i16, epoch: i32, topics: &[&str], max_bytes: i32) -> Vec<u8> {
     let mut buf = BytesMut::new();
     RequestHeader::default().with_request_api_key(1).with_request_api_version(version).with_correlation_id(correlation_id)
         .with_client_id(Some(StrBytes::from_static_str("t")))
@@ -166,7 +172,8 @@ pub fn fetch_request_in(correlation_id: i32, version: i16, epoch: i32, topics: &
             topic.with_topic(TopicName(StrBytes::from_string(name.to_string())))
         }
     }).collect();
-    FetchRequest::default().with_session_id(if epoch > 0 { 42 } else { 0 }).with_session_epoch(epoch).with_topics(topics).encode(&mut buf, version).unwrap();
+    FetchRequest::default().with_max_bytes(max_bytes).with_session_id(if epoch > 0 { 42 } else { 0 }).with_session_epoch(epoch)
+        .with_topics(topics).encode(&mut buf, version).unwrap();
     sized(&buf)
 }
 

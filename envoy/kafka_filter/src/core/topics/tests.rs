@@ -328,3 +328,35 @@ fn a_heartbeat_names_the_topic_ids_the_module_knows() {
     assert_eq!(named, [(orders, "orders".to_string()), (payments, "payments".to_string())]);
     assert!(scanned_ids(18, &frame).is_empty(), "only APIs whose schemas carry topic ids are searched");
 }
+
+#[test]
+fn a_fetch_asking_for_more_than_the_cap_asks_for_the_cap_and_nothing_else_changes() {
+    use kafka_protocol::messages::RequestHeader as Header;
+    use kafka_protocol::protocol::Decodable;
+    for version in [4, 7, 11, 12, 13, 15, 16, 17, 18] {
+        let names = [("orders", known("orders")), ("s.cards", known("s.cards"))];
+        let original = fetch(version, 3, &names);
+        let mut asked = FetchRequest::default();
+        let mut buf = Bytes::copy_from_slice(&original[4..]);
+        Header::decode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
+        asked = FetchRequest::decode(&mut buf, version).unwrap_or(asked);
+        assert_eq!(asked.max_bytes, i32::MAX, "v{version}: kafka-protocol's default, Kafka's");
+
+        let mut frame = original.clone();
+        assert!(cap_fetch_max_bytes(&mut frame, version, 4 << 20), "v{version}");
+        let mut buf = Bytes::copy_from_slice(&frame[4..]);
+        let header = Header::decode(&mut buf, ApiKey::Fetch.request_header_version(version)).unwrap();
+        let capped = FetchRequest::decode(&mut buf, version).unwrap();
+        assert_eq!((header.correlation_id, capped.max_bytes), (7, 4 << 20), "v{version}");
+        assert_eq!(capped.clone().with_max_bytes(i32::MAX), asked, "v{version}: only max_bytes moved");
+        assert_eq!(frame.len(), original.len());
+
+        // Asking for less already, or cut short before the field: left as it is.
+        let mut again = frame.clone();
+        assert!(!cap_fetch_max_bytes(&mut again, version, 8 << 20), "v{version}");
+        assert_eq!(again, frame);
+        let mut short = original[..20].to_vec();
+        assert!(!cap_fetch_max_bytes(&mut short, version, 4 << 20), "v{version}");
+        assert_eq!(short, original[..20]);
+    }
+}
