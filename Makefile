@@ -7,10 +7,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keg-installed
 
 .PHONY: setup up test lint unit integration bench clean system-deps native native-test helm \
-	test-services
+	test-services test-prerequisites
 
 # keg's Kafka filter for Envoy (a Rust dynamic module); cargo comes with Rust (rustup).
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
+# cargo runs its own jobs: it is not handed make's jobserver (whose descriptors make
+# closes for a recipe that is not a sub-make, so cargo would warn it cannot open them).
+CARGO_RUN := MAKEFLAGS= MFLAGS= $(CARGO)
 CRATE := envoy/kafka_filter/Cargo.toml
 
 $(STAMP): pyproject.toml
@@ -43,13 +46,13 @@ helm:
 	else echo "go is not installed: helm not built, the Helm chart's tests skip"; fi
 
 native:
-	$(CARGO) build --release --quiet --manifest-path $(CRATE)
+	$(CARGO_RUN) build --release --quiet --manifest-path $(CRATE)
 
 # The crate's tests (unit, split-at-every-offset, property tests) and its lints.
 native-test:
-	$(CARGO) test --quiet --manifest-path $(CRATE)
+	$(CARGO_RUN) test --quiet --manifest-path $(CRATE)
 	@if $(CARGO) clippy --version >/dev/null 2>&1; then \
-	  $(CARGO) clippy --quiet --all-targets --manifest-path $(CRATE) -- -D warnings; \
+	  $(CARGO_RUN) clippy --quiet --all-targets --manifest-path $(CRATE) -- -D warnings; \
 	else echo "cargo clippy is not installed (rustup component add clippy): lints skipped"; fi
 
 up: setup
@@ -76,14 +79,18 @@ system-deps:
 	  else echo "missing Debian packages: apt-get install $(APT_PACKAGES) (as root)"; fi; \
 	fi
 
-# pytest exits 5 when it collected no tests: that must fail, never pass silently.
-# Every test runs once on the ext_proc data path (GatewaySettings' default); then the
-# integration tests whose gateway follows KEG_TEST_DATA_PATH run again on the native one.
-PYTEST_ALL = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
-	[ $$rc -eq 0 ] || exit $$rc
-test: setup test-services system-deps lint native-test
-	$(PY) -m pytest -q --durations=25; $(PYTEST_ALL)
-	KEG_TEST_DATA_PATH=native $(PY) -m pytest -q tests/integration --durations=10; $(PYTEST_ALL)
+# What the tests need, made side by side once the virtualenv exists: the downloads
+# (Maven Central, apt, the test services) overlap the compiles (cargo, go) and the lints
+# instead of queueing behind them. Each target's output is printed whole when it ends.
+test-prerequisites: $(STAMP)
+	$(MAKE) --no-print-directory -j4 --output-sync=target setup test-services system-deps \
+	  lint native-test
+
+# Every test runs on the ext_proc data path (GatewaySettings' default) and, beside it,
+# the integration tests whose gateway follows KEG_TEST_DATA_PATH run on the native one
+# (tools/test_passes.py: why side by side; a pass that collects no test fails).
+test: test-prerequisites
+	$(PY) tools/test_passes.py
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
