@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 import kafka_wire
+from kafka_wire.records import BatchHeader, Record, encode_batch
 
 SIZE = struct.Struct(">i")
 
@@ -25,6 +26,16 @@ def pipelined_metadata(count: int, client_id: str) -> bytes:
             kafka_wire.RequestHeader(kafka_wire.ApiKey.METADATA, 12, correlation, client_id,
                                      {}), ALL_TOPICS_METADATA)
         for correlation in range(1, count + 1))
+
+
+def produce_frame(topic: str, correlation: int, client_id: str, value: bytes) -> bytes:
+    """Produce v9 (acks=all) of one record, `value`, to partition 0 of `topic`."""
+    record = Record(0, 0, f"k{correlation}".encode(), value, [])
+    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 30_000, "TopicData": [
+        {"Name": topic, "PartitionData": [
+            {"Index": 0, "Records": encode_batch(BatchHeader(base_timestamp=1), [record])}]}]}
+    return kafka_wire.encode_request(
+        kafka_wire.RequestHeader(kafka_wire.ApiKey.PRODUCE, 9, correlation, client_id, {}), body)
 
 
 def read_exact(sock: socket.socket, n: int) -> bytes | None:

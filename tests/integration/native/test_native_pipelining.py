@@ -24,11 +24,10 @@ import pytest
 
 import kafka_wire
 from kafka_wire import ApiKey
-from kafka_wire.records import BatchHeader, Record, encode_batch
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import HIDE_HIDDEN_RULES, create_topic, gateway_with_static_rules
-from tests.integration.raw_kafka import RawConnection, pipelined_metadata, read_frame
+from tests.integration.raw_kafka import RawConnection, pipelined_metadata, produce_frame, read_frame
 from tests.integration.rules.records_io import consume
 
 pytestmark = pytest.mark.integration
@@ -113,15 +112,9 @@ def test_a_client_that_never_reads_cannot_queue_work_past_the_window(
 
 
 
-def _produce_frame(topic: str, correlation: int) -> bytes:
-    """Produce v9 (acks=all) of one JSON record whose `email` the fixture's rule masks."""
-    value = json.dumps({"seq": correlation, "email": f"u{correlation}@example.com"})
-    record = Record(0, 0, f"k{correlation}".encode(), value.encode(), [])
-    body = {"TransactionalId": None, "Acks": -1, "TimeoutMs": 30_000, "TopicData": [
-        {"Name": topic, "PartitionData": [
-            {"Index": 0, "Records": encode_batch(BatchHeader(base_timestamp=1), [record])}]}]}
-    return kafka_wire.encode_request(
-        kafka_wire.RequestHeader(ApiKey.PRODUCE, 9, correlation, "half-closer", {}), body)
+def _record(seq: int) -> bytes:
+    """A JSON record whose `email` the fixture's rule masks."""
+    return json.dumps({"seq": seq, "email": f"u{seq}@example.com"}).encode()
 
 
 def test_a_client_that_half_closes_after_pipelining_gets_every_answer_and_the_end(
@@ -139,7 +132,8 @@ def test_a_client_that_half_closes_after_pipelining_gets_every_answer_and_the_en
     connection = RawConnection(gateway.bootstrap, timeout=30)
     answered = 0
     try:
-        connection.sock.sendall(b"".join(_produce_frame(topic, c) for c in range(1, requests + 1)))
+        connection.sock.sendall(b"".join(produce_frame(topic, c, "half-closer", _record(c))
+                                         for c in range(1, requests + 1)))
         connection.sock.shutdown(socket.SHUT_WR)
         for correlation in range(1, requests + 1):
             try:

@@ -266,7 +266,7 @@ impl Task {
             };
             let interest = (self.current)();
             let timeout = Duration::from_millis(interest.handoff_timeout_ms);
-            let Some(exchange) = self.open(&interest.endpoints, timeout).await else {
+            let Some((endpoint, exchange)) = self.open(&interest.endpoints, timeout).await else {
                 let failed = first.into_iter().chain(std::mem::take(&mut self.mute.deferred));
                 if !self.fail(failed.map(|o| o.id), Failure::Unavailable) {
                     return;
@@ -274,14 +274,23 @@ impl Task {
                 self.link.set_throttled(self.mute.holding());
                 continue;
             };
-            if !self.serve(exchange, first, timeout).await {
+            let (open, failed) = self.serve(exchange, first, timeout).await;
+            if failed {
+                // The next stream goes to another endpoint first. A stream's open does
+                // not reach the service (tonic connects at the first call): a killed
+                // worker's endpoint opened fine and failed at once, stream after
+                // stream, and a client's whole backlog failed on it in 0.2 s while the
+                // other worker was there.
+                self.mark_down(&endpoint);
+            }
+            if !open {
                 return;
             }
         }
     }
 
-    /// A stream on the connection's endpoint, or the next ones in turn.
-    async fn open(&self, endpoints: &[String], timeout: Duration) -> Option<Box<dyn Exchange>> {
+    /// A stream on the connection's endpoint, or the next ones in turn, and the endpoint.
+    async fn open(&self, endpoints: &[String], timeout: Duration) -> Option<(String, Box<dyn Exchange>)> {
         if endpoints.is_empty() {
             return None;
         }
@@ -295,21 +304,21 @@ impl Task {
         }
         for endpoint in order {
             match tokio::time::timeout(timeout, self.connector.open(endpoint, &self.metadata)).await {
-                Ok(Ok(exchange)) => {
-                    self.down.lock().unwrap_or_else(|e| e.into_inner()).remove(endpoint.as_str());
-                    return Some(exchange);
-                }
-                Ok(Err(_)) | Err(_) => {
-                    self.down.lock().unwrap_or_else(|e| e.into_inner()).insert(endpoint.clone(), Instant::now() + DOWN_FOR);
-                }
+                Ok(Ok(exchange)) => return Some((endpoint.clone(), exchange)),
+                Ok(Err(_)) | Err(_) => self.mark_down(endpoint),
             }
         }
         None
     }
 
-    /// Serves one stream until it breaks (Some(true): open another on the next
-    /// message) or the connection is gone (false).
-    async fn serve(&mut self, mut exchange: Box<dyn Exchange>, first: Option<Outgoing>, timeout: Duration) -> bool {
+    /// `endpoint` goes last in every connection's order for [`DOWN_FOR`].
+    fn mark_down(&self, endpoint: &str) {
+        self.down.lock().unwrap_or_else(|e| e.into_inner()).insert(endpoint.to_string(), Instant::now() + DOWN_FOR);
+    }
+
+    /// Serves one stream until it ends: (whether the connection is still there, so the
+    /// next message opens another; whether the stream failed: broke, or timed out).
+    async fn serve(&mut self, mut exchange: Box<dyn Exchange>, first: Option<Outgoing>, timeout: Duration) -> (bool, bool) {
         let mut unanswered: VecDeque<Unanswered> = VecDeque::new();
         let mut pending = first;
         loop {
@@ -320,7 +329,7 @@ impl Task {
                 unanswered.push_back(Unanswered { id: outgoing.id, direction: outgoing.direction, deadline, message: kept });
                 self.mute.sent(outgoing.direction);
                 if exchange.send(outgoing.message).is_err() {
-                    return self.end_stream(&mut unanswered, Failure::Unavailable);
+                    return (self.end_stream(&mut unanswered, Failure::Unavailable), true);
                 }
             }
             self.link.set_throttled(self.mute.holding());
@@ -335,31 +344,31 @@ impl Task {
                 reply = exchange.next() => match reply {
                     Some(Ok(reply)) => {
                         // An answer nobody asked for: the service broke the protocol.
-                        let Some(u) = unanswered.pop_front() else { return self.mute.release(&self.link) };
+                        let Some(u) = unanswered.pop_front() else { return (self.mute.release(&self.link), true) };
                         if let (Some(pause), Some(message)) = (proto::defer(&reply), u.message) {
                             self.mute.put_back(Outgoing { id: u.id, direction: u.direction, message }, pause);
                             continue;
                         }
                         let throttle = proto::throttle(&reply);
                         if !self.mute.deliver(&self.link, u.id, u.direction, proto::resolution(u.direction, reply)) {
-                            return false;
+                            return (false, false);
                         }
                         if let Some(pause) = throttle {
                             self.mute.extend(pause);
                         }
                     }
                     // (with nothing unanswered, only the held replies go)
-                    Some(Err(_)) | None => return self.end_stream(&mut unanswered, Failure::Unavailable),
+                    Some(Err(_)) | None => return (self.end_stream(&mut unanswered, Failure::Unavailable), true),
                 },
-                _ = sleep_until(deadline) => return self.end_stream(&mut unanswered, Failure::Timeout),
+                _ = sleep_until(deadline) => return (self.end_stream(&mut unanswered, Failure::Timeout), true),
                 _ = sleep_until(self.mute.wake_at()) => {
                     if !self.mute.release(&self.link) {
-                        return false;
+                        return (false, false);
                     }
                 }
                 outgoing = self.rx.recv() => match outgoing {
                     Some(outgoing) => pending = Some(outgoing),
-                    None => return false, // the connection is gone: drop the stream
+                    None => return (false, false), // the connection is gone: drop the stream
                 },
             }
         }

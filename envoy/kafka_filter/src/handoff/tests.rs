@@ -197,6 +197,27 @@ fn a_dead_endpoint_is_skipped_for_the_next_one() {
     assert_eq!(answers(&link, &wakes, 1), vec![(1, Resolution::Failed(Failure::Unavailable))]);
 }
 
+/// The gRPC client opens a stream without reaching the service (it connects at the
+/// first call), so a killed worker's endpoint opens fine and its stream fails at once.
+/// A stream that failed puts its endpoint last: a pipelining client's whole backlog
+/// failed on the dead one, stream after stream, in 0.2 s, while the other worker was up.
+#[test]
+fn after_a_stream_fails_the_next_one_goes_to_another_endpoint() {
+    let (rt, service) = runtime();
+    let wakes = Wakes::default();
+    let link = Link::new(Box::new(wakes.clone()));
+    // hash 0 chooses the first endpoint, whose streams break at their first message.
+    let conn = rt.connect(link.clone(), vec![], 0, interest(&["breaks:1", "echo:2"], 2000));
+    conn.send(outgoing(1, Direction::Request, b"f"));
+    assert_eq!(answers(&link, &wakes, 1), vec![(1, Resolution::Failed(Failure::Unavailable))], "the frame it held");
+    for id in 2..=4 {
+        conn.send(outgoing(id, Direction::Request, b"g"));
+        assert_eq!(answers(&link, &wakes, 1), vec![(id, forwarded(b"g"))]);
+    }
+    let opened: Vec<String> = service.opened.lock().unwrap().iter().map(|(e, _)| e.clone()).collect();
+    assert_eq!(opened, ["breaks:1", "echo:2"]);
+}
+
 #[test]
 fn a_silent_service_times_out_every_unanswered_message_then_a_new_stream_opens() {
     let (rt, service) = runtime();
