@@ -144,30 +144,41 @@ fn a_fetch_whose_answer_may_go_to_the_service_asks_the_broker_for_at_most_the_ca
     };
     for version in [7, 12, 13, 15, 17, 18] {
         let mut s = session();
-        // Selected: the service gets it capped.
+        // Selected: the service sees what the client asked for (its request rules judge
+        // that); what it forwards asking for the answer goes to the broker capped.
         let request = fetch_request_asking(1, version, -1, &["s.cards"], asked);
         let (forwarded, handoffs) = request_round(&mut s, &request);
         assert!(forwarded.is_empty(), "v{version}");
-        assert_eq!(&handoffs[0].frame[..], &capped(&request)[..], "v{version}");
-        s.resolve(handoffs[0].id, Resolution::Request { forward: handoffs[0].frame.to_vec(), answer: None,
-                                                         want_response: false, vouched: vec![] }).unwrap();
+        assert_eq!(&handoffs[0].frame[..], &request[..], "v{version}");
+        s.resolve(handoffs[0].id, Resolution::Request { forward: request.clone(), answer: None,
+                                                         want_response: true, vouched: vec![] }).unwrap();
         let mut out = Output::default();
         s.ready_requests(&mut out);
-        let answer_one = answer(1, version, &["logs"]);
-        answer_round(&mut s, &answer_one);
+        assert_eq!(bytes_of(&[], &out), capped(&request), "v{version}");
+        let (_, handoffs) = answer_round(&mut s, &answer(1, version, &["s.cards"]));
+        s.resolve(handoffs[0].id, Resolution::Response { answer: answer(1, version, &[]), vouched: vec![] }).unwrap();
+        drain_responses(&mut s);
         // Incremental, naming no selected topic: it goes to the broker capped (its answer
-        // may be the service's), and so is its replay.
+        // may be the service's); its replay is what the client asked for.
         let request = fetch_request_asking(2, version, 3, &["logs"], asked);
         let (forwarded, handoffs) = request_round(&mut s, &request);
         assert!(handoffs.is_empty(), "v{version}");
         assert_eq!(forwarded, capped(&request), "v{version}");
         let (_, handoffs) = answer_round(&mut s, &answer(2, version, &["s.cards"]));
-        assert_eq!(&handoffs[0].frame[..], &capped(&request)[..], "v{version}: the replay");
+        assert_eq!(&handoffs[0].frame[..], &request[..], "v{version}: the replay");
         assert_eq!(s.stats.get(Counter::HandoffFetchCapped), 2, "v{version}");
     }
-    // A Fetch no rule's topic names goes on as it came, whatever it asks for.
+    // A Fetch no rule's topic names goes on as it came, whatever it asks for, and so
+    // does one the service forwards without asking for its answer (a request rule's).
     let mut s = session();
     let request = fetch_request_asking(1, 12, -1, &["logs"], asked);
     assert_eq!(request_round(&mut s, &request).0, request);
+    let request = fetch_request_asking(2, 12, -1, &["s.cards"], asked);
+    let (_, handoffs) = request_round(&mut s, &request);
+    s.resolve(handoffs[0].id, Resolution::Request { forward: request.clone(), answer: None,
+                                                     want_response: false, vouched: vec![] }).unwrap();
+    let mut out = Output::default();
+    s.ready_requests(&mut out);
+    assert_eq!(bytes_of(&[], &out), request);
     assert_eq!(s.stats.get(Counter::HandoffFetchCapped), 0);
 }

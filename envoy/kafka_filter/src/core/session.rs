@@ -831,12 +831,6 @@ impl<P: RequestPolicy> Session<P> {
         let RequestState::Collect(mut c) = std::mem::replace(&mut self.request, RequestState::Head) else {
             unreachable!("collected() outside Collect")
         };
-        // A Fetch collected here has its answer read (by the service, or for vouched ids
-        // and then, if need be, by the service): it asks for no more than one hand-off
-        // can carry in time.
-        if c.api_key == FETCH && topics::cap_fetch_max_bytes(&mut c.frame, c.api_version, HANDOFF_FETCH_MAX_BYTES) {
-            self.stats.add(Counter::HandoffFetchCapped, 1);
-        }
         self.request_continues(0, false);
         if identity::observes(c.api_key) {
             self.identity.observe_request(c.api_key, c.api_version, &c.frame);
@@ -872,8 +866,11 @@ impl<P: RequestPolicy> Session<P> {
         if by_answer || (answer_read && c.api_key == FETCH && self.vouched_fetch(&c)) {
             // Its answer is read for selected topics and vouched ids; one that does not
             // pass goes to the service after this request, replayed (held_response).
-            let plan = self.response_plan(c.api_key, c.api_version);
+            // The replay is what the client asked for: the service's request rules judge
+            // that; the broker is asked for what one hand-off of its answer can carry.
             let replay = Some(Bytes::from(c.frame.clone()));
+            self.cap_fetch(c.api_key, c.api_version, &mut c.frame);
+            let plan = self.response_plan(c.api_key, c.api_version);
             let handoff = ResponseHandOff { fail_open: c.fail_open, vouching: c.vouching, replay, selector: c.by_answer };
             if let Some(entry) = self.in_flight.back_mut() {
                 entry.reply = Reply::Broker { plan, handoff: Some(handoff) };
@@ -887,6 +884,16 @@ impl<P: RequestPolicy> Session<P> {
         self.stats.add(Counter::HandoffRequests, 1);
         self.hand_off(id, Direction::Request, frame, c.api_key, c.api_version, c.expects_response, c.fail_open, c.vouching);
         out.pieces.push(Piece::HandOff(id));
+    }
+
+    /// A Fetch whose answer the service may read (it asked for it, or the answer is read
+    /// for selected topics and vouched ids first) asks the broker for no more than one
+    /// hand-off can carry in time ([`HANDOFF_FETCH_MAX_BYTES`]). Not before: the request
+    /// rules see what the client asked for.
+    fn cap_fetch(&mut self, api_key: i16, api_version: i16, frame: &mut [u8]) {
+        if api_key == FETCH && topics::cap_fetch_max_bytes(frame, api_version, HANDOFF_FETCH_MAX_BYTES) {
+            self.stats.add(Counter::HandoffFetchCapped, 1);
+        }
     }
 
     /// Whether a collected Fetch may go to the broker without the service: every topic of
@@ -1102,7 +1109,10 @@ impl<P: RequestPolicy> Session<P> {
                 self.stats.add(Counter::HandoffAnswers, 1);
                 (Vec::new(), Some(Reply::Local(answer)))
             }
-            Resolution::Request { forward, answer: None, want_response, .. } if !forward.is_empty() => {
+            Resolution::Request { mut forward, answer: None, want_response, .. } if !forward.is_empty() => {
+                if want_response {
+                    self.cap_fetch(p.api_key, p.api_version, &mut forward);
+                }
                 let plan = self.response_plan(p.api_key, p.api_version);
                 let handoff = want_response.then(|| ResponseHandOff {
                     fail_open: p.fail_open, vouching: p.vouching.clone(), replay: None, selector: None,
