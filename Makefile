@@ -86,9 +86,9 @@ test-prerequisites: $(STAMP)
 	$(MAKE) --no-print-directory -j4 --output-sync=target setup test-services system-deps \
 	  lint native-test
 
-# Every test runs on the ext_proc data path (GatewaySettings' default) and, beside it,
-# the integration tests whose gateway follows KEG_TEST_DATA_PATH run on the native one
-# (tools/test_passes.py: why side by side; a pass that collects no test fails).
+# Every test runs on the ext_proc data path (GatewaySettings' default), then the
+# integration tests whose gateway follows KEG_TEST_DATA_PATH run on the native one
+# (tools/test_passes.py; a pass that collects no test fails).
 test: test-prerequisites
 	$(PY) tools/test_passes.py
 
