@@ -869,7 +869,11 @@ impl<P: RequestPolicy> Session<P> {
             // The replay is what the client asked for: the service's request rules judge
             // that; the broker is asked for what one hand-off of its answer can carry.
             let replay = Some(Bytes::from(c.frame.clone()));
-            self.cap_fetch(c.api_key, c.api_version, &mut c.frame);
+            if by_answer {
+                // (A vouched Fetch's answer has its own bound: it is cut at a batch
+                // boundary past what one frame may validate, `vouch::fetch_verdict`.)
+                self.cap_fetch(c.api_key, c.api_version, &mut c.frame);
+            }
             let plan = self.response_plan(c.api_key, c.api_version);
             let handoff = ResponseHandOff { fail_open: c.fail_open, vouching: c.vouching, replay, selector: c.by_answer };
             if let Some(entry) = self.in_flight.back_mut() {
