@@ -110,6 +110,17 @@ _TOPIC_LISTING_APIS = frozenset({ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_CONFI
                                  ApiKey.DESCRIBE_LOG_DIRS, ApiKey.LIST_PARTITION_REASSIGNMENTS,
                                  ApiKey.ELECT_LEADERS})
 _TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
+# The CreateTopics a Metadata request's auto-creation is judged as (rules bounding
+# CreateTopics' versions admit what Kafka's clients send today).
+_CREATE_TOPICS_VERSION: Final = (kafka_wire.supported_versions(ApiKey.CREATE_TOPICS) or (0, 7))[1]
+# Metadata from this version says whether the broker may create the topics it names
+# (AllowAutoTopicCreation); before, a broker with auto-creation creates whatever it lacks.
+_METADATA_ASKS_TO_CREATE = 4
+# What a Metadata answer says of a topic the broker lacks: not asked to create it
+# (UNKNOWN_TOPIC_OR_PARTITION), or creating it (LEADER_NOT_AVAILABLE, also said of a
+# topic that exists and is electing a leader: it only ever makes a dry run report).
+_MISSING = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+_MISSING_OR_CREATED = _MISSING | {ErrorCode.LEADER_NOT_AVAILABLE}
 # A list of an answer: the dict holding it, its key, the topic an entry names (or None).
 TopicListing = tuple[dict[str, Any], str, Callable[[dict[str, Any]], str | None]]
 # Refused per topic even when every topic it names is: the rest of the request (other
@@ -283,7 +294,17 @@ class RulesFilter(RuleSetJudge):
         compiled = self._engine.requests
         if api_key == ApiKey.ENVELOPE:  # any rule may apply to the request inside
             return bool(compiled.rules)
-        return compiled.interested(api_key, api_version, "request")
+        return compiled.interested(api_key, api_version, "request") or bool(
+            self._creation_judges(api_key))
+
+    def _creation_judges(self, api_key: int) -> tuple[CompiledRule, ...]:
+        """Of a Metadata request, the rules that may refuse creating topics: a broker
+        with auto-creation (Kafka's default) creates the topics a Metadata request names
+        that it lacks, and producers create topics that way, not with CreateTopics."""
+        if api_key != ApiKey.METADATA:
+            return ()
+        return tuple(r for r in self._engine.requests.candidates(
+            ApiKey.CREATE_TOPICS, _CREATE_TOPICS_VERSION, "request") if r.kind in DENYING_KINDS)
 
     def misses_harmlessly(self, api_key: int, api_version: int) -> bool:
         """Dry-run rules alone may judge the request (or its answer): they never change
@@ -300,7 +321,8 @@ class RulesFilter(RuleSetJudge):
         if api_key == ApiKey.ENVELOPE:
             return compiled.rules
         return (*compiled.candidates(api_key, api_version, "request"),
-                *compiled.candidates(api_key, api_version, "response"))
+                *compiled.candidates(api_key, api_version, "response"),
+                *self._creation_judges(api_key))
 
     def topic_scope(self, api_key: int, api_version: int,
                     direction: Direction) -> TopicSelector | None:
@@ -318,9 +340,7 @@ class RulesFilter(RuleSetJudge):
         Envelope carries another client's request, judged as that client's: anyone."""
         if direction != REQUEST or api_key == ApiKey.ENVELOPE:
             return None
-        compiled = self._engine.requests
-        return rules_who((*compiled.candidates(api_key, api_version, "request"),
-                          *compiled.candidates(api_key, api_version, "response")))
+        return rules_who(self._judging(api_key, api_version))
 
     def alternatives(self, api_key: int, api_version: int,
                      direction: Direction) -> list[Alternative] | None:
@@ -334,7 +354,8 @@ class RulesFilter(RuleSetJudge):
         return [*((match_scope(r.rule.match.topics) if selects else None, rule_who(r))
                   for r in compiled.candidates(api_key, api_version, "request")),
                 *((None, rule_who(r))
-                  for r in compiled.candidates(api_key, api_version, "response"))]
+                  for r in (*compiled.candidates(api_key, api_version, "response"),
+                            *self._creation_judges(api_key)))]
 
     def safeguard_checks(self, api_key: int, api_version: int,
                          direction: Direction) -> ProduceChecks | None:
@@ -412,7 +433,8 @@ class RulesFilter(RuleSetJudge):
                   client_host: str) -> RequestVerdict | None:
         compiled = self._engine.requests
         api_key, version = header.api_key, header.api_version
-        if not compiled.interested(api_key, version, "request"):
+        if not (compiled.interested(api_key, version, "request")
+                or self._creation_judges(api_key)):
             return None
         self._audit_principal = principal or self._identity.principal
         self._acks_zero = not expects_response(api_key, version, body)
@@ -487,6 +509,12 @@ class RulesFilter(RuleSetJudge):
             if None in hits:  # the request as a whole
                 return self._answer(header, body, refusal, throttle_s)
             denied.update(dict.fromkeys((t for t in hits if t is not None), refusal))
+        creation: ResponsePatch | None = None
+        if api_key == ApiKey.METADATA and topics:
+            asked = body.get("AllowAutoTopicCreation")
+            creation = self._judge_creation(ctx, header, conn, body,
+                                            [t for t in topics if t not in denied], denied)
+            changed |= body.get("AllowAutoTopicCreation") != asked
         apart: ResponsePatch | None = None
         if denied_groups:
             answer, apart = self._refuse_groups(header, body, denied_groups, throttle_s,
@@ -531,12 +559,74 @@ class RulesFilter(RuleSetJudge):
             verdict = verdict or RequestVerdict()
             verdict.changed = True
             verdict.patch = _both(apart, verdict)
+        if creation is not None:
+            verdict = verdict or RequestVerdict()
+            verdict.patch = _both(creation, verdict)
         if changed or throttle_s:
             verdict = verdict or RequestVerdict()
             verdict.changed |= changed
             if throttle_s:
                 _throttle(verdict, throttle_s)
         return verdict
+
+    def _judge_creation(self, ctx: MatchContext, header: kafka_wire.RequestHeader,
+                        conn: ConnectionInfo, body: dict[str, Any], topics: list[str],
+                        denied: dict[str, Refusal]) -> ResponsePatch | None:
+        """A Metadata request naming topics a rule refuses to create, judged as Kafka's
+        authorizer judges its auto-creation (CREATE on each topic it would create).
+
+        From v4 the broker is told not to create any (AllowAutoTopicCreation false: the
+        flag is the whole request's, so a topic no rule refuses that it names is not
+        created this time either; clients ask again, producers for new topics alone);
+        its answer says which were missing (UNKNOWN_TOPIC_OR_PARTITION): those a rule
+        refuses become TOPIC_AUTHORIZATION_FAILED, as Kafka answers them, and are
+        recorded then (a topic that exists is not refused: the rule is about creating
+        it). Before v4 the broker creates whatever it lacks: a refused topic is refused
+        in `denied` whether it exists or not. Returns the answer's patch (v4+: it
+        refuses, or only records for dry runs), else None."""
+        create_ctx = ctx.for_frame(ApiKey.CREATE_TOPICS, _CREATE_TOPICS_VERSION)
+        judges = self._creation_judges(ctx.api_key)
+        hits = {t: [r for r in judges if r.matches(create_ctx, t)] for t in topics}
+        enforced = {t: next(r for r in rules if not r.dry_run)
+                    for t, rules in hits.items() if any(not r.dry_run for r in rules)}
+        tried = {t: next(r for r in rules if r.dry_run)
+                 for t, rules in hits.items() if rules and t not in enforced}
+        reason = "creating the topic is denied (a Metadata request's auto-creation)"
+        if ctx.api_version < _METADATA_ASKS_TO_CREATE:
+            for topic, rule in tried.items():
+                self._record(rule, "would-deny", header, conn, [topic],
+                             ErrorCode.TOPIC_AUTHORIZATION_FAILED, reason)
+            for topic, rule in enforced.items():
+                self._record(rule, "denied", header, conn, [topic],
+                             ErrorCode.TOPIC_AUTHORIZATION_FAILED, reason)
+                denied[topic] = Refusal(ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                        _refusal_message(rule, reason))
+            return None
+        if not body.get("AllowAutoTopicCreation", True) or not (enforced or tried):
+            return None
+        if enforced:
+            body["AllowAutoTopicCreation"] = False
+        outcomes = {**{t: (r, "would-deny") for t, r in tried.items()},
+                    **{t: (r, "denied") for t, r in enforced.items()}}
+
+        def refuse_missing(response: dict[str, Any]) -> bool:
+            changed = False
+            for topic in response.get("Topics") or ():
+                name = topic.get("Name")
+                if name not in outcomes:
+                    continue
+                rule, outcome = outcomes[name]
+                if topic.get("ErrorCode") not in (_MISSING if outcome == "denied"
+                                                  else _MISSING_OR_CREATED):
+                    continue
+                self._record(rule, outcome, header, conn, [name],
+                             ErrorCode.TOPIC_AUTHORIZATION_FAILED, reason)
+                if outcome == "denied":
+                    topic["ErrorCode"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    changed = True
+            return changed
+
+        return refuse_missing if enforced else _unchanged(refuse_missing)
 
     def _limit_fetch(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
                      conn: ConnectionInfo, body: dict[str, Any], hits: list[str | None]) -> bool:
@@ -1062,6 +1152,15 @@ def _group_topics(group: dict[str, Any], ids: TopicIds) -> Iterable[str | None]:
         for assignment in (member.get("Assignment"), member.get("TargetAssignment")):
             for topic in (assignment or {}).get("TopicPartitions") or ():
                 yield topic.get("TopicName") or ids.name(topic.get("TopicId"))
+
+
+def _unchanged(patch: ResponsePatch) -> ResponsePatch:
+    """`patch` for what it records, the answer left as the broker wrote it."""
+    def run(response: dict[str, Any]) -> bool:
+        patch(response)
+        return False
+
+    return run
 
 
 def _both(first: ResponsePatch | None, then: RequestVerdict | None) -> ResponsePatch | None:

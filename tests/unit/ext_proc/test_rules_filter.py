@@ -273,3 +273,69 @@ def test_several_groups_are_refused_each_apart() -> None:
     verdict, _ = describe_groups(f, "locked-3", "locked-4")  # one rule, every group
     assert verdict is not None and verdict.answer is not None
     assert {g["ErrorCode"] for g in verdict.answer["Groups"]} == {30}
+
+
+CREATION = """
+rules:
+  - id: no-scratch
+    match: {apis: [CreateTopics], topics: {prefix: [scratch.]}}
+    action: {deny: {}}
+  - id: try-drafts
+    mode: dry-run
+    match: {apis: [CreateTopics], topics: {prefix: [draft.]}}
+    action: {deny: {}}
+"""
+
+
+def metadata(version: int, *topics: str, create: bool = True) -> tuple[
+        kafka_wire.RequestHeader, dict[str, Any]]:
+    body: dict[str, Any] = {"Topics": [{"Name": t} for t in topics]}
+    if version >= 4:
+        body["AllowAutoTopicCreation"] = create
+    return kafka_wire.RequestHeader(ApiKey.METADATA, version, 3, "c", {}), body
+
+
+def test_a_creation_deny_stops_auto_creation_and_refuses_only_what_was_missing() -> None:
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(CREATION, "t.yaml")), decisions.append)
+    f = RulesFilter(engine, IdentityTracker())
+    assert f.wants_request(ApiKey.METADATA, 12)  # though no rule names Metadata
+
+    header, body = metadata(12, "scratch.a", "scratch.b", "other")
+    verdict = f.judge(header, body, CONN)
+    assert verdict is not None and verdict.changed and verdict.patch is not None
+    assert body["AllowAutoTopicCreation"] is False
+    answer = {"Topics": [{"Name": "scratch.a", "ErrorCode": 3},
+                         {"Name": "scratch.b", "ErrorCode": 0}, {"Name": "other", "ErrorCode": 3}]}
+    assert verdict.patch(answer)
+    # Missing and refused: Kafka's answer to an unauthorized creation; one that exists
+    # is answered as it is; one no rule refuses keeps the broker's word.
+    assert [t["ErrorCode"] for t in answer["Topics"]] == [29, 0, 3]
+    assert [(d.outcome, d.topic) for d in decisions] == [("denied", "scratch.a")]
+
+
+def test_a_dry_run_creation_deny_changes_nothing_and_what_asks_no_creation_is_not_judged() -> None:
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(CREATION, "t.yaml")), decisions.append)
+    f = RulesFilter(engine, IdentityTracker())
+    header, body = metadata(12, "draft.a")
+    verdict = f.judge(header, body, CONN)
+    assert verdict is not None and not verdict.changed and verdict.patch is not None
+    assert body["AllowAutoTopicCreation"] is True
+    answer = {"Topics": [{"Name": "draft.a", "ErrorCode": 5}]}  # LEADER_NOT_AVAILABLE: made
+    assert not verdict.patch(answer)
+    assert [(d.outcome, d.topic) for d in decisions] == [("would-deny", "draft.a")]
+
+    header, body = metadata(12, "scratch.a", create=False)
+    assert f.judge(header, body, CONN) is None
+
+
+def test_an_old_metadata_that_always_creates_is_refused_a_topic_denied_creating() -> None:
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(CREATION, "t.yaml")), decisions.append)
+    f = RulesFilter(engine, IdentityTracker())
+    header, body = metadata(3, "scratch.a", "other")
+    verdict = f.judge(header, body, CONN)
+    assert verdict is not None and verdict.changed and verdict.patch is not None
+    assert [t["Name"] for t in body["Topics"]] == ["other"]
+    assert [(d.outcome, d.topic) for d in decisions] == [("denied", "scratch.a")]
