@@ -22,7 +22,7 @@ from kafka import KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
 
 from kafka_wire import ApiKey, ErrorCode
-from keg.embedded.kafka import EmbeddedKafka
+from keg.embedded.kafka import EmbeddedKafka, run_java_tool
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_with_static_rules
 from tests.integration.raw_kafka import RawConnection
@@ -104,6 +104,16 @@ def test_a_producer_cannot_have_the_broker_create_a_topic_a_rule_denies_creating
     finally:
         producer.close(timeout=5)
     assert not broker_has(kafka, other)
+
+    # And Kafka's own Java producer.
+    third = f"scratch.{uuid.uuid4().hex[:8]}"
+    done = run_java_tool("console-producer", "--bootstrap-server", gateway.bootstrap,
+                         "--topic", third, "--producer-property", "max.block.ms=15000",
+                         input="j1\n")
+    said = done.stderr + done.stdout
+    assert "TopicAuthorizationException" in said or "TOPIC_AUTHORIZATION_FAILED" in said, \
+        said[-2000:]
+    assert not broker_has(kafka, third)
 
 
 def test_topics_no_rule_refuses_are_still_created_and_existing_ones_written(
