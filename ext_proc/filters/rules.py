@@ -585,7 +585,10 @@ class RulesFilter(RuleSetJudge):
         in `denied` whether it exists or not. Returns the answer's patch (v4+: it
         refuses, or only records for dry runs), else None."""
         create_ctx = ctx.for_frame(ApiKey.CREATE_TOPICS, _CREATE_TOPICS_VERSION)
-        judges = self._creation_judges(ctx.api_key)
+        # As the request's own rules, through the index: a large rule set costs lookups.
+        judges = [r for r in self._engine.requests.relevant(
+            ApiKey.CREATE_TOPICS, _CREATE_TOPICS_VERSION, "request", topics, ctx.principal)
+            if r.kind in DENYING_KINDS]
         hits = {t: [r for r in judges if r.matches(create_ctx, t)] for t in topics}
         enforced = {t: next(r for r in rules if not r.dry_run)
                     for t, rules in hits.items() if any(not r.dry_run for r in rules)}

@@ -339,3 +339,19 @@ def test_an_old_metadata_that_always_creates_is_refused_a_topic_denied_creating(
     assert verdict is not None and verdict.changed and verdict.patch is not None
     assert [t["Name"] for t in body["Topics"]] == ["other"]
     assert [(d.outcome, d.topic) for d in decisions] == [("denied", "scratch.a")]
+
+
+def test_creation_denies_of_a_large_rule_set_are_found_through_its_index() -> None:
+    rules = "rules:\n" + "".join(
+        f"  - id: no-t{i}\n    match: {{apis: [CreateTopics], topics: {{exact: [t{i}]}}}}\n"
+        f"    action: {{deny: {{}}}}\n" for i in range(50))
+    decisions: list[RuleDecision] = []
+    engine = RuleEngine(CompiledRuleSet(load_rule_text(rules, "t.yaml")), decisions.append)
+    f = RulesFilter(engine, IdentityTracker())
+    header, body = metadata(12, "t7", "t700")
+    verdict = f.judge(header, body, CONN)
+    assert verdict is not None and verdict.patch is not None
+    answer = {"Topics": [{"Name": "t7", "ErrorCode": 3}, {"Name": "t700", "ErrorCode": 3}]}
+    assert verdict.patch(answer)
+    assert [t["ErrorCode"] for t in answer["Topics"]] == [29, 3]
+    assert [(d.rule.id, d.topic) for d in decisions] == [("no-t7", "t7")]
