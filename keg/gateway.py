@@ -661,11 +661,15 @@ class Gateway(Service):
         """Start the ext_proc service's workers, each supervised (restarted whenever it
         exits)."""
         for worker in self.workers:
-            self._spawn_ext_proc(worker)
-            self.supervisor.watch(worker.component, Child(
-                poll=worker.poll, restart=partial(self._spawn_ext_proc, worker),
-                pid=worker.current_pid,
-                answers=partial(_answers, worker.metrics_port) if worker.metrics_port else None))
+            self.start_ext_proc_worker(worker)
+
+    def start_ext_proc_worker(self, worker: ExtProcWorker) -> None:
+        """Start one worker of the ext_proc service, supervised."""
+        self._spawn_ext_proc(worker)
+        self.supervisor.watch(worker.component, Child(
+            poll=worker.poll, restart=partial(self._spawn_ext_proc, worker),
+            pid=worker.current_pid,
+            answers=partial(_answers, worker.metrics_port) if worker.metrics_port else None))
 
     def _spawn_ext_proc(self, worker: ExtProcWorker) -> None:
         s = self.settings
@@ -716,9 +720,13 @@ class Gateway(Service):
         worker.proc = subprocess.Popen(die_with_parent(cmd), env=environment)
         worker.env_names = frozenset(environment)
         try:
-            wait_for_port("127.0.0.1", worker.port, 30, alive=self._check_ext_proc)
+            # This worker's own exit alone ends the wait: one that checked them all was
+            # aborted while another waited out its backoff (and its backoff doubled), so
+            # two workers down at once kept the whole service down until both came back.
+            alive = partial(self._check_worker, worker)
+            wait_for_port("127.0.0.1", worker.port, 30, alive=alive)
             if worker.metrics_port is not None:  # gRPC listens early; /metrics: started
-                wait_for_port("127.0.0.1", worker.metrics_port, 30, alive=self._check_ext_proc)
+                wait_for_port("127.0.0.1", worker.metrics_port, 30, alive=alive)
         except BaseException:
             worker.end()
             raise
@@ -850,10 +858,14 @@ class Gateway(Service):
 
     def _check_ext_proc(self) -> None:
         for worker in self.workers:
-            code = worker.poll()
-            if code is not None:
-                raise GatewayError(f"the ext_proc service ({worker.component}) exited with "
-                                   f"{code} (its log is above)")
+            self._check_worker(worker)
+
+    @staticmethod
+    def _check_worker(worker: ExtProcWorker) -> None:
+        code = worker.poll()
+        if code is not None:
+            raise GatewayError(f"the ext_proc service ({worker.component}) exited with "
+                               f"{code} (its log is above)")
 
     def stop_ext_proc(self) -> None:
         """Stop the ext_proc service's workers (and their supervision)."""

@@ -258,6 +258,49 @@ def test_an_idempotent_producer_keeps_its_sequences_whichever_worker_it_reaches(
     assert stored_values(kafka.bootstrap, topic) == Counter(kept)  # each once, none lost
 
 
+def test_a_worker_comes_back_while_another_is_down(pool: Gateway, kafka: EmbeddedKafka) -> None:
+    """A restarting worker waited for its port while checking that every worker was
+    alive: with another one down, each of its restarts was aborted and its backoff
+    doubled (a new user saw the whole service down for 32 s after two workers were
+    killed at once, one of them unable to listen). Each restart now waits on its own
+    worker only. The other worker is kept down here by taking it from the supervisor."""
+    down, other = pool.workers[1], pool.workers[0]
+    down_pid, other_pid = down.current_pid(), other.current_pid()
+    assert down_pid is not None and other_pid is not None
+    topic = create_topic(kafka.bootstrap, 1, name=f"pool.{uuid.uuid4().hex[:8]}")
+    pool.supervisor.unwatch(down.component)
+    try:
+        os.kill(down_pid, signal.SIGKILL)
+        os.waitpid(down_pid, 0)
+        os.kill(other_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while other.current_pid() in (None, other_pid) or \
+                not connections_served_answers(other.metrics_port or 0):
+            assert time.monotonic() < deadline, \
+                f"{other.component} not back 20 s after its kill while {down.component} is down"
+            time.sleep(0.05)
+        # And it serves: a masked record gets through the pool while one worker is down.
+        errors: list[KafkaError | None] = []
+        producer = Producer({"bootstrap.servers": pool.bootstrap, "message.timeout.ms": 60000})
+        producer.produce(topic, orjson.dumps({"card": "4111"}),
+                         on_delivery=lambda err, _m: errors.append(err))
+        assert producer.flush(90) == 0
+        assert errors == [None]
+    finally:
+        down.end()
+        pool.start_ext_proc_worker(down)
+    wait_serving(pool.bootstrap, also=lambda: connections_served_answers(down.metrics_port or 0))
+    assert stored_values(kafka.bootstrap, topic) == Counter(['{"card":"****"}'])
+
+
+def connections_served_answers(port: int) -> bool:
+    try:
+        connections_served(port)
+    except OSError:
+        return False
+    return True
+
+
 def test_workers_capturing_into_one_directory_keep_its_cap_together(
         pool: Gateway, kafka: EmbeddedKafka) -> None:
     """Each worker runs its own capture into the rule's directory; each wrote up to
