@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 import kafka_wire
 from kafka_wire import ApiKey, ErrorCode
 from kafka_wire.envelope import Principal, envelope_request_body
+from kafka_wire.records import BatchHeader, Record, encode_batch
 from keg.embedded.kafka import EmbeddedKafka
 from keg.gateway import Gateway
 from tests.integration.conftest import create_topic, gateway_with_static_rules
@@ -258,3 +259,73 @@ def test_a_client_denied_by_a_rule_cannot_wrap_its_request_in_an_envelope(
         connection.close()
     assert answer == {"ErrorCode": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                       "ResponseData": None}, answer
+
+
+# -- KIP-848 pattern subscriptions ----------------------------------------------------------
+
+
+def test_a_pattern_consumer_keeps_its_membership_when_the_pattern_covers_a_denied_topic(
+        kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    """The broker resolves a KIP-848 subscription's pattern, knowing no keg rule, and
+    assigns a denied topic it matches; librdkafka then reports owning those partitions
+    in its heartbeats, and each was refused whole (TOPIC_AUTHORIZATION_FAILED): the
+    broker heard nothing more of the member and expelled it after its session timeout,
+    while the client went on with its assignment (a new user's two consumers read 2,450
+    records twice). The denied topic's partitions are left out of what the client reports
+    and of the assignment it is given; what it subscribes to by name is judged as ever."""
+    run = uuid.uuid4().hex[:8]
+    allowed = create_topic(kafka.bootstrap, 2, f"public.rx{run}")
+    create_topic(kafka.bootstrap, 2, f"secret.rx{run}")
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(50):
+        producer.produce(allowed, str(i).encode())
+    producer.flush(30)
+    errors: list[str] = []
+    consumer = Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": f"rx-{run}",
+                         "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                         "error_cb": lambda err: errors.append(str(err))})
+    seen: list[bytes] = []
+    try:
+        consumer.subscribe([f"^(public|secret)\\.rx{run}$"])
+        deadline = time.monotonic() + 20  # a few heartbeats (5 s apart) after the assignment
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                errors.append(str(message.error()))
+                continue
+            seen.append(message.value() or b"")
+        assignment = {tp.topic for tp in consumer.assignment()}
+    finally:
+        consumer.close()
+    assert sorted(seen) == sorted(str(i).encode() for i in range(50))
+    refused = [e for e in errors if "authorization" in e.lower() or "_FAILED" in e]
+    assert refused == [], refused
+    assert assignment <= {allowed}, assignment
+
+
+# -- SaslHandshake v0 -----------------------------------------------------------------------
+
+
+def test_a_sasl_handshake_v0_does_not_take_the_connection_out_of_the_rules(
+        kafka: EmbeddedKafka, gateway: Gateway) -> None:
+    """After a SaslHandshake v0 (the pre-1.0 clients' login: raw SASL tokens follow,
+    then requests) the native module passed the rest of the connection unread, whatever
+    the broker answered: on a PLAINTEXT listener, where the broker refuses the handshake
+    and serves on, a client that sent one first wrote to a denied topic (found by a new
+    user). The gateway answers a v0 handshake UNSUPPORTED_VERSION itself; what the
+    connection sends next is judged as ever."""
+    secret_topic = create_topic(kafka.bootstrap, name=f"secret.v0{uuid.uuid4().hex[:6]}")
+    connection = RawConnection(gateway.bootstrap)
+    try:
+        answer = connection.request(ApiKey.SASL_HANDSHAKE, 0, {"Mechanism": "PLAIN"})
+        assert answer["ErrorCode"] != ErrorCode.NONE, answer
+        produced = connection.request(ApiKey.PRODUCE, 9, {
+            "TransactionalId": None, "Acks": -1, "TimeoutMs": 10000, "TopicData": [
+                {"Name": secret_topic, "PartitionData": [{"Index": 0, "Records": encode_batch(
+                    BatchHeader(base_timestamp=1), [Record(0, 0, None, b"leak", [])])}]}]})
+    finally:
+        connection.close()
+    codes = [p["ErrorCode"] for t in produced["Responses"] for p in t["PartitionResponses"]]
+    assert codes == [ErrorCode.TOPIC_AUTHORIZATION_FAILED], produced

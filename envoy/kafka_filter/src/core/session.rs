@@ -217,7 +217,6 @@ enum RequestState {
     Observe { remaining: usize, api_key: i16, api_version: i16, frame: Vec<u8> },
     Collect(Collect),
     Select(Select),
-    Opaque,
 }
 
 #[derive(Debug)]
@@ -226,7 +225,6 @@ enum ResponseState {
     /// Passes; `observe` keeps a copy for the identity tracker (SASL answers).
     Pass { remaining: usize, api_key: i16, api_version: i16, observe: Option<Vec<u8>> },
     Hold { remaining: usize, api_key: i16, api_version: i16, plan: Plan, handoff: Option<ResponseHandOff>, frame: Vec<u8> },
-    Opaque,
 }
 
 /// A hand-off whose answer has not come back.
@@ -267,8 +265,6 @@ pub struct Session<P: RequestPolicy = ForwardAll> {
     in_flight: VecDeque<InFlight>,
     request: RequestState,
     request_head: Vec<u8>,
-    /// A SaslHandshake v0 passed: raw SASL tokens follow that request.
-    requests_turn_opaque: bool,
     response: ResponseState,
     response_head: Vec<u8>,
     next_handoff: u64,
@@ -336,7 +332,6 @@ impl<P: RequestPolicy> Session<P> {
             in_flight: VecDeque::new(),
             request: RequestState::Head,
             request_head: Vec::new(),
-            requests_turn_opaque: false,
             response: ResponseState::Head,
             response_head: Vec::new(),
             next_handoff: 1,
@@ -468,7 +463,7 @@ impl<P: RequestPolicy> Session<P> {
             if bound.is_some_and(|b| self.past(b)) {
                 break;
             }
-            let (body_from, in_body) = (pos, !matches!(self.request, RequestState::Head | RequestState::Opaque));
+            let (body_from, in_body) = (pos, !matches!(self.request, RequestState::Head));
             let more = self.feed_request_state(input, &mut pos, out)?;
             if in_body {
                 if let Some(meter) = &mut self.meter {
@@ -497,10 +492,6 @@ impl<P: RequestPolicy> Session<P> {
     fn feed_request_state(&mut self, input: &[u8], at: &mut usize, out: &mut Output) -> Result<bool, ProtocolError> {
         let mut pos = *at;
         match &mut self.request {
-            RequestState::Opaque => {
-                out.pass(pos..input.len());
-                pos = input.len();
-            }
             RequestState::Pass(remaining) => {
                 let remaining = *remaining;
                 let n = remaining.min(input.len() - pos);
@@ -614,11 +605,13 @@ impl<P: RequestPolicy> Session<P> {
                 meter.body(&kept[head.head_len..]); // the rest of the frame's first read
             }
         }
-        if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
-            self.requests_turn_opaque = true;
-        }
         let from = Requester { identity: &self.identity, peer: &self.peer, client_id };
-        match self.policy.decide(&head, &from) {
+        let disposition = if head.api_key == SASL_HANDSHAKE && head.api_version == 0 {
+            Disposition::Answer(raw_sasl_refused(head.correlation_id))
+        } else {
+            self.policy.decide(&head, &from)
+        };
+        match disposition {
             Disposition::Forward => {
                 if head.expects_response() {
                     let plan = self.response_plan(head.api_key, head.api_version);
@@ -808,8 +801,6 @@ impl<P: RequestPolicy> Session<P> {
     fn request_continues(&mut self, remaining: usize, drop: bool) {
         self.request = if remaining > 0 {
             if drop { RequestState::Drop(remaining) } else { RequestState::Pass(remaining) }
-        } else if self.requests_turn_opaque {
-            RequestState::Opaque
         } else {
             RequestState::Head
         };
@@ -1211,10 +1202,6 @@ impl<P: RequestPolicy> Session<P> {
         let mut pos = 0;
         while pos < input.len() {
             match &mut self.response {
-                ResponseState::Opaque => {
-                    out.pass(pos..input.len());
-                    pos = input.len();
-                }
                 ResponseState::Pass { remaining, observe, .. } => {
                     let n = (*remaining).min(input.len() - pos);
                     out.pass(pos..pos + n);
@@ -1232,7 +1219,7 @@ impl<P: RequestPolicy> Session<P> {
                         if let Some(frame) = observe {
                             self.identity.observe_response(api_key, api_version, &frame);
                         }
-                        self.response_done(api_key, api_version, out);
+                        self.response_done(out);
                     }
                 }
                 ResponseState::Hold { remaining, frame, .. } => {
@@ -1316,7 +1303,7 @@ impl<P: RequestPolicy> Session<P> {
                 {
                     self.identity.observe_response(api_key, api_version, &frame);
                 }
-                self.response_done(api_key, api_version, out);
+                self.response_done(out);
             }
             return Ok(());
         }
@@ -1341,14 +1328,14 @@ impl<P: RequestPolicy> Session<P> {
             if h.selector.as_ref().is_some_and(|s| vouch::answer_unselected(api_key, &sent, api_version, s)) {
                 self.stats.add(Counter::HandoffAnswerNotSelected, 1);
                 out.owned(sent);
-                self.response_done(api_key, api_version, out);
+                self.response_done(out);
                 return Ok(());
             }
             match self.vouched_response(sent, api_version, h.vouching.as_deref()) {
                 Ok(bytes) => {
                     self.stats.add(Counter::HandoffVouched, 1);
                     out.owned(bytes);
-                    self.response_done(api_key, api_version, out);
+                    self.response_done(out);
                     return Ok(());
                 }
                 Err(frame) => sent = frame,
@@ -1377,7 +1364,7 @@ impl<P: RequestPolicy> Session<P> {
                 out.pieces.push(Piece::HandOff(id));
             }
         }
-        self.response_done(api_key, api_version, out);
+        self.response_done(out);
         Ok(())
     }
 
@@ -1420,15 +1407,29 @@ impl<P: RequestPolicy> Session<P> {
         }
     }
 
-    fn response_done(&mut self, api_key: i16, api_version: i16, out: &mut Output) {
+    fn response_done(&mut self, out: &mut Output) {
         self.response = ResponseState::Head;
-        if api_key == SASL_HANDSHAKE && api_version == 0 {
-            self.response = ResponseState::Opaque;
-            self.stats.add(Counter::OpaqueConnections, 1);
-            return;
-        }
         self.local_answers(out);
     }
+}
+
+/// Kafka's UNSUPPORTED_VERSION.
+const UNSUPPORTED_VERSION: i16 = 35;
+
+/// The gateway's answer to a SaslHandshake v0: UNSUPPORTED_VERSION, no mechanisms.
+/// After a v0 handshake the client sends raw SASL tokens, then (logged in) requests
+/// again, with nothing in the stream to tell one from the other: a connection the module
+/// cannot read is one no rule applies to (the module passed the rest of such a
+/// connection untouched, and a client bypassed every rule by sending a v0 handshake
+/// first, even on a PLAINTEXT listener, where the broker refuses it and serves on).
+/// Clients since Kafka 1.0 use v1 and SaslAuthenticate; Kafka 4 serves clients from 2.1.
+fn raw_sasl_refused(correlation_id: i32) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(14);
+    frame.extend_from_slice(&10i32.to_be_bytes()); // header and body below
+    frame.extend_from_slice(&correlation_id.to_be_bytes());
+    frame.extend_from_slice(&UNSUPPORTED_VERSION.to_be_bytes());
+    frame.extend_from_slice(&0i32.to_be_bytes()); // Mechanisms: none
+    frame
 }
 
 /// The correlation id of a frame (at `at`: 8 in a request, 4 in a response), if it

@@ -32,8 +32,6 @@ pub enum Counter {
     UnreadableVersions,
     /// Requests answered by the gateway itself.
     LocalAnswers,
-    /// Connections whose stream became opaque (SaslHandshake v0: raw SASL tokens).
-    OpaqueConnections,
     /// Requests handed to the Python service.
     HandoffRequests,
     /// Responses handed to the Python service (its reply to the request asked for them).
@@ -68,7 +66,7 @@ pub enum Counter {
     HandoffFetchCapped,
 }
 
-pub const COUNTERS: [Counter; 21] = [
+pub const COUNTERS: [Counter; 20] = [
     Counter::AddressesRewritten,
     Counter::UnknownBrokers,
     Counter::EndpointsRedacted,
@@ -76,7 +74,6 @@ pub const COUNTERS: [Counter; 21] = [
     Counter::ResponsesUntouched,
     Counter::UnreadableVersions,
     Counter::LocalAnswers,
-    Counter::OpaqueConnections,
     Counter::HandoffRequests,
     Counter::HandoffResponses,
     Counter::HandoffAnswers,
