@@ -507,7 +507,10 @@ class RecordsFilter(RuleSetJudge):
         try:
             # A Fetch batch a rule emptied goes out as an empty control batch: librdkafka
             # took answers of plain empty ones for messages too large to fetch.
-            new = rewrite_records(data, rewrite, empty_as_control=fetch)
+            # Without the partial batch a Fetch answer may end with (at the broker's size
+            # limit): clients skip it, but its complete records are readable, and no rule
+            # read them (a consumer choosing its max_bytes read a topic unmasked).
+            new = rewrite_records(data, rewrite, empty_as_control=fetch, drop_truncated=True)
         except KafkaWireError as err:  # a corrupt size or an unknown magic
             log.warning("fetched records of %s-%d do not decode: %s", topic, index, err)
             refused.append(ErrorCode.CORRUPT_MESSAGE)

@@ -23,6 +23,7 @@ from kafka_wire.records._batch import (
     BatchView,
     Buffer,
     ControlType,
+    OpaqueEntry,
     Record,
     control_record,
     iter_batches,
@@ -490,6 +491,7 @@ def rewrite_records(
     renumber: bool = ...,
     include_control: bool = ...,
     empty_as_control: bool = ...,
+    drop_truncated: bool = ...,
 ) -> None: ...
 
 
@@ -502,6 +504,7 @@ def rewrite_records(
     renumber: bool = ...,
     include_control: bool = ...,
     empty_as_control: bool = ...,
+    drop_truncated: bool = ...,
 ) -> B | bytes: ...
 
 
@@ -513,6 +516,7 @@ def rewrite_records(
     renumber: bool = False,
     include_control: bool = False,
     empty_as_control: bool = False,
+    drop_truncated: bool = False,
 ) -> Buffer | None:
     """Apply ``fn`` to each v2 batch of a records field; return the new field's bytes.
 
@@ -523,13 +527,18 @@ def rewrite_records(
     tail are copied byte for byte; if nothing changed, ``records`` itself is returned.
     Control batches (transaction markers) are not given to ``fn`` unless
     ``include_control``. ``renumber`` is for produced batches, ``empty_as_control`` for
-    fetched ones (see :func:`encode_batch`).
+    fetched ones (see :func:`encode_batch`). ``drop_truncated`` leaves out a truncated
+    tail (the partial last batch of a Fetch answer): its complete records are readable,
+    and ``fn`` never saw them.
     """
     if records is None:
         return None
     pieces: list[bytes | memoryview] = []
     changed = False
     for entry in iter_batches(records):
+        if drop_truncated and isinstance(entry, OpaqueEntry) and entry.kind == "truncated":
+            changed = True
+            continue
         if isinstance(entry, BatchView) and (include_control or not entry.is_control):
             new = fn(entry)
             if new is not None:

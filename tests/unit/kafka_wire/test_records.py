@@ -710,3 +710,12 @@ def test_decode_field_refuses_what_does_not_fit(payload: bytes, count: int) -> N
     except DecodeError:
         return
     assert len(values) == count  # whatever parses is one value per record, nothing else
+
+
+def test_a_truncated_tail_is_kept_as_it_is_or_left_out_when_asked() -> None:
+    whole = encode_batch(BatchHeader(base_timestamp=1), simple_records(3))
+    second = encode_batch(BatchHeader(base_offset=3, base_timestamp=1), simple_records(3))
+    field = whole + second[:-5]  # a Fetch answer cut inside its second batch
+    assert rewrite_records(field, lambda b: None) is field
+    assert rewrite_records(field, lambda b: None, drop_truncated=True) == whole
+    assert rewrite_records(whole, lambda b: None, drop_truncated=True) is whole
