@@ -439,6 +439,8 @@ class RulesFilter(RuleSetJudge):
         self._audit_principal = principal or self._identity.principal
         self._acks_zero = not expects_response(api_key, version, body)
         ctx = self._match_context(header, conn, principal, client_host)
+        unassigned = (self._leave_out_denied_partitions(ctx, body)
+                      if api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT else None)
         named = request_entities(api_key, version, body, self._engine.topic_ids)
         # Metadata for all topics (null; v0: an empty list), DescribeTopicPartitions
         # naming none: the answer lists every topic, and is judged (its cursor says where
@@ -562,6 +564,10 @@ class RulesFilter(RuleSetJudge):
         if creation is not None:
             verdict = verdict or RequestVerdict()
             verdict.patch = _both(creation, verdict)
+        if unassigned is not None:
+            verdict = verdict or RequestVerdict()
+            changed |= unassigned.changed
+            verdict.patch = _both(unassigned.patch, verdict)
         if changed or throttle_s:
             verdict = verdict or RequestVerdict()
             verdict.changed |= changed
@@ -630,6 +636,47 @@ class RulesFilter(RuleSetJudge):
             return changed
 
         return refuse_missing if enforced else _unchanged(refuse_missing)
+
+    def _leave_out_denied_partitions(self, ctx: MatchContext,
+                                     body: dict[str, Any]) -> RequestVerdict | None:
+        """A KIP-848 member's partitions of topics a rule denies, left out of what it says
+        it owns and of the assignment it is given.
+
+        The broker resolves a subscription's pattern knowing no keg rule, and assigns the
+        denied topics it matches (Kafka's own authorizer leaves out the topics a member
+        may not describe). librdkafka then reported owning them, and each heartbeat was
+        refused whole: the broker expelled the member after its session timeout while
+        the client went on with its assignment, and another member read its records
+        again. Topics the member subscribes to by name are judged as ever. A topic id the
+        gateway cannot name is left as it is (the member learns its name through
+        Metadata, which hides a denied topic and teaches the gateway its name). None when
+        no rule denies a topic of the heartbeat."""
+        rules = self._topic_denials(ctx)
+        if not rules:
+            return None
+        ids = self._engine.topic_ids
+        group = body.get("GroupId")
+
+        def denied(entry: dict[str, Any]) -> bool:
+            name = ids.name(entry.get("TopicId"))
+            return name is not None and bool(_denying(rules, ctx, name, group))
+
+        owned = body.get("TopicPartitions")
+        kept = [t for t in owned or () if not denied(t)]
+        changed = owned is not None and len(kept) != len(owned)
+        if changed:
+            body["TopicPartitions"] = kept
+
+        def unassign(response: dict[str, Any]) -> bool:
+            assignment = response.get("Assignment")
+            given = (assignment or {}).get("TopicPartitions") or []
+            left = [t for t in given if not denied(t)]
+            if assignment is None or len(left) == len(given):
+                return False
+            assignment["TopicPartitions"] = left
+            return True
+
+        return RequestVerdict(changed=changed, patch=unassign)
 
     def _limit_fetch(self, rule: CompiledRule, header: kafka_wire.RequestHeader,
                      conn: ConnectionInfo, body: dict[str, Any], hits: list[str | None]) -> bool:
@@ -703,6 +750,8 @@ class RulesFilter(RuleSetJudge):
             return None
         asked = set(by_id)
 
+        ids = self._engine.topic_ids
+
         def hide(response: dict[str, Any]) -> bool:
             topics = response.get("Topics") or []
             kept = []
@@ -710,6 +759,10 @@ class RulesFilter(RuleSetJudge):
                 if not any(r.matches(ctx, topic.get("Name")) for r in rules):
                     kept.append(topic)
                 elif topic.get("TopicId") in asked:
+                    # Known here, the id's partitions are left out of a KIP-848 member's
+                    # heartbeats (`_leave_out_denied_partitions`); the learner, which
+                    # reads the answer after this, sees it without its name.
+                    ids.add(topic["TopicId"], topic["Name"])
                     kept.append({**topic, "Name": None, "Partitions": [], "IsInternal": False,
                                  "ErrorCode": ErrorCode.TOPIC_AUTHORIZATION_FAILED})
             changed = kept != topics
