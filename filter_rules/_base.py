@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Generic, Self, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -35,11 +35,20 @@ class _OneOf(_Model):
         return self
 
 
+# The most of a refused pattern an error quotes (a 400,000-character one filled a log
+# line and a REST problem twice, its reason at the very end).
+_QUOTED_PATTERN: Final = 80
+
+
 def _check_regex(pattern: str) -> str:
     try:
         compile_re2(pattern)
     except PatternError as exc:
-        raise ValueError(f"invalid RE2 pattern '{pattern}': {exc}") from None
+        shown = pattern if len(pattern) <= _QUOTED_PATTERN else (
+            f"{pattern[:_QUOTED_PATTERN]}...' ({len(pattern)} characters)")
+        if len(pattern) <= _QUOTED_PATTERN:
+            shown += "'"
+        raise ValueError(f"invalid RE2 pattern '{shown}: {exc}") from None
     return pattern
 
 

@@ -37,6 +37,8 @@ def compile_re2(pattern: str) -> Any:
         reason = exc.args[0] if exc.args else "refused"
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
+        if "repetition size" in reason:  # RE2 multiplies nested counts: {100}{100} is 10,000
+            reason += " (RE2 allows at most 1,000 repetitions, nested counts multiplied)"
         raise PatternError(str(reason)) from None
     except (TypeError, ValueError, UnicodeError) as exc:  # e.g. lone surrogates
         raise PatternError(str(exc)) from None

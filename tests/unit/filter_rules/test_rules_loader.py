@@ -417,3 +417,16 @@ def test_a_byte_rate_on_apis_without_produce_is_refused() -> None:
     assert "bytes_per_second counts the record bytes of Produce requests" in error.message
     load_rule_text("- id: a\n  match: {apis: [Fetch, Produce]}\n"
                    "  action: {rate: {bytes_per_second: 2000}}\n", "t.yaml")
+
+
+def test_an_over_long_pattern_is_quoted_short_with_its_reason() -> None:
+    """A 400,000-character pattern was quoted whole: one log line that long, a REST
+    problem twice that, its reason at the very end."""
+    pattern = "a|" * 200_000 + "a"
+    text = ("rules:\n  - id: huge\n    match: {topics: {regex: ['" + pattern + "']}}\n"
+            "    action: {deny: {}}\n")
+    with pytest.raises(RuleSetInvalid) as caught:
+        load_rule_text(text, "huge.yaml")
+    message = str(caught.value)
+    assert len(message) < 400, len(message)
+    assert f"({len(pattern)} characters): pattern is longer than 4096 characters" in message
