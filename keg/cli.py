@@ -245,6 +245,31 @@ def _ports_in_use(ports: list[tuple[str, str, int | None]]) -> list[str]:
     return taken
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The ports the kernel picks for outgoing connections (None where it does not say)."""
+    try:
+        low, high = (int(n) for n in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def ports_in_ephemeral_range(ports: list[tuple[str, str, int | None]],
+                             ephemeral: tuple[int, int] | None) -> list[str]:
+    """Of (option, host, port), the options whose port the kernel may also give an
+    outgoing connection: its TIME_WAIT then keeps a restarted part from listening there
+    (a worker came back after 71 s, another after 115 s, for a new user who chose
+    --internal-port-base 49200)."""
+    if ephemeral is None:
+        return []
+    low, high = ephemeral
+    return [f"{option} {port}" for option, _host, port in ports
+            if port and low <= port <= high]
+
+
 @app.command()
 @security_options()
 @audit_kafka_options
@@ -287,7 +312,9 @@ def up(
     refresh_interval: RefreshInterval = DEFAULT_REFRESH_INTERVAL_S,
     internal_port_base: Annotated[int, typer.Option(
         help="Loopback ports of keg's own parts from here: the xDS server, each ext_proc "
-             "worker's gRPC port, Envoy's admin (1 + workers + 1 ports; 0: free ports).")] = 0,
+             "worker's gRPC port, Envoy's admin (1 + workers + 1 ports; 0: free ports). "
+             "Below the kernel's range for outgoing connections (ip_local_port_range, "
+             "often 32768-60999), or a restarted part may find its port in TIME_WAIT.")] = 0,
     oauth_principal_claim: OauthPrincipalClaim = "sub",
     failure_mode_allow: Annotated[
         bool,
@@ -399,6 +426,13 @@ def up(
             raise _fail(f"port {port} is both {owners[port]} and {option}: choose ports apart")
         if port:
             owners[port] = option
+    risky = ports_in_ephemeral_range(ports, ephemeral_range())
+    if risky:
+        low, high = ephemeral_range() or (0, 0)
+        typer.echo(f"warning: {', '.join(risky)}: in the kernel's range for outgoing "
+                   f"connections ({low}-{high}); one left in TIME_WAIT on such a port keeps a "
+                   f"restarted part from listening there for up to a minute: choose ports "
+                   f"below {low}", err=True)
     taken = _ports_in_use(ports)
     if taken:
         raise _fail(f"port(s) already in use: {', '.join(taken)} (another keg up?); choose "
