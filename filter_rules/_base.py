@@ -44,11 +44,9 @@ def _check_regex(pattern: str) -> str:
     try:
         compile_re2(pattern)
     except PatternError as exc:
-        shown = pattern if len(pattern) <= _QUOTED_PATTERN else (
-            f"{pattern[:_QUOTED_PATTERN]}...' ({len(pattern)} characters)")
-        if len(pattern) <= _QUOTED_PATTERN:
-            shown += "'"
-        raise ValueError(f"invalid RE2 pattern '{shown}: {exc}") from None
+        quoted = (f"'{pattern}'" if len(pattern) <= _QUOTED_PATTERN else
+                  f"'{pattern[:_QUOTED_PATTERN]}...' ({len(pattern)} characters)")
+        raise ValueError(f"invalid RE2 pattern {quoted}: {exc}") from None
     return pattern
 
 

@@ -426,9 +426,10 @@ def up(
             raise _fail(f"port {port} is both {owners[port]} and {option}: choose ports apart")
         if port:
             owners[port] = option
-    risky = ports_in_ephemeral_range(ports, ephemeral_range())
-    if risky:
-        low, high = ephemeral_range() or (0, 0)
+    ephemeral = ephemeral_range()
+    risky = ports_in_ephemeral_range(ports, ephemeral)
+    if ephemeral is not None and risky:
+        low, high = ephemeral
         typer.echo(f"warning: {', '.join(risky)}: in the kernel's range for outgoing "
                    f"connections ({low}-{high}); one left in TIME_WAIT on such a port keeps a "
                    f"restarted part from listening there for up to a minute: choose ports "
